@@ -1,0 +1,46 @@
+// Collective algorithms. They see only comm::Communicator (point-to-point
+// requests routed to whatever transport serves each peer) and, for the
+// single-machine allreduce, the node's shared memory. Buffers are contiguous
+// host memory; the adapter above handles tensors, devices and layouts.
+//
+// Every function is collective over the group and must be called by all ranks
+// in the same order. Block layouts are in group-rank order.
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "../common/dtype.hpp"
+
+namespace roce {
+
+class Communicator;
+
+// In place. Picks the shared-memory algorithm when the whole group is on one
+// machine, else a chunked, pipelined ring (reduce-scatter then allgather).
+void allreduce(Communicator& c, void* data, size_t count, DataType t, Reduction red);
+// Result lands in `data` on `root` only; other ranks' `data` is left untouched.
+void reduce(Communicator& c, void* data, size_t count, DataType t, Reduction red, int root);
+// input: size() blocks of blockCount elements; output: this rank's reduced block.
+void reduceScatter(Communicator& c, const void* input, void* output, size_t blockCount, DataType t,
+                   Reduction red);
+// output: size() blocks of blockBytes; this rank's block is copied from input.
+void allgather(Communicator& c, const void* input, void* output, size_t blockBytes);
+void broadcast(Communicator& c, void* data, size_t bytes, int root);
+// Root receives size() blocks into output (rank order); others only send.
+void gather(Communicator& c, const void* input, void* output, size_t blockBytes, int root);
+// Root sends block r of input to rank r; every rank receives its block into output.
+void scatter(Communicator& c, const void* input, void* output, size_t blockBytes, int root);
+// Sends sendBytes[r] bytes from input+sendOffsets[r] to rank r, receives
+// recvBytes[r] bytes from rank r into output+recvOffsets[r].
+void alltoallv(Communicator& c, const void* input, const std::vector<size_t>& sendBytes,
+               const std::vector<size_t>& sendOffsets, void* output, const std::vector<size_t>& recvBytes,
+               const std::vector<size_t>& recvOffsets);
+void barrier(Communicator& c);
+
+// Building blocks shared by the algorithms above.
+namespace detail {
+void shmAllreduce(Communicator& c, void* data, size_t count, DataType t, Reduction red);
+void ringAllreduce(Communicator& c, void* data, size_t count, DataType t, Reduction red);
+}  // namespace detail
+
+}  // namespace roce

@@ -1,0 +1,38 @@
+// Which ranks share a machine, learned at init through the store. A "node" is
+// a machine (boot id + hostname), or a simulated one when
+// ROCE_PG_SIM_RANKS_PER_NODE splits one host into several for tests.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace roce {
+
+struct RankInfo {
+  std::string nodeId;   // machine identity used for placement (may be simulated)
+  std::string hostId;   // real machine identity: same hostId => loopback works
+  int pid = 0;
+  std::string tcpHost;
+  int tcpPort = 0;
+
+  std::string encode() const;
+  static RankInfo decode(const std::string& s);
+};
+
+struct Topology {
+  int rank = 0;
+  int size = 1;
+  int numNodes = 1;
+  std::vector<int> nodeOf;      // node index of each rank, numbered by first appearance
+  std::vector<int> localRanks;  // ranks on this rank's node, ascending
+  int localIndex = 0;           // position of `rank` in localRanks
+  std::vector<int> ringOrder;   // ranks ordered by (node, rank): two ring edges per node pair
+
+  static Topology build(int rank, const std::vector<RankInfo>& infos);
+  bool allLocal() const { return numNodes == 1; }
+};
+
+// Real machine identity of this process: hostname plus kernel boot id (hostnames
+// repeat across containers and VMs; boot ids do not).
+std::string localHostId();
+
+}  // namespace roce

@@ -1,0 +1,42 @@
+// Waiting without burning a core that another rank needs: spin briefly (lowest
+// latency when every rank has a core), then yield, then sleep with a growing
+// interval capped at 1 ms (ranks often outnumber cores).
+#pragma once
+#include <sched.h>
+#include <time.h>
+
+#include <chrono>
+#include <cstdint>
+
+namespace roce {
+
+using Clock = std::chrono::steady_clock;
+
+class Backoff {
+ public:
+  void reset() { idle_ = 0; }
+  void pause() {
+    ++idle_;
+    if (idle_ < kSpins) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    } else if (idle_ < kSpins + kYields) {
+      sched_yield();
+    } else {
+      uint64_t extra = idle_ - kSpins - kYields;
+      long ns = extra < 100 ? 20000 : (extra < 1000 ? 200000 : 1000000);
+      timespec ts{0, ns};
+      nanosleep(&ts, nullptr);
+    }
+  }
+  // True once waiting has become slow enough that occasional expensive checks are cheap.
+  bool sleeping() const { return idle_ >= kSpins + kYields; }
+
+ private:
+  static constexpr uint64_t kSpins = 2000;
+  static constexpr uint64_t kYields = 2000;
+  uint64_t idle_ = 0;
+};
+
+}  // namespace roce

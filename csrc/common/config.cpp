@@ -1,0 +1,67 @@
+#include "config.hpp"
+
+#include <cstdlib>
+#include <string>
+
+#include "error.hpp"
+
+namespace roce {
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : nullptr;
+}
+
+long long envInt(const char* name, long long def, long long lo, long long hi) {
+  const char* v = env(name);
+  if (!v) return def;
+  char* end = nullptr;
+  long long x = std::strtoll(v, &end, 0);
+  // Accept K/M/G binary suffixes for byte sizes ("4M").
+  if (end && (*end == 'k' || *end == 'K')) x <<= 10, ++end;
+  else if (end && (*end == 'm' || *end == 'M')) x <<= 20, ++end;
+  else if (end && (*end == 'g' || *end == 'G')) x <<= 30, ++end;
+  if (!end || *end != '\0' || x < lo || x > hi)
+    throwInvalid(str(name, "='", v, "' is not an integer in [", lo, ", ", hi, "]"));
+  return x;
+}
+
+bool envBool(const char* name) {
+  const char* v = env(name);
+  if (!v) return false;
+  std::string s(v);
+  if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
+  if (s == "0" || s == "false" || s == "no" || s == "off") return false;
+  throwInvalid(str(name, "='", v, "': use 1 or 0"));
+}
+
+}  // namespace
+
+Config Config::fromEnv() {
+  Config c;
+  c.forceNetwork = envBool("ROCE_PG_FORCE_NETWORK");
+  c.simRanksPerNode = static_cast<int>(envInt("ROCE_PG_SIM_RANKS_PER_NODE", 0, 0, 1 << 20));
+  if (const char* v = env("ROCE_PG_NET_TRANSPORT")) c.netTransport = v;
+  if (c.netTransport != "auto" && c.netTransport != "tcp")
+    throwInvalid(str("ROCE_PG_NET_TRANSPORT='", c.netTransport, "': expected 'auto' or 'tcp'"));
+  if (const char* v = env("ROCE_PG_SOCKET_IFNAME")) c.socketIfname = v;
+  c.chunkBytes = envInt("ROCE_PG_CHUNK_BYTES", c.chunkBytes, 4096, 1ll << 30);
+  c.shmSlotBytes = envInt("ROCE_PG_SHM_SLOT_BYTES", c.shmSlotBytes, 4096, 1ll << 30);
+  c.shmRingBytes = envInt("ROCE_PG_SHM_RING_BYTES", c.shmRingBytes, 4096, 1ll << 30);
+  // Rings index with a mask: round up to a power of two.
+  size_t r = 4096;
+  while (r < c.shmRingBytes) r <<= 1;
+  c.shmRingBytes = r;
+  c.shmSlotBytes = (c.shmSlotBytes + 63) & ~size_t(63);
+  c.shutdownGraceMs = static_cast<int>(envInt("ROCE_PG_SHUTDOWN_GRACE_MS", c.shutdownGraceMs, 0, 3600000));
+  return c;
+}
+
+std::string Config::describe() const {
+  return str("force_network=", forceNetwork, " sim_ranks_per_node=", simRanksPerNode,
+             " net_transport=", netTransport, " chunk_bytes=", chunkBytes,
+             " shm_slot_bytes=", shmSlotBytes, " shm_ring_bytes=", shmRingBytes);
+}
+
+}  // namespace roce

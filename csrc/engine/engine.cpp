@@ -1,0 +1,171 @@
+#include "engine.hpp"
+
+#include "../comm/communicator.hpp"
+#include "../common/error.hpp"
+#include "../common/log.hpp"
+
+namespace roce {
+
+Engine::Engine(std::unique_ptr<Communicator> comm) : comm_(std::move(comm)) {
+  comm_->idleHook = [this] { pollInflight(); };
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() { stopThread("the process group was destroyed"); }
+
+void Engine::enqueue(std::shared_ptr<Task> task) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (stop_) {
+      task->complete(std::make_exception_ptr(
+          Error(ErrorKind::Aborted, str("roce: ", task->describe(), " issued after the process group was shut down: ", stopReason_))));
+      return;
+    }
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+void Engine::fail(const std::shared_ptr<Task>& t, std::exception_ptr e) {
+  // Anything but a rejected argument leaves peers' message streams in an
+  // unknown state: the communicator refuses further work from now on.
+  bool invalid = false;
+  std::string why = "unknown error";
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    invalid = err.kind() == ErrorKind::Invalid;
+    why = err.what();
+    if (err.kind() == ErrorKind::Aborted) comm_->breakWith(why, /*tellPeers=*/false);
+    else if (!invalid) comm_->breakWith(why);
+  } catch (const std::exception& err) {
+    why = err.what();
+    comm_->breakWith(why);
+  } catch (...) {
+    comm_->breakWith(why);
+  }
+  t->complete(e);
+}
+
+void Engine::runOne(const std::shared_ptr<Task>& t) {
+  bool finished = false;
+  try {
+    t->deadline = Clock::now() + t->timeout;
+    comm_->beginOperation(t->describe(), t->deadline);
+    finished = t->start(*comm_);
+  } catch (...) {
+    fail(t, std::current_exception());
+    return;
+  }
+  if (finished) t->complete(nullptr);
+  else {
+    inflight_.push_back(t);
+    std::lock_guard<std::mutex> g(mu_);
+    ++inflightCount_;
+  }
+}
+
+void Engine::pollInflight() {
+  for (size_t i = 0; i < inflight_.size();) {
+    auto t = inflight_[i];
+    bool finished = false;
+    std::exception_ptr err;
+    try {
+      finished = t->poll(*comm_);
+      if (!finished && Clock::now() >= t->deadline) {
+        auto s = t->describe();
+        comm_->beginOperation(s, t->deadline);
+        comm_->checkDeadline([&] { return std::string("its peer"); });
+      }
+    } catch (...) {
+      err = std::current_exception();
+    }
+    if (!finished && !err) { ++i; continue; }
+    inflight_.erase(inflight_.begin() + static_cast<long>(i));
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      --inflightCount_;
+    }
+    if (err) fail(t, err);
+    else t->complete(nullptr);
+    // A failure may have failed other in-flight requests: rescan from the start.
+    i = 0;
+  }
+}
+
+void Engine::loop() {
+  Backoff backoff;
+  for (;;) {
+    std::shared_ptr<Task> next;
+    {
+      std::unique_lock<std::mutex> g(mu_);
+      if (queue_.empty() && inflight_.empty()) {
+        idleCv_.notify_all();
+        // Nothing to progress: sleep until work arrives (brief spin first would
+        // only burn a core another rank may need).
+        cv_.wait(g, [&] { return stop_ || !queue_.empty(); });
+      }
+      if (stop_) break;
+      if (!queue_.empty()) {
+        next = std::move(queue_.front());
+        queue_.pop_front();
+        running_ = true;
+      }
+    }
+    if (next) {
+      runOne(next);
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        running_ = false;
+      }
+      backoff.reset();
+    }
+    if (!inflight_.empty()) {
+      bool moved = comm_->progress();
+      pollInflight();
+      if (moved) backoff.reset();
+      else if (!next) backoff.pause();
+    }
+  }
+  // Stopping: fail what is left.
+  const std::string why = stopReason_;
+  comm_->breakWith(why, /*tellPeers=*/false);
+  auto err = std::make_exception_ptr(Error(ErrorKind::Aborted, str("roce: operation aborted: ", why)));
+  for (auto& t : inflight_) t->complete(err);
+  inflight_.clear();
+  std::deque<std::shared_ptr<Task>> rest;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    rest.swap(queue_);
+    inflightCount_ = 0;
+  }
+  for (auto& t : rest) t->complete(err);
+}
+
+void Engine::shutdown(std::chrono::milliseconds grace) {
+  {
+    std::unique_lock<std::mutex> g(mu_);
+    idleCv_.wait_for(g, grace, [&] { return queue_.empty() && inflightCount_ == 0 && !running_; });
+  }
+  stopThread("the process group was shut down");
+}
+
+void Engine::abort(const std::string& why) { stopThread(why); }
+
+void Engine::stopThread(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!stop_) {
+      stop_ = true;
+      stopReason_ = why;
+    }
+  }
+  comm_->requestAbort(why);  // interrupts a collective blocked in a wait
+  cv_.notify_all();
+  if (thread_.joinable()) {
+    if (thread_.get_id() == std::this_thread::get_id()) thread_.detach();
+    else thread_.join();
+  }
+}
+
+}  // namespace roce

@@ -1,0 +1,73 @@
+// The progress engine: one thread per process group that owns the group's
+// Communicator and executes Tasks in the order they were issued. Collectives
+// run to completion one after another; point-to-point tasks only post their
+// request and are then polled alongside, so a receive waiting for a late send
+// never blocks the operations queued behind it.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../common/backoff.hpp"
+
+namespace roce {
+
+class Communicator;
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  // Runs on the progress thread. Returns true when finished, false if it left
+  // requests in flight that poll() will finish. Throws on failure.
+  virtual bool start(Communicator& c) = 0;
+  virtual bool poll(Communicator&) { return true; }
+  // Called exactly once, on the progress thread (or by the destructor of the
+  // engine for tasks that never ran), with null on success.
+  virtual void complete(std::exception_ptr error) = 0;
+  // Describes the task for timeout messages ("allreduce of 4096 bytes").
+  virtual std::string describe() const = 0;
+
+  // The task fails if it has not finished this long after it started running.
+  std::chrono::milliseconds timeout{std::chrono::hours(24)};
+  Clock::time_point deadline = Clock::time_point::max();  // set when it starts
+};
+
+class Engine {
+ public:
+  explicit Engine(std::unique_ptr<Communicator> comm);
+  ~Engine();  // aborts whatever is left and joins the thread
+
+  void enqueue(std::shared_ptr<Task> task);
+  // Lets queued work finish for up to `grace`, then fails what is left.
+  void shutdown(std::chrono::milliseconds grace);
+  // Fails everything pending and stops at once.
+  void abort(const std::string& why);
+
+ private:
+  void loop();
+  void runOne(const std::shared_ptr<Task>& t);
+  void pollInflight();
+  void fail(const std::shared_ptr<Task>& t, std::exception_ptr e);
+  void stopThread(const std::string& why);
+
+  std::unique_ptr<Communicator> comm_;
+  std::mutex mu_;
+  std::condition_variable cv_;      // wakes the progress thread
+  std::condition_variable idleCv_;  // tells shutdown() the queue drained
+  std::deque<std::shared_ptr<Task>> queue_;
+  std::vector<std::shared_ptr<Task>> inflight_;  // progress thread only
+  size_t inflightCount_ = 0;                     // under mu_, for shutdown()
+  bool running_ = false;                         // a task is executing
+  bool stop_ = false;
+  std::string stopReason_;
+  std::thread thread_;
+};
+
+}  // namespace roce

@@ -1,0 +1,433 @@
+#include "backend.hpp"
+
+#include <numeric>
+
+#include "../algorithms/algorithms.hpp"
+#include "../comm/communicator.hpp"
+#include "../common/error.hpp"
+#include "store_bootstrap.hpp"
+
+namespace roce {
+namespace {
+
+using c10d::OpType;
+
+// Concatenates tensors (any device, any layout) into one contiguous host buffer.
+at::Tensor flatHost(const std::vector<at::Tensor>& ts) {
+  at::NoGradGuard noGrad;
+  std::vector<at::Tensor> flat;
+  for (const auto& t : ts) flat.push_back(t.reshape({-1}).to(at::kCPU));
+  return at::cat(flat).contiguous();
+}
+
+// Output tensors that receive consecutive slices of one host buffer.
+std::vector<Staged> slicesOf(const at::Tensor& flat, const std::vector<at::Tensor>& outs) {
+  std::vector<Staged> v;
+  int64_t at = 0;
+  for (const auto& o : outs) {
+    v.push_back({o, flat.narrow(0, at, o.numel()), true});
+    at += o.numel();
+  }
+  return v;
+}
+
+at::Tensor emptyHost(int64_t numel, const at::Tensor& like) {
+  return at::empty({numel}, like.options().device(at::kCPU));
+}
+
+void checkList(const std::vector<at::Tensor>& list, const at::Tensor& like, size_t expected, const char* op,
+               const char* what) {
+  TORCH_CHECK(list.size() == expected, "roce: ", op, ": expected ", expected, " ", what, " tensors (one per rank), got ",
+              list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    checkSameDeviceAndDtype(list[i], like, op);
+    TORCH_CHECK(list[i].numel() == like.numel(), "roce: ", op, ": ", what, " tensor ", i, " has ", list[i].numel(),
+                " elements but the ", what == std::string("output") ? "input" : "output", " has ", like.numel());
+  }
+}
+
+}  // namespace
+
+RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                         std::chrono::milliseconds timeout, int globalRank)
+    : c10d::Backend(rank, size), timeout_(timeout) {
+  try {
+    cfg_ = Config::fromEnv();
+    StoreBootstrap bs(store);
+    auto comm = std::make_unique<Communicator>(bs.clone(), cfg_, rank, size, globalRank, timeout);
+    engine_ = std::make_unique<Engine>(std::move(comm));
+  } catch (const Error& e) {
+    C10_THROW_ERROR(DistBackendError, e.what());
+  }
+}
+
+RoceBackend::~RoceBackend() { engine_.reset(); }
+
+void RoceBackend::shutdown() { engine_->shutdown(std::chrono::milliseconds(cfg_.shutdownGraceMs)); }
+
+void RoceBackend::abort() { engine_->abort("abort() was called on this process group"); }
+
+std::chrono::milliseconds RoceBackend::effective(std::chrono::milliseconds t) const {
+  return t.count() < 0 ? timeout_ : t;
+}
+
+std::string RoceBackend::describe(const char* title, size_t bytes) {
+  return str(title, " #", ++seq_, " (", bytes, " bytes)");
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::submit(OpType type, const char* title, std::vector<at::Tensor> futureValue,
+                                                   std::vector<Staged> outputs, CollectiveTask::Body body,
+                                                   std::chrono::milliseconds timeout, size_t bytes) {
+  auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, std::move(futureValue));
+  auto task = std::make_shared<CollectiveTask>(work, describe(title, bytes), std::move(outputs), std::move(body));
+  task->timeout = effective(timeout);
+  engine_->enqueue(std::move(task));
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                      const c10d::BroadcastOptions& opts) {
+  checkSingle(tensors, "broadcast");
+  checkRank(opts.rootRank, getSize(), "root", "broadcast");
+  const int root = static_cast<int>(opts.rootRank);
+  Staged s = stage(tensors[0], getRank() == root);
+  s.copyBack = s.copyBack && getRank() != root;
+  return submit(OpType::BROADCAST, "broadcast", tensors, {s},
+                [s, root](Communicator& c) { roce::broadcast(c, s.data(), s.bytes(), root); }, opts.timeout, s.bytes());
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                      const c10d::AllreduceOptions& opts) {
+  checkSingle(tensors, "allreduce");
+  const DataType t = reductionType(tensors[0], "allreduce");
+  const Reduction red = toReduction(opts.reduceOp, t);
+  Staged s = stage(tensors[0], true);
+  const size_t n = s.host.numel();
+  return submit(OpType::ALLREDUCE, "allreduce", tensors, {s},
+                [s, n, t, red](Communicator& c) { roce::allreduce(c, s.data(), n, t, red); }, opts.timeout, s.bytes());
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_sparse(std::vector<at::Tensor>&, const c10d::AllreduceOptions&) {
+  TORCH_CHECK(false, "roce: sparse tensors are not supported by allreduce; call .to_dense() first, "
+                     "or use backend='gloo' for the groups that reduce sparse gradients");
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK(!tensors.empty(), "roce: allreduce_coalesced needs at least one tensor");
+  for (const auto& x : tensors) checkSameDeviceAndDtype(x, tensors[0], "allreduce_coalesced");
+  const DataType t = reductionType(tensors[0], "allreduce_coalesced");
+  const Reduction red = toReduction(opts.reduceOp, t);
+  at::Tensor flat = flatHost(tensors);
+  const size_t n = flat.numel();
+  return submit(OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, slicesOf(flat, tensors),
+                [flat, n, t, red](Communicator& c) { roce::allreduce(c, flat.data_ptr(), n, t, red); }, opts.timeout,
+                n * flat.element_size());
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  checkSingle(tensors, "reduce");
+  checkRank(opts.rootRank, getSize(), "root", "reduce");
+  const int root = static_cast<int>(opts.rootRank);
+  const DataType t = reductionType(tensors[0], "reduce");
+  const Reduction red = toReduction(opts.reduceOp, t);
+  Staged s = stage(tensors[0], true);
+  s.copyBack = s.copyBack && getRank() == root;
+  const size_t n = s.host.numel();
+  return submit(OpType::REDUCE, "reduce", tensors, {s},
+                [s, n, t, red, root](Communicator& c) { roce::reduce(c, s.data(), n, t, red, root); }, opts.timeout,
+                s.bytes());
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                      std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  checkSingle(inputs, "allgather");
+  TORCH_CHECK(outputs.size() == 1, "roce: allgather takes one list of output tensors, got ", outputs.size());
+  checkList(outputs[0], inputs[0], getSize(), "allgather", "output");
+  Staged in = stage(inputs[0], true);
+  at::Tensor flat = emptyHost(in.host.numel() * getSize(), in.host);
+  return submit(OpType::ALLGATHER, "allgather", outputs[0], slicesOf(flat, outputs[0]),
+                [in, flat](Communicator& c) { roce::allgather(c, in.data(), flat.data_ptr(), in.bytes()); },
+                opts.timeout, in.bytes());
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                            const c10d::AllgatherOptions& opts) {
+  checkSameDeviceAndDtype(output, input, "all_gather_into_tensor");
+  TORCH_CHECK(output.numel() == input.numel() * getSize(), "roce: all_gather_into_tensor: output has ", output.numel(),
+              " elements, expected world size (", getSize(), ") x input (", input.numel(), ")");
+  Staged in = stage(input, true), out = stage(output, false);
+  return submit(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, {out},
+                [in, out](Communicator& c) { roce::allgather(c, in.data(), out.data(), in.bytes()); }, opts.timeout,
+                in.bytes());
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
+                                                                std::vector<at::Tensor>& inputs,
+                                                                const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK(outputLists.size() == inputs.size(), "roce: allgather_coalesced: ", inputs.size(), " inputs but ",
+              outputLists.size(), " output lists");
+  std::vector<Staged> ins, outs;
+  std::vector<at::Tensor> flats, all;
+  size_t bytes = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkTensor(inputs[i], "allgather_coalesced");
+    checkList(outputLists[i], inputs[i], getSize(), "allgather_coalesced", "output");
+    ins.push_back(stage(inputs[i], true));
+    flats.push_back(emptyHost(ins.back().host.numel() * getSize(), ins.back().host));
+    for (auto& s : slicesOf(flats.back(), outputLists[i])) outs.push_back(s);
+    all.insert(all.end(), outputLists[i].begin(), outputLists[i].end());
+    bytes += ins.back().bytes();
+  }
+  return submit(OpType::ALLGATHER_COALESCED, "allgather_coalesced", all, outs,
+                [ins, flats](Communicator& c) {
+                  for (size_t i = 0; i < ins.size(); ++i) roce::allgather(c, ins[i].data(), flats[i].data_ptr(), ins[i].bytes());
+                },
+                opts.timeout, bytes);
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                            std::vector<at::Tensor>& inputs,
+                                                                            const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK(outputs.size() == inputs.size(), "roce: allgather_into_tensor_coalesced: ", inputs.size(),
+              " inputs but ", outputs.size(), " outputs");
+  std::vector<Staged> ins, outs;
+  size_t bytes = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkSameDeviceAndDtype(outputs[i], inputs[i], "allgather_into_tensor_coalesced");
+    TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * getSize(), "roce: allgather_into_tensor_coalesced: output ",
+                i, " has ", outputs[i].numel(), " elements, expected ", inputs[i].numel() * getSize());
+    ins.push_back(stage(inputs[i], true));
+    outs.push_back(stage(outputs[i], false));
+    bytes += ins.back().bytes();
+  }
+  return submit(OpType::ALLGATHER_INTO_TENSOR_COALESCED, "allgather_into_tensor_coalesced", outputs, outs,
+                [ins, outs](Communicator& c) {
+                  for (size_t i = 0; i < ins.size(); ++i) roce::allgather(c, ins[i].data(), outs[i].data(), ins[i].bytes());
+                },
+                opts.timeout, bytes);
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                   std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  checkSingle(inputs, "gather");
+  checkRank(opts.rootRank, getSize(), "root", "gather");
+  const int root = static_cast<int>(opts.rootRank);
+  Staged in = stage(inputs[0], true);
+  at::Tensor flat;
+  std::vector<Staged> outs;
+  std::vector<at::Tensor> value;
+  if (getRank() == root) {
+    TORCH_CHECK(outputs.size() == 1, "roce: gather: the root passes one list of output tensors, got ", outputs.size());
+    checkList(outputs[0], inputs[0], getSize(), "gather", "output");
+    flat = emptyHost(in.host.numel() * getSize(), in.host);
+    outs = slicesOf(flat, outputs[0]);
+    value = outputs[0];
+  } else {
+    TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                "roce: gather: only the root (rank ", root, ") may pass output tensors");
+  }
+  return submit(OpType::GATHER, "gather", value, outs,
+                [in, flat, root](Communicator& c) {
+                  roce::gather(c, in.data(), flat.defined() ? flat.data_ptr() : nullptr, in.bytes(), root);
+                },
+                opts.timeout, in.bytes());
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                    std::vector<std::vector<at::Tensor>>& inputs,
+                                                    const c10d::ScatterOptions& opts) {
+  checkSingle(outputs, "scatter");
+  checkRank(opts.rootRank, getSize(), "root", "scatter");
+  const int root = static_cast<int>(opts.rootRank);
+  at::Tensor flat;
+  if (getRank() == root) {
+    TORCH_CHECK(inputs.size() == 1, "roce: scatter: the root passes one list of input tensors, got ", inputs.size());
+    checkList(inputs[0], outputs[0], getSize(), "scatter", "input");
+    flat = flatHost(inputs[0]);
+  } else {
+    TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                "roce: scatter: only the root (rank ", root, ") may pass input tensors");
+  }
+  Staged out = stage(outputs[0], false);
+  return submit(OpType::SCATTER, "scatter", outputs, {out},
+                [out, flat, root](Communicator& c) {
+                  roce::scatter(c, flat.defined() ? flat.data_ptr() : nullptr, out.data(), out.bytes(), root);
+                },
+                opts.timeout, out.bytes());
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                                           const c10d::ReduceScatterOptions& opts) {
+  checkSingle(outputs, "reduce_scatter");
+  TORCH_CHECK(inputs.size() == 1, "roce: reduce_scatter takes one list of input tensors, got ", inputs.size());
+  checkList(inputs[0], outputs[0], getSize(), "reduce_scatter", "input");
+  const DataType t = reductionType(outputs[0], "reduce_scatter");
+  const Reduction red = toReduction(opts.reduceOp, t);
+  at::Tensor flat = flatHost(inputs[0]);
+  Staged out = stage(outputs[0], false);
+  const size_t n = out.host.numel();
+  return submit(OpType::REDUCE_SCATTER, "reduce_scatter", outputs, {out},
+                [flat, out, n, t, red](Communicator& c) { roce::reduceScatter(c, flat.data_ptr(), out.data(), n, t, red); },
+                opts.timeout, flat.numel() * flat.element_size());
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                 const c10d::ReduceScatterOptions& opts) {
+  checkSameDeviceAndDtype(output, input, "reduce_scatter_tensor");
+  TORCH_CHECK(input.numel() == output.numel() * getSize(), "roce: reduce_scatter_tensor: input has ", input.numel(),
+              " elements, expected world size (", getSize(), ") x output (", output.numel(), ")");
+  const DataType t = reductionType(output, "reduce_scatter_tensor");
+  const Reduction red = toReduction(opts.reduceOp, t);
+  Staged in = stage(input, true), out = stage(output, false);
+  const size_t n = out.host.numel();
+  return submit(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, {out},
+                [in, out, n, t, red](Communicator& c) { roce::reduceScatter(c, in.data(), out.data(), n, t, red); },
+                opts.timeout, in.bytes());
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                            std::vector<at::Tensor>& inputs,
+                                                                            const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK(outputs.size() == inputs.size(), "roce: reduce_scatter_tensor_coalesced: ", inputs.size(),
+              " inputs but ", outputs.size(), " outputs");
+  std::vector<Staged> ins, outs;
+  std::vector<DataType> types;
+  std::vector<Reduction> reds;
+  size_t bytes = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkSameDeviceAndDtype(outputs[i], inputs[i], "reduce_scatter_tensor_coalesced");
+    TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * getSize(), "roce: reduce_scatter_tensor_coalesced: input ",
+                i, " has ", inputs[i].numel(), " elements, expected ", outputs[i].numel() * getSize());
+    types.push_back(reductionType(outputs[i], "reduce_scatter_tensor_coalesced"));
+    reds.push_back(toReduction(opts.reduceOp, types.back()));
+    ins.push_back(stage(inputs[i], true));
+    outs.push_back(stage(outputs[i], false));
+    bytes += ins.back().bytes();
+  }
+  return submit(OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", outputs, outs,
+                [ins, outs, types, reds](Communicator& c) {
+                  for (size_t i = 0; i < ins.size(); ++i)
+                    roce::reduceScatter(c, ins[i].data(), outs[i].data(), outs[i].host.numel(), types[i], reds[i]);
+                },
+                opts.timeout, bytes);
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                          std::vector<int64_t>& outputSplits,
+                                                          std::vector<int64_t>& inputSplits,
+                                                          const c10d::AllToAllOptions& opts) {
+  checkSameDeviceAndDtype(output, input, "all_to_all_single");
+  const int n = getSize();
+  auto layout = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which,
+                    std::vector<size_t>& bytes, std::vector<size_t>& offsets) {
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    const size_t rowBytes = rows == 0 ? 0 : t.numel() / rows * t.element_size();
+    std::vector<int64_t> s = splits;
+    if (s.empty()) {
+      TORCH_CHECK(rows % n == 0, "roce: all_to_all_single: ", which, " dim 0 (", rows,
+                  ") is not divisible by the world size (", n, "); pass explicit split sizes");
+      s.assign(n, rows / n);
+    }
+    TORCH_CHECK(static_cast<int>(s.size()) == n, "roce: all_to_all_single: ", s.size(), " ", which,
+                " split sizes for a group of ", n);
+    int64_t sum = 0;
+    for (int64_t x : s) {
+      TORCH_CHECK(x >= 0, "roce: all_to_all_single: negative ", which, " split size ", x);
+      sum += x;
+    }
+    TORCH_CHECK(sum == rows, "roce: all_to_all_single: ", which, " split sizes add up to ", sum,
+                " but dim 0 of the ", which, " tensor is ", rows);
+    size_t at = 0;
+    for (int64_t x : s) {
+      offsets.push_back(at);
+      bytes.push_back(static_cast<size_t>(x) * rowBytes);
+      at += bytes.back();
+    }
+  };
+  std::vector<size_t> sendBytes, sendOff, recvBytes, recvOff;
+  layout(input, inputSplits, "input", sendBytes, sendOff);
+  layout(output, outputSplits, "output", recvBytes, recvOff);
+  const int me = getRank();
+  TORCH_CHECK(sendBytes[me] == recvBytes[me], "roce: all_to_all_single: rank ", me, " sends ", sendBytes[me],
+              " bytes to itself but expects to receive ", recvBytes[me]);
+  Staged in = stage(input, true), out = stage(output, false);
+  return submit(OpType::ALLTOALL_BASE, "all_to_all_single", {output}, {out},
+                [=](Communicator& c) { roce::alltoallv(c, in.data(), sendBytes, sendOff, out.data(), recvBytes, recvOff); },
+                opts.timeout, in.bytes());
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllToAllOptions& opts) {
+  const int n = getSize();
+  TORCH_CHECK(static_cast<int>(inputs.size()) == n && static_cast<int>(outputs.size()) == n,
+              "roce: all_to_all: expected ", n, " input and output tensors, got ", inputs.size(), " and ", outputs.size());
+  std::vector<size_t> sendBytes, sendOff, recvBytes, recvOff;
+  size_t at = 0;
+  for (auto& t : inputs) {
+    checkSameDeviceAndDtype(t, inputs[0], "all_to_all");
+    sendOff.push_back(at);
+    sendBytes.push_back(t.numel() * t.element_size());
+    at += sendBytes.back();
+  }
+  at = 0;
+  for (auto& t : outputs) {
+    checkSameDeviceAndDtype(t, inputs[0], "all_to_all");
+    recvOff.push_back(at);
+    recvBytes.push_back(t.numel() * t.element_size());
+    at += recvBytes.back();
+  }
+  const int me = getRank();
+  TORCH_CHECK(sendBytes[me] == recvBytes[me], "roce: all_to_all: input and output tensor ", me,
+              " (this rank's own block) differ in size");
+  at::Tensor flatIn = flatHost(inputs);
+  int64_t total = 0;
+  for (auto& t : outputs) total += t.numel();
+  at::Tensor flatOut = emptyHost(total, inputs[0]);
+  return submit(OpType::ALLTOALL, "all_to_all", outputs, slicesOf(flatOut, outputs),
+                [=](Communicator& c) {
+                  roce::alltoallv(c, flatIn.data_ptr(), sendBytes, sendOff, flatOut.data_ptr(), recvBytes, recvOff);
+                },
+                opts.timeout, flatIn.numel() * flatIn.element_size());
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::barrier(const c10d::BarrierOptions& opts) {
+  return submit(OpType::BARRIER, "barrier", {}, {}, [](Communicator& c) { roce::barrier(c); }, opts.timeout, 0);
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char* title, std::vector<at::Tensor>& tensors,
+                                                         int peer, int tag) {
+  checkSingle(tensors, title);
+  const bool sending = type == OpType::SEND;
+  if (peer >= 0) {
+    checkRank(peer, getSize(), sending ? "destination" : "source", title);
+    TORCH_CHECK(peer != getRank(), "roce: ", title, ": rank ", getRank(), " cannot ", sending ? "send to" : "receive from",
+                " itself");
+  }
+  Staged s = stage(tensors[0], sending);
+  s.copyBack = s.copyBack && !sending;
+  auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, tensors);
+  auto task = std::make_shared<PointToPointTask>(
+      work,
+      str(describe(title, s.bytes()), peer >= 0 ? str(sending ? " to rank " : " from rank ", peer) : " from any rank",
+          " with tag ", tag),
+      s, sending ? Request::Kind::Send : Request::Kind::Recv, peer, Communicator::p2pTag(tag));
+  task->timeout = timeout_;
+  engine_->enqueue(std::move(task));
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  return pointToPoint(OpType::SEND, "send", tensors, dstRank, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  return pointToPoint(OpType::RECV, "recv", tensors, srcRank, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return pointToPoint(OpType::RECVANYSOURCE, "recv", tensors, -1, tag);
+}
+
+}  // namespace roce

@@ -1,0 +1,38 @@
+// Python module roce_pg._C: the backend class and its creator, plus a probe of
+// the RDMA devices libibverbs sees.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include "../transport/verbs/device_probe.hpp"
+#include "backend.hpp"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "roce: a torch.distributed backend over RDMA verbs, shared memory and TCP";
+  py::object backendBase = py::module_::import("torch.distributed").attr("Backend");
+  (void)backendBase;
+  py::class_<roce::RoceBackend, c10d::Backend, c10::intrusive_ptr<roce::RoceBackend>>(m, "RoceBackend")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, int globalRank) {
+             return c10::make_intrusive<roce::RoceBackend>(store, rank, size, timeout, globalRank);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("global_rank"),
+           py::call_guard<py::gil_scoped_release>());
+  m.def("rdma_ports", [] {
+    py::list out;
+    for (const auto& p : roce::probeRdmaPorts()) {
+      py::dict d;
+      d["device"] = p.device;
+      d["port"] = p.port;
+      d["state"] = p.state;
+      d["link_layer"] = p.linkLayer;
+      d["active_mtu"] = p.activeMtu;
+      out.append(d);
+    }
+    return out;
+  });
+}

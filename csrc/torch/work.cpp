@@ -1,0 +1,106 @@
+#include "work.hpp"
+
+#include <ATen/core/jit_type.h>
+#include <c10/util/Exception.h>
+
+#include "../comm/communicator.hpp"
+#include "../common/error.hpp"
+
+namespace roce {
+namespace {
+
+std::vector<c10::Device> cudaDevicesOf(const std::vector<at::Tensor>& ts) {
+  std::vector<c10::Device> out;
+  for (const auto& t : ts)
+    if (t.defined() && t.is_cuda() && std::find(out.begin(), out.end(), t.device()) == out.end())
+      out.push_back(t.device());
+  return out;
+}
+
+}  // namespace
+
+std::exception_ptr toTorchError(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::Error&) {
+    return e;
+  } catch (const std::exception& err) {
+    try {
+      C10_THROW_ERROR(DistBackendError, err.what());
+    } catch (...) {
+      return std::current_exception();
+    }
+  }
+  return e;
+}
+
+RoceWork::RoceWork(c10d::OpType type, int rank, const char* title, std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, type, title), outputs_(std::move(outputs)), rank_(rank), title_(title) {
+  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                     cudaDevicesOf(outputs_));
+}
+
+void RoceWork::complete(std::exception_ptr error) {
+  if (error) {
+    error = toTorchError(error);
+    future_->setError(error);
+    finish(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+    finish();
+  }
+}
+
+bool RoceWork::wait(std::chrono::milliseconds timeout) {
+  if (timeout != kNoTimeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_for(lock, timeout, [&] { return completed_; }))
+      C10_THROW_ERROR(DistBackendError,
+                      c10::str("roce: ", title_, " on rank ", rank_, " did not complete within wait(timeout=",
+                               timeout.count(), " ms); it is still running and may complete later"));
+  }
+  return c10d::Work::wait(kNoTimeout);
+}
+
+int RoceWork::sourceRank() const {
+  TORCH_CHECK(sourceRank_ >= 0, "roce: sourceRank() is only known for a completed recv from any source");
+  return sourceRank_;
+}
+
+bool CollectiveTask::start(Communicator& c) {
+  body_(c);
+  for (const auto& s : outputs_) s.finish();
+  return true;
+}
+
+void CollectiveTask::complete(std::exception_ptr error) { work_->complete(error); }
+
+PointToPointTask::PointToPointTask(c10::intrusive_ptr<RoceWork> work, std::string what, Staged buffer,
+                                   Request::Kind kind, int peer, uint64_t tag)
+    : work_(std::move(work)), what_(std::move(what)), buffer_(std::move(buffer)) {
+  req_.kind = kind;
+  req_.peer = peer;
+  req_.tag = tag;
+  req_.buf = buffer_.data();
+  req_.len = buffer_.bytes();
+}
+
+bool PointToPointTask::start(Communicator& c) {
+  if (req_.peer < 0) c.postRecvAnySource(req_);
+  else c.post(req_);
+  return poll(c);
+}
+
+bool PointToPointTask::poll(Communicator&) {
+  if (!req_.done) return false;
+  if (req_.failed()) throwComm(str(what_, " failed: ", req_.error));
+  if (req_.kind == Request::Kind::Recv) {
+    work_->setSourceRank(req_.peer);
+    buffer_.finish();
+  }
+  return true;
+}
+
+void PointToPointTask::complete(std::exception_ptr error) { work_->complete(error); }
+
+}  // namespace roce

@@ -1,0 +1,65 @@
+#include "node_shm.hpp"
+
+#include <unistd.h>
+
+#include <new>
+
+#include "../../common/bootstrap.hpp"
+#include "../../common/error.hpp"
+
+namespace roce {
+namespace {
+constexpr size_t kPage = 4096;
+size_t roundUp(size_t x) { return (x + kPage - 1) & ~(kPage - 1); }
+}  // namespace
+
+NodeShm::NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size_t ringBytes,
+                 size_t slotBytes, std::chrono::milliseconds timeout)
+    : me_(me), ringBytes_(ringBytes), slotBytes_(slotBytes) {
+  const int n = static_cast<int>(localRanks.size());
+  // Layout: [control page][one ring per local rank, own index unused][slot 0][slot 1]
+  ringsBytes_ = static_cast<size_t>(n) * roundUp(sizeof(ShmRingControl) + ringBytes);
+  bytes_ = kPage + ringsBytes_ + 2 * roundUp(slotBytes);
+  ShmSegment mine = ShmSegment::create(bytes_, "roce_pg");
+  new (mine.data()) ShmRankControl{};
+  for (int from = 0; from < n; ++from)
+    new (mine.data() + ringOffset(from)) ShmRingControl{};
+
+  const int myRank = localRanks[me];
+  bs.set(str("shm/", myRank), str(mine.name(), " ", getpid()));
+  std::vector<std::string> keys;
+  for (int r : localRanks) keys.push_back(str("shm/", r));
+  auto values = waitForKeys(bs, keys, timeout, "shared-memory setup",
+                            [&](size_t i) { return str("rank ", localRanks[i]); });
+  segs_.resize(n);
+  pids_.resize(n);
+  for (int i = 0; i < n; ++i) {
+    auto space = values[i].find(' ');
+    pids_[i] = std::stoi(values[i].substr(space + 1));
+    if (i == me) continue;
+    segs_[i] = ShmSegment::open(values[i].substr(0, space), bytes_);
+  }
+  segs_[me] = std::move(mine);
+  // Once everyone has mapped every segment the names are no longer needed.
+  storeBarrier(bs, "shm/mapped", n, timeout, "shared-memory setup (mapping peers' segments)");
+  segs_[me].unlink();
+}
+
+size_t NodeShm::ringOffset(int from) const {
+  return kPage + static_cast<size_t>(from) * roundUp(sizeof(ShmRingControl) + ringBytes_);
+}
+
+ShmRing NodeShm::ring(int from, int to) {
+  char* base = segs_[to].data() + ringOffset(from);
+  return ShmRing(reinterpret_cast<ShmRingControl*>(base), base + sizeof(ShmRingControl), ringBytes_);
+}
+
+char* NodeShm::slot(int local, int buffer) const {
+  return segs_[local].data() + kPage + ringsBytes_ + static_cast<size_t>(buffer) * roundUp(slotBytes_);
+}
+
+ShmRankControl* NodeShm::control(int local) const {
+  return reinterpret_cast<ShmRankControl*>(segs_[local].data());
+}
+
+}  // namespace roce

@@ -1,0 +1,58 @@
+// The shared memory of one process group on one machine. Every local rank owns
+// one segment holding
+//   * its barrier counter and the descriptor of the allreduce it is running,
+//   * one inbound ring per local peer (point-to-point messages to this rank),
+//   * two staging slots for the shared-memory allreduce (double-buffered).
+// Every local rank maps every other rank's segment, so a rank reads its peers'
+// slots directly and writes straight into the rings of its peers.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shm_ring.hpp"
+#include "shm_segment.hpp"
+
+namespace roce {
+
+class Bootstrap;
+
+struct alignas(64) ShmRankControl {
+  std::atomic<uint64_t> arrived;  // barrier generation this rank has reached
+  char pad0[64 - sizeof(std::atomic<uint64_t>)];
+  // What the rank's current shared-memory allreduce is, checked by all ranks
+  // before reducing so that mismatched calls fail everywhere instead of
+  // corrupting memory or hanging.
+  std::atomic<uint64_t> opCount;
+  std::atomic<uint32_t> opKind;
+  char pad1[64 - sizeof(std::atomic<uint64_t>) - sizeof(std::atomic<uint32_t>)];
+};
+
+class NodeShm {
+ public:
+  // Collective over the local ranks (`localRanks` are group ranks in order,
+  // `me` is this rank's index among them). Blocks until all peers mapped.
+  NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size_t ringBytes,
+          size_t slotBytes, std::chrono::milliseconds timeout);
+
+  int localSize() const { return static_cast<int>(segs_.size()); }
+  int localIndex() const { return me_; }
+  // Ring carrying bytes from local rank `from` to local rank `to` (lives in `to`'s segment).
+  ShmRing ring(int from, int to);
+  char* slot(int local, int buffer) const;
+  size_t slotBytes() const { return slotBytes_; }
+  ShmRankControl* control(int local) const;
+  int pid(int local) const { return pids_[local]; }
+
+ private:
+  size_t ringOffset(int from) const;
+
+  int me_;
+  size_t ringBytes_, slotBytes_, ringsBytes_, bytes_;
+  std::vector<ShmSegment> segs_;
+  std::vector<int> pids_;
+};
+
+}  // namespace roce

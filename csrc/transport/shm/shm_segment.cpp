@@ -1,0 +1,82 @@
+#include "shm_segment.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "../../common/error.hpp"
+
+namespace roce {
+
+ShmSegment ShmSegment::create(size_t bytes, const std::string& namePrefix) {
+  std::random_device rd;
+  ShmSegment s;
+  s.name_ = str("/", namePrefix, ".", getpid(), ".", std::hex, (uint64_t(rd()) << 32 | rd()));
+  int fd = shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0)
+    throwComm(str("shm_open(", s.name_, ") failed: ", std::strerror(errno),
+                  " (is /dev/shm mounted and writable?)"));
+  s.owner_ = true;
+  int rc = ftruncate(fd, static_cast<off_t>(bytes));
+  if (rc == 0) rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  else rc = errno;
+  if (rc != 0) {
+    close(fd);
+    shm_unlink(s.name_.c_str());
+    throwComm(str("could not reserve ", bytes >> 20, " MiB in /dev/shm for ", s.name_, ": ",
+                  std::strerror(rc),
+                  ". Free space in /dev/shm (containers: docker run --shm-size=1g or larger), "
+                  "or shrink ROCE_PG_SHM_SLOT_BYTES / ROCE_PG_SHM_RING_BYTES"));
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(s.name_.c_str());
+    throwComm(str("mmap of ", s.name_, " failed: ", std::strerror(errno)));
+  }
+  s.base_ = static_cast<char*>(p);
+  s.size_ = bytes;
+  return s;
+}
+
+ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
+  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0)
+    throwComm(str("shm_open(", name, ") of a peer's segment failed: ", std::strerror(errno),
+                  ". Ranks that share a boot id must also share /dev/shm; if they run in "
+                  "separate containers, set ROCE_PG_FORCE_NETWORK=1"));
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) throwComm(str("mmap of peer segment ", name, " failed: ", std::strerror(errno)));
+  ShmSegment s;
+  s.base_ = static_cast<char*>(p);
+  s.size_ = bytes;
+  s.name_ = name;
+  return s;
+}
+
+ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
+  if (this != &o) {
+    this->~ShmSegment();
+    base_ = o.base_; size_ = o.size_; name_ = std::move(o.name_); owner_ = o.owner_;
+    o.base_ = nullptr; o.size_ = 0; o.owner_ = false;
+  }
+  return *this;
+}
+
+void ShmSegment::unlink() {
+  if (owner_) shm_unlink(name_.c_str());
+  owner_ = false;
+}
+
+ShmSegment::~ShmSegment() {
+  unlink();
+  if (base_) munmap(base_, size_);
+  base_ = nullptr;
+}
+
+}  // namespace roce

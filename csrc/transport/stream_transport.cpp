@@ -1,0 +1,207 @@
+#include "stream_transport.hpp"
+
+#include <cstring>
+
+#include "../common/error.hpp"
+
+namespace roce {
+
+StreamTransport::StreamTransport(int rank, std::vector<std::unique_ptr<BytePipe>> pipes)
+    : rank_(rank), peers_(pipes.size()) {
+  for (size_t i = 0; i < pipes.size(); ++i) peers_[i].pipe = std::move(pipes[i]);
+}
+
+void StreamTransport::postSend(Request* r) {
+  Peer& p = peers_.at(r->peer);
+  if (!p.deadReason.empty()) return r->fail(p.deadReason);
+  p.sendq.push_back(r);
+}
+
+std::string StreamTransport::sizeMismatch(int peer, const Request& r, uint64_t got) const {
+  return str("rank ", rank_, " expected a message of ", r.len, " bytes from rank ", peer,
+             " but rank ", peer, " sent ", got,
+             " bytes: every rank must pass tensors of the same size and dtype to this operation");
+}
+
+void StreamTransport::postRecv(Request* r) {
+  Peer& p = peers_.at(r->peer);
+  auto it = p.unmatched.find(r->tag);
+  if (it != p.unmatched.end() && !it->second.empty()) {
+    std::vector<char>& msg = it->second.front();
+    if (msg.size() != r->len) r->fail(sizeMismatch(r->peer, *r, msg.size()));
+    else {
+      if (r->len) std::memcpy(r->buf, msg.data(), r->len);
+      r->done = true;
+    }
+    it->second.pop_front();
+    if (it->second.empty()) p.unmatched.erase(it);
+    return;
+  }
+  if (!p.deadReason.empty()) return r->fail(p.deadReason);
+  p.posted[r->tag].push_back(r);
+}
+
+bool StreamTransport::hasUnmatched(int peer, uint64_t tag) {
+  Peer& p = peers_.at(peer);
+  if (!p.pipe) return false;
+  auto it = p.unmatched.find(tag);
+  if (it != p.unmatched.end() && !it->second.empty()) return true;
+  // A message still streaming in with no receive waiting for it counts too.
+  return p.inPayload && !p.matched && !p.drainOnly && p.recvHdr.tag == tag;
+}
+
+bool StreamTransport::progress() {
+  bool moved = false;
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    Peer& p = peers_[i];
+    if (!p.pipe || !p.deadReason.empty()) continue;
+    try {
+      moved |= progressSend(static_cast<int>(i), p);
+      moved |= progressRecv(static_cast<int>(i), p);
+    } catch (const Error& e) {
+      killPeer(static_cast<int>(i), p, e.what());
+      moved = true;
+    }
+  }
+  return moved;
+}
+
+bool StreamTransport::progressSend(int peer, Peer& p) {
+  bool moved = false;
+  while (!p.sendq.empty()) {
+    Request* r = p.sendq.front();
+    if (p.sendPos == 0) p.sendHdr = FrameHeader{r->tag, r->len};
+    const size_t hdr = sizeof(FrameHeader);
+    iovec iov[2];
+    int n = 0;
+    if (p.sendPos < hdr) iov[n++] = {reinterpret_cast<char*>(&p.sendHdr) + p.sendPos, hdr - p.sendPos};
+    size_t payloadDone = p.sendPos > hdr ? p.sendPos - hdr : 0;
+    if (r->len > payloadDone) iov[n++] = {static_cast<char*>(r->buf) + payloadDone, r->len - payloadDone};
+    size_t wrote = n ? p.pipe->write(iov, n) : 0;
+    p.sendPos += wrote;
+    moved |= wrote > 0;
+    if (p.sendPos == hdr + r->len) {
+      r->done = true;
+      p.sendq.pop_front();
+      p.sendPos = 0;
+      moved = true;
+    } else {
+      break;  // pipe full
+    }
+  }
+  (void)peer;
+  return moved;
+}
+
+bool StreamTransport::progressRecv(int peer, Peer& p) {
+  bool moved = false;
+  for (;;) {
+    if (!p.inPayload) {
+      size_t got = p.pipe->read(reinterpret_cast<char*>(&p.recvHdr) + p.hdrGot,
+                                sizeof(FrameHeader) - p.hdrGot);
+      if (got == 0) return moved;
+      moved = true;
+      p.hdrGot += got;
+      if (p.hdrGot < sizeof(FrameHeader)) continue;
+      p.hdrGot = 0;
+      onHeader(peer, p);
+    }
+    while (p.remaining > 0) {
+      size_t got = p.pipe->read(p.dst, p.remaining);
+      if (got == 0) return moved;
+      moved = true;
+      p.dst += got;
+      p.remaining -= got;
+    }
+    onPayloadDone(peer, p);
+  }
+}
+
+void StreamTransport::onHeader(int peer, Peer& p) {
+  p.inPayload = true;
+  p.matched = nullptr;
+  p.drainOnly = false;
+  p.remaining = p.recvHdr.len;
+  auto it = p.posted.find(p.recvHdr.tag);
+  if (it != p.posted.end() && !it->second.empty()) {
+    Request* r = it->second.front();
+    it->second.pop_front();
+    if (it->second.empty()) p.posted.erase(it);
+    if (r->len == p.recvHdr.len) {
+      p.matched = r;
+      p.dst = static_cast<char*>(r->buf);
+      return;
+    }
+    // Fail the receive but still consume the payload so the stream stays framed.
+    r->fail(sizeMismatch(peer, *r, p.recvHdr.len));
+    p.drainOnly = true;
+  }
+  p.unmatchedBuf.assign(p.recvHdr.len, 0);
+  p.dst = p.unmatchedBuf.data();
+}
+
+void StreamTransport::onPayloadDone(int peer, Peer& p) {
+  (void)peer;
+  p.inPayload = false;
+  if (p.matched) {
+    p.matched->done = true;
+    p.matched = nullptr;
+    return;
+  }
+  if (p.drainOnly) {
+    p.unmatchedBuf.clear();
+    return;
+  }
+  // A receive may have been posted while the payload was streaming in.
+  auto it = p.posted.find(p.recvHdr.tag);
+  if (it != p.posted.end() && !it->second.empty()) {
+    Request* r = it->second.front();
+    it->second.pop_front();
+    if (it->second.empty()) p.posted.erase(it);
+    if (r->len != p.unmatchedBuf.size()) r->fail(sizeMismatch(peer, *r, p.unmatchedBuf.size()));
+    else {
+      if (r->len) std::memcpy(r->buf, p.unmatchedBuf.data(), r->len);
+      r->done = true;
+    }
+    p.unmatchedBuf.clear();
+    return;
+  }
+  p.unmatched[p.recvHdr.tag].push_back(std::move(p.unmatchedBuf));
+  p.unmatchedBuf = {};
+}
+
+std::string StreamTransport::checkPeers() {
+  std::string firstDead;
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    Peer& p = peers_[i];
+    if (!p.pipe) continue;
+    if (p.deadReason.empty()) {
+      try {
+        p.pipe->checkAlive();
+      } catch (const Error& e) {
+        killPeer(static_cast<int>(i), p, e.what());
+      }
+    }
+    if (firstDead.empty()) firstDead = p.deadReason;
+  }
+  return firstDead;
+}
+
+void StreamTransport::killPeer(int peer, Peer& p, const std::string& why) {
+  (void)peer;
+  p.deadReason = why;
+  for (Request* r : p.sendq) r->fail(why);
+  p.sendq.clear();
+  for (auto& [tag, q] : p.posted)
+    for (Request* r : q) r->fail(why);
+  p.posted.clear();
+  if (p.matched) p.matched->fail(why);
+  p.matched = nullptr;
+}
+
+void StreamTransport::failAll(const std::string& why) {
+  for (size_t i = 0; i < peers_.size(); ++i)
+    if (peers_[i].pipe) killPeer(static_cast<int>(i), peers_[i], why);
+}
+
+}  // namespace roce

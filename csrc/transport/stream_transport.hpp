@@ -1,0 +1,77 @@
+// Message framing, tag matching and unexpected-message buffering for transports
+// whose peers are connected by reliable byte streams (TCP sockets, shared-memory
+// rings). A concrete transport supplies one BytePipe per peer.
+#pragma once
+#include <sys/uio.h>
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "transport.hpp"
+
+namespace roce {
+
+class BytePipe {
+ public:
+  virtual ~BytePipe() = default;
+  // Non-blocking. Return the number of bytes moved (0 if it would block).
+  // Throw roce::Error(Comm) when the peer is gone.
+  virtual size_t write(const iovec* iov, int iovcnt) = 0;
+  virtual size_t read(void* dst, size_t n) = 0;
+  // Throws if the peer is known to be gone (for pipes that cannot see EOF).
+  virtual void checkAlive() {}
+};
+
+class StreamTransport : public Transport {
+ public:
+  // pipes[peer] may be null for peers this transport does not serve.
+  StreamTransport(int rank, std::vector<std::unique_ptr<BytePipe>> pipes);
+  void postSend(Request* r) override;
+  void postRecv(Request* r) override;
+  bool progress() override;
+  bool hasUnmatched(int peer, uint64_t tag) override;
+  std::string checkPeers() override;
+  void failAll(const std::string& why) override;
+
+ protected:
+  int rank_;
+
+ private:
+  struct FrameHeader {
+    uint64_t tag;
+    uint64_t len;
+  };
+  struct Peer {
+    std::unique_ptr<BytePipe> pipe;
+    std::string deadReason;  // non-empty: every request to this peer fails
+    // Sending: a queue of requests, the front one partially written.
+    std::deque<Request*> sendq;
+    FrameHeader sendHdr{};
+    size_t sendPos = 0;  // bytes of header+payload of sendq.front() written
+    // Receiving: a header being read, then a payload being read into `dst`.
+    FrameHeader recvHdr{};
+    size_t hdrGot = 0;
+    bool inPayload = false;
+    char* dst = nullptr;
+    size_t remaining = 0;
+    Request* matched = nullptr;           // posted receive being filled, or
+    std::vector<char> unmatchedBuf;       // payload arriving before its receive
+    bool drainOnly = false;               // payload of a failed receive, discarded
+    std::unordered_map<uint64_t, std::deque<Request*>> posted;
+    std::unordered_map<uint64_t, std::deque<std::vector<char>>> unmatched;
+  };
+
+  bool progressSend(int peer, Peer& p);
+  bool progressRecv(int peer, Peer& p);
+  void onHeader(int peer, Peer& p);
+  void onPayloadDone(int peer, Peer& p);
+  void killPeer(int peer, Peer& p, const std::string& why);
+  std::string sizeMismatch(int peer, const Request& r, uint64_t got) const;
+
+  std::vector<Peer> peers_;
+};
+
+}  // namespace roce

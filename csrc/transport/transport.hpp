@@ -1,0 +1,56 @@
+// The narrow interface every transport implements (shared memory, TCP, and the
+// verbs transport of the next milestone). Algorithms never see a concrete
+// transport: they post Requests through comm::Communicator, which routes each
+// peer to the transport that serves it.
+//
+// Semantics, identical for every transport:
+//  * reliable, and FIFO per (peer, tag): the k-th send with a tag matches the
+//    k-th receive posted for that tag from that peer;
+//  * a message must be received into a buffer of exactly its size; a mismatch
+//    fails the receive with a message naming both ranks and sizes;
+//  * a message that arrives before its receive is posted is held by the
+//    transport (eagerly buffered, or parked at the sender by a rendezvous);
+//  * all calls happen on one thread (the group's progress thread): no locking.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace roce {
+
+struct Request {
+  enum class Kind : uint8_t { Send, Recv };
+  Kind kind = Kind::Send;
+  int peer = -1;       // group rank
+  uint64_t tag = 0;
+  void* buf = nullptr;
+  size_t len = 0;
+  // Set by the transport.
+  bool done = false;
+  std::string error;   // non-empty once failed (done is then true as well)
+
+  bool failed() const { return !error.empty(); }
+  void fail(const std::string& why) { if (!done) { error = why; done = true; } }
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  // The request (and its buffer) must stay alive until request->done.
+  virtual void postSend(Request* r) = 0;
+  virtual void postRecv(Request* r) = 0;
+  // Advances transfers without blocking; returns true if anything moved.
+  virtual bool progress() = 0;
+  // True if a message with this tag from this peer has arrived (or is arriving)
+  // with no receive posted for it: lets recv-from-any-source pick a peer.
+  virtual bool hasUnmatched(int peer, uint64_t tag) = 0;
+  // Slow-path liveness check, called while a wait has been idle for a while:
+  // fails pending requests of a peer that is known to be gone and returns why
+  // (empty while every peer is fine).
+  virtual std::string checkPeers() { return {}; }
+  // Fails every pending request with `why` (abort / shutdown).
+  virtual void failAll(const std::string& why) = 0;
+};
+
+}  // namespace roce

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs everything roce needs on a fresh Debian/Ubuntu machine, then builds the
+# extension in place. Idempotent: a second run only checks and rebuilds what changed.
+#   apt: compiler, rdma-core userspace (libibverbs headers + providers)
+#   .venv/: torch (from PyPI), pytest, numpy, and roce_pg installed in editable mode
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_SPEC="${ROCE_PG_TORCH_SPEC:-torch==2.15.0}"
+APT_PACKAGES=(g++ make libibverbs-dev rdma-core ibverbs-providers ibverbs-utils)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+PY="${PYTHON:-python3}"
+[[ -x .venv/bin/python ]] || "$PY" -m venv .venv
+VPY=.venv/bin/python
+if ! "$VPY" -c "import torch, pytest, numpy, ninja" 2>/dev/null; then
+  "$VPY" -m pip install -q --upgrade pip
+  "$VPY" -m pip install -q "$TORCH_SPEC" pytest numpy ninja
+fi
+
+# Build the C++ extension in place (fast no-op when nothing changed).
+MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$VPY" -m pip install -q --no-build-isolation -e . 
