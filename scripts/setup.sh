@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TORCH_SPEC="${ROCE_PG_TORCH_SPEC:-torch==2.15.0}"
-APT_PACKAGES=(g++ make libibverbs-dev rdma-core ibverbs-providers ibverbs-utils)
+APT_PACKAGES=(g++ make python3-venv python3-dev libibverbs-dev rdma-core ibverbs-providers ibverbs-utils)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

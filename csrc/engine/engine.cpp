@@ -160,12 +160,18 @@ void Engine::stopThread(const std::string& why) {
       stopReason_ = why;
     }
   }
-  comm_->requestAbort(why);  // interrupts a collective blocked in a wait
+  if (comm_) comm_->requestAbort(why);  // interrupts a collective blocked in a wait
   cv_.notify_all();
   if (thread_.joinable()) {
-    if (thread_.get_id() == std::this_thread::get_id()) thread_.detach();
-    else thread_.join();
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();
+      return;  // the thread still owns comm_ until it returns
+    }
+    thread_.join();
   }
+  // Release sockets, shared memory and the store connection now, even if
+  // Python keeps the process-group object alive after destroy_process_group.
+  comm_.reset();
 }
 
 }  // namespace roce

@@ -78,6 +78,7 @@ std::string RoceBackend::describe(const char* title, size_t bytes) {
 c10::intrusive_ptr<c10d::Work> RoceBackend::submit(OpType type, const char* title, std::vector<at::Tensor> futureValue,
                                                    std::vector<Staged> outputs, CollectiveTask::Body body,
                                                    std::chrono::milliseconds timeout, size_t bytes) {
+  ++collectives_;
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, std::move(futureValue));
   auto task = std::make_shared<CollectiveTask>(work, describe(title, bytes), std::move(outputs), std::move(body));
   task->timeout = effective(timeout);

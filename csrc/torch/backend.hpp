@@ -24,6 +24,9 @@ class RoceBackend : public c10d::Backend {
   const std::string getBackendName() const override { return "roce"; }
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
   void shutdown() override;
+  // Collectives issued so far (torch's debug wrapper compares it across ranks).
+  uint64_t getSequenceNumberForGroup() override { return collectives_.load(); }
+  void setSequenceNumberForGroup() override {}
   void abort() override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
@@ -76,7 +79,8 @@ class RoceBackend : public c10d::Backend {
   Config cfg_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<Engine> engine_;
-  std::atomic<uint64_t> seq_{0};
+  std::atomic<uint64_t> seq_{0};          // every operation, for messages
+  std::atomic<uint64_t> collectives_{0};  // collectives only
 };
 
 }  // namespace roce

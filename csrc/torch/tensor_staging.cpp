@@ -44,10 +44,11 @@ void checkSingle(const std::vector<at::Tensor>& ts, const char* op) {
 }
 
 void checkSameDeviceAndDtype(const at::Tensor& a, const at::Tensor& b, const char* op) {
-  checkTensor(a, op);
-  checkTensor(b, op);
+  TORCH_CHECK(a.defined() && b.defined(), "roce: ", op, ": got an undefined tensor");
   TORCH_CHECK(a.device() == b.device(), "roce: ", op, ": tensors on different devices (", a.device(),
               " and ", b.device(), "); pass all tensors of one call on the same device");
+  checkTensor(a, op);
+  checkTensor(b, op);
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), "roce: ", op, ": tensors of different dtypes (",
               a.scalar_type(), " and ", b.scalar_type(), ")");
 }

@@ -41,7 +41,7 @@ NodeShm::NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size
   }
   segs_[me] = std::move(mine);
   // Once everyone has mapped every segment the names are no longer needed.
-  storeBarrier(bs, "shm/mapped", n, timeout, "shared-memory setup (mapping peers' segments)");
+  storeBarrier(bs, str("shm/mapped/", localRanks[0]), n, timeout, "shared-memory setup (mapping peers' segments)");
   segs_[me].unlink();
 }
 

@@ -1,0 +1,258 @@
+"""Rank-side bodies of tests/test_api.py. Each returns a dict the test inspects,
+or raises (the harness reports the traceback)."""
+import os
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def expect_error(fn, *needles):
+    """Runs fn, which must raise; returns the message after checking it names every needle."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        msg = str(e)
+        for n in needles:
+            assert n.lower() in msg.lower(), f"error message lacks {n!r}: {msg}"
+        return msg
+    raise AssertionError(f"expected an error mentioning {needles}, got none")
+
+
+def work_semantics(rank, world, port):
+    out = {}
+    t = torch.full((1000,), float(rank + 1))
+    w = dist.all_reduce(t, async_op=True)
+    assert w.wait() is True
+    assert w.is_completed() and w.is_success() and w.exception() is None
+    value = w.get_future().wait()
+    assert isinstance(value, list) and len(value) == 1
+    assert value[0].data_ptr() == t.data_ptr(), "future value must be the output tensor"
+    assert torch.equal(t, torch.full((1000,), float(sum(range(1, world + 1)))))
+    # then() chains on the future, as DDP comm hooks do
+    t2 = torch.ones(10)
+    fut = dist.all_reduce(t2, async_op=True).get_future().then(lambda f: f.value()[0] * 10)
+    assert torch.equal(fut.wait(), torch.full((10,), 10.0 * world))
+    # barrier waits for earlier work
+    works = [dist.all_reduce(torch.ones(100000), async_op=True) for _ in range(5)]
+    dist.barrier()
+    assert all(x.is_completed() for x in works)
+    # wait(timeout) expires while the peer is late, and the work still completes later
+    t3 = torch.ones(4)
+    if rank == 0:
+        w = dist.all_reduce(t3, async_op=True)
+        msg = expect_error(lambda: w.wait(timeout=timedelta(milliseconds=300)), "did not complete within")
+        out["wait_timeout_msg"] = msg
+        w.wait()
+    else:
+        time.sleep(2)
+        dist.all_reduce(t3)
+    assert torch.equal(t3, torch.full((4,), float(world)))
+    return out
+
+
+def objects_and_p2p(rank, world, port):
+    objs = [None] * world
+    dist.all_gather_object(objs, {"rank": rank, "s": "x" * rank})
+    assert objs == [{"rank": r, "s": "x" * r} for r in range(world)]
+    lst = [("hello", 42, rank)] if rank == 1 else [None]
+    dist.broadcast_object_list(lst, src=1)
+    assert lst == [("hello", 42, 1)]
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(rank * 3, gathered, dst=0)
+    if rank == 0:
+        assert gathered == [r * 3 for r in range(world)]
+    recv = [None]
+    dist.scatter_object_list(recv, [f"obj{r}" for r in range(world)] if rank == 0 else None, src=0)
+    assert recv == [f"obj{rank}"]
+    # batch_isend_irecv around a ring, both directions
+    right, left = (rank + 1) % world, (rank - 1) % world
+    send_r, send_l = torch.full((1000,), float(rank)), torch.full((7,), float(rank) + 0.5)
+    got_l, got_r = torch.empty(1000), torch.empty(7)
+    ops = [dist.P2POp(dist.irecv, got_l, left), dist.P2POp(dist.irecv, got_r, right),
+           dist.P2POp(dist.isend, send_r, right), dist.P2POp(dist.isend, send_l, left)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert torch.equal(got_l, torch.full((1000,), float(left)))
+    assert torch.equal(got_r, torch.full((7,), float(right) + 0.5))
+    # tags keep messages apart; a later tag may be received first
+    if rank == 0:
+        dist.send(torch.tensor([1.0]), 1, tag=5)
+        dist.send(torch.tensor([2.0]), 1, tag=6)
+    elif rank == 1:
+        b, a = torch.empty(1), torch.empty(1)
+        dist.recv(b, 0, tag=6)
+        dist.recv(a, 0, tag=5)
+        assert (a.item(), b.item()) == (1.0, 2.0)
+    # receive from any source reports the sender
+    if rank == 0:
+        senders = set()
+        for _ in range(world - 1):
+            t = torch.empty(3)
+            src = dist.recv(t)
+            assert torch.equal(t, torch.full((3,), float(src)))
+            senders.add(src)
+        assert senders == set(range(1, world))
+    else:
+        dist.send(torch.full((3,), float(rank)), 0)
+    # a large point-to-point message (larger than the shared-memory ring)
+    if rank == 0:
+        dist.send(torch.arange(3_000_000, dtype=torch.float64), 1)
+    elif rank == 1:
+        t = torch.empty(3_000_000, dtype=torch.float64)
+        dist.recv(t, 0)
+        assert torch.equal(t, torch.arange(3_000_000, dtype=torch.float64))
+    dist.barrier()
+    return {}
+
+
+def bad_input(rank, world, port):
+    pg = dist.group.WORLD
+    backend = pg._get_backend(torch.device("cpu"))
+    msgs = {}
+    t = torch.ones(8)
+    msgs["bxor_float"] = expect_error(lambda: dist.all_reduce(t, op=dist.ReduceOp.BXOR), "BXOR", "float32")
+    msgs["avg_bool"] = expect_error(lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool), op=dist.ReduceOp.AVG),
+                                    "AVG", "bool")
+    msgs["premul_bool"] = expect_error(
+        lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool), op=dist._make_nccl_premul_sum(2.0)), "PREMUL_SUM", "bool")
+    msgs["sparse"] = expect_error(lambda: dist.all_reduce(torch.eye(3).to_sparse()), "sparse")
+    opts = dist.BroadcastOptions()
+    opts.rootRank = world + 3
+    msgs["bad_root"] = expect_error(lambda: backend.broadcast([t], opts), "invalid root rank")
+    msgs["send_self"] = expect_error(lambda: backend.send([t], rank, 0), "itself")
+    msgs["bad_dst"] = expect_error(lambda: backend.send([t], world + 1, 0), "invalid destination rank")
+    msgs["meta"] = expect_error(lambda: backend.allreduce([torch.ones(3, device="meta")]), "meta")
+    msgs["mixed_devices"] = expect_error(
+        lambda: backend.allgather([[torch.ones(3, device="meta")] + [torch.ones(3)] * (world - 1)], [torch.ones(3)]),
+        "different devices")
+    msgs["allgather_count"] = expect_error(lambda: backend.allgather([[torch.ones(3)]], [torch.ones(3)]),
+                                           f"expected {world} output tensors")
+    msgs["split_sum"] = expect_error(
+        lambda: dist.all_to_all_single(torch.empty(4 * world), torch.ones(4 * world), [1] * world, [2] * world),
+        "split sizes add up")
+    # Sizes that differ across ranks: every rank raises (no hang); on the
+    # shared-memory path the group even stays usable.
+    start = time.monotonic()
+    msgs["size_mismatch"] = expect_error(lambda: dist.all_reduce(torch.ones(10 + rank)), "same size")
+    msgs["size_mismatch_s"] = time.monotonic() - start
+    # After every rejected call above the group still works.
+    t = torch.full((5,), float(rank))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((5,), float(sum(range(world)))))
+    return msgs
+
+
+def network_mismatch(rank, world, port):
+    """Forced network path: a size mismatch fails every rank quickly, then the group refuses work."""
+    start = time.monotonic()
+    expect_error(lambda: dist.all_reduce(torch.ones(1000 + 100 * (rank == 0))), "roce")
+    elapsed = time.monotonic() - start
+    msg = expect_error(lambda: dist.all_reduce(torch.ones(4)), "cannot be used any more")
+    return {"elapsed": elapsed, "msg": msg}
+
+
+def debug_wrapper(rank, world, port):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the backend in torch's checking wrapper."""
+    assert os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
+    t = torch.full((100,), float(rank))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((100,), float(sum(range(world)))))
+    outs = [torch.empty(3) for _ in range(world)]
+    dist.all_gather(outs, torch.full((3,), float(rank)))
+    assert all(torch.equal(o, torch.full((3,), float(r))) for r, o in enumerate(outs))
+    dist.barrier()
+    return {}
+
+
+def _resources():
+    pid = os.getpid()
+    return {
+        "threads": len(os.listdir("/proc/self/task")),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "shm": sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"roce_pg.{pid}.")),
+    }
+
+
+def groups(rank, world, port):
+    """Subgroups, several groups alive and used at once, and release on destroy."""
+    dist.barrier()
+    before = _resources()
+    evens = dist.new_group([0, 2])
+    odds = dist.new_group([1, 3])
+    pair = dist.new_group([1, 2])
+    mine = evens if rank % 2 == 0 else odds
+    t = torch.full((1000,), float(rank))
+    dist.all_reduce(t, group=mine)
+    assert torch.equal(t, torch.full((1000,), float(sum(r for r in range(world) if r % 2 == rank % 2))))
+    if rank in (1, 2):
+        t = torch.full((10,), float(rank))
+        dist.broadcast(t, src=2, group=pair)
+        assert torch.equal(t, torch.full((10,), 2.0))
+    during = _resources()
+    # Interleaved async work on two groups, issued from two threads at once.
+    results = {}
+
+    def hammer(name, group, value):
+        ws = []
+        ts = [torch.full((5000,), value) for _ in range(20)]
+        for x in ts:
+            ws.append(dist.all_reduce(x, group=group, async_op=True))
+        for w in ws:
+            w.wait()
+        results[name] = ts
+
+    th = [threading.Thread(target=hammer, args=("world", None, 1.0)),
+          threading.Thread(target=hammer, args=("sub", mine, 2.0))]
+    for x in th:
+        x.start()
+    for x in th:
+        x.join()
+    assert all(torch.equal(x, torch.full((5000,), float(world))) for x in results["world"])
+    assert all(torch.equal(x, torch.full((5000,), 4.0)) for x in results["sub"])
+    for g in (evens, odds, pair):
+        dist.destroy_process_group(g)
+    time.sleep(0.5)
+    after = _resources()
+    return {"before": before, "during": during, "after": after}
+
+
+def skipped_collective(rank, world, port):
+    """Rank 1 never calls the collective: rank 0 raises a timeout naming it."""
+    if rank == 1:
+        time.sleep(8)
+        return {}
+    start = time.monotonic()
+    msg = expect_error(lambda: dist.all_reduce(torch.ones(16)), "timed out", "rank 1")
+    return {"elapsed": time.monotonic() - start, "msg": msg}
+
+
+def per_call_timeout(rank, world, port):
+    """A per-call timeout shorter than the group's is honoured."""
+    if rank == 1:
+        time.sleep(6)
+        return {}
+    opts = dist.AllreduceOptions()
+    opts.timeout = timedelta(seconds=1)
+    start = time.monotonic()
+    w = dist.group.WORLD._get_backend(torch.device("cpu")).allreduce([torch.ones(4)], opts)
+    msg = expect_error(lambda: w.wait(), "timed out")
+    return {"elapsed": time.monotonic() - start, "msg": msg}
+
+
+def never_joins(rank, world, port, timeout_s):
+    """Rank world-1 never creates the group: the others fail within 2x the timeout."""
+    if rank == world - 1:
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False)  # noqa: F841
+        time.sleep(timeout_s * 2 + 3)
+        return {}
+    # The absent rank hosts the store, so the store outlives the ranks that fail.
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
+                          timeout=timedelta(seconds=60))
+    start = time.monotonic()
+    msg = expect_error(lambda: dist.init_process_group("roce", store=store, rank=rank, world_size=world,
+                                                       timeout=timedelta(seconds=timeout_s)),
+                       "timed out", f"rank {world - 1}")
+    return {"elapsed": time.monotonic() - start, "msg": msg}

@@ -1,0 +1,99 @@
+"""The c10d surface beyond the numbers: registration, Work and futures, object
+collectives, point-to-point, argument errors, groups, release on destroy and
+timeouts."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch.distributed as dist
+
+from .harness import LAYOUTS, run_group
+
+
+def test_registration_is_idempotent():
+    import roce_pg
+
+    roce_pg.register()
+    roce_pg.register()
+    assert "roce" in dist.Backend.backend_list
+    assert dist.Backend("roce") == "roce"
+    assert set(dist.Backend.backend_capability["roce"]) == {"cpu", "cuda"}
+    assert isinstance(roce_pg.rdma_ports(), list)  # libibverbs linked; no device needed
+
+
+def test_init_by_name_without_import_uses_entry_point(tmp_path):
+    """torch >= 2.15 finds the backend through the torch.distributed.backends entry point."""
+    code = textwrap.dedent(f"""
+        import sys, torch, torch.distributed as dist
+        assert "roce_pg" not in sys.modules
+        dist.init_process_group("roce", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+        assert dist.get_backend() == "roce", dist.get_backend()
+        t = torch.arange(5.0)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        assert torch.equal(t, torch.arange(5.0))
+        dist.destroy_process_group()
+        print("ENTRY_POINT_OK")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "ENTRY_POINT_OK" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("layout", ["shm2", "net2"])
+def test_work_semantics(layout):
+    world, env = LAYOUTS[layout]
+    res = run_group("tests.api_workers.work_semantics", world, env=env)
+    assert "did not complete within" in res[0]["wait_timeout_msg"]
+
+
+@pytest.mark.parametrize("layout", ["shm4", "mixed2x2"])
+def test_object_collectives_and_point_to_point(layout):
+    world, env = LAYOUTS[layout]
+    run_group("tests.api_workers.objects_and_p2p", world, env=env)
+
+
+def test_bad_input_raises_clear_errors_and_group_stays_usable():
+    world, env = LAYOUTS["shm2"]
+    res = run_group("tests.api_workers.bad_input", world, env=env)
+    for r in res:
+        assert r["size_mismatch_s"] < 10, r
+        assert "rank 0" in r["size_mismatch"] and "rank 1" in r["size_mismatch"], r["size_mismatch"]
+
+
+def test_size_mismatch_on_network_path_fails_every_rank_fast():
+    world, env = LAYOUTS["net4"]
+    res = run_group("tests.api_workers.network_mismatch", world, env=env)
+    # Group timeout is 120 s: every rank must learn of the failure long before.
+    assert all(r["elapsed"] < 20 for r in res), [r["elapsed"] for r in res]
+
+
+def test_torch_distributed_debug_detail_wrapper():
+    world, env = LAYOUTS["shm2"]
+    run_group("tests.api_workers.debug_wrapper", world, env={**env, "TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+
+
+def test_subgroups_concurrent_groups_and_release():
+    world, env = LAYOUTS["mixed2x2"]
+    res = run_group("tests.api_workers.groups", world, env=env)
+    for r in res:
+        assert r["during"]["threads"] > r["before"]["threads"], r  # progress threads existed
+        assert r["after"]["threads"] == r["before"]["threads"], r  # ...and were joined
+        assert r["after"]["fds"] == r["before"]["fds"], r          # sockets closed
+        assert r["after"]["shm"] == [] and r["during"]["shm"] == [], r  # unlinked right after setup
+
+
+def test_rank_skipping_a_collective_times_out_within_twice_the_timeout():
+    res = run_group("tests.api_workers.skipped_collective", 2, env={"TEST_PG_TIMEOUT_S": "3"})
+    assert res[0]["elapsed"] < 6, res[0]
+
+
+def test_per_call_timeout_is_honoured():
+    res = run_group("tests.api_workers.per_call_timeout", 2, env={"TEST_PG_TIMEOUT_S": "60"})
+    assert res[0]["elapsed"] < 2, res[0]
+
+
+def test_rank_that_never_joins_fails_the_others_within_twice_the_timeout():
+    res = run_group("tests.api_workers.never_joins", 3, init=False, kwargs={"timeout_s": 4})
+    for r in res[:2]:
+        assert r["elapsed"] < 8, r
