@@ -108,6 +108,28 @@ def _coalesced_and_barrier(ck, rank, world):
         work.wait()
         ck.close(f"all_reduce_coalesced {dtype} a", ta, reduce_reference(a, "SUM", dtype), dtype)
         ck.close(f"all_reduce_coalesced {dtype} b", tb, reduce_reference(b, "SUM", dtype), dtype)
+    # Coalesced tensor variants, called on the backend (torch only coalesces
+    # for backends that ask for it).
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    sizes = [5, 1000, 3]
+    for dtype in (torch.float32, torch.int32):
+        ins = {k: [make_input(k, n, dtype, "sum", 30 + i) for i, n in enumerate(sizes)] for k in range(world)}
+        outs = [torch.empty(n * world, dtype=dtype) for n in sizes]
+        backend.all_gather_single_coalesced(outs, [x.clone() for x in ins[rank]]).wait()
+        for i in range(len(sizes)):
+            ck.same(f"allgather_into_tensor_coalesced {dtype} #{i}", outs[i], torch.cat([ins[k][i] for k in range(world)]))
+        lists = [[torch.empty(n, dtype=dtype) for _ in range(world)] for n in sizes]
+        backend.allgather_coalesced(lists, [x.clone() for x in ins[rank]]).wait()
+        for i in range(len(sizes)):
+            ck.same(f"allgather_coalesced {dtype} #{i}", torch.cat(lists[i]), torch.cat([ins[k][i] for k in range(world)]))
+        big = {k: [make_input(k, n * world, dtype, "sum", 40 + i) for i, n in enumerate(sizes)] for k in range(world)}
+        outs = [torch.empty(n, dtype=dtype) for n in sizes]
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        backend.reduce_scatter_single_coalesced(outs, [x.clone() for x in big[rank]], opts).wait()
+        for i, n in enumerate(sizes):
+            expected = reduce_reference([big[k][i][rank * n:(rank + 1) * n] for k in range(world)], "SUM", dtype)
+            ck.close(f"reduce_scatter_tensor_coalesced {dtype} #{i}", outs[i], expected, dtype)
     for _ in range(3):
         dist.barrier()
     ck.checks += 1

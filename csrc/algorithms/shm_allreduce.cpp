@@ -1,9 +1,15 @@
-// Allreduce for a group living entirely on one machine. Per chunk:
-//   1. every rank copies its chunk into its own shared slot (pre-scaled for PREMUL_SUM);
+// Allreduce for a group living entirely on one machine. Per chunk, with the
+// chunk split into one slice per rank:
+//   1. every rank copies the slices the *other* ranks will reduce into its own
+//      shared slot (pre-scaled for PREMUL_SUM); its own slice stays in its tensor;
 //   2. barrier;
-//   3. rank i reduces slice i of the chunk straight from all ranks' slots into its slot;
+//   3. rank i reduces slice i straight from its tensor and the peers' slots,
+//      writing the result into its tensor and into its slot;
 //   4. barrier;
-//   5. every rank copies every reduced slice from its owner's slot into its output.
+//   5. every rank copies the other reduced slices from their owners' slots.
+// Memory traffic per rank is ~4N bytes for N bytes of input with two ranks
+// (copying the own slice through the slot as well would be ~5.5N); the
+// allreduce is bound by memory bandwidth, so this is what sets its speed.
 // Slots are double-buffered, so step 1 of the next chunk needs no third barrier:
 // passing the next chunk's first barrier proves everyone finished step 5 here.
 #include <cstring>
@@ -74,22 +80,31 @@ void shmAllreduce(Communicator& c, void* data, size_t count, DataType t, Reducti
     const size_t m = std::min(slotElems, count - off);
     const int buf = static_cast<int>(c.shmIteration++ & 1);
     char* mySlot = shm.slot(me, buf);
-    if (red.op == ReduceOp::PreMulSum) scaleCopy(t, mySlot, out + off * esz, m, red.factor);
-    else std::memcpy(mySlot, out + off * esz, m * esz);
+    char* chunk = out + off * esz;
+    auto lo = [&](int j) { return m * j / n; };
+    auto bytesOf = [&](int j) { return (lo(j + 1) - lo(j)) * esz; };
+    const size_t myLo = lo(me), myN = lo(me + 1) - myLo;
+    for (int j = 0; j < n; ++j) {
+      char* src = chunk + lo(j) * esz;
+      if (red.op == ReduceOp::PreMulSum)  // own slice is scaled in place (it is overwritten anyway)
+        scaleCopy(t, j == me ? src : mySlot + lo(j) * esz, src, lo(j + 1) - lo(j), red.factor);
+      else if (j != me)
+        std::memcpy(mySlot + lo(j) * esz, src, bytesOf(j));
+    }
     shmBarrier(c, shm);
     if (first) checkSameCall(c, shm, count, kind);
     first = false;
 
-    auto lo = [&](int j) { return m * j / n; };
-    const size_t myLo = lo(me), myN = lo(me + 1) - myLo;
-    for (int j = 0; j < n; ++j) ins[j] = shm.slot(j, buf) + myLo * esz;
+    char* mine = chunk + myLo * esz;
+    for (int j = 0; j < n; ++j) ins[j] = j == me ? mine : shm.slot(j, buf) + myLo * esz;
     if (myN) {
-      reduceMany(t, op, mySlot + myLo * esz, ins.data(), n, myN);
-      if (red.op == ReduceOp::Avg) divideBy(t, mySlot + myLo * esz, myN, n);
+      reduceMany(t, op, mine, ins.data(), n, myN);
+      if (red.op == ReduceOp::Avg) divideBy(t, mine, myN, n);
+      std::memcpy(mySlot + myLo * esz, mine, myN * esz);
     }
     shmBarrier(c, shm);
     for (int j = 0; j < n; ++j)
-      std::memcpy(out + (off + lo(j)) * esz, shm.slot(j, buf) + lo(j) * esz, (lo(j + 1) - lo(j)) * esz);
+      if (j != me) std::memcpy(chunk + lo(j) * esz, shm.slot(j, buf) + lo(j) * esz, bytesOf(j));
     off += m;
   } while (off < count);
 }

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Idempotently installs what the Soft-RoCE VM scripts need (run as root, no stdin):
+#   apt: QEMU, Debian's own kernel (ships rdma_rxe), rdma-core userspace, perftest, ...
+#   pip: virtme-ng (`vng`) into its own venv ($VNG_VENV, default scripts/softroce/.venv-vng)
+# Prints the kernel image the VM scripts will boot (last line: KERNEL=<path>).
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+VNG_VENV="${VNG_VENV:-$HERE/.venv-vng}"
+VNG_SPEC="${VNG_SPEC:-virtme-ng}"
+
+APT_PACKAGES=(qemu-system-x86 linux-image-amd64 rdma-core ibverbs-providers ibverbs-utils
+              perftest iproute2 iputils-ping busybox-static udev kmod procps coreutils python3-venv)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "softroce/setup: apt-get install ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
+fi
+
+# virtme-ng in its own venv, built from Debian's python3 (not tied to pyenv).
+if ! "$VNG_VENV/bin/vng" --version >/dev/null 2>&1; then
+  echo "softroce/setup: creating $VNG_VENV with $VNG_SPEC" >&2
+  rm -rf "$VNG_VENV"
+  /usr/bin/python3 -m venv "$VNG_VENV"
+  "$VNG_VENV/bin/python" -m pip install -q --upgrade pip </dev/null
+  "$VNG_VENV/bin/python" -m pip install -q "$VNG_SPEC" </dev/null
+fi
+
+# shellcheck source=common.sh
+source "$HERE/common.sh"
+KERNEL="$(softroce_kernel)"
+[[ -r "$KERNEL" ]] || { echo "softroce/setup: no readable kernel image found" >&2; exit 1; }
+KVER="$(softroce_kver "$KERNEL")"
+if ! find "/lib/modules/$KVER" -name 'rdma_rxe.ko*' | grep -q .; then
+  echo "softroce/setup: rdma_rxe module missing under /lib/modules/$KVER" >&2; exit 1
+fi
+echo "softroce/setup: vng $("$VNG_VENV/bin/vng" --version 2>&1 | head -1)" >&2
+echo "KERNEL=$KERNEL"
