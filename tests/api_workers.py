@@ -256,3 +256,17 @@ def never_joins(rank, world, port, timeout_s):
                                                        timeout=timedelta(seconds=timeout_s)),
                        "timed out", f"rank {world - 1}")
     return {"elapsed": time.monotonic() - start, "msg": msg}
+
+
+def no_rdma_device(rank, world, port):
+    """Without RDMA devices a group spanning machines refuses to start unless TCP is chosen."""
+    from .harness import _store_wait
+
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=(rank == 0), timeout=timedelta(seconds=60))
+    msg = expect_error(lambda: dist.init_process_group("roce", store=store, rank=rank, world_size=world,
+                                                       timeout=timedelta(seconds=60)),
+                       "no RDMA device", "ROCE_PG_NET_TRANSPORT=tcp", f"rank {1 - rank}")
+    _store_wait(store, "test/done", world)  # rank 0 hosts the store: leave together
+    if rank == 0:
+        time.sleep(1)
+    return {"msg": msg}

@@ -103,16 +103,23 @@ def run_group(target, world, env=None, kwargs=None, init=True, deadline_s=DEFAUL
     return [results[r] for r in range(world)]
 
 
-# Process layouts used across the suite: (world size, environment).
+# Process layouts used across the suite: (world size, environment). The
+# network layouts name TCP explicitly: this host has no RDMA device, and
+# without the variable a group spanning "machines" refuses to start.
+TCP = {"ROCE_PG_NET_TRANSPORT": "tcp"}
 LAYOUTS = {
     "single": (1, {}),
     "shm2": (2, {}),
     "shm3": (3, {}),
     "shm4": (4, {}),
-    "net2": (2, {"ROCE_PG_FORCE_NETWORK": "1"}),
-    "net3": (3, {"ROCE_PG_FORCE_NETWORK": "1"}),
-    "net4": (4, {"ROCE_PG_FORCE_NETWORK": "1"}),
+    "net2": (2, {"ROCE_PG_FORCE_NETWORK": "1", **TCP}),
+    "net3": (3, {"ROCE_PG_FORCE_NETWORK": "1", **TCP}),
+    "net4": (4, {"ROCE_PG_FORCE_NETWORK": "1", **TCP}),
     # Two simulated machines with two ranks each: shared memory inside a
-    # "machine", TCP between them.
-    "mixed2x2": (4, {"ROCE_PG_SIM_RANKS_PER_NODE": "2"}),
+    # "machine", the network between them.
+    "mixed2x2": (4, {"ROCE_PG_SIM_RANKS_PER_NODE": "2", **TCP}),
+    # Every peer over verbs (Soft-RoCE VM suite).
+    "verbs2": (2, {"ROCE_PG_FORCE_NETWORK": "1", "ROCE_PG_NET_TRANSPORT": "verbs"}),
+    "verbs3": (3, {"ROCE_PG_FORCE_NETWORK": "1", "ROCE_PG_NET_TRANSPORT": "verbs"}),
+    "verbs4": (4, {"ROCE_PG_FORCE_NETWORK": "1", "ROCE_PG_NET_TRANSPORT": "verbs"}),
 }

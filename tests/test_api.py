@@ -97,3 +97,12 @@ def test_rank_that_never_joins_fails_the_others_within_twice_the_timeout():
     res = run_group("tests.api_workers.never_joins", 3, init=False, kwargs={"timeout_s": 4})
     for r in res[:2]:
         assert r["elapsed"] < 8, r
+
+
+def test_group_spanning_machines_without_rdma_device_needs_explicit_tcp():
+    import roce_pg
+
+    if roce_pg.rdma_ports():
+        pytest.skip("this machine has RDMA ports; the error path needs a machine without")
+    res = run_group("tests.api_workers.no_rdma_device", 2, init=False, env={"ROCE_PG_SIM_RANKS_PER_NODE": "1"})
+    assert all("libibverbs found no RDMA device" in r["msg"] for r in res), res

@@ -10,6 +10,7 @@
 #include "../transport/shm/shm_transport.hpp"
 #include "../transport/tcp/tcp_transport.hpp"
 #include "../transport/verbs/device_probe.hpp"
+#include "../transport/verbs/verbs_transport.hpp"
 
 namespace roce {
 namespace {
@@ -25,10 +26,24 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
   me.nodeId = cfg_.simRanksPerNode > 0 ? str("sim-node-", globalRank / cfg_.simRanksPerNode, "@", me.hostId)
                                        : me.hostId;
   me.pid = getpid();
+  std::shared_ptr<VerbsDevice> verbsDev;
   if (size > 1) {
     listener_ = std::make_unique<TcpListener>();
     me.tcpHost = tcpAdvertiseAddress(cfg_);
     me.tcpPort = listener_->port();
+    if (cfg_.netTransport != "tcp") {
+      // Open the RDMA port now, so every rank can tell the others whether it has one.
+      if (auto choice = chooseVerbsPort(cfg_, me.noVerbsWhy)) {
+        try {
+          verbsDev = std::make_shared<VerbsDevice>(*choice, cfg_);
+        } catch (const Error& e) {
+          me.noVerbsWhy = e.what();
+        }
+      }
+      me.verbs = verbsDev != nullptr;
+    } else {
+      me.noVerbsWhy = "ROCE_PG_NET_TRANSPORT=tcp";
+    }
   }
   bs_->set(str("info/", rank), me.encode());
   std::vector<std::string> keys;
@@ -48,21 +63,23 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
     for (int r : topo_.localRanks)
       if (r != rank) routes_[r] = transports_.back().get();
   }
-  std::vector<bool> viaTcp(size, false);
+  // Peers not served by shared memory go over the network.
+  std::vector<bool> viaNet(size, false);
   std::vector<TcpEndpoint> eps(size);
-  bool anyTcp = false;
+  bool anyNet = false;
   for (int r = 0; r < size; ++r) {
     if (r == rank || routes_[r]) continue;
-    viaTcp[r] = anyTcp = true;
+    viaNet[r] = anyNet = true;
     eps[r] = {infos[r].hostId == me.hostId ? "127.0.0.1" : infos[r].tcpHost, infos[r].tcpPort};
   }
-  // Every rank builds the mesh symmetrically, so decide from the full picture:
-  // a pair uses TCP iff it is not served by shared memory on either side.
-  if (anyTcp) {
-    transports_.push_back(std::make_unique<TcpTransport>(rank, *listener_, eps, viaTcp, timeout_));
-    for (int r = 0; r < size; ++r)
-      if (viaTcp[r]) routes_[r] = transports_.back().get();
+  const std::string net = chooseNetworkTransport(infos);
+  if (anyNet && net == "verbs") {
+    transports_.push_back(std::make_unique<VerbsTransport>(rank, verbsDev, cfg_, *bs_, viaNet, timeout_));
+  } else if (anyNet) {
+    transports_.push_back(std::make_unique<TcpTransport>(rank, *listener_, eps, viaNet, timeout_));
   }
+  for (int r = 0; r < size; ++r)
+    if (viaNet[r]) routes_[r] = transports_.back().get();
   listener_.reset();  // all connections are made
 
   if (logLevel() >= LogLevel::Info && rank == 0) {
@@ -71,12 +88,31 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
       rdma += str(rdma.empty() ? "" : ", ", p.device, ":", p.port, " ", p.state, " ", p.linkLayer, " mtu ", p.activeMtu);
     ROCE_INFO("group of ", size, " ranks on ", topo_.numNodes, " node(s); rank 0 has ",
               topo_.localRanks.size(), " local rank(s); shared memory ", useShm ? "on" : "off",
-              "; network transport ", anyTcp ? "tcp" : "none", "; RDMA ports seen: ",
+              "; network transport ", anyNet ? net : "none",
+              net == "verbs" && verbsDev ? str(" (", verbsDev->describe(), ")") : "", "; RDMA ports seen: ",
               rdma.empty() ? "none" : rdma, "; ", cfg_.describe());
   }
 }
 
 Communicator::~Communicator() = default;
+
+std::string Communicator::chooseNetworkTransport(const std::vector<RankInfo>& infos) const {
+  if (cfg_.netTransport == "tcp") return "tcp";
+  // Which ranks talk over the network at all (the same answer on every rank).
+  std::string lacking;
+  bool anyNetwork = false;
+  for (int r = 0; r < topo_.size; ++r) {
+    bool needsNet = cfg_.forceNetwork ? topo_.size > 1 : topo_.numNodes > 1;
+    if (!needsNet) continue;
+    anyNetwork = true;
+    if (!infos[r].verbs) lacking += str("\n  rank ", r, ": ", infos[r].noVerbsWhy);
+  }
+  if (!anyNetwork || lacking.empty()) return "verbs";
+  throwInvalid(str("this group spans ", cfg_.forceNetwork ? "the network (ROCE_PG_FORCE_NETWORK=1)" : "several machines",
+                   " but not every rank has a usable RDMA port:", lacking,
+                   "\nFix the RDMA setup (ibv_devinfo should show an ACTIVE port), or set ROCE_PG_NET_TRANSPORT=tcp "
+                   "on every rank to use TCP between machines"));
+}
 
 void Communicator::FreeDeleter::operator()(void* p) const { std::free(p); }
 

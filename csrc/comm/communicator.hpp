@@ -81,6 +81,9 @@ class Communicator {
 
  private:
   Transport* route(int peer) const;
+  // "verbs" or "tcp" for the peers not on this machine; throws when the group
+  // needs the network, verbs was not ruled out, and some rank lacks a port.
+  std::string chooseNetworkTransport(const std::vector<RankInfo>& infos) const;
   void slowChecks();
   [[noreturn]] void throwFailure(const std::string& msg);
   void transportsFailAll(const std::string& why);

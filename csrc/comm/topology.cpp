@@ -12,18 +12,23 @@
 namespace roce {
 
 std::string RankInfo::encode() const {
-  return str(nodeId, "\n", hostId, "\n", pid, "\n", tcpHost, "\n", tcpPort);
+  std::string why = noVerbsWhy;
+  for (char& ch : why)
+    if (ch == '\n') ch = ' ';
+  return str(nodeId, "\n", hostId, "\n", pid, "\n", tcpHost, "\n", tcpPort, "\n", verbs ? 1 : 0, "\n", why);
 }
 
 RankInfo RankInfo::decode(const std::string& s) {
   std::istringstream in(s);
   RankInfo r;
-  std::string pid, port;
+  std::string pid, port, verbs;
   if (!std::getline(in, r.nodeId) || !std::getline(in, r.hostId) || !std::getline(in, pid) ||
-      !std::getline(in, r.tcpHost) || !std::getline(in, port))
+      !std::getline(in, r.tcpHost) || !std::getline(in, port) || !std::getline(in, verbs))
     throwComm("malformed rank info in the store (mixed roce_pg versions across ranks?)");
+  std::getline(in, r.noVerbsWhy);
   r.pid = std::stoi(pid);
   r.tcpPort = std::stoi(port);
+  r.verbs = verbs == "1";
   return r;
 }
 

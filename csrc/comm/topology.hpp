@@ -13,6 +13,8 @@ struct RankInfo {
   int pid = 0;
   std::string tcpHost;
   int tcpPort = 0;
+  bool verbs = false;     // has a usable RDMA port for this group
+  std::string noVerbsWhy; // otherwise, what was looked for (one line)
 
   std::string encode() const;
   static RankInfo decode(const std::string& s);

@@ -43,8 +43,16 @@ Config Config::fromEnv() {
   c.forceNetwork = envBool("ROCE_PG_FORCE_NETWORK");
   c.simRanksPerNode = static_cast<int>(envInt("ROCE_PG_SIM_RANKS_PER_NODE", 0, 0, 1 << 20));
   if (const char* v = env("ROCE_PG_NET_TRANSPORT")) c.netTransport = v;
-  if (c.netTransport != "auto" && c.netTransport != "tcp")
-    throwInvalid(str("ROCE_PG_NET_TRANSPORT='", c.netTransport, "': expected 'auto' or 'tcp'"));
+  if (c.netTransport != "auto" && c.netTransport != "tcp" && c.netTransport != "verbs")
+    throwInvalid(str("ROCE_PG_NET_TRANSPORT='", c.netTransport, "': expected 'auto', 'verbs' or 'tcp'"));
+  if (const char* v = env("ROCE_PG_IB_HCA")) c.ibHca = v;
+  c.ibGidIndex = static_cast<int>(envInt("ROCE_PG_IB_GID_INDEX", -1, -1, 1 << 16));
+  c.ibTc = static_cast<int>(envInt("ROCE_PG_IB_TC", 0, 0, 255));
+  c.ibSl = static_cast<int>(envInt("ROCE_PG_IB_SL", 0, 0, 15));
+  c.ibTimeout = static_cast<int>(envInt("ROCE_PG_IB_TIMEOUT", 18, 1, 31));
+  c.ibRetryCnt = static_cast<int>(envInt("ROCE_PG_IB_RETRY_CNT", 7, 0, 7));
+  c.ibQpsPerConnection = static_cast<int>(envInt("ROCE_PG_IB_QPS_PER_CONNECTION", 1, 1, 16));
+  c.ibSlots = static_cast<int>(envInt("ROCE_PG_IB_SLOTS", 8, 2, 256));
   if (const char* v = env("ROCE_PG_SOCKET_IFNAME")) c.socketIfname = v;
   c.chunkBytes = envInt("ROCE_PG_CHUNK_BYTES", c.chunkBytes, 4096, 1ll << 30);
   c.shmSlotBytes = envInt("ROCE_PG_SHM_SLOT_BYTES", c.shmSlotBytes, 4096, 1ll << 30);
@@ -61,7 +69,9 @@ Config Config::fromEnv() {
 std::string Config::describe() const {
   return str("force_network=", forceNetwork, " sim_ranks_per_node=", simRanksPerNode,
              " net_transport=", netTransport, " chunk_bytes=", chunkBytes,
-             " shm_slot_bytes=", shmSlotBytes, " shm_ring_bytes=", shmRingBytes);
+             " shm_slot_bytes=", shmSlotBytes, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
+             " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,
+             " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots);
 }
 
 }  // namespace roce

@@ -11,7 +11,8 @@ struct Config {
   bool forceNetwork = false;             // ROCE_PG_FORCE_NETWORK=1
   // Pretend that consecutive blocks of this many global ranks are separate machines (tests).
   int simRanksPerNode = 0;               // ROCE_PG_SIM_RANKS_PER_NODE
-  // Network transport between machines: "auto" or "tcp".
+  // Network transport between machines: "auto" (verbs when every rank has a
+  // usable RDMA port, else an error for groups spanning machines), "verbs" or "tcp".
   std::string netTransport = "auto";     // ROCE_PG_NET_TRANSPORT
   // Interface whose IPv4 address peers use to reach this rank over TCP.
   std::string socketIfname;              // ROCE_PG_SOCKET_IFNAME
@@ -21,6 +22,15 @@ struct Config {
   size_t shmSlotBytes = 4u << 20;        // ROCE_PG_SHM_SLOT_BYTES
   // Per-direction ring between two ranks on the same machine (point-to-point).
   size_t shmRingBytes = 2u << 20;        // ROCE_PG_SHM_RING_BYTES
+  // Verbs (RoCE / InfiniBand), names as NCCL's NCCL_IB_*.
+  std::string ibHca;                     // ROCE_PG_IB_HCA: "mlx5_0:1,mlx5_1", "^mlx5_2", "=rxe0"
+  int ibGidIndex = -1;                   // ROCE_PG_IB_GID_INDEX (-1: RoCE v2 IPv4-mapped GID)
+  int ibTc = 0;                          // ROCE_PG_IB_TC: traffic class (whole TOS byte, e.g. 106)
+  int ibSl = 0;                          // ROCE_PG_IB_SL: service level
+  int ibTimeout = 18;                    // ROCE_PG_IB_TIMEOUT: 4.096 us * 2^t per retry
+  int ibRetryCnt = 7;                    // ROCE_PG_IB_RETRY_CNT
+  int ibQpsPerConnection = 1;            // ROCE_PG_IB_QPS_PER_CONNECTION
+  int ibSlots = 8;                       // ROCE_PG_IB_SLOTS: landing slots per peer (chunks in flight)
   // How long shutdown() lets queued work finish before failing it.
   int shutdownGraceMs = 5000;            // ROCE_PG_SHUTDOWN_GRACE_MS
 

@@ -1,0 +1,633 @@
+#include "verbs_transport.hpp"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "../../common/bootstrap.hpp"
+#include "../../common/config.hpp"
+#include "../../common/error.hpp"
+
+namespace roce {
+
+// ---- wire formats -----------------------------------------------------------
+
+enum CtrlType : uint32_t { kRts = 1, kRtr = 2, kCredit = 3, kNack = 4 };
+
+struct VerbsTransport::Ctrl {
+  uint32_t type;
+  uint32_t id;   // RTR/NACK: receive id; CREDIT: slot
+  uint64_t tag;
+  uint64_t len;  // RTS/RTR: message size; NACK: the sender's size
+};
+static_assert(sizeof(VerbsTransport::Ctrl) == 24);
+
+struct SlotHeader {
+  uint64_t recvId;
+  uint64_t offset;
+  uint64_t len;
+  uint64_t pad[5];
+};
+static_assert(sizeof(SlotHeader) == 64);
+
+namespace {
+
+constexpr int kCtrlBytes = 32;  // one receive buffer / one control send slot
+
+// wr_id: kind | peer | qp | index
+enum WrKind : uint64_t { kWrCtrl = 1, kWrData = 2, kWrRecv = 3 };
+uint64_t wrId(WrKind k, int peer, int qp, uint32_t index) {
+  return (static_cast<uint64_t>(k) << 56) | (static_cast<uint64_t>(peer & 0xffffff) << 32) |
+         (static_cast<uint64_t>(qp & 0xff) << 24) | (index & 0xffffff);
+}
+WrKind wrKind(uint64_t id) { return static_cast<WrKind>(id >> 56); }
+int wrPeer(uint64_t id) { return static_cast<int>((id >> 32) & 0xffffff); }
+int wrQp(uint64_t id) { return static_cast<int>((id >> 24) & 0xff); }
+uint32_t wrIndex(uint64_t id) { return static_cast<uint32_t>(id & 0xffffff); }
+
+char* allocRegion(size_t bytes) {
+  bytes = (bytes + 4095) & ~size_t(4095);
+  void* p = std::aligned_alloc(4096, bytes);
+  if (!p) throwComm(str("out of memory allocating ", bytes, " bytes of RDMA buffers"));
+  std::memset(p, 0, bytes);  // touch the pages before they are pinned
+  return static_cast<char*>(p);
+}
+
+std::string hex(const void* p, size_t n) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t b = static_cast<const uint8_t*>(p)[i];
+    s += d[b >> 4];
+    s += d[b & 15];
+  }
+  return s;
+}
+
+void unhex(const std::string& s, void* p, size_t n) {
+  for (size_t i = 0; i < n && 2 * i + 1 < s.size(); ++i)
+    static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(std::stoi(s.substr(2 * i, 2), nullptr, 16));
+}
+
+}  // namespace
+
+// ---- per-peer state ----------------------------------------------------------
+
+struct VerbsTransport::Qp {
+  ibv_qp* qp = nullptr;
+  int posted = 0;                  // send WRs not yet known complete
+  int unsignaled = 0;              // send WRs since the last signaled one
+  std::deque<int> covers;          // per signaled WR in flight: WRs it retires
+  uint64_t ctrlSent = 0;           // index into the control send ring
+};
+
+struct VerbsTransport::Peer {
+  std::vector<Qp> qps;
+  std::string deadReason;
+  std::string remoteGid;
+  uint32_t remoteQpn0 = 0;
+  uint32_t localPsn = 0;  // our send PSN, published to the peer as its receive PSN
+  int mtu = 0;
+  // Memory registered once: receive buffers + control send ring, staging, landing.
+  char* ctrlMem = nullptr;
+  ibv_mr* ctrlMr = nullptr;
+  char* staging = nullptr;
+  ibv_mr* stagingMr = nullptr;
+  char* landing = nullptr;
+  ibv_mr* landingMr = nullptr;
+  // The peer's landing area.
+  uint64_t remoteLanding = 0;
+  uint32_t remoteRkey = 0;
+  size_t remoteSlotBytes = 0, remoteStride = 0;
+  std::deque<uint32_t> remoteFree;       // its landing slots we may write (credits)
+  std::vector<uint32_t> stagingFree;     // our staging slots not in flight
+  std::vector<struct ActiveSend*> stagingOwner;
+  // Sender side matching.
+  std::unordered_map<uint64_t, std::deque<Request*>> sendsWaiting;
+  std::unordered_map<uint64_t, std::deque<std::pair<uint32_t, uint64_t>>> rtrsWaiting;  // (id, len)
+  std::list<struct ActiveSend> active;
+  // Receiver side.
+  struct RecvState { Request* r; uint64_t expected; uint64_t got; };
+  std::unordered_map<uint32_t, RecvState> recvs;
+  std::unordered_map<uint64_t, int64_t> announced;  // RTS seen minus receives posted, per tag
+  uint32_t nextRecvId = 1;
+  std::deque<Ctrl> ctrlQueue;
+  uint32_t nextQp = 0;
+};
+
+struct ActiveSend {
+  Request* r;
+  uint32_t recvId;
+  uint64_t chunks, posted = 0, done = 0;
+};
+
+// ---- setup -----------------------------------------------------------------
+
+VerbsTransport::VerbsTransport(int rank, std::shared_ptr<VerbsDevice> dev, const Config& cfg, Bootstrap& bs,
+                               const std::vector<bool>& serve, std::chrono::milliseconds timeout)
+    : rank_(rank), dev_(std::move(dev)) {
+  qpsPerPeer_ = cfg.ibQpsPerConnection;
+  slots_ = cfg.ibSlots;
+  sqDepth_ = std::min(256, dev_->deviceAttr().max_qp_wr);
+  rqDepth_ = std::min(2 * slots_ + 128, dev_->deviceAttr().max_qp_wr);
+  const size_t maxMsg = dev_->maxMsgSize();
+  slotBytes_ = std::min<size_t>(cfg.chunkBytes, maxMsg - sizeof(SlotHeader));
+  stride_ = (sizeof(SlotHeader) + slotBytes_ + 63) & ~size_t(63);
+  tc_ = cfg.ibTc;
+  sl_ = cfg.ibSl;
+  timeout_ = cfg.ibTimeout;
+  retryCnt_ = cfg.ibRetryCnt;
+
+  int served = 0;
+  for (bool s : serve) served += s;
+  const int cqe = std::max(64, served * qpsPerPeer_ * (sqDepth_ + rqDepth_));
+  cq_ = ibv_create_cq(dev_->context(), std::min(cqe, dev_->deviceAttr().max_cqe), nullptr, nullptr, 0);
+  if (!cq_) throwComm(str("ibv_create_cq(", cqe, ") on ", dev_->describe(), " failed: ", std::strerror(errno),
+                          " (if ENOMEM: raise the memlock limit, `ulimit -l unlimited`)"));
+  peers_.resize(serve.size());
+  for (size_t p = 0; p < serve.size(); ++p)
+    if (serve[p]) setUpPeer(static_cast<int>(p));
+
+  // Publish one endpoint per peer, then connect with what the peer published.
+  std::mt19937 rng(std::random_device{}());
+  for (size_t p = 0; p < serve.size(); ++p) {
+    if (!serve[p]) continue;
+    Peer& peer = *peers_[p];
+    std::ostringstream os;
+    os << qpsPerPeer_;
+    for (auto& q : peer.qps) os << " " << q.qp->qp_num;
+    ibv_gid gid = dev_->gid();
+    peer.localPsn = rng() & 0xffffff;
+    os << " " << peer.localPsn << " " << dev_->portAttr().lid << " " << hex(gid.raw, 16) << " "
+       << static_cast<int>(dev_->portAttr().active_mtu) << " " << reinterpret_cast<uint64_t>(peer.landing) << " "
+       << peer.landingMr->rkey << " " << slots_ << " " << slotBytes_ << " " << stride_;
+    bs.set(str("verbs/", rank_, "/", p), os.str());
+  }
+  for (size_t p = 0; p < serve.size(); ++p) {
+    if (!serve[p]) continue;
+    auto v = waitForKeys(bs, {str("verbs/", p, "/", rank_)}, timeout, "verbs connection setup",
+                         [&](size_t) { return str("rank ", p, " (its RDMA queue pairs)"); });
+    connectPeer(static_cast<int>(p), v[0]);
+  }
+  // Nobody sends before its peer's queue pairs are ready to receive.
+  for (size_t p = 0; p < serve.size(); ++p)
+    if (serve[p]) bs.set(str("verbs/ready/", rank_, "/", p), "1");
+  for (size_t p = 0; p < serve.size(); ++p) {
+    if (!serve[p]) continue;
+    waitForKeys(bs, {str("verbs/ready/", p, "/", rank_)}, timeout, "verbs connection setup",
+                [&](size_t) { return str("rank ", p, " (bringing its queue pairs to RTS)"); });
+  }
+}
+
+void VerbsTransport::setUpPeer(int p) {
+  auto peer = std::make_unique<Peer>();
+  const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  const size_t ctrlBytes = static_cast<size_t>(qpsPerPeer_) * (rqDepth_ + sqDepth_) * kCtrlBytes;
+  peer->ctrlMem = allocRegion(ctrlBytes);
+  peer->ctrlMr = dev_->registerMemory(peer->ctrlMem, ctrlBytes, IBV_ACCESS_LOCAL_WRITE, "control buffers");
+  peer->staging = allocRegion(slots_ * stride_);
+  peer->stagingMr = dev_->registerMemory(peer->staging, slots_ * stride_, IBV_ACCESS_LOCAL_WRITE, "send staging");
+  peer->landing = allocRegion(slots_ * stride_);
+  peer->landingMr = dev_->registerMemory(peer->landing, slots_ * stride_, access, "receive landing slots");
+  for (int s = slots_ - 1; s >= 0; --s) peer->stagingFree.push_back(static_cast<uint32_t>(s));
+  peer->stagingOwner.assign(slots_, nullptr);
+  for (int q = 0; q < qpsPerPeer_; ++q) {
+    ibv_qp_init_attr a{};
+    a.send_cq = cq_;
+    a.recv_cq = cq_;
+    a.qp_type = IBV_QPT_RC;
+    a.cap.max_send_wr = sqDepth_;
+    a.cap.max_recv_wr = rqDepth_;
+    a.cap.max_send_sge = 1;
+    a.cap.max_recv_sge = 1;
+    a.cap.max_inline_data = 64;
+    ibv_qp* qp = ibv_create_qp(dev_->pd(), &a);
+    if (!qp) {  // some providers cap inline data lower: retry without it
+      a.cap.max_inline_data = 0;
+      qp = ibv_create_qp(dev_->pd(), &a);
+    }
+    if (!qp) throwComm(str("ibv_create_qp for rank ", p, " on ", dev_->describe(), " failed: ", std::strerror(errno)));
+    Qp entry;
+    entry.qp = qp;
+    peer->qps.push_back(entry);
+    ibv_qp_attr init{};
+    init.qp_state = IBV_QPS_INIT;
+    init.pkey_index = 0;
+    init.port_num = static_cast<uint8_t>(dev_->choice().port);
+    init.qp_access_flags = access;
+    if (ibv_modify_qp(qp, &init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
+      throwComm(str("moving the queue pair for rank ", p, " to INIT failed on ", dev_->describe(), ": ", std::strerror(errno)));
+  }
+  peers_[p] = std::move(peer);
+  for (int q = 0; q < qpsPerPeer_; ++q)
+    for (int i = 0; i < rqDepth_; ++i) postRecvBuffer(p, q, static_cast<uint32_t>(i));
+}
+
+void VerbsTransport::connectPeer(int p, const std::string& remote) {
+  Peer& peer = *peers_[p];
+  std::istringstream in(remote);
+  int nq = 0;
+  in >> nq;
+  if (nq != qpsPerPeer_)
+    throwInvalid(str("rank ", p, " uses ROCE_PG_IB_QPS_PER_CONNECTION=", nq, " but rank ", rank_, " uses ",
+                     qpsPerPeer_, ": set the same value on every rank"));
+  std::vector<uint32_t> qpns(nq);
+  for (auto& q : qpns) in >> q;
+  uint32_t psn = 0;
+  int lid = 0, mtu = 0, slots = 0;
+  std::string gidHex;
+  uint64_t landing = 0;
+  uint32_t rkey = 0;
+  size_t slotBytes = 0, stride = 0;
+  in >> psn >> lid >> gidHex >> mtu >> landing >> rkey >> slots >> slotBytes >> stride;
+  if (!in) throwComm(str("malformed verbs endpoint from rank ", p, " (mixed roce_pg versions?)"));
+  ibv_gid gid{};
+  unhex(gidHex, gid.raw, 16);
+  peer.remoteGid = gidToString(gid);
+  peer.remoteQpn0 = qpns[0];
+  peer.remoteLanding = landing;
+  peer.remoteRkey = rkey;
+  peer.remoteSlotBytes = slotBytes;
+  peer.remoteStride = stride;
+  for (int s = 0; s < slots; ++s) peer.remoteFree.push_back(static_cast<uint32_t>(s));
+  const ibv_mtu pathMtu = std::min(dev_->portAttr().active_mtu, static_cast<ibv_mtu>(mtu));
+  peer.mtu = mtuToBytes(pathMtu);
+  for (int q = 0; q < nq; ++q) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = pathMtu;
+    a.dest_qp_num = qpns[q];
+    a.rq_psn = psn;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.port_num = static_cast<uint8_t>(dev_->choice().port);
+    a.ah_attr.sl = static_cast<uint8_t>(sl_);
+    if (dev_->choice().ethernet) {
+      a.ah_attr.is_global = 1;
+      a.ah_attr.grh.dgid = gid;
+      a.ah_attr.grh.sgid_index = static_cast<uint8_t>(dev_->choice().gidIndex);
+      a.ah_attr.grh.hop_limit = 255;
+      a.ah_attr.grh.traffic_class = static_cast<uint8_t>(tc_);
+    } else {
+      a.ah_attr.dlid = static_cast<uint16_t>(lid);
+    }
+    int rc = ibv_modify_qp(peer.qps[q].qp, &a,
+                           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                               IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    if (rc != 0)
+      throwComm(str("moving the queue pair for rank ", p, " to RTR failed: ", std::strerror(rc), " (local ",
+                    dev_->describe(), "; remote GID ", peer.remoteGid, ", LID ", lid, ", QPN ", qpns[q],
+                    ", path MTU ", peer.mtu, "). A wrong GID index is the usual cause: set ROCE_PG_IB_GID_INDEX"));
+    ibv_qp_attr s{};
+    s.qp_state = IBV_QPS_RTS;
+    s.timeout = static_cast<uint8_t>(timeout_);
+    s.retry_cnt = static_cast<uint8_t>(retryCnt_);
+    s.rnr_retry = 7;
+    s.sq_psn = peer.localPsn;
+    s.max_rd_atomic = 1;
+    rc = ibv_modify_qp(peer.qps[q].qp, &s,
+                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                           IBV_QP_MAX_QP_RD_ATOMIC);
+    if (rc != 0) throwComm(str("moving the queue pair for rank ", p, " to RTS failed: ", std::strerror(rc)));
+  }
+}
+
+VerbsTransport::~VerbsTransport() {
+  for (auto& p : peers_) {
+    if (!p) continue;
+    for (auto& q : p->qps) ibv_destroy_qp(q.qp);
+    for (ibv_mr* mr : {p->ctrlMr, p->stagingMr, p->landingMr})
+      if (mr) ibv_dereg_mr(mr);
+    std::free(p->ctrlMem);
+    std::free(p->staging);
+    std::free(p->landing);
+  }
+  if (cq_) ibv_destroy_cq(cq_);
+}
+
+// ---- posting -----------------------------------------------------------------
+
+void VerbsTransport::postRecvBuffer(int p, int q, int index) {
+  Peer& peer = *peers_[p];
+  ibv_sge sge{};
+  sge.addr = reinterpret_cast<uint64_t>(peer.ctrlMem + (static_cast<size_t>(q) * rqDepth_ + index) * kCtrlBytes);
+  sge.length = kCtrlBytes;
+  sge.lkey = peer.ctrlMr->lkey;
+  ibv_recv_wr wr{};
+  wr.wr_id = wrId(kWrRecv, p, q, static_cast<uint32_t>(index));
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  int rc = ibv_post_recv(peer.qps[q].qp, &wr, &bad);
+  if (rc != 0) throwComm(str("ibv_post_recv for rank ", p, " failed (", rc, ") on ", dev_->describe()));
+}
+
+void VerbsTransport::queueCtrl(int p, const Ctrl& msg) {
+  peers_[p]->ctrlQueue.push_back(msg);
+  flushCtrl(p);
+}
+
+bool VerbsTransport::flushCtrl(int p) {
+  Peer& peer = *peers_[p];
+  Qp& q = peer.qps[0];  // control messages keep their order on QP 0
+  bool moved = false;
+  while (!peer.ctrlQueue.empty() && q.posted < sqDepth_) {
+    const Ctrl msg = peer.ctrlQueue.front();
+    const uint64_t ring = q.ctrlSent++ % static_cast<uint64_t>(sqDepth_);
+    char* buf = peer.ctrlMem + (static_cast<size_t>(qpsPerPeer_) * rqDepth_ + ring) * kCtrlBytes;
+    std::memcpy(buf, &msg, sizeof(msg));
+    ibv_sge sge{reinterpret_cast<uint64_t>(buf), sizeof(msg), peer.ctrlMr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = wrId(kWrCtrl, p, 0, 0);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    // Signal only every so often: one completion retires all earlier sends.
+    const bool signal = q.unsignaled + 1 >= sqDepth_ / 4;
+    wr.send_flags = signal ? IBV_SEND_SIGNALED : 0;
+    ibv_send_wr* bad = nullptr;
+    int rc = ibv_post_send(q.qp, &wr, &bad);
+    if (rc != 0) throwComm(str("ibv_post_send (control) to rank ", p, " failed (", rc, ") on ", dev_->describe()));
+    q.posted++;
+    if (signal) {
+      q.covers.push_back(q.unsignaled + 1);
+      q.unsignaled = 0;
+    } else {
+      q.unsignaled++;
+    }
+    peer.ctrlQueue.pop_front();
+    moved = true;
+  }
+  return moved;
+}
+
+size_t VerbsTransport::chunkFor(const Peer& p) const { return std::min(slotBytes_, p.remoteSlotBytes); }
+
+void VerbsTransport::postSend(Request* r) {
+  Peer& peer = *peers_.at(r->peer);
+  if (!peer.deadReason.empty()) return r->fail(peer.deadReason);
+  queueCtrl(r->peer, Ctrl{kRts, 0, r->tag, r->len});
+  auto it = peer.rtrsWaiting.find(r->tag);
+  if (it != peer.rtrsWaiting.end() && !it->second.empty()) {
+    auto [id, len] = it->second.front();
+    it->second.pop_front();
+    if (it->second.empty()) peer.rtrsWaiting.erase(it);
+    matchSend(r->peer, r, id, len);
+  } else {
+    peer.sendsWaiting[r->tag].push_back(r);
+  }
+}
+
+void VerbsTransport::postRecv(Request* r) {
+  Peer& peer = *peers_.at(r->peer);
+  if (!peer.deadReason.empty()) return r->fail(peer.deadReason);
+  const uint32_t id = peer.nextRecvId++;
+  if (peer.nextRecvId == 0) peer.nextRecvId = 1;
+  const uint64_t chunk = chunkFor(peer);
+  peer.recvs[id] = {r, std::max<uint64_t>(1, (r->len + chunk - 1) / chunk), 0};
+  if (--peer.announced[r->tag] == 0) peer.announced.erase(r->tag);
+  queueCtrl(r->peer, Ctrl{kRtr, id, r->tag, r->len});
+}
+
+bool VerbsTransport::hasUnmatched(int peer, uint64_t tag) {
+  if (!peers_.at(peer)) return false;
+  auto& a = peers_[peer]->announced;
+  auto it = a.find(tag);
+  return it != a.end() && it->second > 0;
+}
+
+void VerbsTransport::matchSend(int p, Request* r, uint32_t recvId, uint64_t len) {
+  Peer& peer = *peers_[p];
+  if (len != r->len) {
+    r->fail(str("rank ", rank_, " sent ", r->len, " bytes to rank ", p, " but rank ", p, " expected ", len,
+                " bytes: every rank must pass tensors of the same size and dtype to this operation"));
+    queueCtrl(p, Ctrl{kNack, recvId, r->tag, r->len});
+    return;
+  }
+  const uint64_t chunk = chunkFor(peer);
+  peer.active.push_back(ActiveSend{r, recvId, std::max<uint64_t>(1, (r->len + chunk - 1) / chunk)});
+}
+
+bool VerbsTransport::streamSends(int p) {
+  Peer& peer = *peers_[p];
+  bool moved = false;
+  const uint64_t chunk = chunkFor(peer);
+  for (auto& as : peer.active) {
+    while (as.posted < as.chunks && !peer.remoteFree.empty() && !peer.stagingFree.empty()) {
+      Qp& q = peer.qps[peer.nextQp % peer.qps.size()];
+      if (q.posted >= sqDepth_) return moved;
+      peer.nextQp++;
+      const uint32_t slot = peer.stagingFree.back();
+      const uint32_t land = peer.remoteFree.front();
+      const uint64_t offset = as.posted * chunk;
+      const uint64_t len = std::min<uint64_t>(chunk, as.r->len - std::min(as.r->len, offset));
+      char* dst = peer.staging + slot * stride_;
+      SlotHeader h{as.recvId, offset, len, {}};
+      std::memcpy(dst, &h, sizeof(h));
+      if (len) std::memcpy(dst + sizeof(h), static_cast<char*>(as.r->buf) + offset, len);
+      ibv_sge sge{reinterpret_cast<uint64_t>(dst), static_cast<uint32_t>(sizeof(h) + len), peer.stagingMr->lkey};
+      ibv_send_wr wr{};
+      wr.wr_id = wrId(kWrData, p, static_cast<int>(&q - peer.qps.data()), slot);
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      wr.send_flags = IBV_SEND_SIGNALED;  // frees the staging slot
+      wr.imm_data = htonl(land);
+      wr.wr.rdma.remote_addr = peer.remoteLanding + land * peer.remoteStride;
+      wr.wr.rdma.rkey = peer.remoteRkey;
+      ibv_send_wr* bad = nullptr;
+      int rc = ibv_post_send(q.qp, &wr, &bad);
+      if (rc != 0) throwComm(str("ibv_post_send (RDMA write) to rank ", p, " failed (", rc, ") on ", dev_->describe()));
+      q.posted++;
+      q.covers.push_back(q.unsignaled + 1);
+      q.unsignaled = 0;
+      peer.stagingFree.pop_back();
+      peer.remoteFree.pop_front();
+      peer.stagingOwner[slot] = &as;
+      as.posted++;
+      moved = true;
+    }
+  }
+  return moved;
+}
+
+// ---- completions ---------------------------------------------------------------
+
+void VerbsTransport::retire(Qp& q) {
+  if (q.covers.empty()) return;
+  q.posted -= q.covers.front();
+  q.covers.pop_front();
+}
+
+std::string VerbsTransport::failureText(int p, const ibv_wc& wc) const {
+  const Peer& peer = *peers_[p];
+  std::string hint;
+  if (wc.status == IBV_WC_RETRY_EXC_ERR)
+    hint = " The peer never acknowledged although the TCP bootstrap reached it: usually a wrong GID index "
+           "(set ROCE_PG_IB_GID_INDEX to the RoCE v2 GID of the interface the peers can reach; `show_gids`), "
+           "a VLAN/routing problem, or an MTU mismatch along the path.";
+  else if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR)
+    hint = " The peer had no receive posted for too long (it may be stuck or gone).";
+  else if (wc.status == IBV_WC_REM_ACCESS_ERR || wc.status == IBV_WC_LOC_PROT_ERR)
+    hint = " A memory registration was rejected (mixed roce_pg versions across ranks?).";
+  return str("RDMA transfer with rank ", p, " failed: ", ibv_wc_status_str(wc.status), " (status ", wc.status,
+             ", vendor error 0x", std::hex, wc.vendor_err, std::dec, ") on ", dev_->describe(), "; remote GID ",
+             peer.remoteGid, ", remote QPN ", peer.remoteQpn0, ", path MTU ", peer.mtu, ".", hint);
+}
+
+void VerbsTransport::onCompletion(const ibv_wc& wc) {
+  const int p = wrPeer(wc.wr_id);
+  if (p < 0 || p >= static_cast<int>(peers_.size()) || !peers_[p]) return;
+  Peer& peer = *peers_[p];
+  if (wc.status != IBV_WC_SUCCESS) {
+    // Only wr_id, status, qp_num and vendor_err are valid here. Flushed work
+    // requests after a first error add nothing: the first reason is kept.
+    if (peer.deadReason.empty()) killPeer(p, failureText(p, wc));
+    return;
+  }
+  switch (wrKind(wc.wr_id)) {
+    case kWrCtrl:
+      retire(peer.qps[wrQp(wc.wr_id)]);
+      break;
+    case kWrData: {
+      retire(peer.qps[wrQp(wc.wr_id)]);
+      const uint32_t slot = wrIndex(wc.wr_id);
+      ActiveSend* as = peer.stagingOwner[slot];
+      peer.stagingOwner[slot] = nullptr;
+      peer.stagingFree.push_back(slot);
+      if (as && ++as->done == as->chunks) {
+        as->r->done = true;
+        for (auto it = peer.active.begin(); it != peer.active.end(); ++it)
+          if (&*it == as) { peer.active.erase(it); break; }
+      }
+      break;
+    }
+    case kWrRecv: {
+      const int q = wrQp(wc.wr_id);
+      const uint32_t index = wrIndex(wc.wr_id);
+      if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+        onData(p, ntohl(wc.imm_data));
+      } else {
+        Ctrl msg;
+        std::memcpy(&msg, peer.ctrlMem + (static_cast<size_t>(q) * rqDepth_ + index) * kCtrlBytes, sizeof(msg));
+        onCtrl(p, msg);
+      }
+      if (peer.deadReason.empty()) postRecvBuffer(p, q, static_cast<int>(index));
+      break;
+    }
+  }
+}
+
+void VerbsTransport::onCtrl(int p, const Ctrl& msg) {
+  Peer& peer = *peers_[p];
+  switch (msg.type) {
+    case kRts:
+      if (++peer.announced[msg.tag] == 0) peer.announced.erase(msg.tag);
+      break;
+    case kRtr: {
+      auto it = peer.sendsWaiting.find(msg.tag);
+      if (it != peer.sendsWaiting.end() && !it->second.empty()) {
+        Request* r = it->second.front();
+        it->second.pop_front();
+        if (it->second.empty()) peer.sendsWaiting.erase(it);
+        matchSend(p, r, msg.id, msg.len);
+      } else {
+        peer.rtrsWaiting[msg.tag].emplace_back(msg.id, msg.len);
+      }
+      break;
+    }
+    case kCredit:
+      peer.remoteFree.push_back(msg.id);
+      break;
+    case kNack: {
+      auto it = peer.recvs.find(msg.id);
+      if (it == peer.recvs.end()) break;
+      Request* r = it->second.r;
+      peer.recvs.erase(it);
+      r->fail(str("rank ", rank_, " expected a message of ", r->len, " bytes from rank ", p, " but rank ", p,
+                  " sent ", msg.len, " bytes: every rank must pass tensors of the same size and dtype to this operation"));
+      break;
+    }
+    default:
+      killPeer(p, str("unknown control message ", msg.type, " from rank ", p, " (mixed roce_pg versions?)"));
+  }
+}
+
+void VerbsTransport::onData(int p, uint32_t slot) {
+  Peer& peer = *peers_[p];
+  if (slot >= static_cast<uint32_t>(slots_)) return killPeer(p, str("rank ", p, " wrote to an invalid landing slot"));
+  const char* src = peer.landing + slot * stride_;
+  SlotHeader h;
+  std::memcpy(&h, src, sizeof(h));
+  auto it = peer.recvs.find(static_cast<uint32_t>(h.recvId));
+  if (it != peer.recvs.end()) {
+    auto& st = it->second;
+    if (h.offset + h.len <= st.r->len && h.len) std::memcpy(static_cast<char*>(st.r->buf) + h.offset, src + sizeof(h), h.len);
+    if (++st.got == st.expected) {
+      st.r->done = true;
+      peer.recvs.erase(it);
+    }
+  }
+  queueCtrl(p, Ctrl{kCredit, slot, 0, 0});
+}
+
+bool VerbsTransport::progress() {
+  bool moved = false;
+  ibv_wc wcs[32];
+  for (;;) {
+    int n = ibv_poll_cq(cq_, 32, wcs);
+    if (n < 0) {
+      failAll(str("ibv_poll_cq failed on ", dev_->describe()));
+      return true;
+    }
+    for (int i = 0; i < n; ++i) onCompletion(wcs[i]);
+    moved |= n > 0;
+    if (n < 32) break;
+  }
+  for (size_t p = 0; p < peers_.size(); ++p) {
+    if (!peers_[p] || !peers_[p]->deadReason.empty()) continue;
+    try {
+      moved |= flushCtrl(static_cast<int>(p));
+      moved |= streamSends(static_cast<int>(p));
+    } catch (const Error& e) {
+      killPeer(static_cast<int>(p), e.what());
+    }
+  }
+  return moved;
+}
+
+std::string VerbsTransport::checkPeers() {
+  if (std::string e = dev_->asyncError(); !e.empty()) {
+    failAll(e);
+    return e;
+  }
+  for (auto& p : peers_)
+    if (p && !p->deadReason.empty()) return p->deadReason;
+  return {};
+}
+
+void VerbsTransport::killPeer(int p, const std::string& why) {
+  Peer& peer = *peers_[p];
+  if (peer.deadReason.empty()) peer.deadReason = why;
+  for (auto& [tag, q] : peer.sendsWaiting)
+    for (Request* r : q) r->fail(why);
+  peer.sendsWaiting.clear();
+  for (auto& as : peer.active) as.r->fail(why);
+  peer.active.clear();
+  std::fill(peer.stagingOwner.begin(), peer.stagingOwner.end(), nullptr);
+  for (auto& [id, st] : peer.recvs) st.r->fail(why);
+  peer.recvs.clear();
+  peer.ctrlQueue.clear();
+}
+
+void VerbsTransport::failAll(const std::string& why) {
+  for (size_t p = 0; p < peers_.size(); ++p)
+    if (peers_[p]) killPeer(static_cast<int>(p), why);
+}
+
+}  // namespace roce
