@@ -62,7 +62,7 @@ def _rank_main(rank, world, port, env, target, kwargs, init, queue):
 
 
 def run_group(target, world, env=None, kwargs=None, init=True, deadline_s=DEFAULT_DEADLINE_S,
-              rank_env=None):
+              rank_env=None, start_method="spawn"):
     """Runs `target` ("module.function") on `world` ranks; returns results by rank.
 
     env applies to every rank, rank_env[r] (optional) to rank r on top of it.

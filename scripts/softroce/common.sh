@@ -33,6 +33,7 @@ softroce_prepare_workdir() {
     done
   } > "$w/env"
   printf '%s\n' "$cmd" > "$w/cmd"
+  date +%s.%N > "$w/t_launch_host"
   echo "$w"
 }
 
@@ -57,7 +58,13 @@ softroce_result() {
   t_shell="$(cat "$w/t_shell" 2>/dev/null || echo '?')"
   t_setup="$(cat "$w/t_setup" 2>/dev/null || echo '?')"
   t_done="$(cat "$w/t_done" 2>/dev/null || echo '?')"
-  echo "softroce[$name]: guest uptime at shell=${t_shell}s rdma-ready=${t_setup}s command-done=${t_done}s; vng rc=$vrc" >&2
+  # Host wall clock from launch to the guest's shell: mtime of t_shell (written by the guest
+  # over 9p) minus the launch time.
+  local l h_shell="?" h_end
+  l="$(cat "$w/t_launch_host" 2>/dev/null || echo 0)"
+  [[ -e "$w/t_shell" ]] && h_shell="$(awk "BEGIN{printf \"%.1f\", $(stat -c %.3Y "$w/t_shell") - $l}")"
+  h_end="$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $l}")"
+  echo "softroce[$name]: host wall: launch->guest shell ${h_shell}s, launch->VM gone ${h_end}s; guest uptime at shell=${t_shell}s rdma-ready=${t_setup}s command-done=${t_done}s; vng rc=$vrc" >&2
   if [[ "$vrc" == 124 || "$vrc" == 137 ]]; then
     echo "softroce[$name]: TIMEOUT after ${SOFTROCE_TIMEOUT:-1800}s" >&2; echo 124; return
   fi

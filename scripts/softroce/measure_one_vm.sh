@@ -8,14 +8,11 @@ ITERS="${ITERS:-200}"
 HC=/sys/class/infiniband/rxe0/ports/1/hw_counters
 echo "== uptime at start: $(cut -d' ' -f1 /proc/uptime) s; nproc=$(nproc); ulimit -l=$(ulimit -l)"
 
-echo "== GID table (sysfs)"
-P=/sys/class/infiniband/rxe0/ports/1
-for f in "$P"/gids/*; do
-  i="$(basename "$f")"; g="$(cat "$f" 2>/dev/null)"
-  [[ "$g" == 0000:0000:0000:0000:0000:0000:0000:0000 ]] && continue
-  echo "  index $i: $g type=$(cat "$P/gid_attrs/types/$i" 2>/dev/null) ndev=$(cat "$P/gid_attrs/ndevs/$i" 2>/dev/null)"
-done
-echo "== show_gids"; command -v show_gids >/dev/null && show_gids || echo "(show_gids not installed)"
+echo "== GID table: gid_tbl_len=$(ls /sys/class/infiniband/rxe0/ports/1/gids | wc -l); non-zero entries (gids/N, gid_attrs/types/N, gid_attrs/ndevs/N):"
+t0="$(date +%s.%N)"
+echo "== show_gids.sh (sysfs)"; bash "$(dirname "$0")/show_gids.sh" rxe0
+t1="$(date +%s.%N)"; echo "   (show_gids.sh took $(awk "BEGIN{print $t1-$t0}")s)"
+echo "== ibv_devinfo -v GIDs"; ibv_devinfo -v -d rxe0 | grep -i gid
 echo "== hw_counters files"; ls "$HC"
 
 snap() { for f in sent_pkts rcvd_pkts; do printf '%s=%s ' "$f" "$(cat "$HC/$f")"; done; echo; }
@@ -43,6 +40,7 @@ bw "1MiB unidirectional" -s 1048576 -n "$ITERS"
 bw "1MiB bidirectional" -s 1048576 -n "$ITERS" -b
 echo "== counters after: $(snap)"
 
+if [[ -n "${SKIP_TORCH:-}" ]]; then echo "== uptime at end: $(cut -d' ' -f1 /proc/uptime) s"; exit 0; fi
 echo "== import torch"
 t0="$(date +%s.%N)"; "$PY" -c "import torch" ; rc=$?; t1="$(date +%s.%N)"
 echo "   rc=$rc time=$(awk "BEGIN{print $t1-$t0}")s"
