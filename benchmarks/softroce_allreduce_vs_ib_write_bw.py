@@ -70,6 +70,7 @@ def main():
 
     config = LaunchConfig(min_nodes=2, max_nodes=2, nproc_per_node=1, run_id="bench", rdzv_backend="c10d",
                           rdzv_endpoint=f"{master}:29400", max_restarts=0, start_method="fork", monitor_interval=1,
+                          local_addr=os.environ["NODE_ADDR"],  # VM hostnames do not resolve across VMs
                           rdzv_configs={"join_timeout": 1800, "is_host": node == 0})
     roce = elastic_launch(config, allreduce_worker)(SIZES, ITERS)[0]
     if node == 0:

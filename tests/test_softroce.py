@@ -51,10 +51,11 @@ def _outdir(name):
     return d
 
 
-def _run(script, cmd, timeout_s):
+def _run(script, cmd, timeout_s, out):
     env = dict(os.environ, SOFTROCE_TIMEOUT=str(timeout_s))
     p = subprocess.run(["bash", str(TOOLS / script), cmd], capture_output=True, text=True,
                        timeout=timeout_s + 120, env=env)
+    (out / "vm.log").write_text(p.stdout + "\n---- stderr ----\n" + p.stderr)  # full log, for diagnosis
     sys.stdout.write(p.stdout[-6000:])
     sys.stderr.write(p.stderr[-6000:])
     return p
@@ -66,7 +67,7 @@ def test_collective_matrix_over_verbs_in_one_vm():
     cmd = (f"cd {ROOT} && ROCE_TEST_LARGE_SIZE={VM_LARGE_SIZE} ROCE_PG_CHUNK_BYTES={VM_CHUNK_BYTES} "
            f".venv/bin/python -m tests.softroce.guest_suite "
            f"{out}/report.json verbs2 verbs4")
-    p = _run("run_vm.sh", cmd, timeout_s=1500)
+    p = _run("run_vm.sh", cmd, timeout_s=2700, out=out)
     report_file = out / "report.json"
     assert report_file.exists(), f"the VM produced no report (exit {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     report = json.loads(report_file.read_text())
@@ -85,8 +86,10 @@ def test_collective_matrix_over_verbs_in_one_vm():
 def test_two_vms_multinode_torchrun_over_verbs():
     _require_tooling()
     out = _outdir("two_vms")
-    cmd = f"cd {ROOT} && .venv/bin/python -m tests.softroce.multinode_job {out} 10.77.0.1"
-    p = _run("run_two_vms.sh", cmd, timeout_s=1800)
+    # Gloo (the DDP reference) picks its interface by hostname, which does not resolve here.
+    cmd = (f"cd {ROOT} && GLOO_SOCKET_IFNAME=$SOFTROCE_NETDEV .venv/bin/python -m tests.softroce.multinode_job "
+           f"{out} 10.77.0.1")
+    p = _run("run_two_vms.sh", cmd, timeout_s=2700, out=out)
     reports = []
     for node in (0, 1):
         f = out / f"node{node}.json"

@@ -26,6 +26,8 @@ softroce_prepare_workdir() {
     printf 'SOFTROCE_NIC_MAC=%q\n' "$mac"
     printf 'SOFTROCE_CWD=%q\n' "${SOFTROCE_CWD:-$PWD}"
     printf 'SOFTROCE_HOSTNAME=%q\n' "$name"
+    [[ -n "${SOFTROCE_SHARED_DIR:-}" ]] && printf 'SOFTROCE_SHARED_DIR=%q\n' "$SOFTROCE_SHARED_DIR"
+    [[ -n "${SOFTROCE_PEER_WAIT:-}" ]] && printf 'SOFTROCE_PEER_WAIT=%q\n' "$SOFTROCE_PEER_WAIT"
     # Extra variables to forward to the guest: SOFTROCE_PASS_ENV="VAR1 VAR2"
     local v
     for v in ${SOFTROCE_PASS_ENV:-}; do
@@ -37,7 +39,7 @@ softroce_prepare_workdir() {
   echo "$w"
 }
 
-# softroce_vng_cmd NAME WORKDIR [extra vng args...] -> prints nothing, sets array VNG_ARGS
+# softroce_vng_args NAME WORKDIR [extra vng args...]: sets the array VNG_ARGS
 softroce_vng_args() {
   local name="$1" w="$2"; shift 2
   VNG_ARGS=(--run "$(softroce_kernel)" --user root --disable-kvm
@@ -63,7 +65,7 @@ softroce_result() {
   local l h_shell="?" h_end
   l="$(cat "$w/t_launch_host" 2>/dev/null || echo 0)"
   [[ -e "$w/t_shell" ]] && h_shell="$(awk "BEGIN{printf \"%.1f\", $(stat -c %.3Y "$w/t_shell") - $l}")"
-  h_end="$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $l}")"
+  h_end="$(awk "BEGIN{printf \"%.1f\", $(cat "$w/t_end_host" 2>/dev/null || date +%s.%N) - $l}")"
   echo "softroce[$name]: host wall: launch->guest shell ${h_shell}s, launch->VM gone ${h_end}s; guest uptime at shell=${t_shell}s rdma-ready=${t_setup}s command-done=${t_done}s; vng rc=$vrc" >&2
   if [[ "$vrc" == 124 || "$vrc" == 137 ]]; then
     echo "softroce[$name]: TIMEOUT after ${SOFTROCE_TIMEOUT:-1800}s" >&2; echo 124; return
@@ -77,4 +79,23 @@ softroce_check() {
   [[ -x "$VNG" ]] || { echo "softroce: $VNG missing: run scripts/softroce/setup.sh" >&2; exit 2; }
   [[ -n "$(softroce_kernel)" ]] || { echo "softroce: no /boot/vmlinuz-*-amd64: run setup.sh" >&2; exit 2; }
   export PATH="$VNG_VENV/bin:$PATH"   # vng calls virtme-run through PATH
+}
+
+# If this script is stopped (CI cancels the job), stop the VMs too: `timeout` runs vng and
+# QEMU in a process group of their own, so a signal to our group would not reach them.
+SOFTROCE_PIDS=()
+SOFTROCE_WORKDIRS=()
+softroce_stop_all() {
+  local sig="$1" p
+  trap - INT TERM HUP
+  echo "softroce: got SIG$sig, stopping the VM(s)" >&2
+  for p in "${SOFTROCE_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${SOFTROCE_PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  [[ -n "${SOFTROCE_KEEP:-}" ]] || rm -rf "${SOFTROCE_WORKDIRS[@]}"
+  exit 143
+}
+softroce_trap_signals() {
+  trap 'softroce_stop_all INT' INT
+  trap 'softroce_stop_all TERM' TERM
+  trap 'softroce_stop_all HUP' HUP
 }

@@ -3,8 +3,10 @@
 # Usage: guest_init.sh WORKDIR
 #   WORKDIR (shared read-write with the host) holds:
 #     env      - sourced first: SOFTROCE_NETDEV_MODE (dummy|nic), NODE_ADDR, PEER_ADDR,
-#                NODE_RANK, SOFTROCE_CWD, SOFTROCE_PREFIX (24), SOFTROCE_NIC_MAC
-#     cmd      - the guest command line (run with bash -c)
+#                NODE_RANK, SOFTROCE_CWD, SOFTROCE_PREFIX (24), SOFTROCE_NIC_MAC,
+#                SOFTROCE_SHARED_DIR (two VMs: a read-write directory both VMs see),
+#                SOFTROCE_PEER_WAIT (600 s)
+#     cmd      - the guest command line (run as a bash script)
 #   and receives:
 #     rc       - exit status of the guest command (written last)
 #     setup_rc - 0 when the RDMA setup succeeded
@@ -50,16 +52,26 @@ done
 [[ $ok == 1 ]] || fail "rxe0 port not PORT_ACTIVE after 60 s: $(ibv_devinfo -d rxe0 2>&1)"
 
 if [[ "$SOFTROCE_NETDEV_MODE" == nic && -n "${PEER_ADDR:-}" ]]; then
-  # Wait until the peer answers: the other VM may still be booting.
+  # Wait until the peer answers (the other VM may still be booting), at most
+  # SOFTROCE_PEER_WAIT seconds. The peer may also have finished its command and gone
+  # already: it leaves done.<rank> in the directory both VMs share; stop waiting then.
+  PEER_RANK=$((1 - NODE_RANK))
+  deadline=$((SECONDS + ${SOFTROCE_PEER_WAIT:-600}))
   ok=0
-  for _ in $(seq 1 "${SOFTROCE_PEER_WAIT:-600}"); do
+  while ((SECONDS < deadline)); do
     if ping -c1 -W1 "$PEER_ADDR" >/dev/null 2>&1; then ok=1; break; fi
+    if [[ -n "${SOFTROCE_SHARED_DIR:-}" && -e "$SOFTROCE_SHARED_DIR/done.$PEER_RANK" ]]; then
+      ok=2; log "peer $PEER_ADDR already finished its command; not waiting for it"; break
+    fi
+    sleep 0.5
   done
-  [[ $ok == 1 ]] || fail "peer $PEER_ADDR not reachable over $NETDEV"
+  [[ $ok != 0 ]] || fail "peer $PEER_ADDR not reachable over $NETDEV within ${SOFTROCE_PEER_WAIT:-600}s"
 fi
+[[ -n "${SOFTROCE_SHARED_DIR:-}" ]] && touch "$SOFTROCE_SHARED_DIR/ready.$NODE_RANK"
 
 ulimit -l unlimited || fail "ulimit -l unlimited"
 export NODE_RANK NODE_ADDR PEER_ADDR SOFTROCE_NETDEV="$NETDEV" SOFTROCE_RDMA_DEV=rxe0
+[[ -n "${SOFTROCE_SHARED_DIR:-}" ]] && export SOFTROCE_SHARED_DIR
 echo 0 > "$W/setup_rc"
 cut -d' ' -f1 /proc/uptime > "$W/t_setup"
 log "rxe0 on $NETDEV ($NODE_ADDR) ACTIVE; running command"
@@ -69,5 +81,6 @@ bash "$W/cmd"
 rc=$?
 cut -d' ' -f1 /proc/uptime > "$W/t_done"
 echo "$rc" > "$W/rc"
+[[ -n "${SOFTROCE_SHARED_DIR:-}" ]] && echo "$rc" > "$SOFTROCE_SHARED_DIR/done.$NODE_RANK"
 sync
 exit "$rc"

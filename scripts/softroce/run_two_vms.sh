@@ -6,7 +6,8 @@
 # Node r (r = 0, 1): hostname softroce-node<r>, virtio NIC MAC 52:54:00:77:00:0<r+1> with
 # 10.77.0.<r+1>/24, rxe0 on that NIC. Guest env: NODE_RANK, NODE_ADDR, PEER_ADDR,
 # SOFTROCE_NETDEV (the NIC's name), SOFTROCE_RDMA_DEV=rxe0, plus SOFTROCE_PASS_ENV names.
-# Before the command each node waits (ping) until the peer answers.
+# Before the command each node waits (ping, at most SOFTROCE_PEER_WAIT=600 s) until the
+# peer answers. $SOFTROCE_SHARED_DIR is a host directory both guests can write.
 # Env: SOFTROCE_CPUS (per VM, default 1) SOFTROCE_MEM (per VM, 4G)
 #      SOFTROCE_TIMEOUT (1800 s, hard wall clock per VM) SOFTROCE_PORT (random)
 #      SOFTROCE_PEER_GRACE (60 s: after one node fails, how long the other may go on)
@@ -37,14 +38,22 @@ start_node() {
   local r="$1" name="softroce-node$1" w
   w="$(softroce_prepare_workdir "$name" nic "${ADDR[r]}" "${ADDR[1-r]}" "$r" "${MAC[r]}" "${CMDS[r]}")"
   W[r]="$w"
-  softroce_vng_args "$name" "$w" --no-dhcp \
+  SOFTROCE_WORKDIRS+=("$w")
+  softroce_vng_args "$name" "$w" --no-dhcp --rwdir "$SOFTROCE_SHARED_DIR" \
     --qemu-opts="-netdev socket,id=rxenet,${NETOPT[r]} -device virtio-net-pci,netdev=rxenet,mac=${MAC[r]}"
   # Pipes, not files, for QEMU's stdout/stderr (it opens /proc/self/fd/N with O_TRUNC).
   timeout --kill-after=20 "$TMO" "$VNG" "${VNG_ARGS[@]}" </dev/null \
     > >(sed -u "s/^/[node$r] /") 2> >(sed -u "s/^/[node$r] /" >&2) &
   PID[r]=$!
+  SOFTROCE_PIDS+=("$!")
 }
 
+# A directory both guests can write (9p --rwdir on each): readiness/done markers, and
+# scratch space for the guest commands ($SOFTROCE_SHARED_DIR in the guest).
+SOFTROCE_SHARED_DIR="$(mktemp -d "${SOFTROCE_TMP:-/tmp}/softroce-pair.XXXXXX")"
+export SOFTROCE_SHARED_DIR
+SOFTROCE_WORKDIRS+=("$SOFTROCE_SHARED_DIR")
+softroce_trap_signals
 start_node 0
 # node 1 may only connect once node 0's QEMU listens (a refused connect ends QEMU).
 # Poll with ss: a test connection would be accepted by QEMU as the peer.
@@ -67,6 +76,8 @@ while ((${#remaining[@]})); do
   wait -n -p done_pid "${remaining[@]}"; rc=$?
   set -e
   if [[ "$done_pid" == "${PID[0]}" ]]; then r=0; else r=1; fi
+  date +%s.%N > "${W[r]}/t_end_host"
+  echo "softroce: node$r VM ended (rc=$rc)" >&2
   VRC[r]=$rc
   o=$((1 - r))
   remaining=(); [[ ${VRC[o]} == -1 ]] && remaining=("${PID[o]}")
@@ -87,6 +98,7 @@ for r in 0 1; do
   echo "softroce: node$r exit status ${RC[r]}" >&2
   [[ -n "${SOFTROCE_KEEP:-}" ]] && echo "softroce: kept ${W[r]}" >&2 || rm -rf "${W[r]}"
 done
+[[ -n "${SOFTROCE_KEEP:-}" ]] || rm -rf "$SOFTROCE_SHARED_DIR"
 # Report the node that failed first (the other one may just have been stopped).
 [[ -n "$FIRST_FAIL" ]] && exit "${RC[FIRST_FAIL]}"
 if [[ ${RC[0]} != 0 ]]; then exit "${RC[0]}"; fi

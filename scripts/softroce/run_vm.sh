@@ -19,14 +19,20 @@ softroce_check
 NAME="${SOFTROCE_NAME:-softroce0}"
 W="$(softroce_prepare_workdir "$NAME" dummy "${SOFTROCE_ADDR:-10.99.0.1}" "" 0 "" "$*")"
 softroce_vng_args "$NAME" "$W"
+SOFTROCE_WORKDIRS=("$W")
 
 # QEMU opens /proc/self/fd/1 and /2 itself (O_TRUNC): if they are regular files, earlier
 # output is overwritten. Pipes avoid that, so always hand it pipes.
-set +e
+softroce_trap_signals
 timeout --kill-after=20 "${SOFTROCE_TIMEOUT:-1800}" "$VNG" "${VNG_ARGS[@]}" </dev/null \
-  2> >(cat >&2) | cat
-vrc=${PIPESTATUS[0]}
+  > >(cat) 2> >(cat >&2) &
+SOFTROCE_PIDS=($!)
+set +e
+wait "${SOFTROCE_PIDS[0]}"
+vrc=$?
+date +%s.%N > "$W/t_end_host"
 set -e
+sleep 0.2   # let the output copiers flush
 rc="$(softroce_result "$W" "$vrc")"
 [[ -n "${SOFTROCE_KEEP:-}" ]] && echo "softroce: kept $W" >&2 || rm -rf "$W"
 exit "$rc"

@@ -71,6 +71,7 @@ def main():
     node = int(os.environ["NODE_RANK"])
     config = LaunchConfig(min_nodes=2, max_nodes=2, nproc_per_node=2, run_id="softroce", rdzv_backend="c10d",
                           rdzv_endpoint=f"{master}:29400", max_restarts=0, start_method="fork", monitor_interval=1,
+                          local_addr=os.environ["NODE_ADDR"],  # VM hostnames do not resolve across VMs
                           rdzv_configs={"join_timeout": 1800, "is_host": node == 0})
     before = sent_packets()
     t0 = time.time()
