@@ -72,7 +72,7 @@ def main():
                           rdzv_endpoint=f"{master}:29400", max_restarts=0, start_method="fork", monitor_interval=1,
                           local_addr=os.environ["NODE_ADDR"],  # VM hostnames do not resolve across VMs
                           rdzv_configs={"join_timeout": 1800, "is_host": node == 0})
-    roce = elastic_launch(config, allreduce_worker)(SIZES, ITERS)[0]
+    roce = next(iter(elastic_launch(config, allreduce_worker)(SIZES, ITERS).values()))  # keyed by global rank
     if node == 0:
         lines = ["# roce allreduce busbw vs ib_write_bw -b per direction, same link, same boot (MB/s)",
                  "#      size   ib_write_bw/dir   roce busbw   ratio"]
