@@ -23,16 +23,18 @@ std::string StreamTransport::sizeMismatch(int peer, const Request& r, uint64_t g
              " bytes: every rank must pass tensors of the same size and dtype to this operation");
 }
 
+// Completes a receive from a message that was buffered before it was posted.
+void StreamTransport::deliverBuffered(int peer, Request* r, const std::vector<char>& msg) const {
+  if (msg.size() != r->len) return r->fail(sizeMismatch(peer, *r, msg.size()));
+  if (r->len) std::memcpy(r->buf, msg.data(), r->len);
+  r->done = true;
+}
+
 void StreamTransport::postRecv(Request* r) {
   Peer& p = peers_.at(r->peer);
   auto it = p.unmatched.find(r->tag);
   if (it != p.unmatched.end() && !it->second.empty()) {
-    std::vector<char>& msg = it->second.front();
-    if (msg.size() != r->len) r->fail(sizeMismatch(r->peer, *r, msg.size()));
-    else {
-      if (r->len) std::memcpy(r->buf, msg.data(), r->len);
-      r->done = true;
-    }
+    deliverBuffered(r->peer, r, it->second.front());
     it->second.pop_front();
     if (it->second.empty()) p.unmatched.erase(it);
     return;
@@ -158,11 +160,7 @@ void StreamTransport::onPayloadDone(int peer, Peer& p) {
     Request* r = it->second.front();
     it->second.pop_front();
     if (it->second.empty()) p.posted.erase(it);
-    if (r->len != p.unmatchedBuf.size()) r->fail(sizeMismatch(peer, *r, p.unmatchedBuf.size()));
-    else {
-      if (r->len) std::memcpy(r->buf, p.unmatchedBuf.data(), r->len);
-      r->done = true;
-    }
+    deliverBuffered(peer, r, p.unmatchedBuf);
     p.unmatchedBuf.clear();
     return;
   }

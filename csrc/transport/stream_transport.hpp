@@ -70,6 +70,7 @@ class StreamTransport : public Transport {
   void onPayloadDone(int peer, Peer& p);
   void killPeer(int peer, Peer& p, const std::string& why);
   std::string sizeMismatch(int peer, const Request& r, uint64_t got) const;
+  void deliverBuffered(int peer, Request* r, const std::vector<char>& msg) const;
 
   std::vector<Peer> peers_;
 };
