@@ -1,13 +1,19 @@
-"""Runs a function on every rank of a freshly spawned process group.
+"""Runs a function on every rank of a freshly started process group.
 
-Each rank is a `spawn`ed process (it pays `import torch` once), so tests run a
-whole matrix inside one group instead of spawning per case. A rank reports its
-return value or its traceback; the parent enforces an overall deadline and
-kills stragglers, so a hang fails the test instead of the CI run.
+By default each rank is a `spawn`ed process (it pays `import torch` once), so
+tests run a whole matrix inside one group instead of spawning per case. With
+start_method="fork" the ranks are forked from the caller, which must have
+imported torch already and must not have touched verbs (no ibv_fork_init) nor
+initialized a process group: under CPU emulation (the Soft-RoCE VMs) that
+saves minutes per group. A rank reports its return value or its traceback; the
+parent enforces an overall deadline and kills stragglers, so a hang fails the
+test instead of the CI run. Ranks named in expect_dead are meant to kill
+themselves (fault tests): they must die by SIGKILL and report nothing.
 """
 import importlib
 import multiprocessing as mp
 import os
+import signal
 import socket
 import time
 import traceback
@@ -31,8 +37,9 @@ def _store_wait(store, key, count, arrive=True):
         time.sleep(0.05)
 
 
-def _rank_main(rank, world, port, env, target, kwargs, init, queue):
+def _rank_main(rank, world, port, env, target, kwargs, init, queue, host="127.0.0.1", alive=None):
     os.environ.update({k: str(v) for k, v in env.items()})
+    alive = world if alive is None else alive  # ranks expected to reach the end
     try:
         import torch.distributed as dist
 
@@ -40,7 +47,7 @@ def _rank_main(rank, world, port, env, target, kwargs, init, queue):
 
         if init:
             dist.init_process_group(
-                "roce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                "roce", init_method=f"tcp://{host}:{port}", rank=rank, world_size=world,
                 timeout=timedelta(seconds=float(env.get("TEST_PG_TIMEOUT_S", 120))),
             )
         module, name = target.rsplit(".", 1)
@@ -50,9 +57,9 @@ def _rank_main(rank, world, port, env, target, kwargs, init, queue):
             # Rank 0 hosts the store: nobody leaves before everyone is done,
             # even when the group under test is broken on purpose.
             store = dist.distributed_c10d._get_default_store()
-            _store_wait(store, "harness/done", world)
+            _store_wait(store, "harness/done", alive)
             if rank == 0:
-                _store_wait(store, "harness/left", world - 1, arrive=False)
+                _store_wait(store, "harness/left", alive - 1, arrive=False)
             else:
                 store.add("harness/left", 1)
             dist.destroy_process_group()
@@ -62,25 +69,46 @@ def _rank_main(rank, world, port, env, target, kwargs, init, queue):
 
 
 def run_group(target, world, env=None, kwargs=None, init=True, deadline_s=DEFAULT_DEADLINE_S,
-              rank_env=None, start_method="spawn"):
+              rank_env=None, start_method="spawn", expect_dead=(), host="127.0.0.1", port=None, ranks=None):
     """Runs `target` ("module.function") on `world` ranks; returns results by rank.
 
     env applies to every rank, rank_env[r] (optional) to rank r on top of it.
+    start_method: "spawn" (fresh interpreters) or "fork" (see the module doc).
+    expect_dead: ranks that end themselves with SIGKILL; they must not report
+    (their entry in the result is None), and the others do not wait for them
+    at the end. Rank 0 hosts the store, so it cannot be one of them.
+    host, port, ranks: for groups spanning machines, the store's address (rank
+    0's machine) and the global ranks to start here (default: all); the result
+    then lists those ranks only.
     Raises AssertionError with every failing rank's traceback.
     """
-    ctx = mp.get_context("spawn")
+    if start_method not in ("spawn", "fork"):
+        raise ValueError(f"start_method must be 'spawn' or 'fork', not {start_method!r}")
+    expect_dead = set(expect_dead)
+    assert 0 not in expect_dead, "rank 0 hosts the store and must stay alive"
+    if start_method == "fork":
+        import sys
+
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            raise RuntimeError("run_group(start_method='fork') from a process with an initialized process group")
+    ranks = list(range(world)) if ranks is None else list(ranks)
+    ctx = mp.get_context(start_method)
     queue = ctx.Queue()
-    port = free_port()
+    port = free_port() if port is None else port
+    alive = world - len(expect_dead)
     procs = []
-    for r in range(world):
+    for r in ranks:
         e = dict(env or {})
         e.update((rank_env or {}).get(r, {}))
-        p = ctx.Process(target=_rank_main, args=(r, world, port, e, target, kwargs or {}, init, queue))
+        p = ctx.Process(target=_rank_main, args=(r, world, port, e, target, kwargs or {}, init, queue, host, alive))
         p.start()
         procs.append(p)
+    by_rank = dict(zip(ranks, procs))
+    waiting_for = [r for r in ranks if r not in expect_dead]
     results, errors = {}, {}
     end = time.monotonic() + deadline_s
-    while len(results) + len(errors) < world and time.monotonic() < end:
+    while not all(r in results or r in errors for r in waiting_for) and time.monotonic() < end:
         try:
             rank, status, value = queue.get(timeout=1)
         except Exception:  # queue.Empty
@@ -88,19 +116,27 @@ def run_group(target, world, env=None, kwargs=None, init=True, deadline_s=DEFAUL
                 break
             continue
         (results if status == "ok" else errors)[rank] = value
-    for p in procs:
+    killed = set()
+    for r, p in by_rank.items():
         p.join(timeout=10)
         if p.is_alive():
             p.kill()
             p.join()
-    missing = [r for r in range(world) if r not in results and r not in errors]
-    if errors or missing:
+            killed.add(r)
+    missing = [r for r in waiting_for if r not in results and r not in errors]
+    # An expected victim must really have died by SIGKILL, not reported or exited.
+    survivors = {r: by_rank[r].exitcode for r in ranks if r in expect_dead
+                 and (r in results or r in errors or r in killed or by_rank[r].exitcode != -signal.SIGKILL)}
+    if errors or missing or survivors:
         msg = [f"rank {r} failed:\n{tb}" for r, tb in sorted(errors.items())]
         if missing:
             msg.append(f"ranks {missing} reported nothing (hung past {deadline_s}s or died; "
                        f"exit codes {[p.exitcode for p in procs]})")
+        if survivors:
+            msg.append(f"ranks {sorted(survivors)} were to kill themselves but did not (exit codes {survivors}, "
+                       f"{sorted(killed)} killed by the harness)")
         raise AssertionError("\n".join(msg))
-    return [results[r] for r in range(world)]
+    return [results.get(r) for r in ranks]
 
 
 # Process layouts used across the suite: (world size, environment). The
