@@ -8,13 +8,110 @@ tensors::
 
 Configuration is read from ``ROCE_PG_*`` environment variables (see README).
 """
-import torch
-import torch.distributed as dist
+import os as _os
+import sys as _sys
 
-# The extension's classes derive from torch's c10d bindings: import those first.
-from . import _C  # noqa: E402
+__version__ = "0.1.0"
 
-__all__ = ["register", "rdma_ports", "BACKEND_NAME"]
+
+# ---- loading the extension, checked against the torch it was built for -----
+# setup.py compiles "ROCE_PG_BUILD_INFO|torch=<version>;...|" into _C. It is read
+# from the file before the module is loaded: a build made for another torch
+# usually fails to load with an undefined symbol, or loads and misbehaves later.
+
+def _extension_path():
+    """Path of the built _C module, or None if it has not been built."""
+    import importlib.machinery
+
+    for d in __path__:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            p = _os.path.join(d, "_C" + suffix)
+            if _os.path.exists(p):
+                return p
+    return None
+
+
+def build_info(path=None):
+    """What the extension was built with, as a dict (torch, python, sanitize, ...),
+    read from the .so without loading it; {} for a build that predates this record
+    or when it is not built."""
+    import mmap
+
+    path = path or _extension_path()
+    if not path:
+        return {}
+    marker = b"ROCE_PG_BUILD_INFO|"
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        i = m.find(marker)
+        if i < 0:
+            return {}
+        j = m.find(b"|", i + len(marker))
+        text = m[i + len(marker):j].decode("utf-8", "replace")
+    return dict(kv.split("=", 1) for kv in text.split(";") if "=" in kv)
+
+
+def _rebuild_hint(torch_public):
+    return (f"Install the torch it was built for (pip install 'torch=={torch_public}'), or rebuild "
+            f"roce_pg against the torch you have: `pip install --no-build-isolation .` in the roce "
+            f"source tree (`bash scripts/setup.sh` in a checkout).")
+
+
+def _torch_mismatch(built, running):
+    """The error message when the build's torch differs from the running one, else None.
+    Local version labels (+cu132, +cpu) are ignored: they name the same C++ API."""
+    if not built or built.split("+")[0] == running.split("+")[0]:
+        return None
+    return (f"roce_pg's C++ extension was built for torch {built}, but this Python has torch "
+            f"{running}. A PyTorch C++ extension works only with the torch version it was compiled "
+            f"against. " + _rebuild_hint(built.split("+")[0]) +
+            " (ROCE_PG_SKIP_TORCH_CHECK=1 tries to load it anyway.)")
+
+
+def _load_extension():
+    """Imports torch and _C (checking the build against the torch), registers "roce"."""
+    global torch, dist, _C
+    import torch
+    import torch.distributed as dist
+
+    path = _extension_path()
+    if path is None:
+        raise ImportError("roce_pg._C is not built. In the roce source tree run "
+                          "`pip install --no-build-isolation .` (or `bash scripts/setup.sh`).")
+    info = build_info(path)
+    problem = _torch_mismatch(info.get("torch"), torch.__version__)
+    if problem and _os.environ.get("ROCE_PG_SKIP_TORCH_CHECK") != "1":
+        raise ImportError(problem)
+    # The extension's classes derive from torch's c10d bindings: torch comes first.
+    try:
+        from . import _C
+    except ImportError as e:
+        built = info.get("torch") or "an unknown torch (a build older than this check)"
+        hint = ""
+        if "libibverbs" in str(e):
+            hint = " libibverbs is missing: install rdma-core (Debian/Ubuntu: apt install libibverbs1 ibverbs-providers)."
+        elif info.get("sanitize"):
+            hint = (f" This is a sanitizer build (ROCE_PG_SANITIZE={info['sanitize']}): "
+                    f"run python with LD_PRELOAD=$(gcc -print-file-name=libasan.so).")
+        raise ImportError(
+            f"cannot load roce_pg's C++ extension {path}: {e}. It was built for torch {built}; "
+            f"this Python has torch {torch.__version__}.{hint} If the versions differ: "
+            + _rebuild_hint((info.get("torch") or torch.__version__).split("+")[0])) from e
+
+
+def _running_doctor():
+    """True under `python -m roce_pg.doctor`: the doctor must run even when the
+    extension does not load (it is the tool that says why), and its local checks
+    do not need torch, which takes minutes to import in emulated VMs. It loads
+    the extension itself when it needs it."""
+    argv = getattr(_sys, "orig_argv", [])
+    return any(a == "-mroce_pg.doctor" or (a == "-m" and b == "roce_pg.doctor")
+               for a, b in zip(argv, argv[1:] + [""]))
+
+
+if not _running_doctor():
+    _load_extension()
+
+__all__ = ["register", "rdma_ports", "build_info", "BACKEND_NAME"]
 
 BACKEND_NAME = "roce"
 
@@ -39,4 +136,5 @@ def rdma_ports():
     return _C.rdma_ports()
 
 
-register()
+if not _running_doctor():
+    register()
