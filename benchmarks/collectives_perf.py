@@ -191,6 +191,8 @@ def total_wrong(rows):
 
 def print_ratios(rows_by_backend, coll):
     """Same bytes on both sides, so the time ratio is also the busbw ratio."""
+    if not rows_by_backend:
+        return
     base, *others = rows_by_backend
     for other in others:
         print(f"#\n# {coll}: {base} vs {other}, speed-up = {other} time / {base} time")
@@ -224,6 +226,23 @@ def write_outputs(args, rows, config):
         plot_busbw.plot(rows, args.plot, config)
 
 
+def run_variant(coll, variant, groups, args, coord, progress):
+    """Every size on every backend, interleaved so that a machine growing
+    busier slows all backends alike. A combination a backend rejects (e.g.
+    AVG on integers in Gloo: the same error on every rank, at the first call)
+    drops that backend from this table instead of ending the run."""
+    table, skipped = {b: [] for b in groups}, {}
+    for count in counts(coll, args, DTYPES[variant[0]].itemsize, dist.get_world_size()):
+        for b in [b for b in groups if b not in skipped]:
+            progress.update(f"{coll.name} {variant[0]}: {count} elements on {b}")
+            try:
+                table[b].append(measure(coll, b, groups[b], count, variant, args, coord))
+            except (RuntimeError, ValueError) as e:
+                skipped[b] = str(e).splitlines()[0]
+    progress.clear()
+    return {b: rows for b, rows in table.items() if b not in skipped}, skipped
+
+
 def main():
     args = parse_args()
     runenv.check_backends(args.backends, "cpu")
@@ -245,18 +264,14 @@ def main():
             say("#\n# sendrecv needs 2 ranks or more: skipped")
             continue
         for variant in variants(coll, args, world):
-            table = {b: [] for b in args.backends}
-            for count in counts(coll, args, DTYPES[variant[0]].itemsize, world):
-                for b in args.backends:
-                    progress.update(f"{name} {variant[0]}: {count} elements on {b}")
-                    table[b].append(measure(coll, b, groups[b], count, variant, args, coord))
-            progress.clear()
-            for b in args.backends:
-                if rank == 0:
-                    print_table(table[b], b, name, world)
-                all_rows += table[b]
+            table, skipped = run_variant(coll, variant, groups, args, coord, progress)
             if rank == 0:
+                for b, rows in table.items():
+                    print_table(rows, b, name, world)
+                for b, why in skipped.items():
+                    print(f"#\n# {name}_perf   backend: {b}   {variant[0]} {variant[1]}: not supported: {why}")
                 print_ratios(table, name)
+            all_rows += [r for rows in table.values() for r in rows]
     if rank == 0:
         top = parse_size(args.maxbytes)
         say(f"#\n# plain tensor copy of {top} B on rank 0 in this run: {copy_bandwidth(top):.2f} GB/s")

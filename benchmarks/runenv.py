@@ -74,15 +74,15 @@ class Progress:
         self.on = dist.get_rank() == 0
         self.tty = sys.stderr.isatty()
         self.every_s = every_s
-        self.last = 0.0
+        self.last = time.monotonic()  # in a log, say nothing for runs shorter than every_s
 
-    def update(self, text, final=False):
+    def update(self, text):
         if not self.on:
             return
         now = time.monotonic()
         if self.tty:
-            sys.stderr.write("\r\033[K" + text + ("\n" if final else ""))
-        elif final or now - self.last >= self.every_s:
+            sys.stderr.write("\r\033[K" + text)
+        elif now - self.last >= self.every_s:
             sys.stderr.write(text + "\n")
             self.last = now
         sys.stderr.flush()
