@@ -74,6 +74,11 @@ def parse_args():
     if unknown or types[0] not in DTYPES or args.redops[0] not in coll_ops.REDOPS:
         p.error(f"unknown collective/datatype/op: {unknown or types or args.redops}")
     args.types = types
+    if args.plot:
+        try:  # fail now, not after the whole run
+            import matplotlib  # noqa: F401
+        except ImportError:
+            p.error("--plot needs matplotlib: .venv/bin/pip install matplotlib")
     return args
 
 

@@ -24,7 +24,7 @@ PY="${PYTHON:-python3}"
 VPY=.venv/bin/python
 if ! "$VPY" -c "import torch, pytest, numpy, ninja" 2>/dev/null; then
   "$VPY" -m pip install -q --upgrade pip setuptools wheel
-  "$VPY" -m pip install -q "$TORCH_SPEC" pytest numpy ninja
+  "$VPY" -m pip install -q "$TORCH_SPEC" pytest numpy ninja matplotlib
 fi
 
 # Build the C++ extension in place (fast no-op when nothing changed).
