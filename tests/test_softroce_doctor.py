@@ -1,0 +1,68 @@
+"""`python -m roce_pg.doctor` inside one Soft-RoCE VM (real rdma_rxe sysfs and
+libibverbs; see scripts/softroce/README.md), five ways in one boot: default
+(every check OK for rxe0), ROCE_PG_IB_GID_INDEX set to an empty and to a
+link-local index, and `ulimit -l 64` with and without CAP_IPC_LOCK. The doctor
+imports no torch on one machine, so the whole test is a boot plus a few Python
+start-ups: about 2 minutes on a quiet 2-core host; the VM is killed after 6.
+
+Fails (never skips) when the VM tooling is missing, unless ROCE_PG_SKIP_SOFTROCE=1.
+"""
+import json
+import time
+
+from tests.test_softroce import ROOT, _outdir, _require_tooling, _run
+
+VM_TIMEOUT_S = 360
+
+
+def _rows(out, case):
+    doc = json.loads((out / f"{case}.json").read_text())
+    return {r["check"]: r for r in doc["rows"]}, doc
+
+
+def test_doctor_in_a_softroce_vm():
+    _require_tooling()
+    out = _outdir("doctor")
+    t0 = time.time()
+    p = _run("run_vm.sh", f"cd {ROOT} && .venv/bin/python tests/softroce/guest_doctor.py {out}",
+             timeout_s=VM_TIMEOUT_S, out=out)
+    print(f"doctor VM test: {time.time() - t0:.0f} s host wall clock")
+    assert (out / "summary.json").exists(), f"no summary (exit {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    summary = json.loads((out / "summary.json").read_text())
+
+    # Default: everything about rxe0 is OK, exit 0. (The build row may WARN when the
+    # extension predates recorded build info; nothing FAILs.)
+    rows, doc = _rows(out, "default")
+    assert summary["default"]["exit_code"] == 0, doc
+    for name in ("rdma-core", "kernel modules", "RDMA devices", "libibverbs devices", "/dev/infiniband",
+                 "port rxe0:1", "GIDs rxe0:1", "MTU rxe0:1", "roce will use", "GID index", "ROCE_PG_IB_HCA",
+                 "ROCE_PG_* settings", "memlock", "rp_filter"):
+        assert rows[name]["status"] == "OK", rows[name]
+    assert all(r["status"] == "OK" for c, r in rows.items() if c != "roce_pg build"), doc["rows"]
+    assert "rdma_rxe" in rows["kernel modules"]["detail"]
+    assert "index 1" in rows["GID index"]["detail"] and "10.99.0.1" in rows["GID index"]["detail"]
+    assert "active_mtu 1024" in rows["MTU rxe0:1"]["detail"] and "dummy0 MTU 1500" in rows["MTU rxe0:1"]["detail"]
+    assert "unlimited" in rows["memlock"]["detail"]
+
+    # A GID index that is empty on rxe0: FAIL, with the index to use instead.
+    rows, doc = _rows(out, "gid_index_empty")
+    assert summary["gid_index_empty"]["exit_code"] == 1
+    gid = rows["GID index"]
+    assert gid["status"] == "FAIL" and "ROCE_PG_IB_GID_INDEX=3" in gid["detail"] and "empty" in gid["detail"], gid
+    assert "unset ROCE_PG_IB_GID_INDEX" in gid["fix"] and "set it to 1" in gid["fix"], gid
+
+    # The link-local RoCE v2 GID: a WARN with the same fix.
+    rows, _ = _rows(out, "gid_index_link_local")
+    gid = rows["GID index"]
+    assert gid["status"] == "WARN" and "link-local" in gid["detail"] and "set it to 1" in gid["fix"], gid
+
+    # ulimit -l 64: root with CAP_IPC_LOCK gets a WARN; without the capability it FAILs.
+    rows, _ = _rows(out, "memlock_64k")
+    mem = rows["memlock"]
+    assert mem["status"] == "WARN" and "ulimit -l 64" in mem["detail"] and "CAP_IPC_LOCK" in mem["detail"], mem
+    assert "memlock" in mem["fix"] and "LimitMEMLOCK=infinity" in mem["fix"], mem
+    rows, _ = _rows(out, "memlock_64k_no_cap_ipc_lock")
+    mem = rows["memlock"]
+    assert summary["memlock_64k_no_cap_ipc_lock"]["exit_code"] == 1
+    assert mem["status"] == "FAIL" and "ENOMEM" in mem["detail"] and "memlock=-1" in mem["fix"], mem
+    assert p.returncode == 0, p.returncode
