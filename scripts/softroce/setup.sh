@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotently installs what the Soft-RoCE VM scripts need (run as root, no stdin):
+# Idempotently installs what the Soft-RoCE VM scripts need (as root, or as a user with sudo; no stdin):
 #   apt: QEMU, Debian's own kernel (ships rdma_rxe), rdma-core userspace, perftest, ...
 #   pip: virtme-ng (`vng`) into its own venv ($VNG_VENV, default scripts/softroce/.venv-vng)
 # Prints the kernel image the VM scripts will boot (last line: KERNEL=<path>).
@@ -15,11 +15,21 @@ missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# apt runs as root: directly when we are root, else through sudo (which resets the
+# environment, hence `env DEBIAN_FRONTEND=...`). The rest (the vng venv, booting
+# VMs: QEMU in pure emulation) needs no root.
+as_root() {
+  if [[ $(id -u) -eq 0 ]]; then "$@"
+  elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+  else
+    echo "softroce/setup: installing ${missing[*]} needs root: run as root, install sudo, or install them first" >&2
+    exit 1
+  fi
+}
 if ((${#missing[@]})); then
-  echo "softroce/setup: apt-get install ${missing[*]}" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
+  echo "softroce/setup: apt-get install ${missing[*]}$([[ $(id -u) -ne 0 ]] && echo ' (through sudo)')" >&2
+  as_root apt-get update -qq </dev/null
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
 fi
 
 # virtme-ng in its own venv, built from Debian's python3 (not tied to pyenv).
@@ -34,7 +44,14 @@ fi
 # shellcheck source=common.sh
 source "$HERE/common.sh"
 KERNEL="$(softroce_kernel)"
-[[ -r "$KERNEL" ]] || { echo "softroce/setup: no readable kernel image found" >&2; exit 1; }
+[[ -n "$KERNEL" && -e "$KERNEL" ]] || { echo "softroce/setup: no kernel image /boot/vmlinuz-*-amd64 found" >&2; exit 1; }
+if [[ ! -r "$KERNEL" ]]; then
+  # Debian installs kernel images world-readable; Ubuntu makes them root-only, which
+  # stops QEMU run by a non-root user.
+  echo "softroce/setup: $KERNEL is not readable by $(id -un); the VMs boot it as this user. Fix:" >&2
+  echo "  sudo dpkg-statoverride --update --add root root 0644 $KERNEL   (or sudo chmod 0644 $KERNEL)" >&2
+  exit 1
+fi
 KVER="$(softroce_kver "$KERNEL")"
 if ! find "/lib/modules/$KVER" -name 'rdma_rxe.ko*' | grep -q .; then
   echo "softroce/setup: rdma_rxe module missing under /lib/modules/$KVER" >&2; exit 1
