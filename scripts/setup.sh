@@ -13,21 +13,18 @@ missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# apt runs as root: directly when we are root, else through sudo (which resets the
-# environment, hence `env DEBIAN_FRONTEND=...` after it). Everything else runs as
-# the calling user: .venv/ and the build belong to whoever owns the checkout.
-as_root() {
-  if [[ $(id -u) -eq 0 ]]; then "$@"
-  elif command -v sudo >/dev/null 2>&1; then sudo "$@"
-  else
-    echo "setup.sh: installing ${missing[*]} needs root: run this as root, install sudo, or install them first" >&2
-    exit 1
-  fi
-}
+# apt needs root: through sudo when we are not root (sudo resets the environment,
+# hence `env DEBIAN_FRONTEND=...` after it). The rest runs as the calling user:
+# .venv/ and the build belong to whoever owns the checkout.
 if ((${#missing[@]})); then
-  echo "setup.sh: apt-get install ${missing[*]}$([[ $(id -u) -ne 0 ]] && echo ' (through sudo)')" >&2
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  SUDO=()
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || { echo "setup.sh: installing ${missing[*]} needs root or sudo" >&2; exit 1; }
+    SUDO=(sudo)
+  fi
+  echo "setup.sh: ${SUDO[*]:+sudo }apt-get install ${missing[*]}" >&2
+  "${SUDO[@]}" apt-get update -qq
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 
 PY="${PYTHON:-python3}"

@@ -15,21 +15,13 @@ missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# apt runs as root: directly when we are root, else through sudo (which resets the
-# environment, hence `env DEBIAN_FRONTEND=...`). The rest (the vng venv, booting
-# VMs: QEMU in pure emulation) needs no root.
-as_root() {
-  if [[ $(id -u) -eq 0 ]]; then "$@"
-  elif command -v sudo >/dev/null 2>&1; then sudo "$@"
-  else
-    echo "softroce/setup: installing ${missing[*]} needs root: run as root, install sudo, or install them first" >&2
-    exit 1
-  fi
-}
+# apt needs root: sudo for a non-root user (with `env`, as sudo resets the environment).
+# The rest (the vng venv, the VMs: QEMU in pure emulation) runs as the calling user.
+[[ $(id -u) -eq 0 ]] && AS_ROOT=() || AS_ROOT=(sudo)
 if ((${#missing[@]})); then
-  echo "softroce/setup: apt-get install ${missing[*]}$([[ $(id -u) -ne 0 ]] && echo ' (through sudo)')" >&2
-  as_root apt-get update -qq </dev/null
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
+  echo "softroce/setup: ${AS_ROOT[*]:+sudo }apt-get install ${missing[*]}" >&2
+  "${AS_ROOT[@]}" apt-get update -qq </dev/null
+  "${AS_ROOT[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
 fi
 
 # virtme-ng in its own venv, built from Debian's python3 (not tied to pyenv).
