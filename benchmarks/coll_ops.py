@@ -49,7 +49,12 @@ class Case:
     expect_oop: torch.Tensor        # what `out` holds after run_oop (float64); None = nothing to check here
     expect_ip: torch.Tensor
     ip_result: Callable[[], torch.Tensor]  # the in-place call's result on this rank
-    reset: Callable[[], None]       # restore inputs consumed by an in-place call
+    reset: Callable[[], None] = None  # restores what an in-place call overwrote; default: the input
+
+    def __post_init__(self):
+        if self.reset is None:
+            keep = self.inp.clone()
+            self.reset = lambda: self.inp.copy_(keep)
 
 
 @dataclass
@@ -97,8 +102,7 @@ def make_case(coll, count, dtype, rank, n, group, redop="sum", root=0):
             out.copy_(inp)
             return call(out)
 
-        keep = inp.clone()
-        return Case(inp, out, oop, lambda: call(inp), want, want, lambda: inp, lambda: inp.copy_(keep))
+        return Case(inp, out, oop, lambda: call(inp), want, want, lambda: inp)
 
     if coll.name == "all_gather":
         inp, out = filled(mine), torch.empty(count * n, dtype=dtype)
@@ -114,21 +118,19 @@ def make_case(coll, count, dtype, rank, n, group, redop="sum", root=0):
         mine_in_inp = inp.narrow(0, rank * count, count)
         full = reduce_ref([pattern(r, count * n, redop) for r in range(n)], redop)
         want = _expect(full[rank * count:(rank + 1) * count], dtype)
-        keep = inp.clone()
         return Case(inp, out,
                     lambda: dist.reduce_scatter_tensor(out, inp, op=op, group=group, async_op=True),
                     lambda: dist.reduce_scatter_tensor(mine_in_inp, inp, op=op, group=group, async_op=True),
-                    want, want, lambda: mine_in_inp, lambda: inp.copy_(keep))
+                    want, want, lambda: mine_in_inp)
 
     if coll.name == "alltoall":
         inp, out = filled(mine), torch.empty(count * n, dtype=dtype)
         want = _expect(torch.cat([pattern(r, count * n, redop)[rank * count:(rank + 1) * count]
                                   for r in range(n)]), dtype)
-        keep = inp.clone()
         return Case(inp, out,
                     lambda: dist.all_to_all_single(out, inp, group=group, async_op=True),
                     lambda: dist.all_to_all_single(inp, inp, group=group, async_op=True),
-                    want, want, lambda: inp, lambda: inp.copy_(keep))
+                    want, want, lambda: inp)
 
     if coll.name == "sendrecv":
         inp, out = filled(mine), torch.empty(count, dtype=dtype)
@@ -140,9 +142,7 @@ def make_case(coll, count, dtype, rank, n, group, redop="sum", root=0):
                                             dist.P2POp(dist.irecv, dst, prv, group)])
             return _All(works)
 
-        keep = inp.clone()
-        return Case(inp, out, lambda: ring(inp, out), lambda: ring(inp, inp), want, None,
-                    lambda: inp, lambda: inp.copy_(keep))
+        return Case(inp, out, lambda: ring(inp, out), lambda: ring(inp, inp), want, None, lambda: inp)
     raise ValueError(coll.name)
 
 

@@ -60,7 +60,7 @@ def plot(rows, path, config):
     for ax in axes[:, 0]:
         ax.set_ylabel("bus bandwidth (GB/s)")
     for i in range(cols):  # under the lowest visible panel of each column
-        axes[(len(colls) - 1 - i) // cols, i].set_xlabel("size (B)")
+        axes[(len(colls) - 1 - i) // cols, i].set_xlabel("size (bytes; K, M = KiB, MiB)")
     world, nodes, per_node = config.get("layout", (config.get("world"), 1, config.get("world")))
     types = "/".join(config.get("types", ["float"]))
     fig.suptitle(f"nccl-tests bus bandwidth vs size: {world} ranks = {nodes} machine(s) x {per_node}, "
