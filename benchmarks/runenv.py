@@ -33,6 +33,8 @@ def roce_settings():
 
 def check_backends(names, device):
     """Fails early, on every rank, with the reason a backend cannot run here."""
+    if len(set(names)) != len(names):
+        raise SystemExit(f"name each backend once (results are kept per backend): {','.join(names)}")
     why = {}
     for name in names:
         if name == "roce":
