@@ -41,12 +41,15 @@ def build_info(path=None):
     if not path:
         return {}
     marker = b"ROCE_PG_BUILD_INFO|"
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        i = m.find(marker)
-        if i < 0:
-            return {}
-        j = m.find(b"|", i + len(marker))
-        text = m[i + len(marker):j].decode("utf-8", "replace")
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            i = m.find(marker)
+            if i < 0:
+                return {}
+            j = m.find(b"|", i + len(marker))
+            text = m[i + len(marker):j].decode("utf-8", "replace")
+    except (OSError, ValueError):  # unreadable or empty file
+        return {}
     return dict(kv.split("=", 1) for kv in text.split(";") if "=" in kv)
 
 
@@ -126,6 +129,8 @@ def _create_backend(dist_backend_opts, backend_options):
 
 def register():
     """Registers "roce" with torch.distributed; calling it again is harmless."""
+    if "_C" not in globals():  # under `python -m roce_pg.doctor`: loaded on demand
+        _load_extension()
     if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
