@@ -24,26 +24,18 @@ void broadcast(Communicator& c, void* data, size_t bytes, int root) {
   const size_t chunk = c.config().chunkBytes;
   const size_t numChunks = bytes == 0 ? 1 : (bytes + chunk - 1) / chunk;
   char* base = static_cast<char*>(data);
-  std::vector<Request> recvs, sends;
-  recvs.reserve(numChunks);
-  sends.reserve(numChunks * children.size());
+  std::vector<Request*> recvs, sends;
   auto piece = [&](size_t k) { return std::min(chunk, bytes - std::min(bytes, k * chunk)); };
   if (vr != 0) {
     const int parent = real(vr - low);
     for (size_t k = 0; k < numChunks; ++k)
-      recvs.push_back({Request::Kind::Recv, parent, tag, base + k * chunk, piece(k)});
-    for (auto& r : recvs) c.post(r);
+      recvs.push_back(c.post(Request::Kind::Recv, parent, tag, base + k * chunk, piece(k)));
   }
   for (size_t k = 0; k < numChunks; ++k) {
-    if (vr != 0) c.wait(recvs[k]);
-    for (int child : children) {
-      sends.push_back({Request::Kind::Send, child, tag, base + k * chunk, piece(k)});
-      c.post(sends.back());
-    }
+    if (vr != 0) c.wait(*recvs[k]);
+    for (int child : children) sends.push_back(c.post(Request::Kind::Send, child, tag, base + k * chunk, piece(k)));
   }
-  std::vector<Request*> ptrs;
-  for (auto& s : sends) ptrs.push_back(&s);
-  c.waitAll(ptrs.data(), ptrs.size());
+  c.waitAll(sends.data(), sends.size());
 }
 
 }  // namespace roce

@@ -61,28 +61,23 @@ void ringReduceScatter(Communicator& c, uint64_t tag, void* data, const RingSegm
   const size_t chunkElems = std::max<size_t>(1, c.config().chunkBytes / esz);
   char* base = static_cast<char*>(data);
   char* incoming = static_cast<char*>(c.scratch(segs.maxCount() * esz, 0));
-  std::vector<Request> reqs;
+  std::vector<Request*> recvs, sends;
   for (int s = 0; s < rp.n - 1; ++s) {
     const int sendSeg = rp.seg(-s - 1), recvSeg = rp.seg(-s - 2);
-    const size_t recvCount = segs.count[recvSeg], sendCount = segs.count[sendSeg];
-    reqs.clear();
-    reqs.reserve((recvCount + sendCount) / chunkElems + 2);
-    forChunks(recvCount, chunkElems, [&](size_t at, size_t n) {
-      reqs.push_back({Request::Kind::Recv, rp.left, tag, incoming + at * esz, n * esz});
+    recvs.clear();
+    sends.clear();
+    forChunks(segs.count[recvSeg], chunkElems, [&](size_t at, size_t n) {
+      recvs.push_back(c.post(Request::Kind::Recv, rp.left, tag, incoming + at * esz, n * esz));
     });
-    const size_t numRecv = reqs.size();
-    forChunks(sendCount, chunkElems, [&](size_t at, size_t n) {
-      reqs.push_back({Request::Kind::Send, rp.right, tag, base + (segs.offset[sendSeg] + at) * esz, n * esz});
+    forChunks(segs.count[sendSeg], chunkElems, [&](size_t at, size_t n) {
+      sends.push_back(c.post(Request::Kind::Send, rp.right, tag, base + (segs.offset[sendSeg] + at) * esz, n * esz));
     });
-    for (auto& r : reqs) c.post(r);
     // Reduce each chunk as soon as it lands, while later chunks are in flight.
     size_t k = 0;
-    forChunks(recvCount, chunkElems, [&](size_t at, size_t n) {
-      c.wait(reqs[k++]);
+    forChunks(segs.count[recvSeg], chunkElems, [&](size_t at, size_t n) {
+      c.wait(*recvs[k++]);
       reduceInto(t, op, base + (segs.offset[recvSeg] + at) * esz, incoming + at * esz, n);
     });
-    std::vector<Request*> sends;
-    for (size_t i = numRecv; i < reqs.size(); ++i) sends.push_back(&reqs[i]);
     c.waitAll(sends.data(), sends.size());
   }
 }
@@ -92,24 +87,17 @@ void ringAllgather(Communicator& c, uint64_t tag, void* data, const RingSegments
   if (rp.n == 1) return;
   const size_t chunkElems = std::max<size_t>(1, c.config().chunkBytes / esz);
   char* base = static_cast<char*>(data);
-  std::vector<Request> reqs;
-  std::vector<Request*> ptrs;
+  std::vector<Request*> reqs;
   for (int s = 0; s < rp.n - 1; ++s) {
     const int sendSeg = rp.seg(-s), recvSeg = rp.seg(-s - 1);
     reqs.clear();
-    reqs.reserve((segs.count[sendSeg] + segs.count[recvSeg]) / chunkElems + 2);
     forChunks(segs.count[recvSeg], chunkElems, [&](size_t at, size_t n) {
-      reqs.push_back({Request::Kind::Recv, rp.left, tag, base + (segs.offset[recvSeg] + at) * esz, n * esz});
+      reqs.push_back(c.post(Request::Kind::Recv, rp.left, tag, base + (segs.offset[recvSeg] + at) * esz, n * esz));
     });
     forChunks(segs.count[sendSeg], chunkElems, [&](size_t at, size_t n) {
-      reqs.push_back({Request::Kind::Send, rp.right, tag, base + (segs.offset[sendSeg] + at) * esz, n * esz});
+      reqs.push_back(c.post(Request::Kind::Send, rp.right, tag, base + (segs.offset[sendSeg] + at) * esz, n * esz));
     });
-    ptrs.clear();
-    for (auto& r : reqs) {
-      c.post(r);
-      ptrs.push_back(&r);
-    }
-    c.waitAll(ptrs.data(), ptrs.size());
+    c.waitAll(reqs.data(), reqs.size());
   }
 }
 

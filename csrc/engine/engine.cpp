@@ -27,8 +27,9 @@ void Engine::enqueue(std::shared_ptr<Task> task) {
 }
 
 void Engine::fail(const std::shared_ptr<Task>& t, std::exception_ptr e) {
-  // Anything but a rejected argument leaves peers' message streams in an
-  // unknown state: the communicator refuses further work from now on.
+  // Anything but an argument rejected before communication leaves peers'
+  // message streams in an unknown state: the communicator refuses further work
+  // from now on, and its transports drop every request they still hold.
   bool invalid = false;
   std::string why = "unknown error";
   try {
@@ -37,14 +38,26 @@ void Engine::fail(const std::shared_ptr<Task>& t, std::exception_ptr e) {
     invalid = err.kind() == ErrorKind::Invalid;
     why = err.what();
     if (err.kind() == ErrorKind::Aborted) comm_->breakWith(why, /*tellPeers=*/false);
-    else if (!invalid) comm_->breakWith(why);
   } catch (const std::exception& err) {
     why = err.what();
-    comm_->breakWith(why);
   } catch (...) {
-    comm_->breakWith(why);
   }
-  t->complete(e);
+  // An "invalid" error thrown after requests were posted is not harmless:
+  // those requests must not outlive this task in a transport.
+  if (!invalid || comm_->hasPendingRequests()) comm_->breakWith(why);
+  completeQuietly(t, e);
+}
+
+void Engine::completeQuietly(const std::shared_ptr<Task>& t, std::exception_ptr e) {
+  // complete() runs user-visible callbacks (futures); nothing may escape the
+  // progress thread, or the process would terminate.
+  try {
+    t->complete(e);
+  } catch (const std::exception& err) {
+    ROCE_WARN("completing ", t->describe(), " raised: ", err.what());
+  } catch (...) {
+    ROCE_WARN("completing ", t->describe(), " raised an unknown exception");
+  }
 }
 
 void Engine::runOne(const std::shared_ptr<Task>& t) {
@@ -53,11 +66,15 @@ void Engine::runOne(const std::shared_ptr<Task>& t) {
     t->deadline = Clock::now() + t->timeout;
     comm_->beginOperation(t->describe(), t->deadline);
     finished = t->start(*comm_);
+    // A collective returns only after all its requests finished; if one did
+    // not, its buffers could still be written after the caller sees success.
+    if (comm_->hasPendingRequests())
+      throwComm(str("internal error: ", t->describe(), " returned with requests still in flight"));
   } catch (...) {
     fail(t, std::current_exception());
     return;
   }
-  if (finished) t->complete(nullptr);
+  if (finished) completeQuietly(t, nullptr);
   else {
     inflight_.push_back(t);
     std::lock_guard<std::mutex> g(mu_);
@@ -72,11 +89,7 @@ void Engine::pollInflight() {
     std::exception_ptr err;
     try {
       finished = t->poll(*comm_);
-      if (!finished && Clock::now() >= t->deadline) {
-        auto s = t->describe();
-        comm_->beginOperation(s, t->deadline);
-        comm_->checkDeadline([&] { return std::string("its peer"); });
-      }
+      if (!finished) comm_->checkTaskDeadline(t->describe(), t->deadline, t->timeout);
     } catch (...) {
       err = std::current_exception();
     }
@@ -87,7 +100,7 @@ void Engine::pollInflight() {
       --inflightCount_;
     }
     if (err) fail(t, err);
-    else t->complete(nullptr);
+    else completeQuietly(t, nullptr);
     // A failure may have failed other in-flight requests: rescan from the start.
     i = 0;
   }
@@ -121,8 +134,15 @@ void Engine::loop() {
       backoff.reset();
     }
     if (!inflight_.empty()) {
-      bool moved = comm_->progress();
-      pollInflight();
+      bool moved = false;
+      try {
+        moved = comm_->progress();
+        pollInflight();
+      } catch (const std::exception& e) {
+        failInflight(str("roce: the progress engine failed: ", e.what()));
+      } catch (...) {
+        failInflight("roce: the progress engine failed with an unknown exception");
+      }
       if (moved) backoff.reset();
       else if (!next) backoff.pause();
     }
@@ -131,7 +151,7 @@ void Engine::loop() {
   const std::string why = stopReason_;
   comm_->breakWith(why, /*tellPeers=*/false);
   auto err = std::make_exception_ptr(Error(ErrorKind::Aborted, str("roce: operation aborted: ", why)));
-  for (auto& t : inflight_) t->complete(err);
+  for (auto& t : inflight_) completeQuietly(t, err);
   inflight_.clear();
   std::deque<std::shared_ptr<Task>> rest;
   {
@@ -139,13 +159,26 @@ void Engine::loop() {
     rest.swap(queue_);
     inflightCount_ = 0;
   }
-  for (auto& t : rest) t->complete(err);
+  for (auto& t : rest) completeQuietly(t, err);
+}
+
+void Engine::failInflight(const std::string& why) {
+  comm_->breakWith(why);
+  auto err = std::make_exception_ptr(Error(ErrorKind::Comm, why));
+  auto tasks = std::move(inflight_);
+  inflight_.clear();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    inflightCount_ = 0;
+  }
+  for (auto& t : tasks) completeQuietly(t, err);
 }
 
 void Engine::shutdown(std::chrono::milliseconds grace) {
   {
     std::unique_lock<std::mutex> g(mu_);
     idleCv_.wait_for(g, grace, [&] { return queue_.empty() && inflightCount_ == 0 && !running_; });
+    graceful_ = true;
   }
   stopThread("the process group was shut down");
 }
@@ -171,6 +204,8 @@ void Engine::stopThread(const std::string& why) {
   }
   // Release sockets, shared memory and the store connection now, even if
   // Python keeps the process-group object alive after destroy_process_group.
+  // Neighbours learn whether this was an orderly exit or an abort.
+  if (comm_ && graceful_) comm_->leaveGracefully();
   comm_.reset();
 }
 

@@ -55,6 +55,10 @@ class Engine {
   void runOne(const std::shared_ptr<Task>& t);
   void pollInflight();
   void fail(const std::shared_ptr<Task>& t, std::exception_ptr e);
+  void completeQuietly(const std::shared_ptr<Task>& t, std::exception_ptr e);
+  // Something below the tasks threw (a transport bug, out of memory): break
+  // the communicator and fail every in-flight task instead of terminating.
+  void failInflight(const std::string& why);
   void stopThread(const std::string& why);
 
   std::unique_ptr<Communicator> comm_;
@@ -66,6 +70,7 @@ class Engine {
   size_t inflightCount_ = 0;                     // under mu_, for shutdown()
   bool running_ = false;                         // a task is executing
   bool stop_ = false;
+  bool graceful_ = false;                        // shutdown() rather than abort()
   std::string stopReason_;
   std::thread thread_;
 };
