@@ -63,7 +63,23 @@ Config Config::fromEnv() {
   c.shmRingBytes = r;
   c.shmSlotBytes = (c.shmSlotBytes + 63) & ~size_t(63);
   c.shutdownGraceMs = static_cast<int>(envInt("ROCE_PG_SHUTDOWN_GRACE_MS", c.shutdownGraceMs, 0, 3600000));
+  c.heartbeatTimeoutMs = static_cast<int>(envInt("ROCE_PG_HEARTBEAT_TIMEOUT_MS", c.heartbeatTimeoutMs, 0, 86400000));
+  if (c.heartbeatTimeoutMs > 0 && c.heartbeatTimeoutMs < 1000)
+    throwInvalid(str("ROCE_PG_HEARTBEAT_TIMEOUT_MS=", c.heartbeatTimeoutMs, " is below 1000 ms: heartbeats are sent "
+                     "every few hundred ms and a busy machine would declare live peers dead; use >= 1000 or 0 (off)"));
+  (void)testFault();  // validated with the rest of the configuration
   return c;
+}
+
+const std::string& testFault() {
+  static const std::string fault = [] {
+    const char* v = env("ROCE_PG_TEST_FAULT");
+    std::string f = v ? v : "";
+    if (!f.empty() && f != "garbage_frames")
+      throwInvalid(str("ROCE_PG_TEST_FAULT='", f, "': the only fault is 'garbage_frames' (tests only)"));
+    return f;
+  }();
+  return fault;
 }
 
 std::string Config::describe() const {
@@ -71,7 +87,8 @@ std::string Config::describe() const {
              " net_transport=", netTransport, " chunk_bytes=", chunkBytes,
              " shm_slot_bytes=", shmSlotBytes, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
              " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,
-             " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots);
+             " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots,
+             " heartbeat_timeout_ms=", heartbeatTimeoutMs);
 }
 
 }  // namespace roce

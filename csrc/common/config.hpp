@@ -33,9 +33,17 @@ struct Config {
   int ibSlots = 8;                       // ROCE_PG_IB_SLOTS: landing slots per peer (chunks in flight)
   // How long shutdown() lets queued work finish before failing it.
   int shutdownGraceMs = 5000;            // ROCE_PG_SHUTDOWN_GRACE_MS
+  // A ring neighbour that sends no heartbeat on its lifeline for this long is
+  // declared dead (hung process, machine or network down). 0 disables the
+  // check; a killed process is found through its closed connection anyway.
+  int heartbeatTimeoutMs = 20000;        // ROCE_PG_HEARTBEAT_TIMEOUT_MS
 
   static Config fromEnv();
   std::string describe() const;
 };
+
+// ROCE_PG_TEST_FAULT: fault injection for the test suite only ("" when unset).
+//   garbage_frames  this rank sends corrupted frame headers over TCP/shm streams
+const std::string& testFault();
 
 }  // namespace roce

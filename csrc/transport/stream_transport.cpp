@@ -2,9 +2,33 @@
 
 #include <cstring>
 
+#include "../common/config.hpp"
 #include "../common/error.hpp"
 
 namespace roce {
+namespace {
+
+constexpr uint32_t kFrameMagic = 0x52504746;  // "RPGF"
+// A message larger than this cannot be a real one (it would not fit in any
+// machine's memory); a header claiming it is corrupted.
+constexpr uint64_t kMaxFrameBytes = 1ull << 42;
+
+uint32_t frameCheck(uint64_t tag, uint64_t len) {
+  uint64_t x = tag * 0x9e3779b97f4a7c15ull ^ (len + 0x632be59bd9b4e019ull);
+  x ^= x >> 29;
+  x *= 0xbf58476d1ce4e5b9ull;
+  return static_cast<uint32_t>(x ^ (x >> 32));
+}
+
+}  // namespace
+
+StreamTransport::FrameHeader StreamTransport::makeHeader(const Request& r) const {
+  FrameHeader h{kFrameMagic, frameCheck(r.tag, r.len), r.tag, r.len};
+  // Fault injection for tests (ROCE_PG_TEST_FAULT=garbage_frames): what a
+  // corrupted stream or a wrong process on the other end would send.
+  if (testFault() == "garbage_frames") h = FrameHeader{0xdeadbeef, 0x12345678, ~r.tag, r.len * 977 + 12345};
+  return h;
+}
 
 StreamTransport::StreamTransport(int rank, std::vector<std::unique_ptr<BytePipe>> pipes)
     : rank_(rank), peers_(pipes.size()) {
@@ -63,6 +87,11 @@ bool StreamTransport::progress() {
     } catch (const Error& e) {
       killPeer(static_cast<int>(i), p, e.what());
       moved = true;
+    } catch (const std::bad_alloc&) {
+      killPeer(static_cast<int>(i), p,
+               str("out of memory buffering a ", p.recvHdr.len, "-byte message from rank ", i,
+                   " that arrived before its receive was posted"));
+      moved = true;
     }
   }
   return moved;
@@ -72,7 +101,7 @@ bool StreamTransport::progressSend(int peer, Peer& p) {
   bool moved = false;
   while (!p.sendq.empty()) {
     Request* r = p.sendq.front();
-    if (p.sendPos == 0) p.sendHdr = FrameHeader{r->tag, r->len};
+    if (p.sendPos == 0) p.sendHdr = makeHeader(*r);
     const size_t hdr = sizeof(FrameHeader);
     iovec iov[2];
     int n = 0;
@@ -120,6 +149,11 @@ bool StreamTransport::progressRecv(int peer, Peer& p) {
 }
 
 void StreamTransport::onHeader(int peer, Peer& p) {
+  const FrameHeader& h = p.recvHdr;
+  if (h.magic != kFrameMagic || h.check != frameCheck(h.tag, h.len) || h.len > kMaxFrameBytes)
+    throwComm(str("rank ", rank_, " received a corrupted frame header from rank ", peer, " (magic 0x", std::hex,
+                  h.magic, ", length ", std::dec, h.len, "): the stream from that rank cannot be trusted any more. "
+                  "Mixed roce_pg versions across ranks, or memory corruption in that process"));
   p.inPayload = true;
   p.matched = nullptr;
   p.drainOnly = false;

@@ -40,7 +40,12 @@ class StreamTransport : public Transport {
   int rank_;
 
  private:
+  // Every message starts with this header. The magic and the check word let a
+  // receiver tell a corrupted or misaligned stream from a real frame before the
+  // length is trusted to size a buffer or steer a copy.
   struct FrameHeader {
+    uint32_t magic;
+    uint32_t check;  // frameCheck(tag, len)
     uint64_t tag;
     uint64_t len;
   };
@@ -70,6 +75,7 @@ class StreamTransport : public Transport {
   void onPayloadDone(int peer, Peer& p);
   void killPeer(int peer, Peer& p, const std::string& why);
   std::string sizeMismatch(int peer, const Request& r, uint64_t got) const;
+  FrameHeader makeHeader(const Request& r) const;
   void deliverBuffered(int peer, Request* r, const std::vector<char>& msg) const;
 
   std::vector<Peer> peers_;

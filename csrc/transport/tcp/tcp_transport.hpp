@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../stream_transport.hpp"
+#include "tcp_connect.hpp"
 
 namespace roce {
 
@@ -32,16 +33,12 @@ class TcpListener {
 // ROCE_PG_SOCKET_IFNAME if set, else the first up, non-loopback interface.
 std::string tcpAdvertiseAddress(const Config& cfg);
 
-struct TcpEndpoint {
-  std::string host;  // address to dial (127.0.0.1 for peers on this very host)
-  int port = 0;
-};
-
 class TcpTransport : public StreamTransport {
  public:
-  // Connects to every rank r with serve[r] true. Blocks until connected or deadline.
-  TcpTransport(int rank, TcpListener& listener, const std::vector<TcpEndpoint>& endpoints,
-               const std::vector<bool>& serve, std::chrono::milliseconds timeout);
+  // Connects to every rank r with serve[r] true (the lower rank dials). Blocks
+  // until connected or the timeout expires.
+  TcpTransport(int rank, TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& endpoints,
+               const std::vector<bool>& serve, uint64_t nonce, std::chrono::milliseconds timeout);
   const char* name() const override { return "tcp"; }
 };
 
