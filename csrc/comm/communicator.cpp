@@ -2,12 +2,16 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <random>
 
 #include "../common/error.hpp"
 #include "../common/log.hpp"
+#include "lifeline.hpp"
 #include "../transport/shm/node_shm.hpp"
 #include "../transport/shm/shm_transport.hpp"
+#include "../transport/tcp/tcp_connect.hpp"
 #include "../transport/tcp/tcp_transport.hpp"
 #include "../transport/verbs/device_probe.hpp"
 #include "../transport/verbs/verbs_transport.hpp"
@@ -15,17 +19,48 @@
 namespace roce {
 namespace {
 constexpr auto kSlowCheckEvery = std::chrono::milliseconds(200);
+// A peer's death is acted on this long after it was noticed, so that data it
+// sent just before exiting (still in flight on another socket) is consumed
+// first and a wait that can complete does.
+constexpr auto kPeerFailureGrace = std::chrono::milliseconds(300);
 const char* kAbortKey = "roce_abort";
+}  // namespace
+
+namespace {
+
+uint64_t randomNonce() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+// Every rank of a machine must map the same shared-memory layout, or rings
+// would overlap and reads run past a peer's segment (SIGBUS).
+void checkShmLayout(const std::vector<RankInfo>& infos, const Topology& topo) {
+  const RankInfo& first = infos[topo.localRanks[0]];
+  for (int r : topo.localRanks) {
+    const RankInfo& o = infos[r];
+    if (o.shmRingBytes != first.shmRingBytes || o.shmSlotBytes != first.shmSlotBytes)
+      throwInvalid(str("ranks ", topo.localRanks[0], " and ", r, " on this machine use different shared-memory "
+                       "layouts (ROCE_PG_SHM_RING_BYTES ", first.shmRingBytes, " vs ", o.shmRingBytes,
+                       ", ROCE_PG_SHM_SLOT_BYTES ", first.shmSlotBytes, " vs ", o.shmSlotBytes,
+                       "): set the same values on every rank"));
+  }
+}
+
 }  // namespace
 
 Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int rank, int size,
                            int globalRank, std::chrono::milliseconds timeout)
     : cfg_(cfg), bs_(std::move(bs)), timeout_(timeout) {
+  const auto deadline = Clock::now() + timeout_;
   RankInfo me;
   me.hostId = localHostId();
   me.nodeId = cfg_.simRanksPerNode > 0 ? str("sim-node-", globalRank / cfg_.simRanksPerNode, "@", me.hostId)
                                        : me.hostId;
   me.pid = getpid();
+  me.nonce = randomNonce();
+  me.shmRingBytes = cfg_.shmRingBytes;
+  me.shmSlotBytes = cfg_.shmSlotBytes;
   std::shared_ptr<VerbsDevice> verbsDev;
   if (size > 1) {
     listener_ = std::make_unique<TcpListener>();
@@ -51,12 +86,26 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
   auto values = waitForKeys(*bs_, keys, timeout_, str("roce process group init on rank ", rank),
                             [](size_t r) { return str("rank ", r, " (it has not joined the group)"); });
   std::vector<RankInfo> infos;
-  for (auto& v : values) infos.push_back(RankInfo::decode(v));
+  for (int r = 0; r < size; ++r) infos.push_back(RankInfo::decode(values[r], r));
   topo_ = Topology::build(rank, infos);
+  for (const auto& info : infos) hostNames_.push_back(info.hostName());
+
+  std::vector<TcpEndpoint> eps(size);
+  std::vector<uint64_t> nonces;
+  for (int r = 0; r < size; ++r) {
+    eps[r] = {infos[r].hostId == me.hostId ? "127.0.0.1" : infos[r].tcpHost, infos[r].tcpPort};
+    nonces.push_back(infos[r].nonce);
+  }
+  std::unique_ptr<TcpAcceptor> acceptor;
+  if (size > 1) {
+    acceptor = std::make_unique<TcpAcceptor>(*listener_, rank, nonces);
+    connectLifelines(*acceptor, eps, me.nonce, deadline);
+  }
 
   routes_.assign(size, nullptr);
   const bool useShm = !cfg_.forceNetwork && topo_.localRanks.size() > 1;
   if (useShm) {
+    checkShmLayout(infos, topo_);
     nodeShm_ = std::make_unique<NodeShm>(*bs_, topo_.localRanks, topo_.localIndex, cfg_.shmRingBytes,
                                          cfg_.shmSlotBytes, timeout_);
     transports_.push_back(std::make_unique<ShmTransport>(rank, size, *nodeShm_, topo_.localRanks));
@@ -65,21 +114,22 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
   }
   // Peers not served by shared memory go over the network.
   std::vector<bool> viaNet(size, false);
-  std::vector<TcpEndpoint> eps(size);
   bool anyNet = false;
   for (int r = 0; r < size; ++r) {
     if (r == rank || routes_[r]) continue;
     viaNet[r] = anyNet = true;
-    eps[r] = {infos[r].hostId == me.hostId ? "127.0.0.1" : infos[r].tcpHost, infos[r].tcpPort};
   }
   const std::string net = chooseNetworkTransport(infos);
   if (anyNet && net == "verbs") {
     transports_.push_back(std::make_unique<VerbsTransport>(rank, verbsDev, cfg_, *bs_, viaNet, timeout_));
   } else if (anyNet) {
-    transports_.push_back(std::make_unique<TcpTransport>(rank, *listener_, eps, viaNet, timeout_));
+    transports_.push_back(std::make_unique<TcpTransport>(rank, *acceptor, eps, viaNet, me.nonce,
+                                                         std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                             std::max(deadline - Clock::now(), Clock::duration(0)))));
   }
   for (int r = 0; r < size; ++r)
     if (viaNet[r]) routes_[r] = transports_.back().get();
+  acceptor.reset();
   listener_.reset();  // all connections are made
 
   if (logLevel() >= LogLevel::Info && rank == 0) {
@@ -92,6 +142,45 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
               net == "verbs" && verbsDev ? str(" (", verbsDev->describe(), ")") : "", "; RDMA ports seen: ",
               rdma.empty() ? "none" : rdma, "; ", cfg_.describe());
   }
+}
+
+void Communicator::connectLifelines(TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& eps, uint64_t nonce,
+                                    Clock::time_point deadline) {
+  // The ring neighbours (one of them for two ranks); the lower rank of a pair dials.
+  const auto& order = topo_.ringOrder;
+  const int n = topo_.size;
+  const int pos = static_cast<int>(std::find(order.begin(), order.end(), rank()) - order.begin());
+  std::vector<int> neighbours{order[(pos + 1) % n]};
+  if (n > 2) neighbours.push_back(order[(pos + n - 1) % n]);
+  std::vector<Lifeline::Link> links;
+  try {
+    for (int peer : neighbours)
+      if (peer > rank())
+        links.push_back({peer, hostNames_[peer], dialRank(eps[peer], LinkKind::Lifeline, rank(), peer, nonce, deadline).release()});
+    for (int peer : neighbours)
+      if (peer < rank())
+        links.push_back({peer, hostNames_[peer], acceptor.take(LinkKind::Lifeline, peer, deadline, "lifeline setup").release()});
+  } catch (...) {
+    for (auto& l : links) close(l.fd);
+    throw;
+  }
+  for (auto& l : links) tuneSocket(l.fd);
+  lifeline_ = std::make_unique<Lifeline>(rank(), hostNames_[rank()], std::move(links), cfg_.heartbeatTimeoutMs,
+                                         [this](const std::string& why) { onPeerFailure(why); });
+}
+
+void Communicator::onPeerFailure(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> g(abortMu_);
+    if (peerFailed_.load()) return;
+    peerFailure_ = why;
+    peerFailedAt_ = Clock::now();
+  }
+  peerFailed_.store(true);
+}
+
+void Communicator::leaveGracefully() {
+  if (lifeline_) lifeline_->leave();
 }
 
 Communicator::~Communicator() = default;
@@ -129,9 +218,32 @@ Transport* Communicator::route(int peer) const {
 void Communicator::beginOperation(const std::string& what, Clock::time_point deadline) {
   opName_ = what;
   deadline_ = deadline;
+  // The previous collective's requests can go once no transport can touch them.
+  if (!hasPendingRequests()) owned_.clear();
+  if (broken_.empty() && peerFailed_.load()) {
+    std::lock_guard<std::mutex> g(abortMu_);
+    broken_ = peerFailure_;
+  }
   if (!broken_.empty())
     throwComm(str(what, " refused: this process group failed earlier and cannot be used any more (",
                   broken_, "). Destroy it and create a new one"));
+}
+
+bool Communicator::hasPendingRequests() const {
+  for (const Request& r : owned_)
+    if (!r.done) return true;
+  return false;
+}
+
+Request* Communicator::post(Request::Kind kind, int peer, uint64_t tag, void* buf, size_t len) {
+  Request& r = owned_.emplace_back();
+  r.kind = kind;
+  r.peer = peer;
+  r.tag = tag;
+  r.buf = buf;
+  r.len = len;
+  post(r);
+  return &r;
 }
 
 void Communicator::post(Request& r) {
@@ -176,6 +288,14 @@ void Communicator::checkDeadline(const std::function<std::string()>& waitingFor)
     std::lock_guard<std::mutex> g(abortMu_);
     throw Error(ErrorKind::Aborted, str("roce: ", opName_, " on rank ", rank(), " was aborted: ", abortReason_));
   }
+  if (peerFailed_.load(std::memory_order_relaxed)) {
+    std::string why;
+    {
+      std::lock_guard<std::mutex> g(abortMu_);
+      if (Clock::now() - peerFailedAt_ >= kPeerFailureGrace) why = peerFailure_;
+    }
+    if (!why.empty()) throwComm(str(opName_, " on rank ", rank(), " stopped: ", why));
+  }
   if (Clock::now() >= deadline_) {
     auto total = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count();
     throwTimeout(str(opName_, " on rank ", rank(), " timed out (group timeout ", total, " ms) waiting for ",
@@ -184,11 +304,25 @@ void Communicator::checkDeadline(const std::function<std::string()>& waitingFor)
   }
 }
 
+void Communicator::checkTaskDeadline(const std::string& what, Clock::time_point deadline,
+                                     std::chrono::milliseconds timeout) {
+  if (Clock::now() < deadline) return;
+  auto total = timeout.count();
+  throwTimeout(str(what, " on rank ", rank(), " timed out (timeout ", total, " ms) waiting for its peer. "
+                   "That rank may have crashed, hung, or not posted the matching send/receive"));
+}
+
 void Communicator::slowChecks() {
   for (auto& t : transports_)
     if (std::string dead = t->checkPeers(); !dead.empty()) throwFailure(dead);
-  if (auto msg = bs_->tryGet(kAbortKey))
-    throwComm(str(opName_, " on rank ", rank(), " stopped because another rank failed: ", *msg));
+  std::optional<std::string> msg;
+  try {
+    msg = bs_->tryGet(kAbortKey);
+  } catch (const std::exception&) {
+    // The store is unreachable (its host may be the rank that died): the
+    // lifelines report peers' failures without it.
+  }
+  if (msg) throwComm(str(opName_, " on rank ", rank(), " stopped because another rank failed: ", *msg));
 }
 
 void Communicator::waitUntil(const std::function<bool()>& done, const std::function<std::string()>& waitingFor) {
@@ -235,6 +369,7 @@ void Communicator::breakWith(const std::string& reason, bool tellPeers) {
   broken_ = reason;
   transportsFailAll(reason);
   if (!tellPeers) return;
+  if (lifeline_) lifeline_->announceFailure(str("rank ", rank(), " (host ", hostNames_[rank()], ") failed: ", reason));
   try {
     if (!bs_->tryGet(kAbortKey)) bs_->set(kAbortKey, str("rank ", rank(), ": ", reason));
   } catch (...) {

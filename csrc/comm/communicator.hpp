@@ -8,9 +8,11 @@
 #pragma once
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,8 +24,11 @@
 
 namespace roce {
 
+class Lifeline;
 class NodeShm;
+class TcpAcceptor;
 class TcpListener;
+struct TcpEndpoint;
 
 class Communicator {
  public:
@@ -48,7 +53,17 @@ class Communicator {
   static uint64_t p2pTag(int userTag) { return (1ull << 63) | static_cast<uint32_t>(userTag); }
 
   // --- point to point --------------------------------------------------------
+  // Creates a request owned by the communicator and posts it. Algorithms use
+  // only these: a request stays alive until the next operation begins and every
+  // earlier request has finished or been failed, so a wait that throws can never
+  // leave a transport pointing into freed memory (failing the communicator makes
+  // the transports drop their pointers while the requests still exist).
+  Request* post(Request::Kind kind, int peer, uint64_t tag, void* buf, size_t len);
+  // Posts a request owned by the caller (point-to-point tasks keep theirs alive
+  // until they complete).
   void post(Request& r);
+  // True while a request created by post(kind, ...) is unfinished (a transport may hold it).
+  bool hasPendingRequests() const;
   void postRecvAnySource(Request& r);  // r.peer is set once a sender is chosen
   bool progress();
   // Blocks until all requests are done; throws on the first failure, on the
@@ -58,8 +73,11 @@ class Communicator {
   // Generic form: `done` is polled; `waitingFor` names what is missing for errors.
   void waitUntil(const std::function<bool()>& done, const std::function<std::string()>& waitingFor);
 
-  // Checks that need no peers: deadline and abort flag (for async point-to-point).
+  // Checks that need no peers: deadline and abort flag.
   void checkDeadline(const std::function<std::string()>& waitingFor);
+  // The same for an asynchronous task with its own name and deadline, without
+  // touching the running collective's name and deadline.
+  void checkTaskDeadline(const std::string& what, Clock::time_point deadline, std::chrono::milliseconds timeout);
 
   // --- failure handling ------------------------------------------------------
   // After a failure mid-operation the peers' message streams can no longer be
@@ -69,6 +87,8 @@ class Communicator {
   void breakWith(const std::string& reason, bool tellPeers = true);
   const std::string& brokenReason() const { return broken_; }
   void requestAbort(const std::string& why);  // thread-safe
+  // An orderly exit (shutdown): tells the neighbours this rank leaves on purpose.
+  void leaveGracefully();
   // Called periodically during long waits (lets the engine finish async work).
   std::function<void()> idleHook;
 
@@ -85,6 +105,9 @@ class Communicator {
   // needs the network, verbs was not ruled out, and some rank lacks a port.
   std::string chooseNetworkTransport(const std::vector<RankInfo>& infos) const;
   void slowChecks();
+  void connectLifelines(TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& eps, uint64_t nonce,
+                        Clock::time_point deadline);
+  void onPeerFailure(const std::string& why);  // from the lifeline thread
   [[noreturn]] void throwFailure(const std::string& msg);
   void transportsFailAll(const std::string& why);
 
@@ -94,13 +117,19 @@ class Communicator {
   std::chrono::milliseconds timeout_;
   std::unique_ptr<TcpListener> listener_;
   std::unique_ptr<NodeShm> nodeShm_;
+  std::vector<std::string> hostNames_;  // per rank, for messages
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<Transport*> routes_;  // per peer; null for self
   std::vector<Request*> anySource_;
+  std::deque<Request> owned_;  // requests created by post(kind, ...); see there
   std::string broken_;
   std::atomic<bool> abortRequested_{false};
   std::mutex abortMu_;
   std::string abortReason_;
+  // A peer's failure reported by the lifelines (under abortMu_).
+  std::atomic<bool> peerFailed_{false};
+  std::string peerFailure_;
+  Clock::time_point peerFailedAt_{};
   std::string opName_ = "operation";
   Clock::time_point deadline_ = Clock::time_point::max();
   Clock::time_point lastSlowCheck_{};
@@ -108,6 +137,9 @@ class Communicator {
   struct FreeDeleter { void operator()(void* p) const; };
   std::vector<std::unique_ptr<char, FreeDeleter>> scratch_;
   std::vector<size_t> scratchBytes_;
+  // Last member: destroyed first, so its thread (which calls onPeerFailure)
+  // stops before anything it touches goes away.
+  std::unique_ptr<Lifeline> lifeline_;
 };
 
 }  // namespace roce

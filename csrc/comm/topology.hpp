@@ -2,6 +2,7 @@
 // a machine (boot id + hostname), or a simulated one when
 // ROCE_PG_SIM_RANKS_PER_NODE splits one host into several for tests.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,9 +16,16 @@ struct RankInfo {
   int tcpPort = 0;
   bool verbs = false;     // has a usable RDMA port for this group
   std::string noVerbsWhy; // otherwise, what was looked for (one line)
+  uint64_t nonce = 0;     // random per rank and group incarnation: TCP hellos must carry it
+  // Shared-memory layout this rank would use: every rank of a machine must agree.
+  uint64_t shmRingBytes = 0, shmSlotBytes = 0;
+
+  // The hostname part of hostId, for messages.
+  std::string hostName() const;
 
   std::string encode() const;
-  static RankInfo decode(const std::string& s);
+  // Throws (naming `rank`) on anything malformed: values from the store are not trusted.
+  static RankInfo decode(const std::string& s, int rank);
 };
 
 struct Topology {

@@ -26,18 +26,20 @@ NodeShm::NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size
     new (mine.data() + ringOffset(from)) ShmRingControl{};
 
   const int myRank = localRanks[me];
-  bs.set(str("shm/", myRank), str(mine.name(), " ", getpid()));
+  bs.set(str("shm/", myRank), mine.name());
   std::vector<std::string> keys;
   for (int r : localRanks) keys.push_back(str("shm/", r));
   auto values = waitForKeys(bs, keys, timeout, "shared-memory setup",
                             [&](size_t i) { return str("rank ", localRanks[i]); });
   segs_.resize(n);
-  pids_.resize(n);
   for (int i = 0; i < n; ++i) {
-    auto space = values[i].find(' ');
-    pids_[i] = std::stoi(values[i].substr(space + 1));
     if (i == me) continue;
-    segs_[i] = ShmSegment::open(values[i].substr(0, space), bytes_);
+    // Segment names come from the store: only names of the form we create are
+    // opened (no path tricks), and open() checks owner and size before mapping.
+    if (values[i].rfind("/roce_pg.", 0) != 0 || values[i].find('/', 1) != std::string::npos || values[i].size() > 200)
+      throwComm(str("rank ", localRanks[i], " published an invalid shared-memory segment name '", values[i],
+                    "' (mixed roce_pg versions across ranks?)"));
+    segs_[i] = ShmSegment::open(values[i], bytes_, localRanks[i]);
   }
   segs_[me] = std::move(mine);
   // Once everyone has mapped every segment the names are no longer needed.

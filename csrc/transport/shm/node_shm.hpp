@@ -44,7 +44,6 @@ class NodeShm {
   char* slot(int local, int buffer) const;
   size_t slotBytes() const { return slotBytes_; }
   ShmRankControl* control(int local) const;
-  int pid(int local) const { return pids_[local]; }
 
  private:
   size_t ringOffset(int from) const;
@@ -52,7 +51,6 @@ class NodeShm {
   int me_;
   size_t ringBytes_, slotBytes_, ringsBytes_, bytes_;
   std::vector<ShmSegment> segs_;
-  std::vector<int> pids_;
 };
 
 }  // namespace roce

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../../common/error.hpp"
+
 namespace roce {
 
 struct alignas(64) ShmRingControl {
@@ -24,9 +26,13 @@ class ShmRing {
   ShmRing() = default;
   ShmRing(ShmRingControl* ctl, char* data, size_t capacity) : ctl_(ctl), data_(data), cap_(capacity) {}
 
-  size_t write(const iovec* iov, int iovcnt) {
+  // `peer` names the other end in the error raised when the shared indices are
+  // impossible (a peer scribbling over the segment): they are read once into
+  // locals and checked before they steer a copy.
+  size_t write(const iovec* iov, int iovcnt, int peer) {
     uint64_t head = ctl_->head.load(std::memory_order_relaxed);
     uint64_t tail = ctl_->tail.load(std::memory_order_acquire);
+    if (head - tail > cap_) corrupted(peer, head, tail);
     size_t space = cap_ - static_cast<size_t>(head - tail);
     size_t total = 0;
     for (int i = 0; i < iovcnt && space > 0; ++i) {
@@ -39,9 +45,10 @@ class ShmRing {
     return total;
   }
 
-  size_t read(void* dst, size_t n) {
+  size_t read(void* dst, size_t n, int peer) {
     uint64_t tail = ctl_->tail.load(std::memory_order_relaxed);
     uint64_t head = ctl_->head.load(std::memory_order_acquire);
+    if (head - tail > cap_) corrupted(peer, head, tail);
     size_t avail = static_cast<size_t>(head - tail);
     n = std::min(n, avail);
     if (!n) return 0;
@@ -54,6 +61,10 @@ class ShmRing {
   }
 
  private:
+  [[noreturn]] static void corrupted(int peer, uint64_t head, uint64_t tail) {
+    throwComm(str("the shared-memory ring with rank ", peer, " is corrupted (head ", head, ", tail ", tail,
+                  "): that process wrote over shared memory it does not own"));
+  }
   void copyIn(uint64_t at, const char* src, size_t n) {
     size_t pos = at & (cap_ - 1);
     size_t first = std::min(n, cap_ - pos);

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -43,12 +44,20 @@ ShmSegment ShmSegment::create(size_t bytes, const std::string& namePrefix) {
   return s;
 }
 
-ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
-  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+ShmSegment ShmSegment::open(const std::string& name, size_t bytes, int peerRank) {
+  int fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW, 0600);
   if (fd < 0)
-    throwComm(str("shm_open(", name, ") of a peer's segment failed: ", std::strerror(errno),
+    throwComm(str("shm_open(", name, ") of rank ", peerRank, "'s segment failed: ", std::strerror(errno),
                   ". Ranks that share a boot id must also share /dev/shm; if they run in "
                   "separate containers, set ROCE_PG_FORCE_NETWORK=1"));
+  struct stat st{};
+  if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || static_cast<size_t>(st.st_size) < bytes) {
+    close(fd);
+    throwComm(str("rank ", peerRank, "'s shared-memory segment ", name, " is not what it should be (owner uid ",
+                  st.st_uid, ", this process runs as ", geteuid(), "; size ", st.st_size, ", expected >= ", bytes,
+                  "): ranks of one group on one machine must run as the same user with the same "
+                  "ROCE_PG_SHM_* settings"));
+  }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) throwComm(str("mmap of peer segment ", name, " failed: ", std::strerror(errno)));
@@ -61,7 +70,7 @@ ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
 
 ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
   if (this != &o) {
-    this->~ShmSegment();
+    release();
     base_ = o.base_; size_ = o.size_; name_ = std::move(o.name_); owner_ = o.owner_;
     o.base_ = nullptr; o.size_ = 0; o.owner_ = false;
   }
@@ -73,10 +82,13 @@ void ShmSegment::unlink() {
   owner_ = false;
 }
 
-ShmSegment::~ShmSegment() {
+void ShmSegment::release() {
   unlink();
   if (base_) munmap(base_, size_);
   base_ = nullptr;
+  size_ = 0;
 }
+
+ShmSegment::~ShmSegment() { release(); }
 
 }  // namespace roce

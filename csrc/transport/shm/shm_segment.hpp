@@ -12,7 +12,9 @@ class ShmSegment {
   // Creates a new segment with a unique name and reserves its pages up front,
   // so a full /dev/shm is reported here instead of as SIGBUS later.
   static ShmSegment create(size_t bytes, const std::string& namePrefix);
-  static ShmSegment open(const std::string& name, size_t bytes);
+  // Maps a peer's segment after checking that this user owns it and that it
+  // is at least `bytes` long (a shorter one would raise SIGBUS on access).
+  static ShmSegment open(const std::string& name, size_t bytes, int peerRank);
 
   ShmSegment() = default;
   ShmSegment(ShmSegment&& o) noexcept { *this = std::move(o); }
@@ -25,6 +27,7 @@ class ShmSegment {
   const std::string& name() const { return name_; }
 
  private:
+  void release();  // unlink if owner, unmap
   char* base_ = nullptr;
   size_t size_ = 0;
   std::string name_;

@@ -1,0 +1,255 @@
+#include "lifeline.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "../common/backoff.hpp"
+#include "../common/error.hpp"
+#include "../common/log.hpp"
+
+namespace roce {
+namespace {
+
+constexpr uint32_t kRecordMagic = 0x4c494645;  // "LIFE"
+constexpr size_t kMaxText = 4096;
+constexpr size_t kMaxQueued = 64 * 1024;  // a neighbour this far behind is hung anyway
+enum RecordType : uint16_t { kHeartbeat = 1, kBye = 2, kFail = 3 };
+
+struct RecordHeader {
+  uint32_t magic;
+  uint16_t type;
+  uint16_t len;  // text bytes that follow
+};
+static_assert(sizeof(RecordHeader) == 8);
+
+}  // namespace
+
+struct Lifeline::Peer {
+  int rank;
+  std::string host;
+  int fd;
+  bool open = true;      // still watched
+  bool departed = false; // said BYE
+  Clock::time_point lastHeard;
+  std::string inbuf, outbuf;
+};
+
+Lifeline::Lifeline(int rank, std::string host, std::vector<Link> links, int heartbeatTimeoutMs,
+                   std::function<void(const std::string&)> onFailure)
+    : rank_(rank), host_(std::move(host)), heartbeatTimeout_(heartbeatTimeoutMs), onFailure_(std::move(onFailure)) {
+  for (auto& l : links) {
+    Peer p{l.peer, l.host, l.fd};
+    p.lastHeard = Clock::now();
+    peers_.push_back(std::move(p));
+  }
+  wakeFd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wakeFd_ < 0) {
+    for (auto& p : peers_) close(p.fd);
+    throwComm(str("eventfd() failed: ", std::strerror(errno)));
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+Lifeline::~Lifeline() { stopThread(); }
+
+void Lifeline::leave() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    leaving_ = true;
+  }
+  stopThread();
+}
+
+void Lifeline::stopThread() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+  }
+  if (wakeFd_ >= 0) {
+    uint64_t one = 1;
+    (void)!write(wakeFd_, &one, sizeof(one));
+  }
+  if (thread_.joinable()) thread_.join();
+  for (auto& p : peers_)
+    if (p.fd >= 0) close(p.fd), p.fd = -1;
+  if (wakeFd_ >= 0) close(wakeFd_), wakeFd_ = -1;
+}
+
+bool Lifeline::departed(int peer) const {
+  std::lock_guard<std::mutex> g(mu_);
+  return std::find(departed_.begin(), departed_.end(), peer) != departed_.end();
+}
+
+void Lifeline::announceFailure(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (failed_) return;
+    failed_ = true;
+    outgoing_ = why;
+  }
+  uint64_t one = 1;
+  (void)!write(wakeFd_, &one, sizeof(one));
+}
+
+void Lifeline::sendRecord(Peer& p, uint16_t type, const std::string& text) {
+  if (!p.open) return;
+  if (type == kHeartbeat && !p.outbuf.empty()) return;  // it has not even taken the last one
+  const std::string body = text.substr(0, kMaxText);
+  RecordHeader h{kRecordMagic, type, static_cast<uint16_t>(body.size())};
+  if (p.outbuf.size() + sizeof(h) + body.size() > kMaxQueued) return;
+  p.outbuf.append(reinterpret_cast<const char*>(&h), sizeof(h));
+  p.outbuf += body;
+  while (!p.outbuf.empty()) {
+    ssize_t n = send(p.fd, p.outbuf.data(), p.outbuf.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n <= 0) break;  // full (retried with POLLOUT) or broken (the read side reports it)
+    p.outbuf.erase(0, static_cast<size_t>(n));
+  }
+}
+
+void Lifeline::failWith(const std::string& why, int exceptLink) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (failed_) return;
+    failed_ = true;
+  }
+  ROCE_INFO("rank ", rank_, " lifeline: ", why);
+  try {
+    onFailure_(why);
+  } catch (...) {
+  }
+  for (size_t i = 0; i < peers_.size(); ++i)
+    if (static_cast<int>(i) != exceptLink) sendRecord(peers_[i], kFail, why);
+}
+
+void Lifeline::readFrom(size_t i) {
+  Peer& p = peers_[i];
+  char buf[4096];
+  for (;;) {
+    ssize_t n = recv(p.fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n > 0) {
+      p.inbuf.append(buf, static_cast<size_t>(n));
+      p.lastHeard = Clock::now();
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
+    // EOF or a reset: the process on the other end is gone.
+    p.open = false;
+    if (!p.departed)
+      failWith(str("rank ", p.rank, " (host ", p.host, ") died: its connection to rank ", rank_,
+                   " closed without a goodbye (", n == 0 ? "EOF" : std::strerror(errno),
+                   "). The process exited, crashed or was killed (SIGKILL, OOM killer: check `dmesg` on ", p.host,
+                   "); see that rank's log"),
+               static_cast<int>(i));
+    return;
+  }
+  while (p.inbuf.size() >= sizeof(RecordHeader)) {
+    RecordHeader h;
+    std::memcpy(&h, p.inbuf.data(), sizeof(h));
+    if (h.magic != kRecordMagic || h.len > kMaxText || h.type < kHeartbeat || h.type > kFail) {
+      p.open = false;
+      failWith(str("rank ", p.rank, " (host ", p.host, ") sent a corrupted lifeline record to rank ", rank_,
+                   " (mixed roce_pg versions?)"),
+               static_cast<int>(i));
+      return;
+    }
+    if (p.inbuf.size() < sizeof(h) + h.len) return;
+    std::string text = p.inbuf.substr(sizeof(h), h.len);
+    p.inbuf.erase(0, sizeof(h) + h.len);
+    if (h.type == kBye) {
+      p.departed = true;
+      std::lock_guard<std::mutex> g(mu_);
+      departed_.push_back(p.rank);
+    } else if (h.type == kFail) {
+      failWith(text, static_cast<int>(i));
+    }
+  }
+}
+
+void Lifeline::run() {
+  using std::chrono::milliseconds;
+  const milliseconds interval =
+      heartbeatTimeout_.count() > 0 ? std::clamp(heartbeatTimeout_ / 8, milliseconds(100), milliseconds(1000))
+                                    : milliseconds(1000);
+  Clock::time_point nextBeat = Clock::now();
+  for (;;) {
+    std::string announce;
+    bool stop, leaving;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop = stop_;
+      leaving = leaving_;
+      announce.swap(outgoing_);
+    }
+    if (!announce.empty())
+      for (auto& p : peers_) sendRecord(p, kFail, announce);
+    if (stop) {
+      // Last words: BYE on an orderly exit, otherwise a failure notice so that
+      // neighbours still waiting for this rank stop at once.
+      bool alreadyFailed;
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        alreadyFailed = failed_;
+      }
+      for (auto& p : peers_) {
+        if (leaving) sendRecord(p, kBye, "");
+        else if (!alreadyFailed)
+          sendRecord(p, kFail, str("rank ", rank_, " (host ", host_, ") aborted or destroyed its process group "
+                                   "without shutting it down"));
+        // Give the kernel a moment to take what is queued (bounded: the peer may be hung).
+        for (int tries = 0; tries < 10 && p.open && !p.outbuf.empty(); ++tries) {
+          pollfd pfd{p.fd, POLLOUT, 0};
+          if (poll(&pfd, 1, 10) > 0) {
+            ssize_t n = send(p.fd, p.outbuf.data(), p.outbuf.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (n <= 0) break;
+            p.outbuf.erase(0, static_cast<size_t>(n));
+          }
+        }
+      }
+      return;
+    }
+    const auto now = Clock::now();
+    if (now >= nextBeat) {
+      for (auto& p : peers_) sendRecord(p, kHeartbeat, "");
+      nextBeat = now + interval;
+    }
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      Peer& p = peers_[i];
+      if (!p.open || p.departed || heartbeatTimeout_.count() <= 0 || now - p.lastHeard < heartbeatTimeout_) continue;
+      p.open = false;
+      failWith(str("rank ", p.rank, " (host ", p.host, ") sent no heartbeat to rank ", rank_, " for ",
+                   heartbeatTimeout_.count(), " ms although its connection is open: the process is stopped or hung "
+                   "(SIGSTOP, debugger, swapping), or its machine or network went down. "
+                   "ROCE_PG_HEARTBEAT_TIMEOUT_MS sets this limit"),
+               static_cast<int>(i));
+    }
+    std::vector<pollfd> fds{{wakeFd_, POLLIN, 0}};
+    std::vector<size_t> which;
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      if (!peers_[i].open) continue;
+      fds.push_back({peers_[i].fd, static_cast<short>(POLLIN | (peers_[i].outbuf.empty() ? 0 : POLLOUT)), 0});
+      which.push_back(i);
+    }
+    auto waitMs = std::chrono::duration_cast<milliseconds>(nextBeat - Clock::now()).count();
+    poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(waitMs, 1)));
+    if (fds[0].revents & POLLIN) {
+      uint64_t v;
+      (void)!read(wakeFd_, &v, sizeof(v));
+    }
+    for (size_t k = 1; k < fds.size(); ++k) {
+      Peer& p = peers_[which[k - 1]];
+      if (fds[k].revents & POLLOUT && !p.outbuf.empty()) {
+        ssize_t n = send(p.fd, p.outbuf.data(), p.outbuf.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) p.outbuf.erase(0, static_cast<size_t>(n));
+      }
+      if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) readFrom(which[k - 1]);
+    }
+  }
+}
+
+}  // namespace roce

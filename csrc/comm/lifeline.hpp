@@ -1,0 +1,74 @@
+// Liveness of the ranks of a group, independent of the data transports.
+//
+// Every rank keeps one TCP connection to each of its ring neighbours (the
+// node-sorted ring of Topology), watched by a thread of its own that blocks in
+// poll() — no cost while nothing happens, and it keeps watching while the
+// progress thread is busy or idle:
+//   * a peer process that dies, however it dies (SIGKILL, OOM killer, segfault),
+//     closes its sockets in the kernel: EOF arrives at once, on every transport
+//     (shared-memory and verbs peers give no such signal themselves) and across
+//     PID namespaces (no pid is compared);
+//   * a peer that is alive but silent (SIGSTOP, its machine or link gone) stops
+//     sending the heartbeat written every heartbeatTimeout/8: declared dead
+//     after ROCE_PG_HEARTBEAT_TIMEOUT_MS;
+//   * a failure noticed anywhere (these, or a rank's own timeout or mismatch) is
+//     forwarded around the ring in both directions as a FAIL notice, so every
+//     rank learns it within a few hops' latency even when the store is gone
+//     (rank 0 often hosts it) — a killed rank cuts the ring only at itself.
+// A rank leaving on purpose (shutdown) says BYE first; its EOF is then no failure.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace roce {
+
+class Lifeline {
+ public:
+  struct Link {
+    int peer;         // group rank
+    std::string host; // for messages
+    int fd;           // connected socket (owned from now on)
+  };
+  // onFailure(reason) runs on the lifeline thread, once, for the first failure.
+  Lifeline(int rank, std::string host, std::vector<Link> links, int heartbeatTimeoutMs,
+           std::function<void(const std::string&)> onFailure);
+  ~Lifeline();  // leaves with a FAIL notice unless leave() was called
+  Lifeline(const Lifeline&) = delete;
+  Lifeline& operator=(const Lifeline&) = delete;
+
+  // Thread-safe: tells the neighbours (and through them everybody) that the
+  // group failed on this rank. Only the first failure travels.
+  void announceFailure(const std::string& why);
+  // Orderly exit: BYE to the neighbours, then close. Idempotent.
+  void leave();
+  // Ranks that said BYE (left on purpose), thread-safe.
+  bool departed(int peer) const;
+
+ private:
+  struct Peer;
+  void run();
+  void failWith(const std::string& why, int exceptLink);
+  void sendRecord(Peer& p, uint16_t type, const std::string& text);
+  void readFrom(size_t i);
+  void stopThread();
+
+  const int rank_;
+  const std::string host_;
+  const std::chrono::milliseconds heartbeatTimeout_;
+  std::function<void(const std::string&)> onFailure_;
+  std::vector<Peer> peers_;
+  int wakeFd_ = -1;  // eventfd: wakes the thread for an outgoing notice or stop
+  std::thread thread_;
+  mutable std::mutex mu_;
+  std::string outgoing_;  // failure to announce (set once)
+  bool failed_ = false;   // a failure was seen or announced: nothing more travels
+  bool stop_ = false, leaving_ = false;
+  std::vector<int> departed_;
+};
+
+}  // namespace roce
