@@ -184,8 +184,11 @@ void VerbsDevice::asyncLoop() {
     ibv_async_event ev{};
     if (ibv_get_async_event(ctx_, &ev) != 0) continue;
     const auto type = ev.event_type;
-    bool fatal = type == IBV_EVENT_DEVICE_FATAL || type == IBV_EVENT_QP_FATAL || type == IBV_EVENT_CQ_ERR ||
-                 type == IBV_EVENT_QP_REQ_ERR || type == IBV_EVENT_QP_ACCESS_ERR || type == IBV_EVENT_PORT_ERR;
+    // A port event matters only for the port this group uses (a multi-port NIC
+    // reports the others' flaps too).
+    const bool ourPort = type != IBV_EVENT_PORT_ERR || ev.element.port_num == choice_.port;
+    bool fatal = ourPort && (type == IBV_EVENT_DEVICE_FATAL || type == IBV_EVENT_QP_FATAL || type == IBV_EVENT_CQ_ERR ||
+                             type == IBV_EVENT_QP_REQ_ERR || type == IBV_EVENT_QP_ACCESS_ERR || type == IBV_EVENT_PORT_ERR);
     ibv_ack_async_event(&ev);
     if (fatal) {
       std::lock_guard<std::mutex> g(mu_);

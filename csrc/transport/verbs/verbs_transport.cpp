@@ -17,15 +17,18 @@ namespace roce {
 
 // ---- wire formats -----------------------------------------------------------
 
-enum CtrlType : uint32_t { kRts = 1, kRtr = 2, kCredit = 3, kNack = 4 };
+// kAck only returns control credits (when there is nothing else to carry them).
+enum CtrlType : uint32_t { kRts = 1, kRtr = 2, kCredit = 3, kNack = 4, kAck = 5 };
 
 struct VerbsTransport::Ctrl {
   uint32_t type;
-  uint32_t id;   // RTR/NACK: receive id; CREDIT: slot
+  uint32_t id;       // RTR/NACK: receive id; CREDIT: slot
   uint64_t tag;
-  uint64_t len;  // RTS/RTR: message size; NACK: the sender's size
+  uint64_t len;      // RTS/RTR: message size; NACK: the sender's size
+  uint32_t credits;  // control receives the sender re-posted since its last message
+  uint32_t pad;
 };
-static_assert(sizeof(VerbsTransport::Ctrl) == 24);
+static_assert(sizeof(VerbsTransport::Ctrl) == 32);
 
 struct SlotHeader {
   uint64_t recvId;
@@ -38,6 +41,9 @@ static_assert(sizeof(SlotHeader) == 64);
 namespace {
 
 constexpr int kCtrlBytes = 32;  // one receive buffer / one control send slot
+// Control credits kept back for kAck, so that two ranks that have used up
+// their credits can always return each other's.
+constexpr int kCtrlReserve = 2;
 
 // wr_id: kind | peer | qp | index
 enum WrKind : uint64_t { kWrCtrl = 1, kWrData = 2, kWrRecv = 3 };
@@ -69,9 +75,74 @@ std::string hex(const void* p, size_t n) {
   return s;
 }
 
-void unhex(const std::string& s, void* p, size_t n) {
-  for (size_t i = 0; i < n && 2 * i + 1 < s.size(); ++i)
-    static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(std::stoi(s.substr(2 * i, 2), nullptr, 16));
+bool unhex(const std::string& s, void* p, size_t n) {
+  if (s.size() != 2 * n) return false;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    int hi = nibble(s[2 * i]), lo = nibble(s[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(hi << 4 | lo);
+  }
+  return true;
+}
+
+// One endpoint as published in the store by a peer; every field is checked
+// before it is used to address the peer's memory or configure a queue pair.
+struct RemoteEndpoint {
+  std::vector<uint32_t> qpns;
+  uint32_t psn = 0;
+  uint32_t lid = 0;
+  ibv_gid gid{};
+  int mtu = 0;
+  uint64_t landing = 0;
+  uint32_t rkey = 0;
+  uint32_t slots = 0;
+  uint64_t slotBytes = 0, stride = 0;
+  uint32_t ctrlRecvs = 0;  // control messages it can take before returning credits
+};
+
+RemoteEndpoint parseEndpoint(const std::string& text, int peer, int expectQps, int self) {
+  std::istringstream in(text);
+  auto fail = [&](const std::string& what) -> RemoteEndpoint {
+    throwComm(str("rank ", peer, " published an invalid verbs endpoint (", what,
+                  "): mixed roce_pg versions across ranks, or another program writing this group's store keys"));
+  };
+  auto next = [&](uint64_t lo, uint64_t hi, const char* what) -> uint64_t {
+    std::string tok;
+    if (!(in >> tok) || tok.empty() || tok.size() > 20 || tok.find_first_not_of("0123456789") != std::string::npos)
+      fail(str(what, " missing or not a number"));
+    uint64_t v = 0;
+    for (char ch : tok) {
+      if (v > (UINT64_MAX - 9) / 10) fail(str(what, " out of range"));
+      v = v * 10 + static_cast<uint64_t>(ch - '0');
+    }
+    if (v < lo || v > hi) fail(str(what, "=", v, " outside [", lo, ", ", hi, "]"));
+    return v;
+  };
+  RemoteEndpoint e;
+  const auto nq = static_cast<int>(next(1, 16, "queue pair count"));
+  if (nq != expectQps)
+    throwInvalid(str("rank ", peer, " uses ROCE_PG_IB_QPS_PER_CONNECTION=", nq, " but rank ", self, " uses ",
+                     expectQps, ": set the same value on every rank"));
+  for (int q = 0; q < nq; ++q) e.qpns.push_back(static_cast<uint32_t>(next(1, 0xffffff, "QPN")));
+  e.psn = static_cast<uint32_t>(next(0, 0xffffff, "PSN"));
+  e.lid = static_cast<uint32_t>(next(0, 0xffff, "LID"));
+  std::string gidHex;
+  if (!(in >> gidHex) || !unhex(gidHex, e.gid.raw, 16)) fail("GID");
+  e.mtu = static_cast<int>(next(IBV_MTU_256, IBV_MTU_4096, "MTU"));
+  e.landing = next(1, UINT64_MAX, "landing address");
+  e.rkey = static_cast<uint32_t>(next(0, UINT32_MAX, "rkey"));
+  e.slots = static_cast<uint32_t>(next(2, 256, "slot count"));
+  e.slotBytes = next(1, 1ull << 30, "slot size");
+  e.stride = next(sizeof(SlotHeader) + e.slotBytes, 1ull << 31, "slot stride");
+  if (e.stride % 64) fail("slot stride not 64-byte aligned");
+  e.ctrlRecvs = static_cast<uint32_t>(next(kCtrlReserve + 4, 1 << 20, "control receive count"));
+  return e;
 }
 
 }  // namespace
@@ -87,6 +158,15 @@ struct VerbsTransport::Qp {
 };
 
 struct VerbsTransport::Peer {
+  ~Peer() {
+    // Queue pairs first: once destroyed, the NIC touches none of the memory below.
+    for (auto& q : qps) ibv_destroy_qp(q.qp);
+    for (ibv_mr* mr : {ctrlMr, stagingMr, landingMr})
+      if (mr) ibv_dereg_mr(mr);
+    std::free(ctrlMem);
+    std::free(staging);
+    std::free(landing);
+  }
   std::vector<Qp> qps;
   std::string deadReason;
   std::string remoteGid;
@@ -105,6 +185,12 @@ struct VerbsTransport::Peer {
   uint32_t remoteRkey = 0;
   size_t remoteSlotBytes = 0, remoteStride = 0;
   std::deque<uint32_t> remoteFree;       // its landing slots we may write (credits)
+  std::vector<bool> remoteIsFree;        // per slot: in remoteFree (a duplicate CREDIT is an error)
+  // Control-message flow control: SENDs on QP 0 each consume one of the peer's
+  // posted receives, so we send only while we hold credits for them (no RNR).
+  int ctrlCredits = 0;
+  int ctrlCreditsMax = 0;
+  uint32_t ctrlToReturn = 0;             // our control receives re-posted, not yet reported
   std::vector<uint32_t> stagingFree;     // our staging slots not in flight
   std::vector<struct ActiveSend*> stagingOwner;
   // Sender side matching.
@@ -112,7 +198,12 @@ struct VerbsTransport::Peer {
   std::unordered_map<uint64_t, std::deque<std::pair<uint32_t, uint64_t>>> rtrsWaiting;  // (id, len)
   std::list<struct ActiveSend> active;
   // Receiver side.
-  struct RecvState { Request* r; uint64_t expected; uint64_t got; };
+  struct RecvState {
+    Request* r;
+    uint64_t expected;          // chunks
+    uint64_t got;
+    std::vector<bool> seen;     // per chunk: a duplicate would complete the receive with a hole
+  };
   std::unordered_map<uint32_t, RecvState> recvs;
   std::unordered_map<uint64_t, int64_t> announced;  // RTS seen minus receives posted, per tag
   uint32_t nextRecvId = 1;
@@ -135,6 +226,9 @@ VerbsTransport::VerbsTransport(int rank, std::shared_ptr<VerbsDevice> dev, const
   slots_ = cfg.ibSlots;
   sqDepth_ = std::min(256, dev_->deviceAttr().max_qp_wr);
   rqDepth_ = std::min(2 * slots_ + 128, dev_->deviceAttr().max_qp_wr);
+  if (ctrlRecvs() < kCtrlReserve + 4)
+    throwInvalid(str(dev_->describe(), " allows only ", dev_->deviceAttr().max_qp_wr, " work requests per queue; with "
+                     "ROCE_PG_IB_SLOTS=", slots_, " too few are left for control messages: lower ROCE_PG_IB_SLOTS"));
   const size_t maxMsg = dev_->maxMsgSize();
   slotBytes_ = std::min<size_t>(cfg.chunkBytes, maxMsg - sizeof(SlotHeader));
   stride_ = (sizeof(SlotHeader) + slotBytes_ + 63) & ~size_t(63);
@@ -146,7 +240,7 @@ VerbsTransport::VerbsTransport(int rank, std::shared_ptr<VerbsDevice> dev, const
   int served = 0;
   for (bool s : serve) served += s;
   const int cqe = std::max(64, served * qpsPerPeer_ * (sqDepth_ + rqDepth_));
-  cq_ = ibv_create_cq(dev_->context(), std::min(cqe, dev_->deviceAttr().max_cqe), nullptr, nullptr, 0);
+  cq_.reset(ibv_create_cq(dev_->context(), std::min(cqe, dev_->deviceAttr().max_cqe), nullptr, nullptr, 0));
   if (!cq_) throwComm(str("ibv_create_cq(", cqe, ") on ", dev_->describe(), " failed: ", std::strerror(errno),
                           " (if ENOMEM: raise the memlock limit, `ulimit -l unlimited`)"));
   peers_.resize(serve.size());
@@ -165,7 +259,7 @@ VerbsTransport::VerbsTransport(int rank, std::shared_ptr<VerbsDevice> dev, const
     peer.localPsn = rng() & 0xffffff;
     os << " " << peer.localPsn << " " << dev_->portAttr().lid << " " << hex(gid.raw, 16) << " "
        << static_cast<int>(dev_->portAttr().active_mtu) << " " << reinterpret_cast<uint64_t>(peer.landing) << " "
-       << peer.landingMr->rkey << " " << slots_ << " " << slotBytes_ << " " << stride_;
+       << peer.landingMr->rkey << " " << slots_ << " " << slotBytes_ << " " << stride_ << " " << ctrlRecvs();
     bs.set(str("verbs/", rank_, "/", p), os.str());
   }
   for (size_t p = 0; p < serve.size(); ++p) {
@@ -198,8 +292,8 @@ void VerbsTransport::setUpPeer(int p) {
   peer->stagingOwner.assign(slots_, nullptr);
   for (int q = 0; q < qpsPerPeer_; ++q) {
     ibv_qp_init_attr a{};
-    a.send_cq = cq_;
-    a.recv_cq = cq_;
+    a.send_cq = cq_.get();
+    a.recv_cq = cq_.get();
     a.qp_type = IBV_QPT_RC;
     a.cap.max_send_wr = sqDepth_;
     a.cap.max_recv_wr = rqDepth_;
@@ -230,31 +324,22 @@ void VerbsTransport::setUpPeer(int p) {
 
 void VerbsTransport::connectPeer(int p, const std::string& remote) {
   Peer& peer = *peers_[p];
-  std::istringstream in(remote);
-  int nq = 0;
-  in >> nq;
-  if (nq != qpsPerPeer_)
-    throwInvalid(str("rank ", p, " uses ROCE_PG_IB_QPS_PER_CONNECTION=", nq, " but rank ", rank_, " uses ",
-                     qpsPerPeer_, ": set the same value on every rank"));
-  std::vector<uint32_t> qpns(nq);
-  for (auto& q : qpns) in >> q;
-  uint32_t psn = 0;
-  int lid = 0, mtu = 0, slots = 0;
-  std::string gidHex;
-  uint64_t landing = 0;
-  uint32_t rkey = 0;
-  size_t slotBytes = 0, stride = 0;
-  in >> psn >> lid >> gidHex >> mtu >> landing >> rkey >> slots >> slotBytes >> stride;
-  if (!in) throwComm(str("malformed verbs endpoint from rank ", p, " (mixed roce_pg versions?)"));
-  ibv_gid gid{};
-  unhex(gidHex, gid.raw, 16);
+  const RemoteEndpoint e = parseEndpoint(remote, p, qpsPerPeer_, rank_);
+  const int nq = static_cast<int>(e.qpns.size());
+  const auto& qpns = e.qpns;
+  const uint32_t psn = e.psn;
+  const uint32_t lid = e.lid;
+  const int mtu = e.mtu;
+  const ibv_gid gid = e.gid;
   peer.remoteGid = gidToString(gid);
   peer.remoteQpn0 = qpns[0];
-  peer.remoteLanding = landing;
-  peer.remoteRkey = rkey;
-  peer.remoteSlotBytes = slotBytes;
-  peer.remoteStride = stride;
-  for (int s = 0; s < slots; ++s) peer.remoteFree.push_back(static_cast<uint32_t>(s));
+  peer.remoteLanding = e.landing;
+  peer.remoteRkey = e.rkey;
+  peer.remoteSlotBytes = e.slotBytes;
+  peer.remoteStride = e.stride;
+  for (uint32_t s = 0; s < e.slots; ++s) peer.remoteFree.push_back(s);
+  peer.remoteIsFree.assign(e.slots, true);
+  peer.ctrlCredits = peer.ctrlCreditsMax = static_cast<int>(e.ctrlRecvs);
   const ibv_mtu pathMtu = std::min(dev_->portAttr().active_mtu, static_cast<ibv_mtu>(mtu));
   peer.mtu = mtuToBytes(pathMtu);
   for (int q = 0; q < nq; ++q) {
@@ -264,7 +349,7 @@ void VerbsTransport::connectPeer(int p, const std::string& remote) {
     a.dest_qp_num = qpns[q];
     a.rq_psn = psn;
     a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
+    a.min_rnr_timer = 31;  // 491.52 ms: see rnr_retry below
     a.ah_attr.port_num = static_cast<uint8_t>(dev_->choice().port);
     a.ah_attr.sl = static_cast<uint8_t>(sl_);
     if (dev_->choice().ethernet) {
@@ -287,7 +372,10 @@ void VerbsTransport::connectPeer(int p, const std::string& remote) {
     s.qp_state = IBV_QPS_RTS;
     s.timeout = static_cast<uint8_t>(timeout_);
     s.retry_cnt = static_cast<uint8_t>(retryCnt_);
-    s.rnr_retry = 7;
+    // Finite: 7 would retry forever and a peer that stopped re-posting
+    // receives would hang us silently. Flow control keeps RNR from happening
+    // at all; if it does, 6 retries of min_rnr_timer (491 ms) end in an error.
+    s.rnr_retry = 6;
     s.sq_psn = peer.localPsn;
     s.max_rd_atomic = 1;
     rc = ibv_modify_qp(peer.qps[q].qp, &s,
@@ -298,16 +386,15 @@ void VerbsTransport::connectPeer(int p, const std::string& remote) {
 }
 
 VerbsTransport::~VerbsTransport() {
-  for (auto& p : peers_) {
-    if (!p) continue;
-    for (auto& q : p->qps) ibv_destroy_qp(q.qp);
-    for (ibv_mr* mr : {p->ctrlMr, p->stagingMr, p->landingMr})
-      if (mr) ibv_dereg_mr(mr);
-    std::free(p->ctrlMem);
-    std::free(p->staging);
-    std::free(p->landing);
-  }
-  if (cq_) ibv_destroy_cq(cq_);
+  peers_.clear();  // queue pairs before the completion queue they use
+  cq_.reset();
+}
+
+void VerbsTransport::CqDeleter::operator()(ibv_cq* cq) const { ibv_destroy_cq(cq); }
+
+int VerbsTransport::ctrlRecvs() const {
+  // QP 0's receives also take data chunks (at most slots_ in flight); a few more are kept spare.
+  return rqDepth_ - slots_ - 4;
 }
 
 // ---- posting -----------------------------------------------------------------
@@ -336,8 +423,14 @@ bool VerbsTransport::flushCtrl(int p) {
   Peer& peer = *peers_[p];
   Qp& q = peer.qps[0];  // control messages keep their order on QP 0
   bool moved = false;
+  // Return credits explicitly once enough piled up and nothing else carries them.
+  if (peer.ctrlQueue.empty() && peer.ctrlToReturn >= static_cast<uint32_t>(std::max(1, peer.ctrlCreditsMax / 4)))
+    peer.ctrlQueue.push_back(Ctrl{kAck, 0, 0, 0, 0, 0});
   while (!peer.ctrlQueue.empty() && q.posted < sqDepth_) {
-    const Ctrl msg = peer.ctrlQueue.front();
+    const bool ack = peer.ctrlQueue.front().type == kAck;
+    if (peer.ctrlCredits <= (ack ? 0 : kCtrlReserve)) break;  // the peer has no receive posted for more
+    Ctrl msg = peer.ctrlQueue.front();
+    msg.credits = peer.ctrlToReturn;
     const uint64_t ring = q.ctrlSent++ % static_cast<uint64_t>(sqDepth_);
     char* buf = peer.ctrlMem + (static_cast<size_t>(qpsPerPeer_) * rqDepth_ + ring) * kCtrlBytes;
     std::memcpy(buf, &msg, sizeof(msg));
@@ -360,6 +453,8 @@ bool VerbsTransport::flushCtrl(int p) {
     } else {
       q.unsignaled++;
     }
+    peer.ctrlToReturn = 0;
+    peer.ctrlCredits--;
     peer.ctrlQueue.pop_front();
     moved = true;
   }
@@ -371,7 +466,7 @@ size_t VerbsTransport::chunkFor(const Peer& p) const { return std::min(slotBytes
 void VerbsTransport::postSend(Request* r) {
   Peer& peer = *peers_.at(r->peer);
   if (!peer.deadReason.empty()) return r->fail(peer.deadReason);
-  queueCtrl(r->peer, Ctrl{kRts, 0, r->tag, r->len});
+  queueCtrl(r->peer, Ctrl{kRts, 0, r->tag, r->len, 0, 0});
   auto it = peer.rtrsWaiting.find(r->tag);
   if (it != peer.rtrsWaiting.end() && !it->second.empty()) {
     auto [id, len] = it->second.front();
@@ -386,12 +481,16 @@ void VerbsTransport::postSend(Request* r) {
 void VerbsTransport::postRecv(Request* r) {
   Peer& peer = *peers_.at(r->peer);
   if (!peer.deadReason.empty()) return r->fail(peer.deadReason);
-  const uint32_t id = peer.nextRecvId++;
-  if (peer.nextRecvId == 0) peer.nextRecvId = 1;
+  // Ids wrap after 2^32 receives: skip any still in use by a long-pending one.
+  uint32_t id;
+  do {
+    id = peer.nextRecvId++;
+  } while (id == 0 || peer.recvs.count(id));
   const uint64_t chunk = chunkFor(peer);
-  peer.recvs[id] = {r, std::max<uint64_t>(1, (r->len + chunk - 1) / chunk), 0};
+  const uint64_t chunks = std::max<uint64_t>(1, (r->len + chunk - 1) / chunk);
+  peer.recvs[id] = {r, chunks, 0, std::vector<bool>(chunks, false)};
   if (--peer.announced[r->tag] == 0) peer.announced.erase(r->tag);
-  queueCtrl(r->peer, Ctrl{kRtr, id, r->tag, r->len});
+  queueCtrl(r->peer, Ctrl{kRtr, id, r->tag, r->len, 0, 0});
 }
 
 bool VerbsTransport::hasUnmatched(int peer, uint64_t tag) {
@@ -406,7 +505,7 @@ void VerbsTransport::matchSend(int p, Request* r, uint32_t recvId, uint64_t len)
   if (len != r->len) {
     r->fail(str("rank ", rank_, " sent ", r->len, " bytes to rank ", p, " but rank ", p, " expected ", len,
                 " bytes: every rank must pass tensors of the same size and dtype to this operation"));
-    queueCtrl(p, Ctrl{kNack, recvId, r->tag, r->len});
+    queueCtrl(p, Ctrl{kNack, recvId, r->tag, r->len, 0, 0});
     return;
   }
   const uint64_t chunk = chunkFor(peer);
@@ -448,6 +547,7 @@ bool VerbsTransport::streamSends(int p) {
       q.unsignaled = 0;
       peer.stagingFree.pop_back();
       peer.remoteFree.pop_front();
+      peer.remoteIsFree[land] = false;
       peer.stagingOwner[slot] = &as;
       as.posted++;
       moved = true;
@@ -484,11 +584,10 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
   const int p = wrPeer(wc.wr_id);
   if (p < 0 || p >= static_cast<int>(peers_.size()) || !peers_[p]) return;
   Peer& peer = *peers_[p];
+  if (!peer.deadReason.empty()) return;  // flushed or late work of a failed peer: nothing refers to it
   if (wc.status != IBV_WC_SUCCESS) {
-    // Only wr_id, status, qp_num and vendor_err are valid here. Flushed work
-    // requests after a first error add nothing: the first reason is kept.
-    if (peer.deadReason.empty()) killPeer(p, failureText(p, wc));
-    return;
+    // Only wr_id, status, qp_num and vendor_err are valid here.
+    return killPeer(p, failureText(p, wc));
   }
   switch (wrKind(wc.wr_id)) {
     case kWrCtrl:
@@ -510,14 +609,20 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
     case kWrRecv: {
       const int q = wrQp(wc.wr_id);
       const uint32_t index = wrIndex(wc.wr_id);
-      if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-        onData(p, ntohl(wc.imm_data));
+      const bool data = wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM;
+      if (data) {
+        onData(p, ntohl(wc.imm_data), wc.byte_len);
+      } else if (wc.byte_len != sizeof(Ctrl)) {
+        return killPeer(p, str("rank ", p, " sent a ", wc.byte_len, "-byte control message (expected ", sizeof(Ctrl),
+                               "; mixed roce_pg versions across ranks?)"));
       } else {
         Ctrl msg;
         std::memcpy(&msg, peer.ctrlMem + (static_cast<size_t>(q) * rqDepth_ + index) * kCtrlBytes, sizeof(msg));
         onCtrl(p, msg);
       }
-      if (peer.deadReason.empty()) postRecvBuffer(p, q, static_cast<int>(index));
+      if (!peer.deadReason.empty()) break;
+      postRecvBuffer(p, q, static_cast<int>(index));
+      if (!data) peer.ctrlToReturn++;  // this receive is posted again: the sender may use it
       break;
     }
   }
@@ -525,7 +630,13 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
 
 void VerbsTransport::onCtrl(int p, const Ctrl& msg) {
   Peer& peer = *peers_[p];
+  if (msg.credits > static_cast<uint32_t>(peer.ctrlCreditsMax - peer.ctrlCredits))
+    return killPeer(p, str("rank ", p, " returned more control credits than it was given (",
+                           msg.credits, "): corrupted control message"));
+  peer.ctrlCredits += static_cast<int>(msg.credits);
   switch (msg.type) {
+    case kAck:
+      break;
     case kRts:
       if (++peer.announced[msg.tag] == 0) peer.announced.erase(msg.tag);
       break;
@@ -542,6 +653,11 @@ void VerbsTransport::onCtrl(int p, const Ctrl& msg) {
       break;
     }
     case kCredit:
+      if (msg.id >= peer.remoteIsFree.size() || peer.remoteIsFree[msg.id])
+        return killPeer(p, str("rank ", p, " returned landing slot ", msg.id, " which it ",
+                               msg.id >= peer.remoteIsFree.size() ? "does not have" : "had not been given",
+                               " (corrupted control message)"));
+      peer.remoteIsFree[msg.id] = true;
       peer.remoteFree.push_back(msg.id);
       break;
     case kNack: {
@@ -558,34 +674,62 @@ void VerbsTransport::onCtrl(int p, const Ctrl& msg) {
   }
 }
 
-void VerbsTransport::onData(int p, uint32_t slot) {
+void VerbsTransport::onData(int p, uint32_t slot, uint32_t byteLen) {
   Peer& peer = *peers_[p];
-  if (slot >= static_cast<uint32_t>(slots_)) return killPeer(p, str("rank ", p, " wrote to an invalid landing slot"));
+  // Everything here comes from the peer: the slot from the immediate, the rest
+  // from the header it wrote. Any inconsistency fails the peer; nothing is
+  // copied and the receive cannot complete with a hole.
+  if (slot >= static_cast<uint32_t>(slots_))
+    return killPeer(p, str("rank ", p, " wrote to landing slot ", slot, " of ", slots_, " (corrupted immediate)"));
+  // byte_len of a WRITE_WITH_IMM is what the peer wrote; 0 means the provider does not report it.
+  if (byteLen != 0 && (byteLen < sizeof(SlotHeader) || byteLen > stride_))
+    return killPeer(p, str("rank ", p, " wrote ", byteLen, " bytes into a landing slot of ", stride_));
   const char* src = peer.landing + slot * stride_;
   SlotHeader h;
   std::memcpy(&h, src, sizeof(h));
-  auto it = peer.recvs.find(static_cast<uint32_t>(h.recvId));
-  if (it != peer.recvs.end()) {
-    auto& st = it->second;
-    if (h.offset + h.len <= st.r->len && h.len) std::memcpy(static_cast<char*>(st.r->buf) + h.offset, src + sizeof(h), h.len);
-    if (++st.got == st.expected) {
-      st.r->done = true;
-      peer.recvs.erase(it);
-    }
+  auto it = h.recvId <= UINT32_MAX ? peer.recvs.find(static_cast<uint32_t>(h.recvId)) : peer.recvs.end();
+  if (it == peer.recvs.end())
+    return killPeer(p, str("rank ", p, " sent a chunk for receive ", h.recvId, ", which rank ", rank_,
+                           " has not posted (corrupted slot header)"));
+  auto& st = it->second;
+  const uint64_t chunk = chunkFor(peer);
+  const uint64_t index = h.offset / chunk;
+  const uint64_t expectLen = st.r->len > h.offset ? std::min(chunk, st.r->len - h.offset) : 0;
+  const bool ok = h.offset % chunk == 0 && index < st.expected && !st.seen[index] && h.len == expectLen &&
+                  (byteLen == 0 || h.len == byteLen - sizeof(SlotHeader));
+  if (!ok)
+    return killPeer(p, str("rank ", p, " sent an inconsistent chunk for a ", st.r->len, "-byte receive (offset ",
+                           h.offset, ", length ", h.len, ", ", byteLen, " bytes written, chunk size ", chunk,
+                           st.seen.size() > index && st.seen[index] ? ", already received" : "",
+                           "): corrupted slot header"));
+  st.seen[index] = true;
+  if (h.len) std::memcpy(static_cast<char*>(st.r->buf) + h.offset, src + sizeof(h), h.len);
+  if (++st.got == st.expected) {
+    st.r->done = true;
+    peer.recvs.erase(it);
   }
-  queueCtrl(p, Ctrl{kCredit, slot, 0, 0});
+  queueCtrl(p, Ctrl{kCredit, slot, 0, 0, 0, 0});
 }
 
 bool VerbsTransport::progress() {
   bool moved = false;
   ibv_wc wcs[32];
   for (;;) {
-    int n = ibv_poll_cq(cq_, 32, wcs);
+    int n = ibv_poll_cq(cq_.get(), 32, wcs);
     if (n < 0) {
       failAll(str("ibv_poll_cq failed on ", dev_->describe()));
       return true;
     }
-    for (int i = 0; i < n; ++i) onCompletion(wcs[i]);
+    for (int i = 0; i < n; ++i) {
+      try {
+        onCompletion(wcs[i]);
+      } catch (const std::exception& e) {
+        // Re-posting a receive or a control message failed: the queue pair is
+        // unusable, so is the peer; nothing may escape the progress thread.
+        const int p = wrPeer(wcs[i].wr_id);
+        if (p >= 0 && p < static_cast<int>(peers_.size()) && peers_[p]) killPeer(p, e.what());
+      }
+    }
     moved |= n > 0;
     if (n < 32) break;
   }
@@ -594,7 +738,7 @@ bool VerbsTransport::progress() {
     try {
       moved |= flushCtrl(static_cast<int>(p));
       moved |= streamSends(static_cast<int>(p));
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       killPeer(static_cast<int>(p), e.what());
     }
   }
@@ -613,7 +757,16 @@ std::string VerbsTransport::checkPeers() {
 
 void VerbsTransport::killPeer(int p, const std::string& why) {
   Peer& peer = *peers_[p];
-  if (peer.deadReason.empty()) peer.deadReason = why;
+  if (peer.deadReason.empty()) {
+    peer.deadReason = why;
+    // Stop the NIC from touching this peer's buffers any further; the flushed
+    // work requests complete with errors that onCompletion ignores.
+    for (auto& q : peer.qps) {
+      ibv_qp_attr a{};
+      a.qp_state = IBV_QPS_ERR;
+      ibv_modify_qp(q.qp, &a, IBV_QP_STATE);
+    }
+  }
   for (auto& [tag, q] : peer.sendsWaiting)
     for (Request* r : q) r->fail(why);
   peer.sendsWaiting.clear();

@@ -63,7 +63,8 @@ class VerbsTransport : public Transport {
   bool streamSends(int peer);
   void onCompletion(const struct ibv_wc& wc);
   void onCtrl(int peer, const Ctrl& msg);
-  void onData(int peer, uint32_t slot);
+  void onData(int peer, uint32_t slot, uint32_t byteLen);
+  int ctrlRecvs() const;
   void matchSend(int peer, Request* r, uint32_t reqId, uint64_t len);
   void retire(Qp& q);
   void killPeer(int peer, const std::string& why);
@@ -76,7 +77,8 @@ class VerbsTransport : public Transport {
   size_t slotBytes_;   // payload bytes per slot (this side)
   size_t stride_;      // header + payload, 64-byte aligned
   int tc_, sl_, timeout_, retryCnt_;
-  struct ibv_cq* cq_ = nullptr;
+  struct CqDeleter { void operator()(struct ibv_cq* cq) const; };
+  std::unique_ptr<struct ibv_cq, CqDeleter> cq_;  // declared before peers_: destroyed after their queue pairs
   std::vector<std::unique_ptr<Peer>> peers_;  // null for peers not served
 };
 
