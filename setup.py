@@ -16,6 +16,7 @@ package metadata requires exactly that version; `import roce_pg` checks it.
 ROCE_PG_SANITIZE=address,undefined (any -fsanitize= value) builds with
 sanitizers: -fsanitize=<value> -fno-omit-frame-pointer -g -O1 on compile and link.
 """
+import fcntl
 import glob
 import os
 import re
@@ -42,7 +43,13 @@ def _sanitize_flags():
     if not re.fullmatch(r"[a-z][a-z0-9_,=-]*", value):
         sys.exit(f"setup.py: ROCE_PG_SANITIZE={value!r} is not a -fsanitize= value (e.g. address,undefined)")
     # -O1 comes after -O3 in the argument list, so it wins.
-    return [f"-fsanitize={value}", "-fno-omit-frame-pointer", "-g", "-O1"]
+    flags = [f"-fsanitize={value}", "-fno-omit-frame-pointer", "-g", "-O1"]
+    if "undefined" in value:
+        # vptr checks need the typeinfo of libtorch's classes, which live in a
+        # separately built library: they report false positives. Everything
+        # else aborts on the first finding instead of printing and continuing.
+        flags += ["-fno-sanitize=vptr", "-fno-sanitize-recover=all"]
+    return flags
 
 
 # Commands that compile: they need torch. Everything else (egg_info, dist_info,
@@ -108,11 +115,24 @@ if torch is not None:
 
     class RoceBuildExt(BuildExtension):
         def build_extensions(self):
-            generated = _write_build_info(os.path.join(self.build_temp, "roce_pg_generated"))
-            for ext in self.extensions:
-                if ext.name == f"{NAME}._C" and generated not in ext.sources:
-                    ext.sources.append(generated)
-            super().build_extensions()
+            if getattr(self, "editable_mode", False):
+                # `pip install -e .` hands build_ext a fresh temporary directory, so
+                # every editable install (scripts/setup.sh) would recompile everything.
+                # Keep the objects in build/ instead: ninja then rebuilds only what
+                # changed (a different ROCE_PG_SANITIZE gets its own directory).
+                san = re.sub(r"[^a-z0-9]+", "_", os.environ.get("ROCE_PG_SANITIZE", "").strip())
+                self.build_temp = os.path.join(HERE, "build", "temp-editable" + (f"-{san}" if san else ""))
+            os.makedirs(self.build_temp, exist_ok=True)
+            # One build at a time per object directory (several people or jobs may run
+            # scripts/setup.sh in the same checkout): the next one waits, then finds
+            # everything up to date.
+            with open(os.path.join(self.build_temp, ".lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                generated = _write_build_info(os.path.join(self.build_temp, "roce_pg_generated"))
+                for ext in self.extensions:
+                    if ext.name == f"{NAME}._C" and generated not in ext.sources:
+                        ext.sources.append(generated)
+                super().build_extensions()
 
     sanitize = _sanitize_flags()
     setup_kwargs = dict(
