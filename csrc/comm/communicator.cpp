@@ -288,19 +288,31 @@ void Communicator::checkDeadline(const std::function<std::string()>& waitingFor)
     std::lock_guard<std::mutex> g(abortMu_);
     throw Error(ErrorKind::Aborted, str("roce: ", opName_, " on rank ", rank(), " was aborted: ", abortReason_));
   }
-  if (peerFailed_.load(std::memory_order_relaxed)) {
-    std::string why;
-    {
-      std::lock_guard<std::mutex> g(abortMu_);
-      if (Clock::now() - peerFailedAt_ >= kPeerFailureGrace) why = peerFailure_;
-    }
-    if (!why.empty()) throwComm(str(opName_, " on rank ", rank(), " stopped: ", why));
-  }
+  throwIfPeerFailed(opName_);
   if (Clock::now() >= deadline_) {
     auto total = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count();
     throwTimeout(str(opName_, " on rank ", rank(), " timed out (group timeout ", total, " ms) waiting for ",
                      waitingFor(), ". That rank may have crashed, hung, or called a different "
                      "collective (every rank must issue the same collectives in the same order)"));
+  }
+}
+
+void Communicator::throwIfPeerFailed(const std::string& what) {
+  if (!peerFailed_.load(std::memory_order_relaxed)) return;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> g(abortMu_);
+    if (Clock::now() - peerFailedAt_ >= kPeerFailureGrace) why = peerFailure_;
+  }
+  if (!why.empty()) throwComm(str(what, " on rank ", rank(), " stopped: ", why));
+}
+
+void Communicator::checkHealth() {
+  throwIfPeerFailed("point-to-point operation");
+  if (Clock::now() - lastSlowCheck_ > kSlowCheckEvery) {
+    lastSlowCheck_ = Clock::now();
+    opName_ = "point-to-point operation";
+    slowChecks();
   }
 }
 

@@ -75,6 +75,9 @@ class Communicator {
 
   // Checks that need no peers: deadline and abort flag.
   void checkDeadline(const std::function<std::string()>& waitingFor);
+  // For asynchronous point-to-point work polled outside any wait: throws if a
+  // peer failure was reported (lifelines, transports, the store), throttled.
+  void checkHealth();
   // The same for an asynchronous task with its own name and deadline, without
   // touching the running collective's name and deadline.
   void checkTaskDeadline(const std::string& what, Clock::time_point deadline, std::chrono::milliseconds timeout);
@@ -105,6 +108,7 @@ class Communicator {
   // needs the network, verbs was not ruled out, and some rank lacks a port.
   std::string chooseNetworkTransport(const std::vector<RankInfo>& infos) const;
   void slowChecks();
+  void throwIfPeerFailed(const std::string& what);
   void connectLifelines(TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& eps, uint64_t nonce,
                         Clock::time_point deadline);
   void onPeerFailure(const std::string& why);  // from the lifeline thread

@@ -138,6 +138,9 @@ void Engine::loop() {
       try {
         moved = comm_->progress();
         pollInflight();
+        if (!inflight_.empty()) comm_->checkHealth();
+      } catch (const Error& e) {
+        failInflight(e.what());  // a peer failed while only asynchronous work was pending
       } catch (const std::exception& e) {
         failInflight(str("roce: the progress engine failed: ", e.what()));
       } catch (...) {
