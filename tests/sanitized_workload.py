@@ -1,0 +1,28 @@
+"""A short collective matrix for the sanitizer run: tests/test_sanitizers.py
+passes this file to pytest explicitly (its name keeps it out of the normal
+suite, which runs the full matrix). Every collective, dtype and reduce op at
+small sizes plus one chunked size, on shared memory, TCP and two simulated
+machines."""
+import os
+
+import pytest
+
+from .harness import LAYOUTS, run_group
+
+SHORT = {"ROCE_TEST_LARGE_SIZE": "70001", "ROCE_PG_CHUNK_BYTES": "16384"}
+
+
+def test_the_instrumented_build_is_the_one_imported():
+    assert os.environ.get("ROCE_PG_EXPECT_SANITIZED"), "run this file through scripts/sanitize.sh"
+    import roce_pg
+
+    assert "address" in roce_pg.build_info().get("sanitize", ""), (roce_pg.__file__, roce_pg.build_info())
+
+
+@pytest.mark.parametrize("layout", ["shm3", "net3", "mixed2x2"])
+def test_short_matrix(layout):
+    world, env = LAYOUTS[layout]
+    results = run_group("tests.matrix.run", world, env={**env, **SHORT})
+    failures = [f for r in results for f in r["failures"]]
+    assert not failures, "\n".join(failures[:40])
+    assert all(r["checks"] > 1000 for r in results), [r["checks"] for r in results]
