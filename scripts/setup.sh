@@ -30,7 +30,7 @@ fi
 PY="${PYTHON:-python3}"
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 VPY=.venv/bin/python
-if ! "$VPY" -c "import torch, pytest, numpy, ninja" 2>/dev/null; then
+if ! "$VPY" -c "import torch, pytest, numpy, ninja, matplotlib" 2>/dev/null; then
   "$VPY" -m pip install -q --upgrade pip setuptools wheel
   "$VPY" -m pip install -q "$TORCH_SPEC" pytest numpy ninja matplotlib
 fi
