@@ -540,7 +540,7 @@ def _wrap(text: str, width: int) -> List[str]:
 def format_table(rows: List[Row], width: Optional[int] = None) -> str:
     width = width or max(100, shutil.get_terminal_size((120, 24)).columns)
     label = [(f"{r.host}: " if r.host else "") + r.check for r in rows]
-    cw = min(max([len("CHECK")] + [len(x) for x in label]), 30)
+    cw = min(max([len("CHECK")] + [len(x) for x in label]), 40)
     sw = 6
     rest = max(40, width - cw - sw - 6)
     dw = rest * 11 // 20
