@@ -270,3 +270,30 @@ def no_rdma_device(rank, world, port):
     if rank == 0:
         time.sleep(1)
     return {"msg": msg}
+
+
+def abort_pending(rank, world, port):
+    """abort() on a subgroup fails its pending work at once and leaves the default group usable.
+
+    Rank 0 starts an allreduce on the subgroup that rank 1 never joins, then aborts
+    the subgroup; the pending work and any later work on it raise."""
+    from .harness import _store_wait
+
+    store = dist.distributed_c10d._get_default_store()
+    sub = dist.new_group(list(range(world)))
+    t = torch.ones(1000)
+    dist.all_reduce(t, group=sub)  # the subgroup works (its connections are up)
+    out = {}
+    if rank == 0:
+        w = dist.all_reduce(torch.ones(4), group=sub, async_op=True)
+        time.sleep(0.5)
+        assert not w.is_completed()
+        start = time.monotonic()
+        dist.distributed_c10d._abort_process_group(sub)
+        out["pending"] = expect_error(lambda: w.wait(timeout=timedelta(seconds=30)), "abort")
+        out["elapsed"] = time.monotonic() - start
+    _store_wait(store, "abort/done", world)
+    t = torch.full((10,), float(rank))
+    dist.all_reduce(t)  # the default group is untouched
+    assert torch.equal(t, torch.full((10,), float(sum(range(world)))))
+    return out

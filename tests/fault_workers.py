@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 KILL_FILE = "kill_t"
+KILL_WALL_FILE = "kill_wall"
 
 
 # ---------------------------------------------------------------- resources
@@ -67,18 +68,25 @@ def resources(rdma=False):
 
 # ---------------------------------------------------------------- dying and noticing
 
+def mark_time(scratch):
+    """Records the moment of a fault for the survivors: CLOCK_MONOTONIC (same
+    machine) and the wall clock (other machines, as exact as their clocks agree)."""
+    for name, value in ((KILL_FILE, time.monotonic()), (KILL_WALL_FILE, time.time())):
+        path = os.path.join(scratch, name)
+        with open(path + ".tmp", "w") as f:
+            f.write(repr(value))
+        os.rename(path + ".tmp", path)
+
+
 def die(scratch):
     """Records the kill time for the survivors, then SIGKILLs this process (no cleanup of any kind)."""
-    path = os.path.join(scratch, KILL_FILE)
-    with open(path + ".tmp", "w") as f:
-        f.write(repr(time.monotonic()))
-    os.rename(path + ".tmp", path)
+    mark_time(scratch)
     os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)  # not reached
 
 
-def _kill_time(scratch, wait_s=5.0):
-    path = os.path.join(scratch, KILL_FILE)
+def _kill_time(scratch, wait_s=5.0, name=KILL_FILE):
+    path = os.path.join(scratch, name)
     end = time.monotonic() + wait_s
     while time.monotonic() < end:
         try:
@@ -89,11 +97,12 @@ def _kill_time(scratch, wait_s=5.0):
     return None
 
 
-def await_failure(start, scratch, cap_s, loop=False):
+def await_failure(start, scratch, cap_s, loop=False, wall=False):
     """Issues start() -> Work and waits for it (again and again if loop) until one raises.
 
-    Returns {"detect_s": seconds from the victim's kill to the error (None if
-    nothing was detected within cap_s), "msg", "type", "ops"}."""
+    Returns {"detect_s": seconds from the fault to the error (None if nothing
+    was detected within cap_s), "msg", "type", "ops"}; wall=True measures with
+    the wall clock, for a fault on another machine."""
     t0 = time.monotonic()
     ops = 0
     while True:
@@ -108,10 +117,12 @@ def await_failure(start, scratch, cap_s, loop=False):
                         "type": None, "ops": ops}
         except Exception as e:  # noqa: BLE001
             t_err = time.monotonic()
+            wall_err = time.time()
             msg = str(e)
-            kill_t = _kill_time(scratch)
+            kill_t = _kill_time(scratch, name=KILL_WALL_FILE if wall else KILL_FILE)
             capped = isinstance(e, TimeoutError) or "did not complete within wait(timeout" in msg
-            return {"detect_s": None if capped or kill_t is None else round(t_err - kill_t, 3),
+            delay = (wall_err if wall else t_err) - kill_t if kill_t is not None else None
+            return {"detect_s": None if capped or delay is None else round(delay, 3),
                     "waited_s": round(t_err - t0, 3), "msg": msg[:2000], "type": type(e).__name__,
                     "dist_backend_error": isinstance(e, dist.DistBackendError), "ops": ops,
                     "capped": capped, "kill_t_seen": kill_t is not None}
