@@ -37,13 +37,16 @@ export ASAN_OPTIONS="detect_leaks=0:detect_container_overflow=0:detect_odr_viola
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$PWD/$OUT/logs/ubsan"
 export ROCE_PG_EXPECT_SANITIZED=1  # tests check that the instrumented build is the one imported
 set +e
-(cd "$RUN" && "$ROOT/$PY" -m pytest -p no:cacheprovider "$@")
-rc=$?
+(cd "$RUN" && "$ROOT/$PY" -m pytest -p no:cacheprovider "$@") 2>&1 | tee "$OUT/pytest.log"
+rc=${PIPESTATUS[0]}
 set -e
 unset LD_PRELOAD
-if compgen -G "$OUT/logs/*" >/dev/null; then
+# Reports go to the log files, but a runtime may also print to a rank's stderr
+# (which pytest shows with the failing test): look in both places.
+if compgen -G "$OUT/logs/*" >/dev/null || grep -qE "runtime error:|ERROR: AddressSanitizer|ERROR: LeakSanitizer" "$OUT/pytest.log"; then
   echo "sanitize.sh: sanitizer reports:" >&2
-  for f in "$OUT"/logs/*; do echo "==== $f" >&2; head -60 "$f" >&2; done
+  grep -E -A3 "runtime error:|ERROR: AddressSanitizer" "$OUT/pytest.log" | head -40 >&2 || true
+  for f in "$OUT"/logs/*; do [[ -e "$f" ]] && { echo "==== $f" >&2; head -60 "$f" >&2; }; done
   exit 66
 fi
 echo "sanitize.sh: zero sanitizer reports (pytest exit $rc)"

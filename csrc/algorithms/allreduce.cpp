@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "../comm/communicator.hpp"
+#include "../common/bytes.hpp"
 #include "../reduce/reduce.hpp"
 #include "algorithms.hpp"
 #include "ring.hpp"
@@ -38,7 +39,7 @@ void reduce(Communicator& c, void* data, size_t count, DataType t, Reduction red
   void* work = data;
   if (c.rank() != root) {
     work = c.scratch(count * elementSize(t), 1);
-    std::memcpy(work, data, count * elementSize(t));
+    copyBytes(work, data, count * elementSize(t));
   }
   allreduce(c, work, count, t, red);
 }
@@ -50,19 +51,19 @@ void reduceScatter(Communicator& c, const void* input, void* output, size_t bloc
   const size_t total = blockCount * c.size();
   char* work = static_cast<char*>(c.scratch(total * esz, 1));
   if (red.op == ReduceOp::PreMulSum) scaleCopy(t, work, input, total, red.factor);
-  else std::memcpy(work, input, total * esz);
+  else copyBytes(work, input, total * esz);
   const uint64_t tag = c.nextCollectiveTag();
   const auto segs = RingSegments::blocks(c.topology().ringOrder, blockCount);
   ringReduceScatter(c, tag, work, segs, t, kernelOp(red.op));
   char* mine = work + static_cast<size_t>(c.rank()) * blockCount * esz;
   if (red.op == ReduceOp::Avg) divideBy(t, mine, blockCount, c.size());
-  std::memcpy(output, mine, blockCount * esz);
+  copyBytes(output, mine, blockCount * esz);
 }
 
 void allgather(Communicator& c, const void* input, void* output, size_t blockBytes) {
   char* out = static_cast<char*>(output);
   char* mine = out + static_cast<size_t>(c.rank()) * blockBytes;
-  if (mine != input) std::memmove(mine, input, blockBytes);
+  if (mine != input) moveBytes(mine, input, blockBytes);
   const uint64_t tag = c.nextCollectiveTag();
   ringAllgather(c, tag, out, RingSegments::blocks(c.topology().ringOrder, blockBytes), 1);
 }

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "../comm/communicator.hpp"
+#include "../common/bytes.hpp"
 #include "../common/error.hpp"
 #include "../reduce/reduce.hpp"
 #include "../transport/shm/node_shm.hpp"
@@ -89,7 +90,7 @@ void shmAllreduce(Communicator& c, void* data, size_t count, DataType t, Reducti
       if (red.op == ReduceOp::PreMulSum)  // own slice is scaled in place (it is overwritten anyway)
         scaleCopy(t, j == me ? src : mySlot + lo(j) * esz, src, lo(j + 1) - lo(j), red.factor);
       else if (j != me)
-        std::memcpy(mySlot + lo(j) * esz, src, bytesOf(j));
+        copyBytes(mySlot + lo(j) * esz, src, bytesOf(j));
     }
     shmBarrier(c, shm);
     if (first) checkSameCall(c, shm, count, kind);
@@ -100,11 +101,11 @@ void shmAllreduce(Communicator& c, void* data, size_t count, DataType t, Reducti
     if (myN) {
       reduceMany(t, op, mine, ins.data(), n, myN);
       if (red.op == ReduceOp::Avg) divideBy(t, mine, myN, n);
-      std::memcpy(mySlot + myLo * esz, mine, myN * esz);
+      copyBytes(mySlot + myLo * esz, mine, myN * esz);
     }
     shmBarrier(c, shm);
     for (int j = 0; j < n; ++j)
-      if (j != me) std::memcpy(chunk + lo(j) * esz, shm.slot(j, buf) + lo(j) * esz, bytesOf(j));
+      if (j != me) copyBytes(chunk + lo(j) * esz, shm.slot(j, buf) + lo(j) * esz, bytesOf(j));
     off += m;
   } while (off < count);
 }

@@ -123,7 +123,7 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
   if (anyNet && net == "verbs") {
     transports_.push_back(std::make_unique<VerbsTransport>(rank, verbsDev, cfg_, *bs_, viaNet, timeout_));
   } else if (anyNet) {
-    transports_.push_back(std::make_unique<TcpTransport>(rank, *acceptor, eps, viaNet, me.nonce,
+    transports_.push_back(std::make_unique<TcpTransport>(rank, *acceptor, eps, viaNet, hostNames_, me.nonce,
                                                          std::chrono::duration_cast<std::chrono::milliseconds>(
                                                              std::max(deadline - Clock::now(), Clock::duration(0)))));
   }

@@ -34,15 +34,15 @@ class TcpPipe : public BytePipe {
     if (r >= 0) return static_cast<size_t>(r);
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
     throwComm(str("TCP send to rank ", peer_, " (", addr_, ") failed: ", std::strerror(errno),
-                  "; that rank probably exited or destroyed the process group"));
+                  "; that rank died (crash, OOM killer, SIGKILL: see its log) or destroyed the process group"));
   }
 
   size_t read(void* dst, size_t n) override {
     ssize_t r = recv(fd_, dst, n, MSG_DONTWAIT);
     if (r > 0) return static_cast<size_t>(r);
     if (r == 0)
-      throwComm(str("rank ", peer_, " (", addr_, ") closed its TCP connection; it probably "
-                    "exited or destroyed the process group"));
+      throwComm(str("rank ", peer_, " (", addr_, ") closed its TCP connection: it died (crash, OOM killer, "
+                    "SIGKILL: see its log) or destroyed the process group"));
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
     throwComm(str("TCP receive from rank ", peer_, " (", addr_, ") failed: ", std::strerror(errno)));
   }
@@ -94,7 +94,8 @@ std::string tcpAdvertiseAddress(const Config& cfg) {
 
 static std::vector<std::unique_ptr<BytePipe>> connectMesh(int rank, TcpAcceptor& acceptor,
                                                           const std::vector<TcpEndpoint>& eps,
-                                                          const std::vector<bool>& serve, uint64_t nonce,
+                                                          const std::vector<bool>& serve,
+                                                          const std::vector<std::string>& hostNames, uint64_t nonce,
                                                           std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   const int size = static_cast<int>(eps.size());
@@ -102,7 +103,8 @@ static std::vector<std::unique_ptr<BytePipe>> connectMesh(int rank, TcpAcceptor&
   auto adopt = [&](int peer, UniqueFd fd) {
     tuneSocket(fd.get());
     setNonBlocking(fd.get(), true);
-    std::string addr = peerAddress(fd.get());
+    // "host hostname, a.b.c.d:port": errors name the machine as operators know it.
+    std::string addr = str("host ", hostNames[peer], ", ", peerAddress(fd.get()));
     pipes[peer] = std::make_unique<TcpPipe>(fd.release(), peer, addr);
   };
   // Dial every higher peer first: the kernel completes those handshakes from
@@ -115,7 +117,8 @@ static std::vector<std::unique_ptr<BytePipe>> connectMesh(int rank, TcpAcceptor&
 }
 
 TcpTransport::TcpTransport(int rank, TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& endpoints,
-                           const std::vector<bool>& serve, uint64_t nonce, std::chrono::milliseconds timeout)
-    : StreamTransport(rank, connectMesh(rank, acceptor, endpoints, serve, nonce, timeout)) {}
+                           const std::vector<bool>& serve, const std::vector<std::string>& hostNames, uint64_t nonce,
+                           std::chrono::milliseconds timeout)
+    : StreamTransport(rank, connectMesh(rank, acceptor, endpoints, serve, hostNames, nonce, timeout)) {}
 
 }  // namespace roce

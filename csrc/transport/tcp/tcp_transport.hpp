@@ -38,7 +38,8 @@ class TcpTransport : public StreamTransport {
   // Connects to every rank r with serve[r] true (the lower rank dials). Blocks
   // until connected or the timeout expires.
   TcpTransport(int rank, TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& endpoints,
-               const std::vector<bool>& serve, uint64_t nonce, std::chrono::milliseconds timeout);
+               const std::vector<bool>& serve, const std::vector<std::string>& hostNames, uint64_t nonce,
+               std::chrono::milliseconds timeout);
   const char* name() const override { return "tcp"; }
 };
 

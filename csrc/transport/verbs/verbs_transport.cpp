@@ -423,9 +423,15 @@ bool VerbsTransport::flushCtrl(int p) {
   Peer& peer = *peers_[p];
   Qp& q = peer.qps[0];  // control messages keep their order on QP 0
   bool moved = false;
-  // Return credits explicitly once enough piled up and nothing else carries them.
-  if (peer.ctrlQueue.empty() && peer.ctrlToReturn >= static_cast<uint32_t>(std::max(1, peer.ctrlCreditsMax / 4)))
-    peer.ctrlQueue.push_back(Ctrl{kAck, 0, 0, 0, 0, 0});
+  // Return credits explicitly when nothing else will carry them soon: once
+  // enough piled up and the queue is empty, or at once when this side is down
+  // to its reserve (its queued messages cannot go, and the peer may be in the
+  // same state waiting for these very credits).
+  const bool stuck = peer.ctrlCredits <= kCtrlReserve && peer.ctrlToReturn > 0;
+  const bool idle = peer.ctrlQueue.empty() &&
+                    peer.ctrlToReturn >= static_cast<uint32_t>(std::max(1, peer.ctrlCreditsMax / 4));
+  if ((stuck || idle) && (peer.ctrlQueue.empty() || peer.ctrlQueue.front().type != kAck))
+    peer.ctrlQueue.push_front(Ctrl{kAck, 0, 0, 0, 0, 0});
   while (!peer.ctrlQueue.empty() && q.posted < sqDepth_) {
     const bool ack = peer.ctrlQueue.front().type == kAck;
     if (peer.ctrlCredits <= (ack ? 0 : kCtrlReserve)) break;  // the peer has no receive posted for more
