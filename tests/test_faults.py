@@ -14,6 +14,7 @@ in the Soft-RoCE VM suite (tests/test_softroce.py).
 Every scenario runs in a group forked from one spawned driver process, which
 pays `import torch` once for all of them (tests/fault_workers.run_scenarios).
 """
+import os
 import socket
 
 import pytest
@@ -34,6 +35,11 @@ RSS_BOUND_MIXED_KIB = 4 << 10        # from op 1,000 to op 10,000, each rank
 RSS_BOUND_MIXED_HALF_KIB = 512
 
 
+# The sanitizer run (tests/test_sanitizers.py) sets this to 0.2: the same
+# scenarios at a fifth of the cycles, since everything runs ~3x slower there.
+SCALE = float(os.environ.get("ROCE_TEST_FAULTS_SCALE", "1"))
+
+
 def _scenarios():
     sc = {}
     for tr, env in TRANSPORTS.items():
@@ -49,9 +55,9 @@ def _scenarios():
                                     rank_env={VICTIM: {"ROCE_PG_TEST_FAULT": "garbage_frames"}})
     for tr, env in TRANSPORTS.items():
         sc[f"recreate/{tr}"] = dict(target="tests.fault_workers.recreate_group", world=3, env=env, init=False,
-                                    kwargs={"cycles": 50}, deadline_s=300)
+                                    kwargs={"cycles": max(5, int(50 * SCALE))}, deadline_s=300)
         sc[f"mixed/{tr}"] = dict(target="tests.fault_workers.mixed_collectives", world=3, env=env,
-                                 kwargs={"total": 10_000}, deadline_s=300)
+                                 kwargs={"total": max(1000, int(10_000 * SCALE))}, deadline_s=300)
         sc[f"abort/{tr}"] = dict(target="tests.api_workers.abort_pending", world=2, env=env, deadline_s=120)
     return sc
 
