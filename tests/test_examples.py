@@ -79,6 +79,20 @@ def test_benchmark_two_backends(tmp_path):
     assert report["comparison"]["max_param_diff"]["roce-gloo"] == diff
 
 
+def test_benchmark_default_run():
+    # Exactly the README's main job (scripts/main.sh without the setup step):
+    # ResNet-50 layout, roce then gloo, 5 + 20 iterations on 2 local ranks.
+    out = launch(TORCHRUN + TWO_LOCAL + ["benchmarks/benchmark.py"])
+    lines = ddp_lines(out)
+    assert [(m.group(1), m.group(2), m.group(3)) for m in lines] == [("2", "CPUs", "1M/2G")] * 2, out
+    for m in lines:
+        check_percentiles(m)
+    assert "25.56M parameters" in out, out
+    diff = float(re.search(r"max \|param\(roce\) - param\(gloo\)\| after training: (\S+)", out).group(1))
+    assert diff <= 1e-5, out
+    print(out)
+
+
 def test_train_sh_one_node():
     out = launch(["bash", "examples/train.sh", "1", "0", "--backend", "roce", "--model", "resnet50",
                   "--image-size", "16", "--batch-size", "2", "--iters", "2", "--warmup", "1"],
