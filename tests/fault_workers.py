@@ -299,7 +299,7 @@ def _mixed_op(i, rank, world):
         raise AssertionError(f"mixed op {k} (#{i}) returned a wrong result on rank {rank}")
 
 
-def mixed_collectives(rank, world, port, total=10_000, warmup=1000, sample_every=1000, rdma=False):
+def mixed_collectives(rank, world, port, total=10_000, warmup=1000, sample_every=1000, rdma=False, progress=False):
     """`total` small collectives of ten kinds; samples resources after the warm-up and every sample_every ops."""
     samples = {}
     t0 = time.monotonic()
@@ -311,6 +311,8 @@ def mixed_collectives(rank, world, port, total=10_000, warmup=1000, sample_every
             dist.barrier()
             samples[n] = resources(rdma and rank == 0 and n in (warmup, total))
             dist.barrier()
+            if rank == 0 and progress:
+                print(f"[mixed] {n} ops, {n / (time.monotonic() - t0):.0f} ops/s, {samples[n]}", flush=True)
     elapsed = time.monotonic() - t0
     return {"samples": samples, "seconds": round(elapsed, 1), "ops_per_s": round(total / elapsed, 1)}
 

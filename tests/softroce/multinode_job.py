@@ -1,25 +1,51 @@
-"""Runs inside each of two Soft-RoCE VMs (scripts/softroce/run_two_vms.sh): a
-two-machine, two-ranks-per-machine job launched by torchrun's elastic agent
-(torch.distributed.launcher.api.elastic_launch, the API behind the torchrun
-command) with c10d rendezvous over the VMs' link. Workers are forked from this
-process (start_method="fork") so torch is imported once per VM (minutes under
-emulation). Ranks on one VM talk through shared memory, across VMs through
-the verbs transport on rxe0. Writes OUT_DIR/node<NODE_RANK>.json.
+"""Runs inside each of two Soft-RoCE VMs (scripts/softroce/run_two_vms.sh):
+two machines, two ranks per machine. torch is imported once per VM (minutes
+under emulation); every rank is forked from this process. Ranks on one VM talk
+through shared memory, across VMs through the verbs transport on rxe0. Three
+phases in one boot, each reported in OUT_DIR/node<NODE_RANK>.json:
+
+  torchrun   launched by torchrun's elastic agent (torch.distributed.launcher.api
+             .elastic_launch, the API behind the torchrun command; workers
+             forked) with c10d rendezvous over the link: collectives, 20 DDP
+             steps compared with Gloo, a counted 8 MiB allreduce
+  netem      a collective matrix (verbs_workers.link_matrix) while netem (RoCE packets only: UDP port
+             4791, each VM shaping its egress) drops 1% of the packets and
+             delays others (reordering); results checked against references
+             (integers exact, floats against float64 within tolerance); netem
+             and rxe counters recorded
+  port_down  one rank takes its VM's netdev down during an allreduce loop;
+             every rank must raise, none may hang
 
     NODE_RANK=0 PEER_ADDR=... python -m tests.softroce.multinode_job OUT_DIR MASTER_ADDR
 """
 import json
 import os
+import re
+import subprocess
 import sys
 import time
+import traceback
 
 import torch
 
 import roce_pg  # noqa: F401
 
-from tests.softroce.rxe_counters import sent_packets
+from tests.harness import run_group
+from tests.softroce.rxe_counters import hw_counters, sent_packets
 
 BIG = 8 << 20  # bytes of the allreduce whose packets are counted
+RANKS_PER_NODE = 2
+WORLD = 2 * RANKS_PER_NODE
+# 1% of the RoCE packets lost, 1% held back 1 ms (the packets behind it overtake
+# it). rxe is go-back-N: every loss and every overtaking costs a NAK or an ACK
+# timeout and a resend from the gap.
+NETEM = os.environ.get("SOFTROCE_NETEM", "loss 1% delay 1ms reorder 99%")
+NETEM_ENV = {
+    "ROCE_PG_IB_TIMEOUT": "14",   # 67 ms per ACK timeout (the default 18 waits 1 s per tail loss)
+    "TEST_PG_TIMEOUT_S": "600",
+}
+PORT_DOWN_ENV = {"ROCE_PG_IB_TIMEOUT": "14", "ROCE_PG_HEARTBEAT_TIMEOUT_MS": "10000"}
+STORE_PORTS = {"netem": 29510, "port_down": 29520}
 
 
 def worker():
@@ -64,23 +90,93 @@ def worker():
     return res
 
 
-def main():
+def phase_torchrun(node, master):
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    config = LaunchConfig(min_nodes=2, max_nodes=2, nproc_per_node=RANKS_PER_NODE, run_id="softroce",
+                          rdzv_backend="c10d", rdzv_endpoint=f"{master}:29400", max_restarts=0, start_method="fork",
+                          monitor_interval=1,
+                          local_addr=os.environ["NODE_ADDR"],  # VM hostnames do not resolve across VMs
+                          rdzv_configs={"join_timeout": 900, "is_host": node == 0})
+    before = sent_packets()
+    results = elastic_launch(config, worker)()
+    return {"results": results, "sent_packets": sent_packets() - before}
+
+
+def _tc(*args, check=True):
+    p = subprocess.run(["tc", *args], capture_output=True, text=True)
+    if check and p.returncode:
+        raise RuntimeError(f"tc {' '.join(args)}: {p.stderr.strip()}")
+    return p.stdout
+
+
+def _netem_dropped(stats):
+    """Packets dropped by the netem qdisc in `tc -s qdisc show` output."""
+    m = re.search(r"qdisc netem .*?\n\s*Sent \d+ bytes (\d+) pkt \(dropped (\d+)", stats)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def phase_netem(node, master, netdev):
+    # Only RoCE v2 (UDP 4791) goes through netem: the store and the lifelines (TCP) do not.
+    _tc("qdisc", "del", "dev", netdev, "root", check=False)
+    _tc("qdisc", "add", "dev", netdev, "root", "handle", "1:", "prio")
+    _tc("qdisc", "add", "dev", netdev, "parent", "1:3", "handle", "30:", "netem", "limit", "10000", *NETEM.split())
+    _tc("filter", "add", "dev", netdev, "parent", "1:0", "protocol", "ip", "u32", "match", "ip", "dport", "4791",
+        "0xffff", "flowid", "1:3")
+    hw0 = hw_counters()
+    res = {"netem": NETEM}
+    try:
+        ranks = range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE)
+        res["results"] = run_group("tests.softroce.verbs_workers.link_matrix", WORLD, env=NETEM_ENV,
+                                   start_method="fork", host=master, port=STORE_PORTS["netem"], ranks=ranks,
+                                   deadline_s=1200)
+    finally:
+        hw1 = hw_counters()
+        res["hw_delta"] = {k: hw1[k] - hw0.get(k, 0) for k in hw1}
+        stats = _tc("-s", "qdisc", "show", "dev", netdev)
+        res["tc_stats"] = stats
+        res["netem_sent"], res["netem_dropped"] = _netem_dropped(stats)
+        _tc("qdisc", "del", "dev", netdev, "root", check=False)
+    return res
+
+
+def phase_port_down(node, master, netdev):
+    victim = WORLD - 1  # on node 1
+    scratch = os.environ["SOFTROCE_SHARED_DIR"]  # both VMs see it: the moment the link went down
+    ranks = range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE)
+    results = run_group("tests.softroce.verbs_workers.port_down", WORLD, env=PORT_DOWN_ENV, init=False,
+                        start_method="fork", host=master, port=STORE_PORTS["port_down"], ranks=ranks,
+                        kwargs={"host": master, "victim": victim, "netdev": netdev, "scratch": scratch,
+                                "ranks_per_node": RANKS_PER_NODE},
+                        deadline_s=400)
+    return {"results": dict(zip(ranks, results)), "victim": victim}
+
+
+def main():
     out_dir, master = sys.argv[1], sys.argv[2]
     node = int(os.environ["NODE_RANK"])
-    config = LaunchConfig(min_nodes=2, max_nodes=2, nproc_per_node=2, run_id="softroce", rdzv_backend="c10d",
-                          rdzv_endpoint=f"{master}:29400", max_restarts=0, start_method="fork", monitor_interval=1,
-                          local_addr=os.environ["NODE_ADDR"],  # VM hostnames do not resolve across VMs
-                          rdzv_configs={"join_timeout": 1800, "is_host": node == 0})
-    before = sent_packets()
-    t0 = time.time()
-    results = elastic_launch(config, worker)()
-    report = {"node": node, "results": results, "sent_packets": sent_packets() - before,
-              "seconds": round(time.time() - t0, 1), "ports": roce_pg.rdma_ports()}  # after the forks
-    with open(os.path.join(out_dir, f"node{node}.json"), "w") as f:
+    netdev = os.environ["SOFTROCE_NETDEV"]
+    phases = os.environ.get("SOFTROCE_PHASES", "torchrun netem port_down").split()
+    report = {"node": node, "phases": {}}
+    path = os.path.join(out_dir, f"node{node}.json")
+    ok = True
+    for name in phases:
+        fn = {"torchrun": phase_torchrun, "netem": phase_netem, "port_down": phase_port_down}[name]
+        t0 = time.time()
+        try:
+            res = fn(node, master, netdev) if name != "torchrun" else fn(node, master)
+        except Exception:  # noqa: BLE001
+            res = {"error": traceback.format_exc()[-6000:]}
+            ok = False
+        res["seconds"] = round(time.time() - t0, 1)
+        report["phases"][name] = res
+        with open(path, "w") as f:  # rewritten after every phase: a run stopped by its limit still reports
+            json.dump(report, f, indent=1, default=str)
+        print(f"[node {node}] {name}: {res['seconds']} s {json.dumps(res, default=str)[:1500]}", flush=True)
+    report["ports"] = roce_pg.rdma_ports()  # after every fork
+    with open(path, "w") as f:
         json.dump(report, f, indent=1, default=str)
-    print(f"[node {node}] {json.dumps(report, default=str)[:1500]}", flush=True)
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,186 @@
+"""Rank-side bodies used only by the Soft-RoCE suites (the rest come from
+tests/api_workers.py, tests/fault_workers.py and tests/matrix.py)."""
+import importlib
+import os
+import subprocess
+import time
+
+import torch
+import torch.distributed as dist
+
+MTU = 1024  # rxe's active MTU: one packet carries at most this many payload bytes
+PROOF_BYTES = 1 << 20
+
+
+def proof_packets(world, nbytes=PROOF_BYTES):
+    """Fewest packets an allreduce of nbytes on `world` ranks puts on the wire:
+    whatever the algorithm, (world - 1) * nbytes bytes must cross between ranks."""
+    return (world - 1) * nbytes // MTU
+
+
+def with_proof(rank, world, port, target, kwargs=None, proof_bytes=PROOF_BYTES):
+    """An allreduce of proof_bytes (whose packets the caller counts), then `target`."""
+    t = torch.full((proof_bytes // 4,), float(rank + 1))
+    dist.all_reduce(t)
+    assert torch.all(t == world * (world + 1) / 2), "proof allreduce"
+    module, name = target.rsplit(".", 1)
+    fn = getattr(importlib.import_module(module), name)
+    return fn(rank=rank, world=world, port=port, **(kwargs or {}))
+
+
+def matrix_and_big(rank, world, port, big_bytes=8 << 20):
+    """The collective matrix, then an allreduce of big_bytes whose result is checked exactly."""
+    from tests.matrix import run
+
+    from tests.softroce.rxe_counters import sent_packets
+
+    res = run(rank, world, port)
+    t = torch.full((big_bytes // 4,), float(rank + 1))
+    dist.barrier()
+    before = sent_packets()  # one machine: every rank sees the same device counters
+    dist.all_reduce(t)
+    dist.barrier()
+    res["big_packets"] = sent_packets() - before
+    # the ring (reduce-scatter + allgather) sends 2 (n - 1) / n of the buffer per rank
+    res["big_min_packets"] = 2 * (world - 1) * big_bytes // MTU
+    res["big_ok"] = bool(torch.all(t == world * (world + 1) / 2))
+    return res
+
+
+def link_matrix(rank, world, port, sizes=(7, 16387), big_bytes=8 << 20):
+    """A compact collective matrix for a lossy link: every dtype, allreduce (SUM
+    and MAX), reduce_scatter, allgather, broadcast and all_to_all, a small and a
+    large size (the large one spans up to 1,000 packets), checked as
+    tests/matrix.py checks them (integers exactly, floats against float64
+    references within tolerance); then an allreduce of big_bytes."""
+    from tests.reference import (DTYPES, Checker, applicable_ops, block_input, inputs_for, make_input, make_op,
+                                 reduce_reference)
+
+    ck = Checker(rank)
+    for dtype in DTYPES:
+        for numel in sizes:
+            tag = f"{dtype} n={numel}"
+            for opname in [op for op in ("SUM", "MAX") if op in applicable_ops(dtype)]:
+                xs = inputs_for(world, numel, dtype, opname)
+                t = xs[rank].clone()
+                dist.all_reduce(t, op=make_op(opname, dtype))
+                ck.close(f"all_reduce {opname} {tag}", t, reduce_reference(xs, opname, dtype), dtype)
+            mine = torch.cat([block_input(rank, b, numel, dtype, "SUM") for b in range(world)])
+            out = torch.empty(numel, dtype=dtype)
+            dist.reduce_scatter_tensor(out, mine)
+            blocks = [block_input(k, rank, numel, dtype, "SUM") for k in range(world)]
+            ck.close(f"reduce_scatter_tensor {tag}", out, reduce_reference(blocks, "SUM", dtype), dtype)
+            xs = [make_input(r, numel, dtype, "wide", 3) for r in range(world)]
+            out = torch.empty(numel * world, dtype=dtype)
+            dist.all_gather_into_tensor(out, xs[rank])
+            ck.same(f"all_gather_into_tensor {tag}", out, torch.cat(xs))
+            root = numel % world
+            t = xs[rank].clone() if rank == root else torch.zeros(numel, dtype=dtype)
+            dist.broadcast(t, src=root)
+            ck.same(f"broadcast(root={root}) {tag}", t, xs[root])
+            ins = [make_input(k, numel * world, dtype, "wide", 4) for k in range(world)]
+            out = torch.empty(numel * world, dtype=dtype)
+            dist.all_to_all_single(out, ins[rank])
+            ck.same(f"all_to_all_single {tag}", out, torch.cat([ins[k][rank * numel:(rank + 1) * numel]
+                                                                 for k in range(world)]))
+        make_input.cache_clear()
+    res = ck.result()
+    t = torch.full((big_bytes // 4,), float(rank + 1))
+    dist.all_reduce(t)
+    res["big_ok"] = bool(torch.all(t == world * (world + 1) / 2))
+    return res
+
+
+def _pattern(n, dtype, salt):
+    """Deterministic values that every dtype holds exactly (integers below 2^11)."""
+    return ((torch.arange(n, dtype=torch.int64) * 7919 + salt * 104729) % 2039).to(dtype)
+
+
+def big_messages(rank, world, port, numel=(5 << 18) // 4 + 5):
+    """Messages larger than a chunk (default 1 MiB; 1.25 to 2.5 MiB here): they cross in several chunks,
+    through every landing slot and, with several QPs per connection, over all of
+    them. Integer-valued data: every result is checked bit for bit."""
+    right, left = (rank + 1) % world, (rank - 1) % world
+    checks = 0
+    for dtype in (torch.float32, torch.int64, torch.uint8):
+        n = numel if dtype.itemsize >= 4 else numel * 4 + 3  # > 1 MiB for every dtype
+        # allreduce (sum of patterns < 2^11 * world: exact in every dtype but uint8, which wraps)
+        t = _pattern(n, dtype, rank)
+        dist.all_reduce(t)
+        exp = sum(_pattern(n, torch.int64, r) for r in range(world)).to(dtype)
+        assert torch.equal(t, exp), f"allreduce {dtype} n={n}"
+        # broadcast from the last rank
+        t = _pattern(n, dtype, 50) if rank == world - 1 else torch.zeros(n, dtype=dtype)
+        dist.broadcast(t, src=world - 1)
+        assert torch.equal(t, _pattern(n, dtype, 50)), f"broadcast {dtype}"
+        # allgather
+        out = torch.empty(n * world, dtype=dtype)
+        dist.all_gather_into_tensor(out, _pattern(n, dtype, 10 + rank))
+        assert torch.equal(out, torch.cat([_pattern(n, dtype, 10 + r) for r in range(world)])), f"allgather {dtype}"
+        # ring exchange, both directions at once, of different sizes
+        got_l, got_r = torch.empty(n, dtype=dtype), torch.empty(n + 1001, dtype=dtype)
+        ops = [dist.P2POp(dist.irecv, got_l, left), dist.P2POp(dist.irecv, got_r, right),
+               dist.P2POp(dist.isend, _pattern(n, dtype, 20 + rank), right),
+               dist.P2POp(dist.isend, _pattern(n + 1001, dtype, 30 + rank), left)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        assert torch.equal(got_l, _pattern(n, dtype, 20 + left)), f"p2p from left {dtype}"
+        assert torch.equal(got_r, _pattern(n + 1001, dtype, 30 + right)), f"p2p from right {dtype}"
+        checks += 5
+    # all_to_all with > 1 MiB per peer
+    per = (5 << 18) // 8 + 17
+    ins = torch.cat([_pattern(per, torch.int64, 100 * rank + r) for r in range(world)])
+    out = torch.empty_like(ins)
+    dist.all_to_all_single(out, ins)
+    assert torch.equal(out, torch.cat([_pattern(per, torch.int64, 100 * k + rank) for k in range(world)])), "alltoall"
+    checks += 1
+    dist.barrier()
+    return {"checks": checks}
+
+
+def port_down(rank, world, port, host, victim, netdev, scratch, ranks_per_node=2, rounds=3, nbytes=1 << 20,
+              cap_s=150.0, timeout_s=60):
+    """Two machines; rank `victim` takes its machine's RDMA netdev down during an
+    allreduce loop. Every rank must raise (not hang): each reports how long after
+    the link went down it raised (measured with the wall clock on the other
+    machine). scratch: a directory every machine sees. Group init and teardown
+    are done here, not by the harness: once the link is down the far side cannot
+    reach the store."""
+    from datetime import timedelta
+
+    from tests.fault_workers import await_failure, mark_time
+
+    store = dist.TCPStore(host, port, world, is_master=(rank == 0), timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group("roce", store=dist.PrefixStore("portdown", store), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    t = torch.empty(nbytes // 4)
+    for _ in range(rounds):
+        t.fill_(1.0)
+        dist.all_reduce(t)
+        assert torch.all(t == world)
+    res = {"same_machine_as_victim": rank // ranks_per_node == victim // ranks_per_node}
+    pending = []
+    if rank == victim:
+        t.fill_(1.0)
+        pending.append(dist.all_reduce(t, async_op=True))
+        time.sleep(0.05)  # the allreduce is under way
+        down = subprocess.run(["ip", "link", "set", "dev", netdev, "down"], capture_output=True, text=True)
+        mark_time(scratch)
+        res["ip_link"] = f"rc={down.returncode} {down.stderr.strip()}"
+
+    def again():
+        if pending:
+            return pending.pop()
+        t.fill_(1.0)
+        return dist.all_reduce(t, async_op=True)
+
+    res.update(await_failure(again, scratch, cap_s, loop=True, wall=not res["same_machine_as_victim"]))
+    # The group is broken; destroying it must not hang either.
+    t0 = time.monotonic()
+    try:
+        dist.destroy_process_group()
+        res["destroy"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        res["destroy"] = f"{type(e).__name__}: {str(e)[:300]}"
+    res["destroy_s"] = round(time.monotonic() - t0, 3)
+    return res
