@@ -114,7 +114,7 @@ def _running_doctor():
 if not _running_doctor():
     _load_extension()
 
-__all__ = ["register", "rdma_ports", "build_info", "BACKEND_NAME"]
+__all__ = ["register", "rdma_ports", "build_info", "counters", "reset_counters", "BACKEND_NAME"]
 
 BACKEND_NAME = "roce"
 
@@ -134,6 +134,34 @@ def register():
     if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
+
+
+def _roce_backend(group):
+    group = dist.group.WORLD if group is None else group
+    if group is None:
+        raise RuntimeError("roce_pg.counters: no process group; call torch.distributed.init_process_group('roce') "
+                           "first or pass group=")
+    backend = group._get_backend(torch.device("cpu"))
+    if not isinstance(backend, _C.RoceBackend):
+        raise ValueError(f"roce_pg.counters: this group's CPU backend is {type(backend).__name__}, not roce; "
+                         f"pass a group created with backend='roce'")
+    return backend
+
+
+def counters(group=None):
+    """This rank's traffic counters for `group` (default: the world group), a dict:
+    bytes_sent_shm (payload posted to peers on this machine, incl. shared-memory
+    allreduce slots), bytes_sent_net (payload posted to the network transport,
+    TCP or verbs), bytes_copied (bytes the transports memcpy'd into or out of
+    staging: shared-memory rings and slots, verbs staging, early-arrival buffers),
+    ops (operations begun), sends (messages posted: an algorithm's rounds).
+    Monotonic until reset_counters()."""
+    return _roce_backend(group)._counters()
+
+
+def reset_counters(group=None):
+    """Sets this rank's counters for `group` to zero (other ranks' are untouched)."""
+    _roce_backend(group)._reset_counters()
 
 
 def rdma_ports():

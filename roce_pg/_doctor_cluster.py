@@ -46,7 +46,9 @@ def _machine_id(rank):
 
 
 def _roce_env():
-    return {k: v for k, v in os.environ.items() if k.startswith("ROCE_PG_") and k != "ROCE_PG_SIM_RANKS_PER_NODE"}
+    # The simulated placement differs per rank by design (ROCE_PG_SIM_NODE names each rank's machine).
+    return {k: v for k, v in os.environ.items()
+            if k.startswith("ROCE_PG_") and k not in ("ROCE_PG_SIM_RANKS_PER_NODE", "ROCE_PG_SIM_NODE")}
 
 
 class _Env:
@@ -226,11 +228,13 @@ def _agreement_rows(infos, machines, by_rank, leaders):
         envs.setdefault(tuple(sorted(i["env"].items())), []).append(i["rank"])
     if len(envs) > 1:
         variants = "; ".join(f"ranks {v}: {dict(k) or 'none'}" for k, v in envs.items())
-        must = any(k for k in ("ROCE_PG_IB_QPS_PER_CONNECTION", "ROCE_PG_NET_TRANSPORT", "ROCE_PG_CHUNK_BYTES")
-                   if len({dict(e).get(k) for e in envs}) > 1)
+        # Every rank must pick the same algorithm for the same call: ROCE_PG_ALGO* too.
+        must = any(k for k in {k for e in envs for k, _ in e}
+                   if (k in ("ROCE_PG_IB_QPS_PER_CONNECTION", "ROCE_PG_NET_TRANSPORT", "ROCE_PG_CHUNK_BYTES")
+                       or k.startswith("ROCE_PG_ALGO")) and len({dict(e).get(k) for e in envs}) > 1)
         rows.append(Row("same ROCE_PG_* everywhere", FAIL if must else WARN, f"ranks differ: {variants}"[:1500],
-                        "set the same ROCE_PG_* variables on every rank (QPS_PER_CONNECTION, NET_TRANSPORT and "
-                        "CHUNK_BYTES must match)"))
+                        "set the same ROCE_PG_* variables on every rank (QPS_PER_CONNECTION, NET_TRANSPORT, "
+                        "CHUNK_BYTES and ALGO* must match)"))
     else:
         rows.append(Row("same ROCE_PG_* everywhere", OK, "every rank has the same ROCE_PG_* variables"))
     if len(leaders) < 2:

@@ -41,7 +41,14 @@ INT_SETTINGS = {
     "ROCE_PG_IB_TC": (0, 255), "ROCE_PG_IB_SL": (0, 15), "ROCE_PG_IB_TIMEOUT": (1, 31),
     "ROCE_PG_IB_RETRY_CNT": (0, 7), "ROCE_PG_IB_QPS_PER_CONNECTION": (1, 16), "ROCE_PG_IB_SLOTS": (2, 256),
     "ROCE_PG_CHUNK_BYTES": (4096, 1 << 30),
+    "ROCE_PG_ALGO_RD_MAX_BYTES": (0, 1 << 40), "ROCE_PG_ALGO_RING_MIN_BYTES": (0, 1 << 40),
+    "ROCE_PG_ALGO_HIER_MIN_BYTES": (0, 1 << 40), "ROCE_PG_ALGO_BRUCK_MAX_BYTES": (0, 1 << 40),
 }
+
+# Algorithm selection (csrc/algorithms/select.cpp): accepted names.
+_ALLREDUCE = ("auto", "ring", "hier", "rd", "rabenseifner")
+ALGO_SETTINGS = {"ROCE_PG_ALGO": _ALLREDUCE, "ROCE_PG_ALGO_ALLREDUCE": _ALLREDUCE,
+                 "ROCE_PG_ALGO_ALLGATHER": ("auto", "ring", "bruck")}
 
 
 @dataclass
@@ -438,6 +445,12 @@ def check_settings(m: Machine) -> Row:
         shown.append(f"ROCE_PG_NET_TRANSPORT={t}")
         if t not in ("auto", "verbs", "tcp"):
             bad.append(f"ROCE_PG_NET_TRANSPORT={t!r} (expected auto, verbs or tcp)")
+    for name, allowed in ALGO_SETTINGS.items():
+        v = m.get(name)
+        if v:
+            shown.append(f"{name}={v}")
+            if v not in allowed:
+                bad.append(f"{name}={v!r} (expected {', '.join(allowed)})")
     for name, (lo, hi) in INT_SETTINGS.items():
         v = m.get(name)
         if v:

@@ -7,6 +7,7 @@
 // in the same order. Block layouts are in group-rank order.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "../common/dtype.hpp"
@@ -15,8 +16,9 @@ namespace roce {
 
 class Communicator;
 
-// In place. Picks the shared-memory algorithm when the whole group is on one
-// machine, else a chunked, pipelined ring (reduce-scatter then allgather).
+// In place. The algorithm is chosen per call (select.hpp): shared memory when
+// the whole group is on one machine, else recursive doubling, Rabenseifner,
+// hierarchical or ring by size and topology, or the one ROCE_PG_ALGO* forces.
 void allreduce(Communicator& c, void* data, size_t count, DataType t, Reduction red);
 // Result lands in `data` on `root` only; other ranks' `data` is left untouched.
 void reduce(Communicator& c, void* data, size_t count, DataType t, Reduction red, int root);
@@ -40,7 +42,14 @@ void barrier(Communicator& c);
 // Building blocks shared by the algorithms above.
 namespace detail {
 void shmAllreduce(Communicator& c, void* data, size_t count, DataType t, Reduction red);
-void ringAllreduce(Communicator& c, void* data, size_t count, DataType t, Reduction red);
+// Kernel-level building blocks: `op` is a kernel operator (AVG and PREMUL_SUM
+// are applied by the callers), `tag` the collective's tag.
+// Ring reduce-scatter + allgather among `order` (group ranks, ring order).
+void ringAllreduce(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data, size_t count,
+                   DataType t, ReduceOp op);
+void hierAllreduce(Communicator& c, uint64_t tag, void* data, size_t count, DataType t, ReduceOp op);
+// Into `output` (size() blocks in rank order); the input block may alias its slot.
+void bruckAllgather(Communicator& c, uint64_t tag, const void* input, void* output, size_t blockBytes);
 }  // namespace detail
 
 }  // namespace roce

@@ -6,19 +6,19 @@
 #include "../common/bytes.hpp"
 #include "../reduce/reduce.hpp"
 #include "algorithms.hpp"
+#include "recursive.hpp"
 #include "ring.hpp"
+#include "select.hpp"
 
 namespace roce {
 
 namespace detail {
 
-void ringAllreduce(Communicator& c, void* data, size_t count, DataType t, Reduction red) {
-  const uint64_t tag = c.nextCollectiveTag();
-  if (red.op == ReduceOp::PreMulSum) scaleCopy(t, data, data, count, red.factor);
-  const RingSegments segs = RingSegments::even(count, c.size());
-  ringReduceScatter(c, tag, data, segs, t, kernelOp(red.op));
-  ringAllgather(c, tag, data, segs, elementSize(t));
-  if (red.op == ReduceOp::Avg) divideBy(t, data, count, c.size());
+void ringAllreduce(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data, size_t count,
+                   DataType t, ReduceOp op) {
+  const RingSegments segs = RingSegments::even(count, static_cast<int>(order.size()));
+  ringReduceScatter(c, order, tag, data, segs, t, op);
+  ringAllgather(c, order, tag, data, segs, elementSize(t));
 }
 
 }  // namespace detail
@@ -29,8 +29,22 @@ void allreduce(Communicator& c, void* data, size_t count, DataType t, Reduction 
     if (red.op == ReduceOp::PreMulSum) scaleCopy(t, data, data, count, red.factor);
     return;  // AVG over one rank is the identity
   }
-  if (c.nodeShm()) detail::shmAllreduce(c, data, count, t, red);
-  else detail::ringAllreduce(c, data, count, t, red);
+  const Algo algo = chooseAllreduce(c, count * elementSize(t));
+  if (algo == Algo::Shm) return detail::shmAllreduce(c, data, count, t, red);
+  // The network algorithms reduce with kernel operators: PREMUL_SUM scales
+  // the input first, AVG divides the sum (see docs/ARCHITECTURE.md, Kernels).
+  const uint64_t tag = c.nextCollectiveTag();
+  if (red.op == ReduceOp::PreMulSum) scaleCopy(t, data, data, count, red.factor);
+  const ReduceOp op = kernelOp(red.op);
+  // Node-sorted order: ring edges and the low XOR partners stay on one machine.
+  const Team all(c.topology().ringOrder, c.rank());
+  switch (algo) {
+    case Algo::Rd: recursiveDoublingAllreduce(c, all, tag, data, count, t, op); break;
+    case Algo::Rabenseifner: rabenseifnerAllreduce(c, all, tag, data, count, t, op); break;
+    case Algo::Hier: detail::hierAllreduce(c, tag, data, count, t, op); break;
+    default: detail::ringAllreduce(c, all.ranks, tag, data, count, t, op); break;
+  }
+  if (red.op == ReduceOp::Avg) divideBy(t, data, count, c.size());
 }
 
 void reduce(Communicator& c, void* data, size_t count, DataType t, Reduction red, int root) {
@@ -54,7 +68,7 @@ void reduceScatter(Communicator& c, const void* input, void* output, size_t bloc
   else copyBytes(work, input, total * esz);
   const uint64_t tag = c.nextCollectiveTag();
   const auto segs = RingSegments::blocks(c.topology().ringOrder, blockCount);
-  ringReduceScatter(c, tag, work, segs, t, kernelOp(red.op));
+  ringReduceScatter(c, c.topology().ringOrder, tag, work, segs, t, kernelOp(red.op));
   char* mine = work + static_cast<size_t>(c.rank()) * blockCount * esz;
   if (red.op == ReduceOp::Avg) divideBy(t, mine, blockCount, c.size());
   copyBytes(output, mine, blockCount * esz);
@@ -65,7 +79,10 @@ void allgather(Communicator& c, const void* input, void* output, size_t blockByt
   char* mine = out + static_cast<size_t>(c.rank()) * blockBytes;
   if (mine != input) moveBytes(mine, input, blockBytes);
   const uint64_t tag = c.nextCollectiveTag();
-  ringAllgather(c, tag, out, RingSegments::blocks(c.topology().ringOrder, blockBytes), 1);
+  if (c.size() == 1) return;
+  if (chooseAllgather(c, blockBytes * c.size()) == Algo::Bruck)
+    return detail::bruckAllgather(c, tag, out + static_cast<size_t>(c.rank()) * blockBytes, out, blockBytes);
+  ringAllgather(c, c.topology().ringOrder, tag, out, RingSegments::blocks(c.topology().ringOrder, blockBytes), 1);
 }
 
 }  // namespace roce

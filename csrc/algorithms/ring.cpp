@@ -10,8 +10,7 @@ namespace {
 
 struct RingPosition {
   int pos, n, left, right;
-  explicit RingPosition(const Communicator& c) {
-    const auto& order = c.topology().ringOrder;
+  RingPosition(const Communicator& c, const std::vector<int>& order) {
     n = static_cast<int>(order.size());
     pos = static_cast<int>(std::find(order.begin(), order.end(), c.rank()) - order.begin());
     left = order[(pos + n - 1) % n];
@@ -53,9 +52,9 @@ RingSegments RingSegments::blocks(const std::vector<int>& ringOrder, size_t bloc
   return s;
 }
 
-void ringReduceScatter(Communicator& c, uint64_t tag, void* data, const RingSegments& segs, DataType t,
-                       ReduceOp op) {
-  const RingPosition rp(c);
+void ringReduceScatter(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data,
+                       const RingSegments& segs, DataType t, ReduceOp op) {
+  const RingPosition rp(c, order);
   if (rp.n == 1) return;
   const size_t esz = elementSize(t);
   const size_t chunkElems = std::max<size_t>(1, c.config().chunkBytes / esz);
@@ -82,8 +81,9 @@ void ringReduceScatter(Communicator& c, uint64_t tag, void* data, const RingSegm
   }
 }
 
-void ringAllgather(Communicator& c, uint64_t tag, void* data, const RingSegments& segs, size_t esz) {
-  const RingPosition rp(c);
+void ringAllgather(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data, const RingSegments& segs,
+                   size_t esz) {
+  const RingPosition rp(c, order);
   if (rp.n == 1) return;
   const size_t chunkElems = std::max<size_t>(1, c.config().chunkBytes / esz);
   char* base = static_cast<char*>(data);

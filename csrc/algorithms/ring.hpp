@@ -1,6 +1,8 @@
-// Ring reduce-scatter and allgather over segments indexed by ring position
-// (Communicator::topology().ringOrder), chunked so that receiving chunk k+1
-// overlaps reducing chunk k.
+// Ring reduce-scatter and allgather over segments indexed by ring position,
+// chunked so that receiving chunk k+1 overlaps reducing chunk k. `order` lists
+// the ring's members (group ranks): the whole group in
+// Communicator::topology().ringOrder, or a subset (one machine's ranks, or one
+// rank per machine, in the hierarchical allreduce); this rank must be in it.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -23,9 +25,10 @@ struct RingSegments {
 };
 
 // Afterwards ring position q holds the fully reduced segment q.
-void ringReduceScatter(Communicator& c, uint64_t tag, void* data, const RingSegments& segs, DataType t,
-                       ReduceOp op);
+void ringReduceScatter(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data,
+                       const RingSegments& segs, DataType t, ReduceOp op);
 // Starting with segment q complete at position q, leaves every segment everywhere.
-void ringAllgather(Communicator& c, uint64_t tag, void* data, const RingSegments& segs, size_t elemSize);
+void ringAllgather(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data, const RingSegments& segs,
+                   size_t elemSize);
 
 }  // namespace roce

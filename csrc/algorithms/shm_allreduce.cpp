@@ -106,6 +106,10 @@ void shmAllreduce(Communicator& c, void* data, size_t count, DataType t, Reducti
     shmBarrier(c, shm);
     for (int j = 0; j < n; ++j)
       if (j != me) copyBytes(chunk + lo(j) * esz, shm.slot(j, buf) + lo(j) * esz, bytesOf(j));
+    // Into the slot: the others' slices and the reduced own slice (what peers
+    // read); out of the slots: the others' reduced slices.
+    Counters::add(c.counters().bytesSentShm, m * esz);
+    Counters::add(c.counters().bytesCopied, (2 * m - myN) * esz);
     off += m;
   } while (off < count);
 }

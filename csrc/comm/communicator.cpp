@@ -55,8 +55,9 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
   const auto deadline = Clock::now() + timeout_;
   RankInfo me;
   me.hostId = localHostId();
-  me.nodeId = cfg_.simRanksPerNode > 0 ? str("sim-node-", globalRank / cfg_.simRanksPerNode, "@", me.hostId)
-                                       : me.hostId;
+  me.nodeId = !cfg_.simNode.empty()       ? str("sim-node-", cfg_.simNode, "@", me.hostId)
+              : cfg_.simRanksPerNode > 0 ? str("sim-node-", globalRank / cfg_.simRanksPerNode, "@", me.hostId)
+                                         : me.hostId;
   me.pid = getpid();
   me.nonce = randomNonce();
   me.shmRingBytes = cfg_.shmRingBytes;
@@ -129,6 +130,9 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
   }
   for (int r = 0; r < size; ++r)
     if (viaNet[r]) routes_[r] = transports_.back().get();
+  viaShm_.assign(size, false);
+  for (int r = 0; r < size; ++r) viaShm_[r] = routes_[r] && !viaNet[r];
+  for (auto& t : transports_) t->setCounters(&counters_);
   acceptor.reset();
   listener_.reset();  // all connections are made
 
@@ -218,6 +222,7 @@ Transport* Communicator::route(int peer) const {
 void Communicator::beginOperation(const std::string& what, Clock::time_point deadline) {
   opName_ = what;
   deadline_ = deadline;
+  Counters::add(counters_.ops, 1);
   // The previous collective's requests can go once no transport can touch them.
   if (!hasPendingRequests()) owned_.clear();
   if (broken_.empty() && peerFailed_.load()) {
@@ -251,7 +256,11 @@ void Communicator::post(Request& r) {
   r.error.clear();
   if (!broken_.empty()) return r.fail(broken_);
   Transport* t = route(r.peer);
-  if (r.kind == Request::Kind::Send) t->postSend(&r);
+  if (r.kind == Request::Kind::Send) {
+    Counters::add(viaShm_[r.peer] ? counters_.bytesSentShm : counters_.bytesSentNet, r.len);
+    Counters::add(counters_.sends, 1);
+    t->postSend(&r);
+  }
   else t->postRecv(&r);
 }
 

@@ -19,6 +19,7 @@
 #include "../common/backoff.hpp"
 #include "../common/bootstrap.hpp"
 #include "../common/config.hpp"
+#include "../common/counters.hpp"
 #include "../transport/transport.hpp"
 #include "topology.hpp"
 
@@ -45,6 +46,8 @@ class Communicator {
   // Non-null when every rank of the group shares this machine's memory.
   NodeShm* nodeShm() const { return topo_.allLocal() ? nodeShm_.get() : nullptr; }
   const char* transportName(int peer) const;
+  // Traffic statistics; safe to read from any thread.
+  Counters& counters() { return counters_; }
 
   // --- per-operation context -------------------------------------------------
   // Names the running operation in error messages and sets its deadline.
@@ -101,6 +104,9 @@ class Communicator {
   // Shared-memory allreduce bookkeeping (barrier generation, slot parity).
   uint64_t shmBarrierGeneration = 0;
   uint64_t shmIteration = 0;
+  // Algorithm selection: which (kind, algorithm) choices were logged already
+  // (bit per algorithm, csrc/algorithms/select.cpp), so INFO says it once.
+  uint32_t algoLogged[8] = {};
 
  private:
   Transport* route(int peer) const;
@@ -124,6 +130,8 @@ class Communicator {
   std::vector<std::string> hostNames_;  // per rank, for messages
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<Transport*> routes_;  // per peer; null for self
+  std::vector<bool> viaShm_;        // per peer: served by shared memory (for the counters)
+  Counters counters_;
   std::vector<Request*> anySource_;
   std::deque<Request> owned_;  // requests created by post(kind, ...); see there
   std::string broken_;

@@ -1,6 +1,8 @@
 #include "config.hpp"
 
+#include <cctype>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 #include "error.hpp"
@@ -27,6 +29,18 @@ long long envInt(const char* name, long long def, long long lo, long long hi) {
   return x;
 }
 
+// The variable's value if it is one of `allowed`, `def` when unset.
+std::string oneOf(const char* name, const std::string& def, std::initializer_list<const char*> allowed) {
+  const char* v = env(name);
+  if (!v) return def;
+  std::string list;
+  for (const char* a : allowed) {
+    if (v == std::string(a)) return v;
+    list += str(list.empty() ? "" : ", ", a);
+  }
+  throwInvalid(str(name, "='", v, "': expected one of ", list));
+}
+
 bool envBool(const char* name) {
   const char* v = env(name);
   if (!v) return false;
@@ -42,6 +56,19 @@ Config Config::fromEnv() {
   Config c;
   c.forceNetwork = envBool("ROCE_PG_FORCE_NETWORK");
   c.simRanksPerNode = static_cast<int>(envInt("ROCE_PG_SIM_RANKS_PER_NODE", 0, 0, 1 << 20));
+  if (const char* v = env("ROCE_PG_SIM_NODE")) {
+    c.simNode = v;
+    bool ok = c.simNode.size() <= 64;
+    for (char ch : c.simNode) ok &= std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_';
+    if (!ok) throwInvalid(str("ROCE_PG_SIM_NODE='", c.simNode, "': use up to 64 letters, digits, '-' or '_'"));
+  }
+  c.algoAllreduce = oneOf("ROCE_PG_ALGO_ALLREDUCE", oneOf("ROCE_PG_ALGO", "auto", {"auto", "ring", "hier", "rd", "rabenseifner"}),
+                          {"auto", "ring", "hier", "rd", "rabenseifner"});
+  c.algoAllgather = oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "ring", "bruck"});
+  c.rdMaxBytes = envInt("ROCE_PG_ALGO_RD_MAX_BYTES", c.rdMaxBytes, 0, 1ll << 40);
+  c.ringMinBytes = envInt("ROCE_PG_ALGO_RING_MIN_BYTES", c.ringMinBytes, 0, 1ll << 40);
+  c.hierMinBytes = envInt("ROCE_PG_ALGO_HIER_MIN_BYTES", c.hierMinBytes, 0, 1ll << 40);
+  c.bruckMaxBytes = envInt("ROCE_PG_ALGO_BRUCK_MAX_BYTES", c.bruckMaxBytes, 0, 1ll << 40);
   if (const char* v = env("ROCE_PG_NET_TRANSPORT")) c.netTransport = v;
   if (c.netTransport != "auto" && c.netTransport != "tcp" && c.netTransport != "verbs")
     throwInvalid(str("ROCE_PG_NET_TRANSPORT='", c.netTransport, "': expected 'auto', 'verbs' or 'tcp'"));
@@ -84,6 +111,9 @@ const std::string& testFault() {
 
 std::string Config::describe() const {
   return str("force_network=", forceNetwork, " sim_ranks_per_node=", simRanksPerNode,
+             simNode.empty() ? "" : str(" sim_node=", simNode), " algo_allreduce=", algoAllreduce,
+             " algo_allgather=", algoAllgather, " rd_max_bytes=", rdMaxBytes, " ring_min_bytes=", ringMinBytes,
+             " hier_min_bytes=", hierMinBytes, " bruck_max_bytes=", bruckMaxBytes,
              " net_transport=", netTransport, " chunk_bytes=", chunkBytes,
              " shm_slot_bytes=", shmSlotBytes, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
              " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,

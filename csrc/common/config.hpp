@@ -11,6 +11,17 @@ struct Config {
   bool forceNetwork = false;             // ROCE_PG_FORCE_NETWORK=1
   // Pretend that consecutive blocks of this many global ranks are separate machines (tests).
   int simRanksPerNode = 0;               // ROCE_PG_SIM_RANKS_PER_NODE
+  // This rank's simulated machine (any token; ranks with the same token share a
+  // "machine"); overrides simRanksPerNode, so uneven machines can be tested.
+  std::string simNode;                   // ROCE_PG_SIM_NODE
+  // Algorithm selection (csrc/algorithms/select.cpp): "auto" or a forced name.
+  std::string algoAllreduce = "auto";    // ROCE_PG_ALGO_ALLREDUCE, else ROCE_PG_ALGO: auto|ring|hier|rd|rabenseifner
+  std::string algoAllgather = "auto";    // ROCE_PG_ALGO_ALLGATHER: auto|ring|bruck
+  // Thresholds of "auto", in bytes per rank (allgather: output bytes).
+  size_t rdMaxBytes = 8u << 10;          // ROCE_PG_ALGO_RD_MAX_BYTES: recursive doubling up to here
+  size_t ringMinBytes = 1u << 20;        // ROCE_PG_ALGO_RING_MIN_BYTES: ring from here (Rabenseifner between)
+  size_t hierMinBytes = 64u << 10;       // ROCE_PG_ALGO_HIER_MIN_BYTES: hierarchical from here (several ranks per machine)
+  size_t bruckMaxBytes = 64u << 10;      // ROCE_PG_ALGO_BRUCK_MAX_BYTES: Bruck allgather up to here
   // Network transport between machines: "auto" (verbs when every rank has a
   // usable RDMA port, else an error for groups spanning machines), "verbs" or "tcp".
   std::string netTransport = "auto";     // ROCE_PG_NET_TRANSPORT

@@ -49,6 +49,8 @@ class Engine {
   void shutdown(std::chrono::milliseconds grace);
   // Fails everything pending and stops at once.
   void abort(const std::string& why);
+  // For statistics readable from any thread (Communicator::counters()).
+  Communicator& comm() { return *comm_; }
 
  private:
   void loop();

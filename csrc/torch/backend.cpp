@@ -65,6 +65,8 @@ RoceBackend::~RoceBackend() { engine_.reset(); }
 
 void RoceBackend::shutdown() { engine_->shutdown(std::chrono::milliseconds(cfg_.shutdownGraceMs)); }
 
+Counters& RoceBackend::counters() { return engine_->comm().counters(); }
+
 void RoceBackend::abort() { engine_->abort("abort() was called on this process group"); }
 
 std::chrono::milliseconds RoceBackend::effective(std::chrono::milliseconds t) const {

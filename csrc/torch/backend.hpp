@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "../common/config.hpp"
+#include "../common/counters.hpp"
 #include "../engine/engine.hpp"
 #include "work.hpp"
 
@@ -28,6 +29,8 @@ class RoceBackend : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return collectives_.load(); }
   void setSequenceNumberForGroup() override {}
   void abort() override;
+  // Traffic counters of this group (roce_pg.counters()); any thread.
+  Counters& counters();
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;

@@ -21,7 +21,20 @@ PYBIND11_MODULE(_C, m) {
              return c10::make_intrusive<roce::RoceBackend>(store, rank, size, timeout, globalRank);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("global_rank"),
-           py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>())
+      .def("_counters",
+           [](roce::RoceBackend& b) {
+             auto& c = b.counters();
+             auto get = [](const std::atomic<uint64_t>& x) { return x.load(std::memory_order_relaxed); };
+             py::dict d;
+             d["bytes_sent_shm"] = get(c.bytesSentShm);
+             d["bytes_sent_net"] = get(c.bytesSentNet);
+             d["bytes_copied"] = get(c.bytesCopied);
+             d["ops"] = get(c.ops);
+             d["sends"] = get(c.sends);
+             return d;
+           })
+      .def("_reset_counters", [](roce::RoceBackend& b) { b.counters().reset(); });
   m.def("rdma_ports", [] {
     py::list out;
     for (const auto& p : roce::probeRdmaPorts()) {

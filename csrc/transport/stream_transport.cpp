@@ -30,8 +30,8 @@ StreamTransport::FrameHeader StreamTransport::makeHeader(const Request& r) const
   return h;
 }
 
-StreamTransport::StreamTransport(int rank, std::vector<std::unique_ptr<BytePipe>> pipes)
-    : rank_(rank), peers_(pipes.size()) {
+StreamTransport::StreamTransport(int rank, std::vector<std::unique_ptr<BytePipe>> pipes, bool copiesPayload)
+    : rank_(rank), peers_(pipes.size()), copiesPayload_(copiesPayload) {
   for (size_t i = 0; i < pipes.size(); ++i) peers_[i].pipe = std::move(pipes[i]);
 }
 
@@ -48,9 +48,10 @@ std::string StreamTransport::sizeMismatch(int peer, const Request& r, uint64_t g
 }
 
 // Completes a receive from a message that was buffered before it was posted.
-void StreamTransport::deliverBuffered(int peer, Request* r, const std::vector<char>& msg) const {
+void StreamTransport::deliverBuffered(int peer, Request* r, const std::vector<char>& msg) {
   if (msg.size() != r->len) return r->fail(sizeMismatch(peer, *r, msg.size()));
   if (r->len) std::memcpy(r->buf, msg.data(), r->len);
+  countCopied(r->len);
   r->done = true;
 }
 
@@ -112,6 +113,7 @@ bool StreamTransport::progressSend(int peer, Peer& p) {
     p.sendPos += wrote;
     moved |= wrote > 0;
     if (p.sendPos == hdr + r->len) {
+      if (copiesPayload_) countCopied(r->len);
       r->done = true;
       p.sendq.pop_front();
       p.sendPos = 0;
@@ -179,6 +181,7 @@ void StreamTransport::onHeader(int peer, Peer& p) {
 void StreamTransport::onPayloadDone(int peer, Peer& p) {
   (void)peer;
   p.inPayload = false;
+  if (copiesPayload_) countCopied(p.recvHdr.len);
   if (p.matched) {
     p.matched->done = true;
     p.matched = nullptr;

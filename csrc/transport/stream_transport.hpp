@@ -28,7 +28,10 @@ class BytePipe {
 class StreamTransport : public Transport {
  public:
   // pipes[peer] may be null for peers this transport does not serve.
-  StreamTransport(int rank, std::vector<std::unique_ptr<BytePipe>> pipes);
+  // copiesPayload: the pipes memcpy every byte through a staging buffer (the
+  // shared-memory rings), so payload written and read counts as copied; TCP's
+  // copies happen in the kernel and are not counted.
+  StreamTransport(int rank, std::vector<std::unique_ptr<BytePipe>> pipes, bool copiesPayload = false);
   void postSend(Request* r) override;
   void postRecv(Request* r) override;
   bool progress() override;
@@ -76,9 +79,10 @@ class StreamTransport : public Transport {
   void killPeer(int peer, Peer& p, const std::string& why);
   std::string sizeMismatch(int peer, const Request& r, uint64_t got) const;
   FrameHeader makeHeader(const Request& r) const;
-  void deliverBuffered(int peer, Request* r, const std::vector<char>& msg) const;
+  void deliverBuffered(int peer, Request* r, const std::vector<char>& msg);
 
   std::vector<Peer> peers_;
+  bool copiesPayload_;
 };
 
 }  // namespace roce

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <string>
 
+#include "../common/counters.hpp"
+
 namespace roce {
 
 struct Request {
@@ -51,6 +53,17 @@ class Transport {
   virtual std::string checkPeers() { return {}; }
   // Fails every pending request with `why` (abort / shutdown).
   virtual void failAll(const std::string& why) = 0;
+
+  // Where copies into or out of staging are counted (set by the Communicator).
+  void setCounters(Counters* c) { counters_ = c; }
+
+ protected:
+  void countCopied(size_t n) {
+    if (counters_) Counters::add(counters_->bytesCopied, n);
+  }
+
+ private:
+  Counters* counters_ = nullptr;
 };
 
 }  // namespace roce

@@ -32,6 +32,6 @@ std::vector<std::unique_ptr<BytePipe>> makePipes(int groupSize, NodeShm& shm,
 }  // namespace
 
 ShmTransport::ShmTransport(int rank, int groupSize, NodeShm& shm, const std::vector<int>& localRanks)
-    : StreamTransport(rank, makePipes(groupSize, shm, localRanks)) {}
+    : StreamTransport(rank, makePipes(groupSize, shm, localRanks), /*copiesPayload=*/true) {}
 
 }  // namespace roce

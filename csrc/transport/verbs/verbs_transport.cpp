@@ -535,6 +535,7 @@ bool VerbsTransport::streamSends(int p) {
       SlotHeader h{as.recvId, offset, len, {}};
       std::memcpy(dst, &h, sizeof(h));
       if (len) std::memcpy(dst + sizeof(h), static_cast<char*>(as.r->buf) + offset, len);
+      countCopied(len);
       ibv_sge sge{reinterpret_cast<uint64_t>(dst), static_cast<uint32_t>(sizeof(h) + len), peer.stagingMr->lkey};
       ibv_send_wr wr{};
       wr.wr_id = wrId(kWrData, p, static_cast<int>(&q - peer.qps.data()), slot);
@@ -710,6 +711,7 @@ void VerbsTransport::onData(int p, uint32_t slot, uint32_t byteLen) {
                            "): corrupted slot header"));
   st.seen[index] = true;
   if (h.len) std::memcpy(static_cast<char*>(st.r->buf) + h.offset, src + sizeof(h), h.len);
+  countCopied(h.len);
   if (++st.got == st.expected) {
     st.r->done = true;
     peer.recvs.erase(it);

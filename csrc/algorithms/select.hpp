@@ -1,0 +1,31 @@
+// Which algorithm a collective uses: forced by ROCE_PG_ALGO* or chosen by
+// "auto" from the message size, the group size and the ranks per machine
+// (the table is in docs/ARCHITECTURE.md, the measurements behind it in
+// docs/PERFORMANCE.md).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "team.hpp"
+
+namespace roce {
+
+class Communicator;
+
+enum class Algo : uint8_t { Shm, Ring, Hier, Rd, Rabenseifner, Bruck, Tree, Chain };
+const char* algoName(Algo a);
+
+// For allreduce (and reduce, built on it) of `bytes` per rank over the whole group.
+Algo chooseAllreduce(Communicator& c, size_t bytes);
+// For an allreduce among `team` inside the hierarchical algorithm (never Shm or Hier).
+Algo chooseFlatAllreduce(Communicator& c, size_t bytes, const Team& team);
+// For allgather of `totalBytes` of output per rank.
+Algo chooseAllgather(Communicator& c, size_t totalBytes);
+
+// For broadcast of `bytes`: binomial Tree, or pipelined Chain for large messages.
+Algo chooseBroadcast(Communicator& c, size_t bytes);
+
+// True when every machine of the group has the same number of ranks.
+bool evenMachines(const Communicator& c);
+
+}  // namespace roce

@@ -1,0 +1,24 @@
+// Per-group traffic counters, readable from Python (roce_pg.counters()) while
+// the progress thread updates them: relaxed atomics, because they are
+// statistics and order nothing. Tests use them to check what an algorithm
+// put on which transport; benchmarks to report bytes per rank.
+#pragma once
+#include <atomic>
+#include <cstdint>
+
+namespace roce {
+
+struct Counters {
+  std::atomic<uint64_t> bytesSentShm{0};  // payload bytes posted to same-machine peers
+  std::atomic<uint64_t> bytesSentNet{0};  // payload bytes posted to the network transport (TCP or verbs)
+  std::atomic<uint64_t> bytesCopied{0};   // bytes a transport memcpy'd into or out of staging
+  std::atomic<uint64_t> ops{0};           // operations begun (collectives and point-to-point)
+  std::atomic<uint64_t> sends{0};         // messages posted (latency: an algorithm's rounds show here)
+
+  static void add(std::atomic<uint64_t>& c, uint64_t n) { c.fetch_add(n, std::memory_order_relaxed); }
+  void reset() {
+    for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends}) c->store(0, std::memory_order_relaxed);
+  }
+};
+
+}  // namespace roce
