@@ -1,0 +1,143 @@
+"""Rank-side code of tests/test_algorithms.py. One spawned group per machine
+layout; inside it every subgroup of interest is created once per allreduce
+algorithm (the algorithm is read from ROCE_PG_ALGO_* when a group is created),
+and each runs a matrix of reduce ops x dtypes x size classes against float64 /
+exact references from tests/reference.py."""
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import roce_pg
+
+from .reference import DTYPES, TOLERANCE, Checker, applicable_ops, inputs_for, make_input, make_op, reduce_reference
+
+ALGOS = ["auto", "ring", "rd", "rabenseifner", "hier"]
+# The allgather algorithm tested alongside each allreduce algorithm.
+ALLGATHER_FOR = {"auto": "auto", "ring": "ring", "rd": "bruck", "rabenseifner": "bruck", "hier": "auto"}
+# Small thresholds (set by the test) put every size class into a few KiB:
+# rd <= 64 B < rabenseifner < 8 KiB <= ring, hier from 1 KiB.
+FULL_SIZES = [7, 1000]                 # every dtype x op
+SWEEP_SIZES = [0, 1, 3, 16, 17, 100, 1000, 2048, 3001]  # a few dtype/op pairs
+SWEEP = [(torch.float32, "SUM"), (torch.int32, "MAX"), (torch.bfloat16, "AVG"), (torch.int64, "PREMUL_SUM"),
+         (torch.float64, "PRODUCT")]
+
+
+def _close(ck, what, got, expected, dtype, world):
+    """Checker.close with the half-precision tolerance scaled to the group size
+    (TOLERANCE is set for at most four ranks; one rounding per hop)."""
+    if dtype in (torch.float16, torch.bfloat16) and world > 4:
+        atol, rtol = TOLERANCE[dtype]
+        g, e = got.to(torch.float64), expected.to(torch.float64)
+        ck.checks += 1
+        scale = world / 4
+        if not bool(((g - e).abs() <= e.abs() * rtol * scale + atol * scale).all()):
+            ck.failures.append(f"rank {ck.rank}: {what}: max error {(g - e).abs().max().item()}")
+        return
+    ck.close(what, got, expected, dtype)
+
+
+def _check_allreduce(ck, group, members, me, label, dtype, opname, numel, salt):
+    world = len(members)
+    xs = inputs_for(world, numel, dtype, opname, salt)
+    t = xs[me].clone()
+    dist.all_reduce(t, op=make_op(opname, dtype), group=group)
+    _close(ck, f"{label} all_reduce {dtype} {opname} n={numel}", t, reduce_reference(xs, opname, dtype), dtype, world)
+    return t
+
+
+def _matrix(ck, group, members, me, label):
+    world = len(members)
+    # Every dtype x op on groups of up to four ranks (which include the folded
+    # three-rank cases); larger groups run the sweep only, to bound the time.
+    for dtype in DTYPES if world <= 4 else []:
+        for numel in FULL_SIZES:
+            for opname in applicable_ops(dtype):
+                _check_allreduce(ck, group, members, me, label, dtype, opname, numel, 1)
+    make_input.cache_clear()
+    for dtype, opname in SWEEP:
+        for numel in SWEEP_SIZES:
+            _check_allreduce(ck, group, members, me, label, dtype, opname, numel, 2)
+    # Every rank ends with the same bits (each element is computed once, or by
+    # both partners from the same two operands).
+    for dtype in (torch.float32, torch.float16):
+        for numel in (5, 1000, 3001):
+            t = _check_allreduce(ck, group, members, me, label, dtype, "SUM", numel, 3)
+            outs = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(outs, t, group=group)
+            ck.checks += 1
+            if not all(torch.equal(o.view(torch.int16 if dtype == torch.float16 else torch.int32),
+                                   t.view(torch.int16 if dtype == torch.float16 else torch.int32)) for o in outs):
+                ck.failures.append(f"rank {ck.rank}: {label} all_reduce {dtype} n={numel}: ranks differ bitwise")
+    # reduce (built on allreduce) and allgather (Bruck or ring) over the size classes
+    for numel in (1, 17, 1000):
+        root = members[numel % world]
+        xs = inputs_for(world, numel, torch.int64, "SUM", 4)
+        t = xs[me].clone()
+        dist.reduce(t, dst=root, op=dist.ReduceOp.SUM, group=group)
+        exp = reduce_reference(xs, "SUM", torch.int64) if members[me] == root else xs[me]
+        ck.same(f"{label} reduce(root={root}) n={numel}", t, exp)
+        for dtype in (torch.uint8, torch.float64):
+            xs = [make_input(r, numel, dtype, "wide", 5) for r in range(world)]
+            out = torch.empty(numel * world, dtype=dtype)
+            dist.all_gather_into_tensor(out, xs[me], group=group)
+            ck.same(f"{label} all_gather_into_tensor {dtype} n={numel}", out, torch.cat(xs))
+    # broadcast: binomial tree below 8 KiB, pipelined chain (4 KiB chunks) above
+    for numel, root_index in ((1, 0), (1000, 1), (3001, world - 1), (3001, 0)):
+        root = members[root_index]
+        x = make_input(root_index, numel, torch.float64, "wide", 6)
+        t = x.clone() if members[me] == root else torch.zeros(numel, dtype=torch.float64)
+        dist.broadcast(t, src=root, group=group)
+        ck.same(f"{label} broadcast(root={root}) n={numel}", t, x)
+    dist.barrier(group=group)
+
+
+def _traffic(group, numel):
+    """This rank's counters for one float32 SUM allreduce of numel elements."""
+    t = torch.ones(numel)
+    dist.barrier(group=group)
+    roce_pg.reset_counters(group)
+    dist.all_reduce(t, group=group)
+    c = roce_pg.counters(group)
+    assert torch.all(t == dist.get_world_size(group)), "traffic probe: wrong sum"
+    return c
+
+
+def run(rank, world, port, groups, algos=ALGOS, traffic=None, timing=False):
+    """groups: {label: list of global ranks}; traffic: {label: [numel, ...]}
+    whose per-algorithm counters are returned for the parent to check."""
+    ck = Checker(rank)
+    counters = {}
+    for label, members in groups.items():
+        for algo in algos:
+            os.environ["ROCE_PG_ALGO_ALLREDUCE"] = algo
+            os.environ["ROCE_PG_ALGO_ALLGATHER"] = ALLGATHER_FOR[algo]
+            group = dist.new_group(members, backend="roce")
+            t0 = time.monotonic()
+            if rank in members:
+                me = members.index(rank)
+                name = f"[{label} {algo}]"
+                _matrix(ck, group, members, me, name)
+                for numel in (traffic or {}).get(label, []):
+                    counters[f"{label}/{algo}/{numel}"] = _traffic(group, numel)
+                # ops counts every operation begun on this group, exactly
+                roce_pg.reset_counters(group)
+                for _ in range(3):
+                    dist.all_reduce(torch.ones(3), group=group)
+                dist.barrier(group=group)
+                c = roce_pg.counters(group)
+                ck.checks += 1
+                if c["ops"] != 4:
+                    ck.failures.append(f"rank {rank}: {name}: ops counter {c['ops']} after 4 operations")
+            # Everyone leaves the subgroup together: a rank that closes its
+            # connections while a slower one still waits in the group's last
+            # collective makes that wait fail (the peer's EOF is a failure).
+            dist.barrier()
+            if timing and rank == 0:
+                print(f"{label} {algo}: {time.monotonic() - t0:.1f} s", flush=True)
+            if rank in members:
+                dist.destroy_process_group(group)
+    out = ck.result()
+    out["counters"] = counters
+    return out
