@@ -18,7 +18,7 @@ struct Config {
   std::string algoAllreduce = "auto";    // ROCE_PG_ALGO_ALLREDUCE, else ROCE_PG_ALGO: auto|ring|hier|rd|rabenseifner
   std::string algoAllgather = "auto";    // ROCE_PG_ALGO_ALLGATHER: auto|ring|bruck
   // Thresholds of "auto", in bytes per rank (allgather: output bytes).
-  size_t rdMaxBytes = 8u << 10;          // ROCE_PG_ALGO_RD_MAX_BYTES: recursive doubling up to here
+  size_t rdMaxBytes = 64u << 10;         // ROCE_PG_ALGO_RD_MAX_BYTES: recursive doubling up to here
   size_t ringMinBytes = 1u << 20;        // ROCE_PG_ALGO_RING_MIN_BYTES: ring from here (Rabenseifner between)
   size_t hierMinBytes = 64u << 10;       // ROCE_PG_ALGO_HIER_MIN_BYTES: hierarchical from here (several ranks per machine)
   size_t bruckMaxBytes = 64u << 10;      // ROCE_PG_ALGO_BRUCK_MAX_BYTES: Bruck allgather up to here
