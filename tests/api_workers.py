@@ -77,10 +77,13 @@ def objects_and_p2p(rank, world, port):
         w.wait()
     assert torch.equal(got_l, torch.full((1000,), float(left)))
     assert torch.equal(got_r, torch.full((7,), float(right) + 0.5))
-    # tags keep messages apart; a later tag may be received first
+    # tags keep messages apart; a later tag may be received first. The sends are
+    # non-blocking: a blocking send may wait for its matching receive (verbs
+    # sends wait for the receiver's ready-to-receive, as NCCL's and MPI's may).
     if rank == 0:
-        dist.send(torch.tensor([1.0]), 1, tag=5)
-        dist.send(torch.tensor([2.0]), 1, tag=6)
+        works = [dist.isend(torch.tensor([1.0]), 1, tag=5), dist.isend(torch.tensor([2.0]), 1, tag=6)]
+        for w in works:
+            w.wait()
     elif rank == 1:
         b, a = torch.empty(1), torch.empty(1)
         dist.recv(b, 0, tag=6)
