@@ -163,27 +163,33 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::_allgather_base(at::Tensor& output, 
                 in.bytes());
 }
 
+// outputLists[r][i] receives rank r's inputs[i] (torch's all_gather_coalesced).
+// The inputs travel as one block per rank: a single allgather of their
+// concatenation, whose block r is sliced into outputLists[r].
 c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
                                                                 std::vector<at::Tensor>& inputs,
                                                                 const c10d::AllgatherOptions& opts) {
-  TORCH_CHECK(outputLists.size() == inputs.size(), "roce: allgather_coalesced: ", inputs.size(), " inputs but ",
-              outputLists.size(), " output lists");
-  std::vector<Staged> ins, outs;
-  std::vector<at::Tensor> flats, all;
-  size_t bytes = 0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    checkTensor(inputs[i], "allgather_coalesced");
-    checkList(outputLists[i], inputs[i], getSize(), "allgather_coalesced", "output");
-    ins.push_back(stage(inputs[i], true));
-    flats.push_back(emptyHost(ins.back().host.numel() * getSize(), ins.back().host));
-    for (auto& s : slicesOf(flats.back(), outputLists[i])) outs.push_back(s);
-    all.insert(all.end(), outputLists[i].begin(), outputLists[i].end());
-    bytes += ins.back().bytes();
+  const char* op = "allgather_coalesced";
+  TORCH_CHECK(!inputs.empty(), "roce: ", op, " needs at least one input tensor");
+  TORCH_CHECK(outputLists.size() == static_cast<size_t>(getSize()), "roce: ", op, ": expected one output list per rank (",
+              getSize(), "), got ", outputLists.size());
+  for (const auto& x : inputs) checkSameDeviceAndDtype(x, inputs[0], op);
+  std::vector<at::Tensor> all;
+  for (size_t r = 0; r < outputLists.size(); ++r) {
+    TORCH_CHECK(outputLists[r].size() == inputs.size(), "roce: ", op, ": output list ", r, " has ",
+                outputLists[r].size(), " tensors but there are ", inputs.size(), " inputs");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      checkSameDeviceAndDtype(outputLists[r][i], inputs[i], op);
+      TORCH_CHECK(outputLists[r][i].numel() == inputs[i].numel(), "roce: ", op, ": output ", r, "/", i, " has ",
+                  outputLists[r][i].numel(), " elements but input ", i, " has ", inputs[i].numel());
+      all.push_back(outputLists[r][i]);
+    }
   }
-  return submit(OpType::ALLGATHER_COALESCED, "allgather_coalesced", all, outs,
-                [ins, flats](Communicator& c) {
-                  for (size_t i = 0; i < ins.size(); ++i) roce::allgather(c, ins[i].data(), flats[i].data_ptr(), ins[i].bytes());
-                },
+  at::Tensor in = flatHost(inputs);
+  at::Tensor flat = emptyHost(in.numel() * getSize(), in);
+  const size_t bytes = in.numel() * in.element_size();
+  return submit(OpType::ALLGATHER_COALESCED, op, all, slicesOf(flat, all),
+                [in, flat, bytes](Communicator& c) { roce::allgather(c, in.data_ptr(), flat.data_ptr(), bytes); },
                 opts.timeout, bytes);
 }
 
