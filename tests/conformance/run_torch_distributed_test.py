@@ -241,7 +241,7 @@ def main(args):
     print(f"backend {BACKEND}{seen_as}, world size {args.world_size}: "
           + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
           + (f" ({rerun} of the passes with the suite seeing {args.rerun_skipped_as})" if rerun else "")
-          + (f", {len(excluded & set(all_names))} excluded" if excluded else "")
+          + (f", {len(excluded & set(all_names if listed is None else listed))} excluded" if excluded else "")
           + f" in {total:.0f}s")
     if bad:
         print("not passing: " + " ".join(bad))
