@@ -5,6 +5,8 @@
 #include "../algorithms/algorithms.hpp"
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
+#include "monitored_barrier.hpp"
+#include "sparse_allreduce.hpp"
 #include "store_bootstrap.hpp"
 
 namespace roce {
@@ -50,7 +52,7 @@ void checkList(const std::vector<at::Tensor>& list, const at::Tensor& like, size
 
 RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout, int globalRank)
-    : c10d::Backend(rank, size), timeout_(timeout) {
+    : c10d::Backend(rank, size), timeout_(timeout), store_(store) {
   try {
     cfg_ = Config::fromEnv();
     StoreBootstrap bs(store);
@@ -99,6 +101,9 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::broadcast(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
+  // torch's dispatcher sends all_reduce of a sparse CPU tensor here, not to
+  // allreduce_sparse (Gloo reduces sparse tensors in allreduce too).
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) return allreduce_sparse(tensors, opts);
   checkSingle(tensors, "allreduce");
   const DataType t = reductionType(tensors[0], "allreduce");
   const Reduction red = toReduction(opts.reduceOp, t);
@@ -108,9 +113,12 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce(std::vector<at::Tensor>& t
                 [s, n, t, red](Communicator& c) { roce::allreduce(c, s.data(), n, t, red); }, opts.timeout, s.bytes());
 }
 
-c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_sparse(std::vector<at::Tensor>&, const c10d::AllreduceOptions&) {
-  TORCH_CHECK(false, "roce: sparse tensors are not supported by allreduce; call .to_dense() first, "
-                     "or use backend='gloo' for the groups that reduce sparse gradients");
+c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                             const c10d::AllreduceOptions& opts) {
+  checkSparseAllreduce(tensors, opts);
+  const at::Tensor t = tensors[0];
+  return submit(OpType::ALLREDUCE, "allreduce (sparse)", tensors, {},
+                [t](Communicator& c) { sparseAllreduceSum(c, t); }, opts.timeout, 0);
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -401,6 +409,13 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall(std::vector<at::Tensor>& ou
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::barrier(const c10d::BarrierOptions& opts) {
   return submit(OpType::BARRIER, "barrier", {}, {}, [](Communicator& c) { roce::barrier(c); }, opts.timeout, 0);
+}
+
+void RoceBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  const auto limit = effective(opts.timeout);
+  // Only rank 0 enforces the barrier's timeout; the others wait at least the
+  // group's, so that rank 0 is the one to report which rank is missing.
+  roce::monitoredBarrier(*store_, {getRank(), getSize(), ++monitoredBarriers_, limit, std::max(limit, timeout_), waitAllRanks});
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char* title, std::vector<at::Tensor>& tensors,
