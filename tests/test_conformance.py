@@ -1,6 +1,6 @@
 """PyTorch's own distributed test suite against roce: every test gloo passes on a
-CPU machine (tests/conformance/gloo_passing_ws{2,3}.txt) must pass with roce,
-except those listed with their reason in tests/conformance/excluded.txt.
+CPU machine (tests/conformance/gloo_passing_ws{2,3}.txt) must pass with roce;
+nothing is excluded.
 
 The ranks of each test are forked from the launcher (torch already imported),
 which takes the two world sizes from about an hour to a few minutes on a
@@ -18,17 +18,30 @@ ROOT = os.path.dirname(HERE)
 CONF = os.path.join(HERE, "conformance")
 RUNNER = os.path.join(CONF, "run_torch_distributed_test.py")
 DEADLINE_S = 900
+# Set to 1 to let this check skip where expecttest cannot be installed; a
+# skipped conformance check is not a passed one, so it fails by default.
+ALLOW_SKIP_ENV = "ROCE_PG_CONFORMANCE_ALLOW_SKIP"
+
+
+def require_expecttest():
+    try:
+        import expecttest  # noqa: F401  (torch.testing._internal imports it)
+    except ImportError:
+        why = "torch.testing._internal needs expecttest; scripts/setup.sh installs it (or: pip install expecttest)"
+        if os.environ.get(ALLOW_SKIP_ENV) == "1":
+            pytest.skip(f"{why}; skipped because {ALLOW_SKIP_ENV}=1")
+        pytest.fail(f"{why}. Set {ALLOW_SKIP_ENV}=1 to skip this check instead")
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_torch_distributed_suite_passes_what_gloo_passes(world_size, tmp_path):
-    pytest.importorskip("expecttest", reason="torch.testing._internal needs expecttest: pip install expecttest")
+    require_expecttest()
     out = tmp_path / "results.json"
     log = tmp_path / "run.log"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, RUNNER, "--backend", "roce", "--world-size", str(world_size), "--start-method", "fork",
            "--tests-file", os.path.join(CONF, f"gloo_passing_ws{world_size}.txt"),
-           "--exclude-file", os.path.join(CONF, "excluded.txt"), "--rerun-skipped-as", "gloo",
+           "--rerun-skipped-as", "gloo",
            "--json-out", str(out)]
     with open(log, "w") as f:
         try:
