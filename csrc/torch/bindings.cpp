@@ -8,6 +8,7 @@
 
 #include "../transport/verbs/device_probe.hpp"
 #include "backend.hpp"
+#include "process_group.hpp"
 
 namespace py = pybind11;
 
@@ -22,6 +23,12 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("global_rank"),
            py::call_guard<py::gil_scoped_release>());
+  py::class_<roce::RoceProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<roce::RoceProcessGroup>>(
+      m, "RoceProcessGroup")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
+             return c10::make_intrusive<roce::RoceProcessGroup>(store, rank, size);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"));
   m.def("rdma_ports", [] {
     py::list out;
     for (const auto& p : roce::probeRdmaPorts()) {
