@@ -323,6 +323,9 @@ def recreate_group(rank, world, port, cycles=50, rdma=False, timeout_s=60):
                 during = resources(rdma and rank == 0)
                 _store_wait(store, "cycle0/sampled", world)  # rdma counts are per machine
             dist.destroy_process_group()
+            # Python may hold the group in a reference cycle until a collection;
+            # rdma counts are per machine, so every rank collects before anyone samples.
+            gc.collect()
             _store_wait(store, f"cycle{i}/destroyed", world)  # nobody samples before every group is gone
             samples.append(resources(rdma and rank == 0 and i in (0, 1, cycles - 1)))
         except Exception as e:  # noqa: BLE001
