@@ -124,7 +124,48 @@ def _create_backend(dist_backend_opts, backend_options):
     opts = dist_backend_opts
     ranks = list(opts.global_ranks_in_group or [])
     global_rank = ranks[opts.group_rank] if ranks else opts.group_rank
-    return _C.RoceBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, global_rank)
+    backend = _C.RoceBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, global_rank)
+    devices = _devices_of_group_being_created()
+    template = getattr(opts, "process_group", None)
+    if template is None or not devices or set(devices.values()) != {BACKEND_NAME}:
+        return backend  # shares the group with other backends: torch registers it
+    return _named_group(backend, opts, template, devices)
+
+
+def _devices_of_group_being_created():
+    """{device: backend name} of the group torch is creating, or None.
+
+    Creators are not told whether they serve the whole group, so this is read
+    from torch's group-creation function up the stack; if torch renames it, the
+    answer is None and roce falls back to a plain backend (named "custom")."""
+    frame = _sys._getframe(1)
+    while frame is not None:
+        config = frame.f_locals.get("backend_config")
+        if frame.f_code.co_name == "_new_process_group_helper" and hasattr(config, "get_device_backend_map"):
+            return dict(config.get_device_backend_map())
+        frame = frame.f_back
+    return None
+
+
+def _named_group(backend, opts, template, devices):
+    """A ProcessGroup named "roce" that holds the backend for `devices`.
+
+    torch names the group of any out-of-tree backend "custom", which is what
+    DDP logs as backend_name; returning our own group (a path torch supports
+    for creators) names it "roce". What torch would otherwise do for the
+    backend is done here: the TORCH_DISTRIBUTED_DEBUG=DETAIL checking wrapper,
+    the bound device, registration for each device."""
+    if dist.get_debug_level() == dist.DebugLevel.DETAIL and dist.is_gloo_available():
+        backend = dist.distributed_c10d._create_process_group_wrapper(
+            backend, opts.group_id, opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    pg = _C.RoceProcessGroup(template.get_group_store(), opts.group_rank, opts.group_size)
+    if template.bound_device_id is not None:
+        pg.bound_device_id = template.bound_device_id
+    backend_type = dist.ProcessGroup.BackendType.CUSTOM
+    pg._set_default_backend(backend_type)
+    for device in devices:
+        pg._register_backend(torch.device(device), backend_type, backend)
+    return pg
 
 
 def register():

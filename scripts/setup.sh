@@ -2,7 +2,8 @@
 # Installs everything roce needs on a fresh Debian/Ubuntu machine, then builds the
 # extension in place. Idempotent: a second run only checks and rebuilds what changed.
 #   apt: compiler, rdma-core userspace (libibverbs headers + providers)
-#   .venv/: torch (from PyPI), pytest, numpy, and roce_pg installed in editable mode
+#   .venv/: torch (from PyPI), pytest, numpy, expecttest (torch.testing._internal,
+#   which tests/test_conformance.py runs, imports it), and roce_pg installed in editable mode
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,9 +31,9 @@ fi
 PY="${PYTHON:-python3}"
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 VPY=.venv/bin/python
-if ! "$VPY" -c "import torch, pytest, numpy, ninja, matplotlib" 2>/dev/null; then
+if ! "$VPY" -c "import torch, pytest, numpy, ninja, matplotlib, expecttest" 2>/dev/null; then
   "$VPY" -m pip install -q --upgrade pip setuptools wheel
-  "$VPY" -m pip install -q "$TORCH_SPEC" pytest numpy ninja matplotlib
+  "$VPY" -m pip install -q "$TORCH_SPEC" pytest numpy ninja matplotlib expecttest
 fi
 
 # Build the C++ extension in place (fast no-op when nothing changed).

@@ -77,10 +77,13 @@ def objects_and_p2p(rank, world, port):
         w.wait()
     assert torch.equal(got_l, torch.full((1000,), float(left)))
     assert torch.equal(got_r, torch.full((7,), float(right) + 0.5))
-    # tags keep messages apart; a later tag may be received first
+    # tags keep messages apart; a later tag may be received first. The sends are
+    # non-blocking: a blocking send may wait for its matching receive (verbs
+    # sends wait for the receiver's ready-to-receive, as NCCL's and MPI's may).
     if rank == 0:
-        dist.send(torch.tensor([1.0]), 1, tag=5)
-        dist.send(torch.tensor([2.0]), 1, tag=6)
+        works = [dist.isend(torch.tensor([1.0]), 1, tag=5), dist.isend(torch.tensor([2.0]), 1, tag=6)]
+        for w in works:
+            w.wait()
     elif rank == 1:
         b, a = torch.empty(1), torch.empty(1)
         dist.recv(b, 0, tag=6)
@@ -118,7 +121,8 @@ def bad_input(rank, world, port):
                                     "AVG", "bool")
     msgs["premul_bool"] = expect_error(
         lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool), op=dist._make_nccl_premul_sum(2.0)), "PREMUL_SUM", "bool")
-    msgs["sparse"] = expect_error(lambda: dist.all_reduce(torch.eye(3).to_sparse()), "sparse")
+    msgs["sparse_max"] = expect_error(lambda: dist.all_reduce(torch.eye(3).to_sparse(), op=dist.ReduceOp.MAX),
+                                      "sparse", "SUM only", "MAX")
     opts = dist.BroadcastOptions()
     opts.rootRank = world + 3
     msgs["bad_root"] = expect_error(lambda: backend.broadcast([t], opts), "invalid root rank")
@@ -143,6 +147,62 @@ def bad_input(rank, world, port):
     dist.all_reduce(t)
     assert torch.equal(t, torch.full((5,), float(sum(range(world)))))
     return msgs
+
+
+def monitored_barrier(rank, world, port):
+    """Store-based monitored_barrier on 3 ranks: passes, names late ranks, and
+    tells ranks that arrived (even late) what rank 0 saw; the group stays usable."""
+    assert world == 3
+    out = {}
+    short = timedelta(milliseconds=500)
+    for wait_all in (False, True):
+        dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=wait_all)
+    # Rank 2 arrives a second after rank 0 gave up: rank 0 names it, rank 1
+    # (on time) and rank 2 (late) both get rank 0's verdict.
+    if rank == 2:
+        time.sleep(1.5)
+    start = time.monotonic()
+    out["late"] = expect_error(lambda: dist.monitored_barrier(timeout=short), "Rank 2 failed to pass monitoredBarrier")
+    out["late_s"] = time.monotonic() - start
+    # Ranks 1 and 2 late, every missing rank named.
+    if rank != 0:
+        time.sleep(1.5)
+    out["all"] = expect_error(lambda: dist.monitored_barrier(timeout=short, wait_all_ranks=True),
+                              "Ranks 1, 2 failed to pass monitoredBarrier")
+    # A zero timeout gives rank 0 no time to wait: it says so.
+    if rank == 0:
+        out["zero"] = expect_error(lambda: dist.monitored_barrier(timeout=timedelta(0)), "Rank 0 timed out")
+    else:
+        out["zero"] = expect_error(lambda: dist.monitored_barrier(timeout=short), "rank 0 reports")
+    t = torch.full((5,), float(rank))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((5,), 3.0))
+    dist.monitored_barrier(timeout=timedelta(seconds=30))
+    return out
+
+
+def sparse_allreduce(rank, world, port):
+    """all_reduce(SUM) of sparse COO tensors against the dense sum: nnz differing by
+    rank (rank 1 has none), duplicate and unsorted indices, dense dims; then a
+    size that differs on one rank fails every rank, and the group stays usable."""
+    def local(r, dense_dims):
+        nnz = 0 if r == 1 else 3 + 2 * r
+        idx = torch.stack([torch.arange(nnz) % 4, torch.arange(nnz) % 2])  # i and i+4 repeat: uncoalesced
+        vals = torch.arange(nnz * 4 ** dense_dims, dtype=torch.float64).reshape([nnz] + [4] * dense_dims) + r
+        return torch.sparse_coo_tensor(idx, vals, [5, 3] + [4] * dense_dims)
+
+    for dense_dims in (0, 1, 2):
+        t = local(rank, dense_dims)
+        dist.all_reduce(t)
+        expected = sum(local(r, dense_dims).to_dense() for r in range(world))
+        assert t.is_sparse and t.is_coalesced()
+        assert torch.equal(t.to_dense(), expected), (dense_dims, t.to_dense(), expected)
+    bad = torch.sparse_coo_tensor(torch.zeros(2, 1, dtype=torch.long), torch.ones(1), [5, 3 + (rank == 1)])
+    msg = expect_error(lambda: dist.all_reduce(bad), "rank 1", "[5, 4]", "[5, 3]")
+    t = torch.full((5,), float(rank))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((5,), float(sum(range(world)))))
+    return {"mismatch": msg}
 
 
 def network_mismatch(rank, world, port):

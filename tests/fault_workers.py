@@ -9,7 +9,9 @@ a missing detection ends the test in cap_s seconds instead of hanging it until
 the group timeout: the report then says that nothing was detected.
 """
 import gc
+import importlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,12 +27,20 @@ KILL_WALL_FILE = "kill_wall"
 
 # ---------------------------------------------------------------- resources
 
-def _rss_kib():
+def _status_kib(field):
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return -1
+
+
+def _rss_kib():
+    """Private (anonymous) resident memory: what a leak grows. VmRSS also counts
+    shared-memory pages, and the shm rings' pages become resident one by one as
+    messages first travel through them (up to the rings' fixed size): growth
+    that looks like a leak for the first few MiB of traffic but is bounded."""
+    return _status_kib("RssAnon")
 
 
 def rdma_resources():
@@ -58,6 +68,7 @@ def resources(rdma=False):
         "fds": len(os.listdir("/proc/self/fd")),
         "threads": len(os.listdir("/proc/self/task")),
         "rss_kib": _rss_kib(),
+        "shmem_kib": _status_kib("RssShmem"),  # the rings' touched pages (bounded by their size)
         "shm_names": sorted(n for n in os.listdir("/dev/shm") if n.startswith("roce_pg") and f".{pid}." in n),
         "shm_maps": shm_maps,
     }
@@ -169,6 +180,79 @@ def kill_while_idle(rank, world, port, victim, scratch, how="recv", cap_s=20.0, 
     return res
 
 
+def _serve_store(port, ready):
+    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=300))
+    ready.set()
+    while True:  # until the test stops (SIGSTOP) and kills (SIGKILL) this process
+        time.sleep(1)
+        store.num_keys()
+
+
+def kill_with_store_frozen(rank, world, port, victim, scratch, store_port, cap_s=20.0, timeout_s=300,
+                           nbytes=8 << 20):
+    """The group's store lives in a process of its own, which rank 0 freezes
+    (SIGSTOP: its socket stays open and silent, like a host cut off by a
+    partition); then `victim` dies during an allreduce loop. Store calls would
+    now block for the whole store timeout (300 s), so the survivors must find
+    the dead rank without the store and destroy the group without waiting on it."""
+    store = dist.TCPStore("127.0.0.1", store_port, world, is_master=False, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group("roce", store=dist.PrefixStore("frozen", store), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    t = torch.empty(nbytes // 4)
+    for _ in range(2):
+        t.fill_(1.0)
+        dist.all_reduce(t)
+        assert t[0].item() == world
+    dist.barrier()
+    if rank == 0:
+        with open(os.path.join(scratch, "store_pid")) as f:
+            os.kill(int(f.read()), signal.SIGSTOP)
+        mark_time(os.path.join(scratch, "frozen"))
+    _kill_time(os.path.join(scratch, "frozen"), wait_s=30.0)  # everyone starts after the freeze
+    if rank == victim:
+        t.fill_(1.0)
+        dist.all_reduce(t, async_op=True)
+        time.sleep(0.01)
+        die(scratch)
+
+    def again():
+        t.fill_(1.0)
+        return dist.all_reduce(t, async_op=True)
+
+    res = await_failure(again, scratch, cap_s, loop=True)
+    t0 = time.monotonic()
+    dist.destroy_process_group()
+    res["destroy_s"] = round(time.monotonic() - t0, 3)
+    res["host"] = socket.gethostname()
+    return res
+
+
+def run_with_frozen_store(scenario_kwargs, world, env, deadline_s):
+    """Starts the store process for kill_with_store_frozen, runs the group, kills the store."""
+    import multiprocessing as mp
+
+    from .harness import free_port, run_group
+
+    scratch = scenario_kwargs["scratch"]
+    os.makedirs(os.path.join(scratch, "frozen"), exist_ok=True)
+    store_port = free_port()
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    server = ctx.Process(target=_serve_store, args=(store_port, ready), daemon=True)
+    server.start()
+    try:
+        assert ready.wait(60), "the store process did not start"
+        with open(os.path.join(scratch, "store_pid"), "w") as f:
+            f.write(str(server.pid))
+        return run_group("tests.fault_workers.kill_with_store_frozen", world, env=env, init=False,
+                         kwargs={**scenario_kwargs, "store_port": store_port}, start_method="fork",
+                         expect_dead={scenario_kwargs["victim"]}, deadline_s=deadline_s)
+    finally:
+        server.kill()
+        server.join()
+
+
 def _private_store(rank, world, port, host="127.0.0.1"):
     return dist.TCPStore(host, port, world, is_master=(rank == 0), timeout=timedelta(seconds=120))
 
@@ -239,6 +323,9 @@ def recreate_group(rank, world, port, cycles=50, rdma=False, timeout_s=60):
                 during = resources(rdma and rank == 0)
                 _store_wait(store, "cycle0/sampled", world)  # rdma counts are per machine
             dist.destroy_process_group()
+            # Python may hold the group in a reference cycle until a collection;
+            # rdma counts are per machine, so every rank collects before anyone samples.
+            gc.collect()
             _store_wait(store, f"cycle{i}/destroyed", world)  # nobody samples before every group is gone
             samples.append(resources(rdma and rank == 0 and i in (0, 1, cycles - 1)))
         except Exception as e:  # noqa: BLE001
@@ -337,16 +424,20 @@ def run_scenarios(rank, world, port, scenarios):
             kwargs = dict(sc.get("kwargs", {}))
             if sc.get("scratch"):
                 kwargs["scratch"] = scratch
-            res = run_group(sc["target"], sc["world"], env=sc.get("env"), kwargs=kwargs, init=sc.get("init", True),
-                            deadline_s=sc.get("deadline_s", 300), rank_env=sc.get("rank_env"),
-                            start_method="fork", expect_dead=sc.get("expect_dead", ()))
+            if sc.get("runner"):  # a scenario that needs more than a group (e.g. a store process)
+                module, fn = sc["runner"].rsplit(".", 1)
+                runner = getattr(importlib.import_module(module), fn)
+                res = runner(kwargs, sc["world"], sc.get("env"), sc.get("deadline_s", 300))
+            else:
+                res = run_group(sc["target"], sc["world"], env=sc.get("env"), kwargs=kwargs,
+                                init=sc.get("init", True), deadline_s=sc.get("deadline_s", 300),
+                                rank_env=sc.get("rank_env"), start_method="fork",
+                                expect_dead=sc.get("expect_dead", ()))
             out[name] = {"ranks": res}
         except Exception as e:  # noqa: BLE001
             out[name] = {"error": f"{type(e).__name__}: {e}"[-6000:]}
         finally:
-            for f in os.listdir(scratch):
-                os.unlink(os.path.join(scratch, f))
-            os.rmdir(scratch)
+            shutil.rmtree(scratch, ignore_errors=True)
         out[name]["seconds"] = round(time.monotonic() - t0, 1)
         print(f"[faults] {name}: {out[name]['seconds']} s", flush=True)
     return out

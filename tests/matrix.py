@@ -118,10 +118,12 @@ def _coalesced_and_barrier(ck, rank, world):
         backend.all_gather_single_coalesced(outs, [x.clone() for x in ins[rank]]).wait()
         for i in range(len(sizes)):
             ck.same(f"allgather_into_tensor_coalesced {dtype} #{i}", outs[i], torch.cat([ins[k][i] for k in range(world)]))
-        lists = [[torch.empty(n, dtype=dtype) for _ in range(world)] for n in sizes]
+        # torch's layout: output_lists[r][i] receives rank r's input i
+        lists = [[torch.empty(n, dtype=dtype) for n in sizes] for _ in range(world)]
         backend.allgather_coalesced(lists, [x.clone() for x in ins[rank]]).wait()
         for i in range(len(sizes)):
-            ck.same(f"allgather_coalesced {dtype} #{i}", torch.cat(lists[i]), torch.cat([ins[k][i] for k in range(world)]))
+            ck.same(f"allgather_coalesced {dtype} #{i}", torch.cat([lists[k][i] for k in range(world)]),
+                    torch.cat([ins[k][i] for k in range(world)]))
         big = {k: [make_input(k, n * world, dtype, "sum", 40 + i) for i, n in enumerate(sizes)] for k in range(world)}
         outs = [torch.empty(n, dtype=dtype) for n in sizes]
         opts = dist.ReduceScatterOptions()

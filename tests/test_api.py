@@ -61,6 +61,21 @@ def test_bad_input_raises_clear_errors_and_group_stays_usable():
         assert "rank 0" in r["size_mismatch"] and "rank 1" in r["size_mismatch"], r["size_mismatch"]
 
 
+def test_monitored_barrier_names_late_ranks_and_releases_all_or_none():
+    res = run_group("tests.api_workers.monitored_barrier", 3)
+    # Rank 0 gives up after the barrier's 0.5 s (polled every 10 ms at most).
+    assert res[0]["late_s"] < 1.5, res[0]
+    for r in (1, 2):
+        assert "rank 0 reports" in res[r]["late"] and "Rank 2 failed" in res[r]["late"], res[r]["late"]
+
+
+@pytest.mark.parametrize("layout", ["shm3", "net3"])
+def test_sparse_allreduce_sums_and_rejects_mismatched_sizes(layout):
+    world, env = LAYOUTS[layout]
+    res = run_group("tests.api_workers.sparse_allreduce", world, env=env)
+    assert all("rank 1" in r["mismatch"] for r in res), res
+
+
 def test_size_mismatch_on_network_path_fails_every_rank_fast():
     world, env = LAYOUTS["net4"]
     res = run_group("tests.api_workers.network_mismatch", world, env=env)

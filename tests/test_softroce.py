@@ -3,7 +3,7 @@ VMs (the host kernel has no RDMA support; see scripts/softroce/README.md).
 
 * one VM, one rxe device, every peer forced through the verbs transport
   (tests/softroce/guest_suite.py, ranks forked from one process that imported
-  torch): the collective matrix on 2, 3 and 4 ranks; send/recv,
+  torch): the collective matrix on 2 and 3 ranks (4 in subgroups and two VMs); send/recv,
   batch_isend_irecv, any source, tags, object collectives, messages above the
   chunk size (also with 4 QPs per connection and non-default slot counts),
   subgroups, timeouts, abort, the size-mismatch NACK; kill -9 of a rank during
@@ -149,7 +149,7 @@ def test_one_vm_completed(one_vm):
     assert one_vm.p.returncode == 0, _tail(one_vm.p)
 
 
-@pytest.mark.parametrize("layout", ["verbs2", "verbs3", "verbs4"])
+@pytest.mark.parametrize("layout", ["verbs2", "verbs3"])
 def test_collective_matrix_over_verbs_in_one_vm(one_vm, layout):
     g = _group(one_vm, f"matrix/{layout}")
     for r in g["results"]:

@@ -101,6 +101,7 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
   if (size > 1) {
     acceptor = std::make_unique<TcpAcceptor>(*listener_, rank, nonces);
     connectLifelines(*acceptor, eps, me.nonce, deadline);
+    abortNotice_ = std::make_unique<AbortNotice>(bs_->clone(), kAbortKey);
   }
 
   routes_.assign(size, nullptr);
@@ -290,7 +291,20 @@ bool Communicator::progress() {
   return moved;
 }
 
-void Communicator::throwFailure(const std::string& msg) { throwComm(str(opName_, " on rank ", rank(), " failed: ", msg)); }
+void Communicator::throwFailure(const std::string& msg) {
+  // A connection that broke is often the echo of an earlier failure (the rank
+  // that saw it first tore its group down): name that root cause too.
+  std::string cause;
+  if (peerFailed_.load()) {
+    std::lock_guard<std::mutex> g(abortMu_);
+    cause = peerFailure_;
+  } else if (abortNotice_) {
+    cause = abortNotice_->seen().value_or("");
+  }
+  if (!cause.empty() && msg.find(cause) == std::string::npos)
+    throwComm(str(opName_, " on rank ", rank(), " failed: ", msg, " (first failure reported in the group: ", cause, ")"));
+  throwComm(str(opName_, " on rank ", rank(), " failed: ", msg));
+}
 
 void Communicator::checkDeadline(const std::function<std::string()>& waitingFor) {
   if (abortRequested_.load(std::memory_order_relaxed)) {
@@ -334,15 +348,14 @@ void Communicator::checkTaskDeadline(const std::string& what, Clock::time_point 
 }
 
 void Communicator::slowChecks() {
-  for (auto& t : transports_)
-    if (std::string dead = t->checkPeers(); !dead.empty()) throwFailure(dead);
-  std::optional<std::string> msg;
-  try {
-    msg = bs_->tryGet(kAbortKey);
-  } catch (const std::exception&) {
-    // The store is unreachable (its host may be the rank that died): the
-    // lifelines report peers' failures without it.
-  }
+  // A dead connection fails the requests that use it, and so the waits on them;
+  // it does not fail operations that no longer need that peer. A rank that
+  // left gracefully (destroyed the group after its last message) closes its
+  // connections while others may still finish with third ranks; a rank that
+  // died is reported by the lifelines (csrc/comm/lifeline.hpp) to everyone.
+  for (auto& t : transports_) t->checkPeers();
+  // Never a store call here: it could block for the store's whole timeout.
+  std::optional<std::string> msg = abortNotice_ ? abortNotice_->seen() : std::nullopt;
   if (msg) throwComm(str(opName_, " on rank ", rank(), " stopped because another rank failed: ", *msg));
 }
 
@@ -391,11 +404,9 @@ void Communicator::breakWith(const std::string& reason, bool tellPeers) {
   transportsFailAll(reason);
   if (!tellPeers) return;
   if (lifeline_) lifeline_->announceFailure(str("rank ", rank(), " (host ", hostNames_[rank()], ") failed: ", reason));
-  try {
-    if (!bs_->tryGet(kAbortKey)) bs_->set(kAbortKey, str("rank ", rank(), ": ", reason));
-  } catch (...) {
-    // The store may be gone already (shutdown); peers then find out by timeout.
-  }
+  // Asynchronous: the store may be unreachable (a partition, this port down),
+  // and the lifelines have told the neighbours already.
+  if (abortNotice_) abortNotice_->publish(str("rank ", rank(), ": ", reason));
 }
 
 void Communicator::requestAbort(const std::string& why) {

@@ -21,6 +21,7 @@
 #include "../common/config.hpp"
 #include "../common/counters.hpp"
 #include "../transport/transport.hpp"
+#include "abort_notice.hpp"
 #include "topology.hpp"
 
 namespace roce {
@@ -149,6 +150,8 @@ class Communicator {
   struct FreeDeleter { void operator()(void* p) const; };
   std::vector<std::unique_ptr<char, FreeDeleter>> scratch_;
   std::vector<size_t> scratchBytes_;
+  // The store's abort key, watched off the progress thread (see abort_notice.hpp).
+  std::unique_ptr<AbortNotice> abortNotice_;
   // Last member: destroyed first, so its thread (which calls onPeerFailure)
   // stops before anything it touches goes away.
   std::unique_ptr<Lifeline> lifeline_;

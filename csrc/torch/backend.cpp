@@ -5,6 +5,8 @@
 #include "../algorithms/algorithms.hpp"
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
+#include "monitored_barrier.hpp"
+#include "sparse_allreduce.hpp"
 #include "store_bootstrap.hpp"
 
 namespace roce {
@@ -50,7 +52,7 @@ void checkList(const std::vector<at::Tensor>& list, const at::Tensor& like, size
 
 RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout, int globalRank)
-    : c10d::Backend(rank, size), timeout_(timeout) {
+    : c10d::Backend(rank, size), timeout_(timeout), store_(store) {
   try {
     cfg_ = Config::fromEnv();
     StoreBootstrap bs(store);
@@ -101,6 +103,9 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::broadcast(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
+  // torch's dispatcher sends all_reduce of a sparse CPU tensor here, not to
+  // allreduce_sparse (Gloo reduces sparse tensors in allreduce too).
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) return allreduce_sparse(tensors, opts);
   checkSingle(tensors, "allreduce");
   const DataType t = reductionType(tensors[0], "allreduce");
   const Reduction red = toReduction(opts.reduceOp, t);
@@ -110,9 +115,12 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce(std::vector<at::Tensor>& t
                 [s, n, t, red](Communicator& c) { roce::allreduce(c, s.data(), n, t, red); }, opts.timeout, s.bytes());
 }
 
-c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_sparse(std::vector<at::Tensor>&, const c10d::AllreduceOptions&) {
-  TORCH_CHECK(false, "roce: sparse tensors are not supported by allreduce; call .to_dense() first, "
-                     "or use backend='gloo' for the groups that reduce sparse gradients");
+c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                             const c10d::AllreduceOptions& opts) {
+  checkSparseAllreduce(tensors, opts);
+  const at::Tensor t = tensors[0];
+  return submit(OpType::ALLREDUCE, "allreduce (sparse)", tensors, {},
+                [t](Communicator& c) { sparseAllreduceSum(c, t); }, opts.timeout, 0);
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -165,27 +173,33 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::_allgather_base(at::Tensor& output, 
                 in.bytes());
 }
 
+// outputLists[r][i] receives rank r's inputs[i] (torch's all_gather_coalesced).
+// The inputs travel as one block per rank: a single allgather of their
+// concatenation, whose block r is sliced into outputLists[r].
 c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
                                                                 std::vector<at::Tensor>& inputs,
                                                                 const c10d::AllgatherOptions& opts) {
-  TORCH_CHECK(outputLists.size() == inputs.size(), "roce: allgather_coalesced: ", inputs.size(), " inputs but ",
-              outputLists.size(), " output lists");
-  std::vector<Staged> ins, outs;
-  std::vector<at::Tensor> flats, all;
-  size_t bytes = 0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    checkTensor(inputs[i], "allgather_coalesced");
-    checkList(outputLists[i], inputs[i], getSize(), "allgather_coalesced", "output");
-    ins.push_back(stage(inputs[i], true));
-    flats.push_back(emptyHost(ins.back().host.numel() * getSize(), ins.back().host));
-    for (auto& s : slicesOf(flats.back(), outputLists[i])) outs.push_back(s);
-    all.insert(all.end(), outputLists[i].begin(), outputLists[i].end());
-    bytes += ins.back().bytes();
+  const char* op = "allgather_coalesced";
+  TORCH_CHECK(!inputs.empty(), "roce: ", op, " needs at least one input tensor");
+  TORCH_CHECK(outputLists.size() == static_cast<size_t>(getSize()), "roce: ", op, ": expected one output list per rank (",
+              getSize(), "), got ", outputLists.size());
+  for (const auto& x : inputs) checkSameDeviceAndDtype(x, inputs[0], op);
+  std::vector<at::Tensor> all;
+  for (size_t r = 0; r < outputLists.size(); ++r) {
+    TORCH_CHECK(outputLists[r].size() == inputs.size(), "roce: ", op, ": output list ", r, " has ",
+                outputLists[r].size(), " tensors but there are ", inputs.size(), " inputs");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      checkSameDeviceAndDtype(outputLists[r][i], inputs[i], op);
+      TORCH_CHECK(outputLists[r][i].numel() == inputs[i].numel(), "roce: ", op, ": output ", r, "/", i, " has ",
+                  outputLists[r][i].numel(), " elements but input ", i, " has ", inputs[i].numel());
+      all.push_back(outputLists[r][i]);
+    }
   }
-  return submit(OpType::ALLGATHER_COALESCED, "allgather_coalesced", all, outs,
-                [ins, flats](Communicator& c) {
-                  for (size_t i = 0; i < ins.size(); ++i) roce::allgather(c, ins[i].data(), flats[i].data_ptr(), ins[i].bytes());
-                },
+  at::Tensor in = flatHost(inputs);
+  at::Tensor flat = emptyHost(in.numel() * getSize(), in);
+  const size_t bytes = in.numel() * in.element_size();
+  return submit(OpType::ALLGATHER_COALESCED, op, all, slicesOf(flat, all),
+                [in, flat, bytes](Communicator& c) { roce::allgather(c, in.data_ptr(), flat.data_ptr(), bytes); },
                 opts.timeout, bytes);
 }
 
@@ -397,6 +411,13 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall(std::vector<at::Tensor>& ou
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::barrier(const c10d::BarrierOptions& opts) {
   return submit(OpType::BARRIER, "barrier", {}, {}, [](Communicator& c) { roce::barrier(c); }, opts.timeout, 0);
+}
+
+void RoceBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  const auto limit = effective(opts.timeout);
+  // Only rank 0 enforces the barrier's timeout; the others wait at least the
+  // group's, so that rank 0 is the one to report which rank is missing.
+  roce::monitoredBarrier(*store_, {getRank(), getSize(), ++monitoredBarriers_, limit, std::max(limit, timeout_), waitAllRanks});
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char* title, std::vector<at::Tensor>& tensors,

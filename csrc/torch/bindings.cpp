@@ -8,6 +8,7 @@
 
 #include "../transport/verbs/device_probe.hpp"
 #include "backend.hpp"
+#include "process_group.hpp"
 
 namespace py = pybind11;
 
@@ -35,6 +36,12 @@ PYBIND11_MODULE(_C, m) {
              return d;
            })
       .def("_reset_counters", [](roce::RoceBackend& b) { b.counters().reset(); });
+  py::class_<roce::RoceProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<roce::RoceProcessGroup>>(
+      m, "RoceProcessGroup")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
+             return c10::make_intrusive<roce::RoceProcessGroup>(store, rank, size);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"));
   m.def("rdma_ports", [] {
     py::list out;
     for (const auto& p : roce::probeRdmaPorts()) {

@@ -56,7 +56,9 @@ def _group(layout, target, kwargs=None, env=None, proof=True, min_packets=None, 
 def groups(phases):
     g = {}
     if "matrix" in phases:
-        for layout in ("verbs2", "verbs3", "verbs4"):
+        # Four ranks run in the two-VM suite and in subgroups/verbs4 below; a third
+        # full matrix here would cost CI minutes without new code paths.
+        for layout in ("verbs2", "verbs3"):
             g[f"matrix/{layout}"] = _group(layout, "tests.softroce.verbs_workers.matrix_and_big", proof=False,
                                            deadline_s=1500)
     if "api" in phases:

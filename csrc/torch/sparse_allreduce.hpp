@@ -1,0 +1,25 @@
+// all_reduce(SUM) of a sparse COO tensor, from the dense allgather the
+// algorithms already have: every rank gathers every rank's indices and values
+// and adds them up itself, as Gloo does. The traffic grows with the number of
+// ranks times the largest nnz, which suits sparse gradients (embeddings) whose
+// nnz is small next to the dense size.
+#pragma once
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <vector>
+
+namespace roce {
+
+class Communicator;
+
+// On the caller's thread: rejects what the reduction cannot do (not SUM, not
+// COO, more dimensions than the metadata exchange carries) before any traffic.
+void checkSparseAllreduce(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
+
+// On the progress thread: replaces `tensor` with the coalesced sum over the
+// group. Ranks whose tensors differ in size, sparse/dense split or dtype all
+// raise, naming the first rank that differs.
+void sparseAllreduceSum(Communicator& c, const at::Tensor& tensor);
+
+}  // namespace roce
