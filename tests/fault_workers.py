@@ -328,6 +328,8 @@ def recreate_group(rank, world, port, cycles=50, rdma=False, timeout_s=60):
             gc.collect()
             _store_wait(store, f"cycle{i}/destroyed", world)  # nobody samples before every group is gone
             samples.append(resources(rdma and rank == 0 and i in (0, 1, cycles - 1)))
+            # ... and nobody opens the next group's device while rank 0 counts the machine's RDMA objects
+            _store_wait(store, f"cycle{i}/sampled", world)
         except Exception as e:  # noqa: BLE001
             raise RuntimeError(f"cycle {i} of {cycles} on rank {rank}: {e}") from e
     elapsed = time.monotonic() - t0
