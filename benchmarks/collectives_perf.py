@@ -3,7 +3,7 @@ all_gather_perf, reduce_scatter_perf, broadcast_perf, reduce_perf,
 alltoall_perf and sendrecv_perf, for several backends side by side.
 
     torchrun --standalone --nproc_per_node 2 benchmarks/collectives_perf.py \\
-        -b 8 -e 32M -f 4 --op all_reduce,all_gather --backend roce,gloo --plot busbw.png
+        -b 8 -e 32M -f 4 --coll all_reduce,all_gather --backend roce,gloo --plot busbw.png
 
 Flags mean what they mean in nccl-tests (-b -e -i -f -n -w -m -c -o -d -r -a
 -z); columns: size, count, type, redop, root, then time (us), algbw, busbw
