@@ -195,8 +195,11 @@ def counters(group=None):
     allreduce slots), bytes_sent_net (payload posted to the network transport,
     TCP or verbs), bytes_copied (bytes the transports memcpy'd into or out of
     staging: shared-memory rings and slots, verbs staging, early-arrival buffers),
-    ops (operations begun), sends (messages posted: an algorithm's rounds).
-    Monotonic until reset_counters()."""
+    ops (operations begun), sends (messages posted: an algorithm's rounds),
+    bytes_zero_copy (verbs: payload the NIC read from / wrote into the user's
+    buffer directly, counted by the sender), registrations (verbs: ibv_reg_mr
+    calls of the registration cache). Monotonic until reset_counters(), except
+    cached_mrs: the memory registrations the verbs cache holds now (a gauge)."""
     return _roce_backend(group)._counters()
 
 

@@ -248,8 +248,18 @@ Request* Communicator::post(Request::Kind kind, int peer, uint64_t tag, void* bu
   r.tag = tag;
   r.buf = buf;
   r.len = len;
+  attachOwner(r);
   post(r);
   return &r;
+}
+
+void Communicator::attachOwner(Request& r) const {
+  for (const BufferOwner& o : taskOwners_)
+    if (o.covers(r.buf, r.len)) { r.owner = o; return; }
+  for (size_t i = 0; i < scratch_.size(); ++i) {
+    BufferOwner o{std::static_pointer_cast<void>(scratch_[i]), scratch_[i].get(), scratch_[i].get(), scratchBytes_[i]};
+    if (o.covers(r.buf, r.len)) { r.owner = std::move(o); return; }
+  }
 }
 
 void Communicator::post(Request& r) {
@@ -426,7 +436,7 @@ void* Communicator::scratch(size_t bytes, int index) {
     size_t n = (bytes + 4095) & ~size_t(4095);
     void* p = std::aligned_alloc(64, n);
     if (!p) throwComm(str("out of memory allocating ", n, " bytes of scratch"));
-    scratch_[index].reset(static_cast<char*>(p));
+    scratch_[index] = std::shared_ptr<char>(static_cast<char*>(p), FreeDeleter{});
     scratchBytes_[index] = n;
   }
   return scratch_[index].get();

@@ -102,6 +102,25 @@ class Communicator {
   // Scratch memory reused across operations (index selects an independent buffer).
   void* scratch(size_t bytes, int index = 0);
 
+  // The allocations the running operation's buffers live in (the torch
+  // adapter passes the tensors' storages). post(kind, ...) attaches the one
+  // covering a request's buffer, or a scratch block, to Request::owner, so a
+  // zero-copy transport may register it (see BufferOwner). Cleared by the
+  // returned guard when the operation's body ends.
+  class OwnersScope {
+   public:
+    explicit OwnersScope(Communicator& c) : c_(c) {}
+    ~OwnersScope() { c_.taskOwners_.clear(); }
+    OwnersScope(const OwnersScope&) = delete;
+    OwnersScope& operator=(const OwnersScope&) = delete;
+   private:
+    Communicator& c_;
+  };
+  [[nodiscard]] OwnersScope useBufferOwners(std::vector<BufferOwner> owners) {
+    taskOwners_ = std::move(owners);
+    return OwnersScope(*this);
+  }
+
   // Shared-memory allreduce bookkeeping (barrier generation, slot parity).
   uint64_t shmBarrierGeneration = 0;
   uint64_t shmIteration = 0;
@@ -148,7 +167,11 @@ class Communicator {
   Clock::time_point lastSlowCheck_{};
   uint64_t collectiveSeq_ = 0;
   struct FreeDeleter { void operator()(void* p) const; };
-  std::vector<std::unique_ptr<char, FreeDeleter>> scratch_;
+  // Shared: a transport's registration cache may keep a block alive after it
+  // is replaced by a larger one (see BufferOwner).
+  std::vector<std::shared_ptr<char>> scratch_;
+  std::vector<BufferOwner> taskOwners_;
+  void attachOwner(Request& r) const;
   std::vector<size_t> scratchBytes_;
   // The store's abort key, watched off the progress thread (see abort_notice.hpp).
   std::unique_ptr<AbortNotice> abortNotice_;

@@ -80,6 +80,8 @@ Config Config::fromEnv() {
   c.ibRetryCnt = static_cast<int>(envInt("ROCE_PG_IB_RETRY_CNT", 7, 0, 7));
   c.ibQpsPerConnection = static_cast<int>(envInt("ROCE_PG_IB_QPS_PER_CONNECTION", 1, 1, 16));
   c.ibSlots = static_cast<int>(envInt("ROCE_PG_IB_SLOTS", 8, 2, 256));
+  c.ibZeroCopyMinBytes = envInt("ROCE_PG_IB_ZERO_COPY_MIN_BYTES", c.ibZeroCopyMinBytes, 0, 1ll << 40);
+  c.ibRegCacheBytes = envInt("ROCE_PG_IB_REG_CACHE_BYTES", 0, 0, 1ll << 50);
   if (const char* v = env("ROCE_PG_SOCKET_IFNAME")) c.socketIfname = v;
   c.chunkBytes = envInt("ROCE_PG_CHUNK_BYTES", c.chunkBytes, 4096, 1ll << 30);
   c.shmSlotBytes = envInt("ROCE_PG_SHM_SLOT_BYTES", c.shmSlotBytes, 4096, 1ll << 30);
@@ -117,7 +119,8 @@ std::string Config::describe() const {
              " net_transport=", netTransport, " chunk_bytes=", chunkBytes,
              " shm_slot_bytes=", shmSlotBytes, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
              " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,
-             " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots,
+             " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots, " ib_zero_copy_min_bytes=", ibZeroCopyMinBytes,
+             " ib_reg_cache_bytes=", ibRegCacheBytes,
              " heartbeat_timeout_ms=", heartbeatTimeoutMs);
 }
 

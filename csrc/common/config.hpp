@@ -42,6 +42,9 @@ struct Config {
   int ibRetryCnt = 7;                    // ROCE_PG_IB_RETRY_CNT
   int ibQpsPerConnection = 1;            // ROCE_PG_IB_QPS_PER_CONNECTION
   int ibSlots = 8;                       // ROCE_PG_IB_SLOTS: landing slots per peer (chunks in flight)
+  size_t ibZeroCopyMinBytes = 64 << 10;  // ROCE_PG_IB_ZERO_COPY_MIN_BYTES: RDMA straight from/into tensors
+                                         // from this size on (0: never, always copy through staging)
+  size_t ibRegCacheBytes = 0;            // ROCE_PG_IB_REG_CACHE_BYTES: registration cache limit (0: auto)
   // How long shutdown() lets queued work finish before failing it.
   int shutdownGraceMs = 5000;            // ROCE_PG_SHUTDOWN_GRACE_MS
   // A ring neighbour that sends no heartbeat on its lifeline for this long is

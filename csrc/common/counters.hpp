@@ -14,10 +14,14 @@ struct Counters {
   std::atomic<uint64_t> bytesCopied{0};   // bytes a transport memcpy'd into or out of staging
   std::atomic<uint64_t> ops{0};           // operations begun (collectives and point-to-point)
   std::atomic<uint64_t> sends{0};         // messages posted (latency: an algorithm's rounds show here)
+  std::atomic<uint64_t> bytesZeroCopy{0}; // payload bytes the NIC moved straight from/into user buffers (verbs)
+  std::atomic<uint64_t> registrations{0}; // ibv_reg_mr calls of the verbs registration cache
+  // A gauge, not reset: memory registrations the verbs cache holds right now.
+  std::atomic<uint64_t> cachedMrs{0};
 
   static void add(std::atomic<uint64_t>& c, uint64_t n) { c.fetch_add(n, std::memory_order_relaxed); }
   void reset() {
-    for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends}) c->store(0, std::memory_order_relaxed);
+    for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends, &bytesZeroCopy, &registrations}) c->store(0, std::memory_order_relaxed);
   }
 };
 

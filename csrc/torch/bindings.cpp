@@ -33,6 +33,9 @@ PYBIND11_MODULE(_C, m) {
              d["bytes_copied"] = get(c.bytesCopied);
              d["ops"] = get(c.ops);
              d["sends"] = get(c.sends);
+             d["bytes_zero_copy"] = get(c.bytesZeroCopy);
+             d["registrations"] = get(c.registrations);
+             d["cached_mrs"] = get(c.cachedMrs);
              return d;
            })
       .def("_reset_counters", [](roce::RoceBackend& b) { b.counters().reset(); });

@@ -17,6 +17,23 @@ std::vector<c10::Device> cudaDevicesOf(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
+// The allocation a staged host tensor lives in, for zero-copy transports: a
+// reference to its c10::Storage keeps the memory from being freed (and its
+// address reused) while a transport holds a registration of it.
+BufferOwner ownerOf(const at::Tensor& host) {
+  if (!host.defined() || !host.has_storage() || !host.is_cpu()) return {};
+  const c10::Storage& st = host.storage();
+  if (!st.data() || st.nbytes() == 0) return {};
+  auto keep = std::make_shared<c10::Storage>(st);
+  BufferOwner o;
+  o.id = st.unsafeGetStorageImpl();
+  o.base = static_cast<char*>(const_cast<void*>(st.data()));
+  o.len = st.nbytes();
+  o.keep = std::move(keep);
+  o.released = [](const void* k) { return static_cast<const c10::Storage*>(k)->use_count() == 1; };
+  return o;
+}
+
 }  // namespace
 
 std::exception_ptr toTorchError(std::exception_ptr e) {
@@ -68,7 +85,13 @@ int RoceWork::sourceRank() const {
 }
 
 bool CollectiveTask::start(Communicator& c) {
-  body_(c);
+  std::vector<BufferOwner> owners;
+  for (const auto& s : outputs_)
+    if (BufferOwner o = ownerOf(s.host)) owners.push_back(std::move(o));
+  {
+    auto scope = c.useBufferOwners(std::move(owners));
+    body_(c);
+  }
   for (const auto& s : outputs_) s.finish();
   return true;
 }
@@ -83,6 +106,7 @@ PointToPointTask::PointToPointTask(c10::intrusive_ptr<RoceWork> work, std::strin
   req_.tag = tag;
   req_.buf = buffer_.data();
   req_.len = buffer_.bytes();
+  req_.owner = ownerOf(buffer_.host);
 }
 
 bool PointToPointTask::start(Communicator& c) {

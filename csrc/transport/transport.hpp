@@ -14,11 +14,36 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "../common/counters.hpp"
 
 namespace roce {
+
+// What keeps a request's buffer alive, for transports that hand the buffer to
+// the NIC directly (verbs zero copy). `keep` is a reference to the allocation
+// (a tensor's c10::Storage, a Communicator scratch block); while a transport's
+// registration cache holds it, the memory cannot be freed and reused at the
+// same address, so a cached registration can never point at someone else's
+// data. `id` names the allocation (StorageImpl*, block address) and stays the
+// same across operations; [base, base + len) is all of it. Empty (keep null):
+// the transport copies through its own registered buffers.
+struct BufferOwner {
+  std::shared_ptr<void> keep;
+  const void* id = nullptr;
+  char* base = nullptr;
+  size_t len = 0;
+  // True when nothing but `keep` refers to the allocation any more (the user
+  // freed it): the cache may drop it first. Null: only keep.use_count() counts.
+  bool (*released)(const void* keep) = nullptr;
+
+  explicit operator bool() const { return keep != nullptr; }
+  bool covers(const void* p, size_t n) const {
+    auto* c = static_cast<const char*>(p);
+    return keep && c >= base && n <= len && static_cast<size_t>(c - base) <= len - n;
+  }
+};
 
 struct Request {
   enum class Kind : uint8_t { Send, Recv };
@@ -27,6 +52,7 @@ struct Request {
   uint64_t tag = 0;
   void* buf = nullptr;
   size_t len = 0;
+  BufferOwner owner;   // optional: what keeps buf alive (set by the Communicator / torch adapter)
   // Set by the transport.
   bool done = false;
   std::string error;   // non-empty once failed (done is then true as well)
@@ -61,6 +87,7 @@ class Transport {
   void countCopied(size_t n) {
     if (counters_) Counters::add(counters_->bytesCopied, n);
   }
+  Counters* counters() const { return counters_; }
 
  private:
   Counters* counters_ = nullptr;

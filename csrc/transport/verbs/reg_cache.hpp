@@ -1,0 +1,78 @@
+// Memory registrations of user buffers for zero-copy RDMA, cached by
+// allocation (see BufferOwner in transport.hpp).
+//
+// Why keyed by allocation and holding a reference: an MR pins the physical
+// pages it was made on. If the memory were freed and the address reused (glibc
+// unmaps and remaps large tensors, often at the same address), a cache keyed
+// by address would hand out an MR that still points at the old pages, and data
+// would silently go to or come from the wrong place. Here every entry keeps its
+// allocation alive (BufferOwner::keep), so while an MR exists its memory cannot
+// be freed; an entry is dropped by deregistering first, then letting go of the
+// reference. DDP buckets, FSDP flat parameters and the Communicator's scratch
+// buffers persist across steps, so in steady state nothing is registered.
+//
+// Bounded: at most `limitBytes` registered (ROCE_PG_IB_REG_CACHE_BYTES).
+// Entries in use by an in-flight transfer are never dropped; among the rest,
+// allocations nobody but the cache refers to any more go first, then the least
+// recently used. When nothing fits, acquire() returns null and the transport
+// copies through its staging slots instead. Single-threaded (progress thread).
+#pragma once
+#include <infiniband/verbs.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <string>
+#include <unordered_map>
+
+#include "../transport.hpp"
+
+namespace roce {
+
+class VerbsDevice;
+
+class RegCache {
+ public:
+  struct Entry {
+    BufferOwner owner;
+    ibv_mr* mr = nullptr;
+    int inUse = 0;  // transfers currently using the MR
+  };
+
+  RegCache(VerbsDevice& dev, size_t limitBytes, int rank);
+  ~RegCache();
+  RegCache(const RegCache&) = delete;
+  RegCache& operator=(const RegCache&) = delete;
+
+  // An MR covering [p, p + n), which must lie inside `o`, marked in use; or
+  // null when the buffer cannot be registered now (over the limit with
+  // everything in use, or ibv_reg_mr failed): the caller copies instead.
+  Entry* acquire(const BufferOwner& o, const void* p, size_t n);
+  void release(Entry* e);
+
+  void setCounters(Counters* c) { counters_ = c; }
+  size_t entries() const { return lru_.size(); }
+  size_t bytes() const { return bytes_; }
+  size_t limit() const { return limit_; }
+
+ private:
+  using Iter = std::list<Entry>::iterator;
+  void drop(Iter it);
+  bool makeRoom(size_t need);
+  void dropReleased();
+
+  VerbsDevice& dev_;
+  size_t limit_;
+  int rank_;
+  size_t bytes_ = 0;
+  std::list<Entry> lru_;  // most recently used first
+  std::unordered_map<const void*, Iter> byId_;
+  Counters* counters_ = nullptr;
+  bool warnedRegFailure_ = false;
+};
+
+// ROCE_PG_IB_REG_CACHE_BYTES when set; else 1 GiB, at most half the
+// locked-memory limit (RLIMIT_MEMLOCK) so the staging pools still fit.
+size_t defaultRegCacheBytes(size_t configured);
+
+}  // namespace roce
