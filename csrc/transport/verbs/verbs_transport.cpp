@@ -26,27 +26,34 @@ struct VerbsTransport::Ctrl {
   uint64_t tag;
   uint64_t len;      // RTS/RTR: message size; NACK: the sender's size
   uint32_t credits;  // control receives the sender re-posted since its last message
-  uint32_t pad;
+  uint32_t rkey;     // RTR with addr: rkey of the receive buffer
+  uint64_t addr;     // RTR: receive buffer for zero copy; 0: copy through landing slots
+  uint64_t piece;    // RTR with addr: bytes per RDMA write; the receiver counts pieces of this size
+  uint64_t pad[2];
 };
-static_assert(sizeof(VerbsTransport::Ctrl) == 32);
+static_assert(sizeof(VerbsTransport::Ctrl) == 64);
 
+// Written into a landing slot by the WRITE_WITH_IMM that completes a chunk.
+constexpr uint64_t kSlotZeroCopy = 1;  // the payload went straight into the receive buffer
 struct SlotHeader {
   uint64_t recvId;
   uint64_t offset;
   uint64_t len;
-  uint64_t pad[5];
+  uint64_t flags;
+  uint64_t pad[4];
 };
 static_assert(sizeof(SlotHeader) == 64);
 
 namespace {
 
-constexpr int kCtrlBytes = 32;  // one receive buffer / one control send slot
+constexpr int kCtrlBytes = 64;  // one receive buffer / one control send slot
 // Control credits kept back for kAck, so that two ranks that have used up
 // their credits can always return each other's.
 constexpr int kCtrlReserve = 2;
 
 // wr_id: kind | peer | qp | index
-enum WrKind : uint64_t { kWrCtrl = 1, kWrData = 2, kWrRecv = 3 };
+// kWrZeroCopy: an unsignaled payload write; completes only with an error.
+enum WrKind : uint64_t { kWrCtrl = 1, kWrData = 2, kWrRecv = 3, kWrZeroCopy = 4 };
 uint64_t wrId(WrKind k, int peer, int qp, uint32_t index) {
   return (static_cast<uint64_t>(k) << 56) | (static_cast<uint64_t>(peer & 0xffffff) << 32) |
          (static_cast<uint64_t>(qp & 0xff) << 24) | (index & 0xffffff);
@@ -195,14 +202,17 @@ struct VerbsTransport::Peer {
   std::vector<struct ActiveSend*> stagingOwner;
   // Sender side matching.
   std::unordered_map<uint64_t, std::deque<Request*>> sendsWaiting;
-  std::unordered_map<uint64_t, std::deque<std::pair<uint32_t, uint64_t>>> rtrsWaiting;  // (id, len)
+  std::unordered_map<uint64_t, std::deque<Ctrl>> rtrsWaiting;
   std::list<struct ActiveSend> active;
   // Receiver side.
   struct RecvState {
     Request* r;
-    uint64_t expected;          // chunks
+    uint64_t expected;          // chunks (pieces in zero-copy mode); 0 until the mode is known
     uint64_t got;
     std::vector<bool> seen;     // per chunk: a duplicate would complete the receive with a hole
+    RegCache::Entry* zc = nullptr;  // zero copy offered: the receive buffer's registration
+    uint64_t piece = 0;             // zero-copy piece size announced in the RTR
+    int mode = 0;                   // 0: not yet known (zero copy offered), 1: copy, 2: zero copy
   };
   std::unordered_map<uint32_t, RecvState> recvs;
   std::unordered_map<uint64_t, int64_t> announced;  // RTS seen minus receives posted, per tag
@@ -215,6 +225,10 @@ struct ActiveSend {
   Request* r;
   uint32_t recvId;
   uint64_t chunks, posted = 0, done = 0;
+  // Zero copy (zc non-null): pieces of `piece` bytes go to remoteAddr/rkey.
+  RegCache::Entry* zc = nullptr;
+  uint64_t piece = 0, remoteAddr = 0;
+  uint32_t rkey = 0;
 };
 
 // ---- setup -----------------------------------------------------------------
@@ -230,6 +244,9 @@ VerbsTransport::VerbsTransport(int rank, std::shared_ptr<VerbsDevice> dev, const
     throwInvalid(str(dev_->describe(), " allows only ", dev_->deviceAttr().max_qp_wr, " work requests per queue; with "
                      "ROCE_PG_IB_SLOTS=", slots_, " too few are left for control messages: lower ROCE_PG_IB_SLOTS"));
   const size_t maxMsg = dev_->maxMsgSize();
+  maxMsg_ = maxMsg;
+  zeroCopyMin_ = cfg.ibZeroCopyMinBytes;
+  regCache_ = std::make_unique<RegCache>(*dev_, defaultRegCacheBytes(cfg.ibRegCacheBytes), rank_);
   slotBytes_ = std::min<size_t>(cfg.chunkBytes, maxMsg - sizeof(SlotHeader));
   stride_ = (sizeof(SlotHeader) + slotBytes_ + 63) & ~size_t(63);
   tc_ = cfg.ibTc;
@@ -475,10 +492,10 @@ void VerbsTransport::postSend(Request* r) {
   queueCtrl(r->peer, Ctrl{kRts, 0, r->tag, r->len, 0, 0});
   auto it = peer.rtrsWaiting.find(r->tag);
   if (it != peer.rtrsWaiting.end() && !it->second.empty()) {
-    auto [id, len] = it->second.front();
+    const Ctrl rtr = it->second.front();
     it->second.pop_front();
     if (it->second.empty()) peer.rtrsWaiting.erase(it);
-    matchSend(r->peer, r, id, len);
+    matchSend(r->peer, r, rtr);
   } else {
     peer.sendsWaiting[r->tag].push_back(r);
   }
@@ -492,11 +509,32 @@ void VerbsTransport::postRecv(Request* r) {
   do {
     id = peer.nextRecvId++;
   } while (id == 0 || peer.recvs.count(id));
+  if (--peer.announced[r->tag] == 0) peer.announced.erase(r->tag);
+  if (RegCache::Entry* zc = registerUserBuffer(*r)) {
+    // Offer zero copy; the sender may still copy (its buffer is not registered).
+    const uint64_t piece = zeroCopyPiece(r->len);
+    peer.recvs[id] = {r, 0, 0, {}, zc, piece, 0};
+    queueCtrl(r->peer, Ctrl{kRtr, id, r->tag, r->len, 0, zc->mr->rkey, reinterpret_cast<uint64_t>(r->buf), piece, {}});
+    return;
+  }
   const uint64_t chunk = chunkFor(peer);
   const uint64_t chunks = std::max<uint64_t>(1, (r->len + chunk - 1) / chunk);
-  peer.recvs[id] = {r, chunks, 0, std::vector<bool>(chunks, false)};
-  if (--peer.announced[r->tag] == 0) peer.announced.erase(r->tag);
-  queueCtrl(r->peer, Ctrl{kRtr, id, r->tag, r->len, 0, 0});
+  peer.recvs[id] = {r, chunks, 0, std::vector<bool>(chunks, false), nullptr, 0, 1};
+  queueCtrl(r->peer, Ctrl{kRtr, id, r->tag, r->len, 0, 0, 0, 0, {}});
+}
+
+RegCache::Entry* VerbsTransport::registerUserBuffer(const Request& r) {
+  if (zeroCopyMin_ == 0 || r.len < zeroCopyMin_ || !r.owner) return nullptr;
+  regCache_->setCounters(counters());
+  return regCache_->acquire(r.owner, r.buf, r.len);
+}
+
+uint64_t VerbsTransport::zeroCopyPiece(uint64_t len) const {
+  // Spread a message over the queue pairs, but keep pieces large (each costs
+  // a landing-slot credit and a control message back); never above max_msg_sz.
+  const uint64_t perQp = (len + qpsPerPeer_ - 1) / qpsPerPeer_;
+  const uint64_t piece = std::max<uint64_t>(256 << 10, (perQp + 4095) & ~uint64_t(4095));
+  return std::min<uint64_t>({piece, maxMsg_, uint64_t(1) << 30});
 }
 
 bool VerbsTransport::hasUnmatched(int peer, uint64_t tag) {
@@ -506,16 +544,30 @@ bool VerbsTransport::hasUnmatched(int peer, uint64_t tag) {
   return it != a.end() && it->second > 0;
 }
 
-void VerbsTransport::matchSend(int p, Request* r, uint32_t recvId, uint64_t len) {
+void VerbsTransport::matchSend(int p, Request* r, const Ctrl& rtr) {
   Peer& peer = *peers_[p];
+  const uint32_t recvId = rtr.id;
+  const uint64_t len = rtr.len;
   if (len != r->len) {
     r->fail(str("rank ", rank_, " sent ", r->len, " bytes to rank ", p, " but rank ", p, " expected ", len,
                 " bytes: every rank must pass tensors of the same size and dtype to this operation"));
     queueCtrl(p, Ctrl{kNack, recvId, r->tag, r->len, 0, 0});
     return;
   }
-  const uint64_t chunk = chunkFor(peer);
-  peer.active.push_back(ActiveSend{r, recvId, std::max<uint64_t>(1, (r->len + chunk - 1) / chunk)});
+  ActiveSend as{r, recvId, 0};
+  // Zero copy when the receiver offered it and our buffer registers too.
+  if (rtr.addr != 0 && rtr.piece >= 4096 && rtr.piece <= maxMsg_ && rtr.piece <= (uint64_t(1) << 30))
+    as.zc = registerUserBuffer(*r);
+  if (as.zc) {
+    as.piece = rtr.piece;
+    as.chunks = (r->len + as.piece - 1) / as.piece;
+    as.remoteAddr = rtr.addr;
+    as.rkey = rtr.rkey;
+  } else {
+    const uint64_t chunk = chunkFor(peer);
+    as.chunks = std::max<uint64_t>(1, (r->len + chunk - 1) / chunk);
+  }
+  peer.active.push_back(as);
 }
 
 bool VerbsTransport::streamSends(int p) {
@@ -525,32 +577,53 @@ bool VerbsTransport::streamSends(int p) {
   for (auto& as : peer.active) {
     while (as.posted < as.chunks && !peer.remoteFree.empty() && !peer.stagingFree.empty()) {
       Qp& q = peer.qps[peer.nextQp % peer.qps.size()];
-      if (q.posted >= sqDepth_) return moved;
+      if (q.posted + (as.zc ? 2 : 1) > sqDepth_) return moved;
       peer.nextQp++;
       const uint32_t slot = peer.stagingFree.back();
       const uint32_t land = peer.remoteFree.front();
-      const uint64_t offset = as.posted * chunk;
-      const uint64_t len = std::min<uint64_t>(chunk, as.r->len - std::min(as.r->len, offset));
+      const uint64_t step = as.zc ? as.piece : chunk;
+      const uint64_t offset = as.posted * step;
+      const uint64_t len = std::min<uint64_t>(step, as.r->len - std::min(as.r->len, offset));
       char* dst = peer.staging + slot * stride_;
-      SlotHeader h{as.recvId, offset, len, {}};
+      SlotHeader h{as.recvId, offset, len, as.zc ? kSlotZeroCopy : 0, {}};
       std::memcpy(dst, &h, sizeof(h));
-      if (len) std::memcpy(dst + sizeof(h), static_cast<char*>(as.r->buf) + offset, len);
-      countCopied(len);
-      ibv_sge sge{reinterpret_cast<uint64_t>(dst), static_cast<uint32_t>(sizeof(h) + len), peer.stagingMr->lkey};
-      ibv_send_wr wr{};
-      wr.wr_id = wrId(kWrData, p, static_cast<int>(&q - peer.qps.data()), slot);
-      wr.sg_list = &sge;
-      wr.num_sge = 1;
-      wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-      wr.send_flags = IBV_SEND_SIGNALED;  // frees the staging slot
-      wr.imm_data = htonl(land);
-      wr.wr.rdma.remote_addr = peer.remoteLanding + land * peer.remoteStride;
-      wr.wr.rdma.rkey = peer.remoteRkey;
+      ibv_send_wr wrs[2]{};
+      ibv_sge sges[2]{};
+      ibv_send_wr& head = as.zc ? wrs[1] : wrs[0];
+      ibv_sge& headSge = as.zc ? sges[1] : sges[0];
+      if (as.zc) {
+        // The payload, tensor to tensor, unsignaled: the header's completion
+        // (same queue pair, posted after it) covers it.
+        sges[0] = ibv_sge{reinterpret_cast<uint64_t>(static_cast<char*>(as.r->buf) + offset),
+                          static_cast<uint32_t>(len), as.zc->mr->lkey};
+        wrs[0].wr_id = wrId(kWrZeroCopy, p, static_cast<int>(&q - peer.qps.data()), slot);
+        wrs[0].sg_list = &sges[0];
+        wrs[0].num_sge = 1;
+        wrs[0].opcode = IBV_WR_RDMA_WRITE;
+        wrs[0].wr.rdma.remote_addr = as.remoteAddr + offset;
+        wrs[0].wr.rdma.rkey = as.rkey;
+        wrs[0].next = &wrs[1];
+        headSge = ibv_sge{reinterpret_cast<uint64_t>(dst), static_cast<uint32_t>(sizeof(h)), peer.stagingMr->lkey};
+        if (counters()) Counters::add(counters()->bytesZeroCopy, len);
+      } else {
+        if (len) std::memcpy(dst + sizeof(h), static_cast<char*>(as.r->buf) + offset, len);
+        countCopied(len);
+        headSge = ibv_sge{reinterpret_cast<uint64_t>(dst), static_cast<uint32_t>(sizeof(h) + len), peer.stagingMr->lkey};
+      }
+      head.wr_id = wrId(kWrData, p, static_cast<int>(&q - peer.qps.data()), slot);
+      head.sg_list = &headSge;
+      head.num_sge = 1;
+      head.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      head.send_flags = IBV_SEND_SIGNALED;  // frees the staging slot
+      head.imm_data = htonl(land);
+      head.wr.rdma.remote_addr = peer.remoteLanding + land * peer.remoteStride;
+      head.wr.rdma.rkey = peer.remoteRkey;
       ibv_send_wr* bad = nullptr;
-      int rc = ibv_post_send(q.qp, &wr, &bad);
+      int rc = ibv_post_send(q.qp, &wrs[0], &bad);
       if (rc != 0) throwComm(str("ibv_post_send (RDMA write) to rank ", p, " failed (", rc, ") on ", dev_->describe()));
-      q.posted++;
-      q.covers.push_back(q.unsignaled + 1);
+      const int n = as.zc ? 2 : 1;
+      q.posted += n;
+      q.covers.push_back(q.unsignaled + n);
       q.unsignaled = 0;
       peer.stagingFree.pop_back();
       peer.remoteFree.pop_front();
@@ -600,6 +673,8 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
     case kWrCtrl:
       retire(peer.qps[wrQp(wc.wr_id)]);
       break;
+    case kWrZeroCopy:  // never signaled: nothing to do on success
+      break;
     case kWrData: {
       retire(peer.qps[wrQp(wc.wr_id)]);
       const uint32_t slot = wrIndex(wc.wr_id);
@@ -607,6 +682,7 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
       peer.stagingOwner[slot] = nullptr;
       peer.stagingFree.push_back(slot);
       if (as && ++as->done == as->chunks) {
+        regCache_->release(as->zc);
         as->r->done = true;
         for (auto it = peer.active.begin(); it != peer.active.end(); ++it)
           if (&*it == as) { peer.active.erase(it); break; }
@@ -653,9 +729,9 @@ void VerbsTransport::onCtrl(int p, const Ctrl& msg) {
         Request* r = it->second.front();
         it->second.pop_front();
         if (it->second.empty()) peer.sendsWaiting.erase(it);
-        matchSend(p, r, msg.id, msg.len);
+        matchSend(p, r, msg);
       } else {
-        peer.rtrsWaiting[msg.tag].emplace_back(msg.id, msg.len);
+        peer.rtrsWaiting[msg.tag].push_back(msg);
       }
       break;
     }
@@ -671,6 +747,7 @@ void VerbsTransport::onCtrl(int p, const Ctrl& msg) {
       auto it = peer.recvs.find(msg.id);
       if (it == peer.recvs.end()) break;
       Request* r = it->second.r;
+      regCache_->release(it->second.zc);  // the sender never wrote into it
       peer.recvs.erase(it);
       r->fail(str("rank ", rank_, " expected a message of ", r->len, " bytes from rank ", p, " but rank ", p,
                   " sent ", msg.len, " bytes: every rank must pass tensors of the same size and dtype to this operation"));
@@ -699,20 +776,35 @@ void VerbsTransport::onData(int p, uint32_t slot, uint32_t byteLen) {
     return killPeer(p, str("rank ", p, " sent a chunk for receive ", h.recvId, ", which rank ", rank_,
                            " has not posted (corrupted slot header)"));
   auto& st = it->second;
-  const uint64_t chunk = chunkFor(peer);
+  const bool zc = h.flags & kSlotZeroCopy;
+  if (st.mode == 0) {  // zero copy was offered: the first chunk says what the sender chose
+    st.mode = zc ? 2 : 1;
+    const uint64_t step = zc ? st.piece : chunkFor(peer);
+    st.expected = std::max<uint64_t>(1, (st.r->len + step - 1) / step);
+    st.seen.assign(st.expected, false);
+  }
+  if ((st.mode == 2) != zc || (h.flags & ~kSlotZeroCopy))
+    return killPeer(p, str("rank ", p, " sent a chunk in ", zc ? "zero-copy" : "copy", " mode for a receive in the other "
+                           "mode (flags ", h.flags, "; corrupted slot header or mixed roce_pg versions)"));
+  const uint64_t chunk = zc ? st.piece : chunkFor(peer);
   const uint64_t index = h.offset / chunk;
   const uint64_t expectLen = st.r->len > h.offset ? std::min(chunk, st.r->len - h.offset) : 0;
+  // In zero-copy mode only the header was written into the slot.
+  const uint64_t inSlot = zc ? 0 : h.len;
   const bool ok = h.offset % chunk == 0 && index < st.expected && !st.seen[index] && h.len == expectLen &&
-                  (byteLen == 0 || h.len == byteLen - sizeof(SlotHeader));
+                  (byteLen == 0 || inSlot == byteLen - sizeof(SlotHeader));
   if (!ok)
     return killPeer(p, str("rank ", p, " sent an inconsistent chunk for a ", st.r->len, "-byte receive (offset ",
                            h.offset, ", length ", h.len, ", ", byteLen, " bytes written, chunk size ", chunk,
                            st.seen.size() > index && st.seen[index] ? ", already received" : "",
                            "): corrupted slot header"));
   st.seen[index] = true;
-  if (h.len) std::memcpy(static_cast<char*>(st.r->buf) + h.offset, src + sizeof(h), h.len);
-  countCopied(h.len);
+  if (!zc) {
+    if (h.len) std::memcpy(static_cast<char*>(st.r->buf) + h.offset, src + sizeof(h), h.len);
+    countCopied(h.len);
+  }
   if (++st.got == st.expected) {
+    regCache_->release(st.zc);
     st.r->done = true;
     peer.recvs.erase(it);
   }
@@ -778,10 +870,18 @@ void VerbsTransport::killPeer(int p, const std::string& why) {
   for (auto& [tag, q] : peer.sendsWaiting)
     for (Request* r : q) r->fail(why);
   peer.sendsWaiting.clear();
-  for (auto& as : peer.active) as.r->fail(why);
+  // The queue pairs are in the error state (above): the NIC no longer reads or
+  // writes these buffers, so their registrations may be reused or dropped.
+  for (auto& as : peer.active) {
+    regCache_->release(as.zc);
+    as.r->fail(why);
+  }
   peer.active.clear();
   std::fill(peer.stagingOwner.begin(), peer.stagingOwner.end(), nullptr);
-  for (auto& [id, st] : peer.recvs) st.r->fail(why);
+  for (auto& [id, st] : peer.recvs) {
+    regCache_->release(st.zc);
+    st.r->fail(why);
+  }
   peer.recvs.clear();
   peer.ctrlQueue.clear();
 }

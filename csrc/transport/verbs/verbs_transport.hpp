@@ -5,19 +5,33 @@
 // Protocol, per pair of ranks (receiver-driven rendezvous):
 //   sender   --RTS(tag,len)-->      receiver   announces a send (lets
 //                                               recv-from-any-source pick a peer)
-//   receiver --RTR(tag,len,id)-->   sender     a receive was posted
+//   receiver --RTR(tag,len,id[,addr,rkey,piece])--> sender   a receive was posted
 //   sender: matches RTRs to its sends FIFO per tag, checks the sizes (a
-//   mismatch fails both sides: NACK), then streams the message in chunks:
-//   copies a chunk into one of its registered staging slots and
-//   RDMA_WRITE_WITH_IMMs it into a free landing slot of the receiver
-//   (immediate = slot; a 64-byte header in the slot names the receive and the
-//   offset). The receiver copies the chunk out and returns the slot with
-//   CREDIT(slot). Several chunks are in flight per peer (ROCE_PG_IB_SLOTS) and
-//   are spread over ROCE_PG_IB_QPS_PER_CONNECTION queue pairs.
-// All memory is registered once, when the transport is created: staging and
-// landing slots are the only buffers the NIC touches, so a tensor that is
-// freed and reallocated at the same address can never be read through a
-// stale registration. Completions are busy-polled by the progress thread.
+//   mismatch fails both sides: NACK), then streams the message in chunks.
+//   Each chunk takes a landing-slot credit of the receiver and ends with an
+//   RDMA_WRITE_WITH_IMM of a 64-byte header into that slot (immediate = slot;
+//   the header names the receive, the offset, the length and the mode). The
+//   receiver handles the chunk and returns the slot with CREDIT(slot).
+//   Two modes, chosen per message:
+//    * copy: the sender copies the chunk into one of its registered staging
+//      slots and writes header + payload into the landing slot; the receiver
+//      copies the payload out. Small messages, and buffers the registration
+//      cache cannot take (no owner, over ROCE_PG_IB_REG_CACHE_BYTES).
+//    * zero copy (>= ROCE_PG_IB_ZERO_COPY_MIN_BYTES, both buffers registered
+//      through RegCache): the RTR carries address + rkey of the receive
+//      buffer, the sender RDMA_WRITEs each piece from its tensor straight into
+//      the receiver's tensor, then (same queue pair, so ordered after it) the
+//      header alone with WRITE_WITH_IMM. No byte is copied by a CPU.
+//   Several chunks are in flight per peer (ROCE_PG_IB_SLOTS) and are spread
+//   over ROCE_PG_IB_QPS_PER_CONNECTION queue pairs.
+// Memory: staging and landing slots and control buffers are registered once.
+// User buffers are registered through RegCache, whose entries keep their
+// allocation alive (see reg_cache.hpp): a tensor freed and reallocated at the
+// same address is a different allocation, never a stale registration. A
+// receive that fails (peer death, abort, deadline) moves the peer's queue
+// pairs to the error state first, so no write lands after it; a NACKed
+// receive was never written to. Completions are busy-polled by the progress
+// thread.
 #pragma once
 #include <chrono>
 #include <deque>
@@ -28,6 +42,7 @@
 #include <vector>
 
 #include "../transport.hpp"
+#include "reg_cache.hpp"
 #include "verbs_device.hpp"
 
 namespace roce {
@@ -65,7 +80,9 @@ class VerbsTransport : public Transport {
   void onCtrl(int peer, const Ctrl& msg);
   void onData(int peer, uint32_t slot, uint32_t byteLen);
   int ctrlRecvs() const;
-  void matchSend(int peer, Request* r, uint32_t reqId, uint64_t len);
+  void matchSend(int peer, Request* r, const Ctrl& rtr);
+  RegCache::Entry* registerUserBuffer(const Request& r);
+  uint64_t zeroCopyPiece(uint64_t len) const;
   void retire(Qp& q);
   void killPeer(int peer, const std::string& why);
   std::string failureText(int peer, const struct ibv_wc& wc) const;
@@ -77,7 +94,12 @@ class VerbsTransport : public Transport {
   size_t slotBytes_;   // payload bytes per slot (this side)
   size_t stride_;      // header + payload, 64-byte aligned
   int tc_, sl_, timeout_, retryCnt_;
+  size_t maxMsg_;           // port max_msg_sz: no work request is larger
+  size_t zeroCopyMin_;      // ROCE_PG_IB_ZERO_COPY_MIN_BYTES (0: off)
   struct CqDeleter { void operator()(struct ibv_cq* cq) const; };
+  // Declared before peers_: destroyed after their queue pairs, so no MR goes
+  // while a queue pair could still use it.
+  std::unique_ptr<RegCache> regCache_;
   std::unique_ptr<struct ibv_cq, CqDeleter> cq_;  // declared before peers_: destroyed after their queue pairs
   std::vector<std::unique_ptr<Peer>> peers_;  // null for peers not served
 };
