@@ -9,6 +9,10 @@ VMs (the host kernel has no RDMA support; see scripts/softroce/README.md).
   subgroups, timeouts, abort, the size-mismatch NACK; kill -9 of a rank during
   a large allreduce; 10,000 mixed collectives and 50 group re-creations without
   growth of RSS, fds, MRs or QPs;
+  verbs zero copy (1 MiB chunks): every collective kind exact below and above
+  the 64 KiB threshold, no byte copied and nothing registered in steady state,
+  freed-and-reallocated tensors, eviction under a tiny registration cache,
+  4 QPs with 3 slots, the size-mismatch NACK and kill -9 mid-transfer;
 * two VMs joined by a virtual Ethernet link, two ranks each
   (tests/softroce/multinode_job.py): a torchrun-elastic job (collectives and a
   20-step DDP run compared with Gloo); the collective matrix while netem drops
@@ -227,6 +231,51 @@ def test_recreating_the_group_50_times_over_verbs_leaks_nothing(one_vm):
             # sample, so not a leak); every later count must be exact.
             for s in (second, last):
                 assert all(s["rdma"].get(k, 0) == base.get(k, 0) for k in RDMA_KINDS), (base, s["rdma"])
+
+
+# ---------------------------------------------------------------- one VM: verbs zero copy
+
+def test_zero_copy_results_exact_below_and_above_the_threshold(one_vm):
+    for r, res in enumerate(_group(one_vm, "zerocopy_exact/verbs2")["results"]):
+        assert not res["failures"], "\n".join(res["failures"][:40])
+        assert res["checks"] >= 6 * 5 * 3, res["checks"]
+        assert res["counters"]["bytes_zero_copy"] > 0, res["counters"]  # the large sizes went tensor to tensor
+
+
+@pytest.mark.parametrize("group", ["zerocopy_steady/verbs2", "zerocopy_qps4_slots3/verbs2"])
+def test_zero_copy_steady_state_copies_and_registers_nothing(one_vm, group):
+    for r, res in enumerate(_group(one_vm, group)["results"]):
+        c = res["steady"]
+        print(f"\n{group} rank {r}: {c}, transient MRs {res['transient_mrs']}")
+        assert res["exact"] and res["transient_exact"], res
+        assert c["bytes_copied"] == 0 and c["registrations"] == 0 and c["bytes_zero_copy"] > 0, c
+        assert c["cached_mrs"] == res["cached_mrs_before"], c  # MR count flat over the iterations
+        for size in [int(k.split("_")[1]) for k in res if k.startswith("copied_")]:
+            assert res[f"exact_{size}"] and res[f"copied_{size}"] == 0 and res[f"zero_copy_{size}"] > 0, (size, res)
+        # Freed and reallocated 1 MiB tensors: dropped as soon as nobody else holds them.
+        assert max(res["transient_mrs"]) <= res["transient_mrs"][0] + 2, res["transient_mrs"]
+
+
+def test_zero_copy_registration_cache_eviction_stays_exact(one_vm):
+    for r, res in enumerate(_group(one_vm, "zerocopy_eviction/verbs2")["results"]):
+        c = res["counters"]
+        print(f"\nzero-copy eviction rank {r}: {c}")
+        assert not res["failures"], "\n".join(res["failures"][:40])
+        assert c["cached_mrs"] <= 3, c  # 3 MiB limit, ~1 MiB tensors
+        assert c["registrations"] > 6, c  # tensors took turns in the cache
+        assert c["bytes_copied"] > 0 and c["bytes_zero_copy"] > 0, c  # the 8 MiB one was copied
+
+
+def test_zero_copy_size_mismatch_and_kill(one_vm):
+    for r, res in enumerate(_group(one_vm, "zerocopy_nack/verbs3")["results"]):
+        assert res["elapsed"] < 30 and res["p2p_elapsed"] < 30, (r, res)
+        if r == 1:
+            assert res["recv_buffer_untouched"], res
+    ranks = _group(one_vm, "zerocopy_kill/verbs3")["results"]
+    assert ranks[2] is None
+    for r, res in enumerate(ranks[:2]):
+        assert res["detect_s"] is not None and res["detect_s"] < DETECT_LIMIT_S, (r, res)
+        assert res["dist_backend_error"] and "rank 2" in res["msg"], (r, res)
 
 
 # Private RSS after handing cached free memory back (fault_workers._rss_kib runs

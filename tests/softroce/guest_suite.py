@@ -14,13 +14,18 @@ Phases (argv after the report path; default: all of them):
   faults  kill -9 of a rank during a large allreduce (300 s group timeout),
           10,000 mixed small collectives and 50 group re-creations (2 ranks)
           without growth of RSS, fds, threads, MRs or QPs (`rdma res show`)
+  zerocopy  RDMA straight between tensors (1 MiB chunks, 64 KiB threshold):
+          every collective kind exact below and above the threshold; no byte
+          copied and nothing registered in steady state; freed-and-reallocated
+          tensors; eviction under a 3 MiB ROCE_PG_IB_REG_CACHE_BYTES; 4 QPs with
+          3 slots; the size-mismatch NACK and kill -9 during a zero-copy allreduce
 
 Every group's rxe sent-packet delta is recorded with the least the group must
 have put on the wire, so a silent fall-back to TCP fails. The JSON report
 (argv[1]) is rewritten after every group: a run stopped by its time limit
 still tells how far it got.
 
-    python -m tests.softroce.guest_suite OUT.json [matrix] [api] [faults]
+    python -m tests.softroce.guest_suite OUT.json [matrix] [api] [faults] [zerocopy]
 """
 import json
 import os
@@ -92,6 +97,20 @@ def groups(phases):
         g["recreate/verbs2"] = _group("verbs2", "tests.fault_workers.recreate_group", proof=False, init=False,
                                       kwargs={"cycles": 50, "rdma": True}, min_packets=50 * 4099 * 4 // MTU,
                                       deadline_s=600)
+    if "zerocopy" in phases:
+        zc = "tests.softroce.zero_copy_workers."
+        g["zerocopy_exact/verbs2"] = _group("verbs2", zc + "exactness", env=DEFAULT_CHUNK)
+        g["zerocopy_steady/verbs2"] = _group("verbs2", zc + "steady_state", env=DEFAULT_CHUNK,
+                                             min_packets=proof_packets(2) + 10 * (2 << 20) // MTU)
+        g["zerocopy_qps4_slots3/verbs2"] = _group("verbs2", zc + "steady_state", kwargs={"sizes": (1 << 20,), "transient": 8}, env={
+            **DEFAULT_CHUNK, "ROCE_PG_IB_QPS_PER_CONNECTION": "4", "ROCE_PG_IB_SLOTS": "3"})
+        g["zerocopy_eviction/verbs2"] = _group("verbs2", zc + "eviction",
+                                               env={**DEFAULT_CHUNK, "ROCE_PG_IB_REG_CACHE_BYTES": str(3 << 20)})
+        g["zerocopy_nack/verbs3"] = _group("verbs3", zc + "mismatch", env=DEFAULT_CHUNK)
+        g["zerocopy_kill/verbs3"] = _group("verbs3", "tests.fault_workers.kill_during_allreduce",
+                                           kwargs={"victim": 2, "nbytes": 8 << 20, "rounds": 2, "cap_s": 30.0},
+                                           env={**DEFAULT_CHUNK, "TEST_PG_TIMEOUT_S": "300"}, proof=False,
+                                           expect_dead={2}, scratch=True, min_packets=2 * (3 - 1) * (8 << 20) // MTU)
     return g
 
 
@@ -118,7 +137,7 @@ def run_one(spec):
 
 def main():
     out = sys.argv[1]
-    phases = sys.argv[2:] or ["matrix", "api", "faults"]
+    phases = sys.argv[2:] or ["matrix", "api", "faults", "zerocopy"]
     report = {"phases": phases, "kernel": platform.release(), "rdma_before": rdma_resources(), "groups": {}}
     t_start = time.time()
     for name, spec in groups(phases).items():
