@@ -75,11 +75,18 @@ def human(n):
     return f"{n} B"
 
 
+def parse_size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
+
+
 def flat(args):
     from tests.harness import run_group
 
-    algos = ["ring", "rd", "rabenseifner", "auto"]
+    algos = args.algos.split(",") if args.algos else ["ring", "rd", "rabenseifner", "auto"]
     sizes = [8, 512, 8 << 10, 64 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20]
+    if args.sizes:
+        sizes = [parse_size(x) for x in args.sizes.split(",")]
     env = {"ROCE_PG_NET_TRANSPORT": "tcp", "ROCE_PG_SIM_RANKS_PER_NODE": "1"}
     res = run_group("benchmarks.algorithms.worker", args.flat, env=env, deadline_s=3000,
                     kwargs={"algos": algos, "sizes": sizes, "net_sizes": [], "budget_s": args.budget})[0]
@@ -87,7 +94,7 @@ def flat(args):
     print("| bytes | " + " | ".join(algos) + " | fastest |")
     print("|---" * (len(algos) + 2) + "|")
     for s in sizes:
-        best = min(algos[:-1], key=lambda a: res[(a, s)]["us"])
+        best = min(algos[:-1] or algos, key=lambda a: res[(a, s)]["us"])
         print(f"| {human(s)} | " + " | ".join(f"{res[(a, s)]['us']:.0f}" for a in algos) + f" | {best} |")
 
 
@@ -99,6 +106,8 @@ def main():
     p.add_argument("--budget", type=float, default=0.3, help="seconds of timed calls per size and algorithm")
     p.add_argument("--flat", type=int, default=0, metavar="N",
                    help="instead: N simulated machines x 1 rank, ring / rd / rabenseifner / auto times only")
+    p.add_argument("--algos", default="", help="with --flat: comma-separated algorithms (default ring,rd,rabenseifner,auto)")
+    p.add_argument("--sizes", default="", help="with --flat: comma-separated sizes, e.g. 1M,16M,64M")
     args = p.parse_args()
     if args.flat:
         return flat(args)

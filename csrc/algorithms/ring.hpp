@@ -1,5 +1,7 @@
 // Ring reduce-scatter and allgather over segments indexed by ring position,
-// chunked so that receiving chunk k+1 overlaps reducing chunk k. `order` lists
+// pipelined by chunk (ROCE_PG_CHUNK_BYTES): each chunk is forwarded to the
+// next step as soon as it has landed and been reduced, while later chunks are
+// still in flight. `order` lists
 // the ring's members (group ranks): the whole group in
 // Communicator::topology().ringOrder, or a subset (one machine's ranks, or one
 // rank per machine, in the hierarchical allreduce); this rank must be in it.
@@ -30,5 +32,9 @@ void ringReduceScatter(Communicator& c, const std::vector<int>& order, uint64_t 
 // Starting with segment q complete at position q, leaves every segment everywhere.
 void ringAllgather(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data, const RingSegments& segs,
                    size_t elemSize);
+// Both in one pass (the allreduce): the reduce-scatter's last step streams
+// straight into the allgather's first.
+void ringReduceScatterAllgather(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data,
+                                const RingSegments& segs, DataType t, ReduceOp op);
 
 }  // namespace roce

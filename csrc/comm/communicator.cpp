@@ -47,6 +47,17 @@ void checkShmLayout(const std::vector<RankInfo>& infos, const Topology& topo) {
   }
 }
 
+// Every rank must pick the same algorithm for the same call, or the message
+// patterns would not pair up (a size mismatch at best, a hang until the
+// timeout at worst): the settings that decide it must be equal everywhere.
+void checkAlgorithmSettings(const std::vector<RankInfo>& infos) {
+  for (size_t r = 1; r < infos.size(); ++r)
+    if (infos[r].algorithms != infos[0].algorithms)
+      throwInvalid(str("ranks 0 and ", r, " use different algorithm settings (rank 0: ", infos[0].algorithms,
+                       "; rank ", r, ": ", infos[r].algorithms, "): set the same ROCE_PG_ALGO* and "
+                       "ROCE_PG_CHUNK_BYTES values on every rank"));
+}
+
 }  // namespace
 
 Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int rank, int size,
@@ -62,6 +73,7 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
   me.nonce = randomNonce();
   me.shmRingBytes = cfg_.shmRingBytes;
   me.shmSlotBytes = cfg_.shmSlotBytes;
+  me.algorithms = cfg_.algorithmSettings();
   std::shared_ptr<VerbsDevice> verbsDev;
   if (size > 1) {
     listener_ = std::make_unique<TcpListener>();
@@ -90,6 +102,7 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
   for (int r = 0; r < size; ++r) infos.push_back(RankInfo::decode(values[r], r));
   topo_ = Topology::build(rank, infos);
   for (const auto& info : infos) hostNames_.push_back(info.hostName());
+  checkAlgorithmSettings(infos);
 
   std::vector<TcpEndpoint> eps(size);
   std::vector<uint64_t> nonces;

@@ -64,7 +64,8 @@ Config Config::fromEnv() {
   }
   c.algoAllreduce = oneOf("ROCE_PG_ALGO_ALLREDUCE", oneOf("ROCE_PG_ALGO", "auto", {"auto", "ring", "hier", "rd", "rabenseifner"}),
                           {"auto", "ring", "hier", "rd", "rabenseifner"});
-  c.algoAllgather = oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "ring", "bruck"});
+  c.algoAllgather = oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "ring", "bruck", "hier"});
+  c.algoReduceScatter = oneOf("ROCE_PG_ALGO_REDUCE_SCATTER", "auto", {"auto", "ring", "hier"});
   c.rdMaxBytes = envInt("ROCE_PG_ALGO_RD_MAX_BYTES", c.rdMaxBytes, 0, 1ll << 40);
   c.ringMinBytes = envInt("ROCE_PG_ALGO_RING_MIN_BYTES", c.ringMinBytes, 0, 1ll << 40);
   c.hierMinBytes = envInt("ROCE_PG_ALGO_HIER_MIN_BYTES", c.hierMinBytes, 0, 1ll << 40);
@@ -109,10 +110,17 @@ const std::string& testFault() {
   return fault;
 }
 
+std::string Config::algorithmSettings() const {
+  return str("ROCE_PG_ALGO_ALLREDUCE=", algoAllreduce, " ROCE_PG_ALGO_ALLGATHER=", algoAllgather,
+             " ROCE_PG_ALGO_REDUCE_SCATTER=", algoReduceScatter, " ROCE_PG_ALGO_RD_MAX_BYTES=", rdMaxBytes,
+             " ROCE_PG_ALGO_RING_MIN_BYTES=", ringMinBytes, " ROCE_PG_ALGO_HIER_MIN_BYTES=", hierMinBytes,
+             " ROCE_PG_ALGO_BRUCK_MAX_BYTES=", bruckMaxBytes, " ROCE_PG_CHUNK_BYTES=", chunkBytes);
+}
+
 std::string Config::describe() const {
   return str("force_network=", forceNetwork, " sim_ranks_per_node=", simRanksPerNode,
              simNode.empty() ? "" : str(" sim_node=", simNode), " algo_allreduce=", algoAllreduce,
-             " algo_allgather=", algoAllgather, " rd_max_bytes=", rdMaxBytes, " ring_min_bytes=", ringMinBytes,
+             " algo_allgather=", algoAllgather, " algo_reduce_scatter=", algoReduceScatter, " rd_max_bytes=", rdMaxBytes, " ring_min_bytes=", ringMinBytes,
              " hier_min_bytes=", hierMinBytes, " bruck_max_bytes=", bruckMaxBytes,
              " net_transport=", netTransport, " chunk_bytes=", chunkBytes,
              " shm_slot_bytes=", shmSlotBytes, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,

@@ -16,7 +16,8 @@ struct Config {
   std::string simNode;                   // ROCE_PG_SIM_NODE
   // Algorithm selection (csrc/algorithms/select.cpp): "auto" or a forced name.
   std::string algoAllreduce = "auto";    // ROCE_PG_ALGO_ALLREDUCE, else ROCE_PG_ALGO: auto|ring|hier|rd|rabenseifner
-  std::string algoAllgather = "auto";    // ROCE_PG_ALGO_ALLGATHER: auto|ring|bruck
+  std::string algoAllgather = "auto";    // ROCE_PG_ALGO_ALLGATHER: auto|ring|bruck|hier
+  std::string algoReduceScatter = "auto";  // ROCE_PG_ALGO_REDUCE_SCATTER: auto|ring|hier
   // Thresholds of "auto", in bytes per rank (allgather: output bytes).
   size_t rdMaxBytes = 64u << 10;         // ROCE_PG_ALGO_RD_MAX_BYTES: recursive doubling up to here
   size_t ringMinBytes = 1u << 20;        // ROCE_PG_ALGO_RING_MIN_BYTES: ring from here (Rabenseifner between)
@@ -51,6 +52,9 @@ struct Config {
 
   static Config fromEnv();
   std::string describe() const;
+  // The settings every rank of a group must share for the algorithms to pair
+  // up their messages (ROCE_PG_ALGO*, thresholds, ROCE_PG_CHUNK_BYTES).
+  std::string algorithmSettings() const;
 };
 
 // ROCE_PG_TEST_FAULT: fault injection for the test suite only ("" when unset).
