@@ -61,6 +61,10 @@ def _matrix(ck, group, members, me, label):
     for dtype, opname in SWEEP:
         for numel in SWEEP_SIZES:
             _check_allreduce(ck, group, members, me, label, dtype, opname, numel, 2)
+    # Large enough for hier to overlap its phases in 2-4 pieces (shards of at
+    # least two 4 KiB chunks and ROCE_PG_ALGO_RING_MIN_BYTES per piece).
+    for dtype, opname in ((torch.float32, "SUM"), (torch.int64, "MAX"), (torch.bfloat16, "AVG")):
+        _check_allreduce(ck, group, members, me, label, dtype, opname, 40000, 8)
     # Every rank ends with the same bits (each element is computed once, or by
     # both partners from the same two operands).
     for dtype in (torch.float32, torch.float16):
