@@ -153,7 +153,8 @@ def phase_algorithms(node, master):
     ranks = range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE)
     results = run_group("tests.algorithm_workers.run", WORLD, env=ALGO_ENV, start_method="fork", host=master,
                         port=STORE_PORTS["algorithms"], ranks=ranks, deadline_s=1000,
-                        kwargs={"groups": {"2x2": list(range(WORLD))}, "traffic": {"2x2": [ALGO_TRAFFIC_NUMEL]}})
+                        kwargs={"groups": {"2x2": list(range(WORLD))}, "traffic": {"2x2": [ALGO_TRAFFIC_NUMEL]},
+                                "timing": True})
     return {"results": dict(zip(ranks, results)), "traffic_numel": ALGO_TRAFFIC_NUMEL}
 
 
