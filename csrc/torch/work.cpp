@@ -67,6 +67,8 @@ int RoceWork::sourceRank() const {
   return sourceRank_;
 }
 
+std::string OpLabel::text() const { return str(title, " #", seq, " (", bytes, " bytes)"); }
+
 bool CollectiveTask::start(Communicator& c) {
   body_(c);
   for (const auto& s : outputs_) s.finish();
