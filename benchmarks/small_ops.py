@@ -62,14 +62,16 @@ def torch_rank(rank, world, port, backend, args, queue):
     for _ in range(args.warmup):
         dist.all_reduce(small)
     dist.all_reduce(big)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     t_small = time_blocks(lambda: dist.all_reduce(small), args.iters, args.reps, dist.barrier)
+    cpu_share = (time.process_time() - cpu0) / (time.perf_counter() - wall0)  # all threads of the rank
     t_big = time_blocks(lambda: dist.all_reduce(big), args.big_iters, args.reps, dist.barrier)
     # Every rank's median; report the slowest rank (an allreduce ends for all at once).
     out = [None] * world
-    dist.all_gather_object(out, (t_small, t_big))
+    dist.all_gather_object(out, (t_small, t_big, cpu_share))
     dist.destroy_process_group()
     if rank == 0:
-        queue.put((max(x[0] for x in out), max(x[1] for x in out)))
+        queue.put((max(x[0] for x in out), max(x[1] for x in out), sum(x[2] for x in out) / world))
 
 
 def run_torch(backend, args):
@@ -82,7 +84,18 @@ def run_torch(backend, args):
              for r in range(args.ranks)]
     for p in procs:
         p.start()
-    result = queue.get(timeout=args.timeout)
+    import queue as queue_mod
+    deadline = time.monotonic() + args.timeout
+    while True:  # a rank that dies must end the run, not hang it
+        try:
+            result = queue.get(timeout=1)
+            break
+        except queue_mod.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise SystemExit(f"{backend}: a rank failed (exit codes {[p.exitcode for p in procs]}) or timed out")
     for p in procs:
         p.join(args.timeout)
     return result
@@ -144,6 +157,7 @@ def main():
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--backends", default="roce,gloo")
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--no-mpi", action="store_true", help="skip the MPI column")
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.mpi_worker:
@@ -156,19 +170,19 @@ def main():
     results = {}
     for b in args.backends.split(","):
         results[b] = run_torch(b, args)
-    mpi_s, mpi_why = run_mpi(args)
+    mpi_s, mpi_why = run_mpi(args) if not args.no_mpi else (None, "--no-mpi")
     copy_gbs = copy_bandwidth(BIG_BYTES, args.big_iters, args.reps)
 
-    print(f"# {'':12s} {'8 B allreduce (us)':>20s} {'32 MiB busbw (GB/s)':>21s}")
-    for b, (ts, tb) in results.items():
-        print(f"  {b:12s} {ts * 1e6:20.2f} {BIG_BYTES / tb / 1e9 * factor:21.2f}")
+    print(f"# {'':12s} {'8 B allreduce (us)':>20s} {'32 MiB busbw (GB/s)':>21s} {'CPU/rank in 8 B loop':>21s}")
+    for b, (ts, tb, cpu) in results.items():
+        print(f"  {b:12s} {ts * 1e6:20.2f} {BIG_BYTES / tb / 1e9 * factor:21.2f} {cpu:20.0%}")
     if mpi_s is not None:
         print(f"  {'mpi':12s} {mpi_s * 1e6:20.2f} {'-':>21s}")
     else:
         print(f"# MPI column skipped: {mpi_why}")
     print(f"  {'tensor copy':12s} {'-':>20s} {copy_gbs:21.2f}   (dst.copy_(src), 32 MiB, one process)")
     if "roce" in results:
-        ts, tb = results["roce"]
+        ts, tb, _ = results["roce"]
         bus = BIG_BYTES / tb / 1e9 * factor
         print("# ratios (targets from issue 8 in brackets)")
         if mpi_s is not None:
