@@ -10,7 +10,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def test_small_ops_shm3():
-    env = {"ROCE_PG_SHM_ONESHOT_MAX_BYTES": "4096", "TEST_PG_TIMEOUT_S": "60"}
+    env = {"ROCE_PG_SHM_ONESHOT_MAX_BYTES": "4096", "ROCE_PG_INLINE_MAX_BYTES": "65536", "TEST_PG_TIMEOUT_S": "60"}
     results = run_group("tests.small_ops_workers.run", 3, env=env)
     failures = [f for r in results for f in r["failures"]]
     assert not failures, "\n".join(failures[:40])

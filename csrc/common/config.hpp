@@ -36,8 +36,10 @@ struct Config {
   // above, reduce-scatter + allgather through the slots. Capped by the slot.
   size_t shmOneShotMaxBytes = 64u << 10; // ROCE_PG_SHM_ONESHOT_MAX_BYTES
   // Collectives on CPU tensors up to this many bytes run on the caller's thread
-  // when the progress engine is idle (no thread hand-off); 0 turns this off.
-  size_t inlineMaxBytes = 64u << 10;     // ROCE_PG_INLINE_MAX_BYTES
+  // when the progress engine is idle (no thread hand-off). Off by default: such
+  // a call blocks until the peers arrive even with async_op=True, so
+  // wait(timeout) cannot expire on it (tests/test_api.py work_semantics).
+  size_t inlineMaxBytes = 0;             // ROCE_PG_INLINE_MAX_BYTES
   // Shared-memory waits spin this long before sleeping on a futex.
   int spinUs = 20;                       // ROCE_PG_SPIN_US
   // Per-direction ring between two ranks on the same machine (point-to-point).
