@@ -234,8 +234,24 @@ Transport* Communicator::route(int peer) const {
 }
 
 void Communicator::beginOperation(const std::string& what, Clock::time_point deadline) {
+  opWhat_ = nullptr;
   opName_ = what;
   deadline_ = deadline;
+  startOperation();
+}
+
+void Communicator::beginOperation(const Describable& what, Clock::time_point deadline) {
+  opWhat_ = &what;
+  deadline_ = deadline;
+  startOperation();
+}
+
+void Communicator::endOperation() {
+  if (opWhat_) opName_ = "operation";
+  opWhat_ = nullptr;
+}
+
+void Communicator::startOperation() {
   Counters::add(counters_.ops, 1);
   // The previous collective's requests can go once no transport can touch them.
   if (!hasPendingRequests()) owned_.clear();
@@ -244,7 +260,7 @@ void Communicator::beginOperation(const std::string& what, Clock::time_point dea
     broken_ = peerFailure_;
   }
   if (!broken_.empty())
-    throwComm(str(what, " refused: this process group failed earlier and cannot be used any more (",
+    throwComm(str(opName(), " refused: this process group failed earlier and cannot be used any more (",
                   broken_, "). Destroy it and create a new one"));
 }
 
@@ -315,19 +331,19 @@ void Communicator::throwFailure(const std::string& msg) {
     cause = abortNotice_->seen().value_or("");
   }
   if (!cause.empty() && msg.find(cause) == std::string::npos)
-    throwComm(str(opName_, " on rank ", rank(), " failed: ", msg, " (first failure reported in the group: ", cause, ")"));
-  throwComm(str(opName_, " on rank ", rank(), " failed: ", msg));
+    throwComm(str(opName(), " on rank ", rank(), " failed: ", msg, " (first failure reported in the group: ", cause, ")"));
+  throwComm(str(opName(), " on rank ", rank(), " failed: ", msg));
 }
 
 void Communicator::checkDeadline(const std::function<std::string()>& waitingFor) {
   if (abortRequested_.load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> g(abortMu_);
-    throw Error(ErrorKind::Aborted, str("roce: ", opName_, " on rank ", rank(), " was aborted: ", abortReason_));
+    throw Error(ErrorKind::Aborted, str("roce: ", opName(), " on rank ", rank(), " was aborted: ", abortReason_));
   }
-  throwIfPeerFailed(opName_);
+  if (peerFailed_.load(std::memory_order_relaxed)) throwIfPeerFailed(opName());  // names only when needed
   if (Clock::now() >= deadline_) {
     auto total = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count();
-    throwTimeout(str(opName_, " on rank ", rank(), " timed out (group timeout ", total, " ms) waiting for ",
+    throwTimeout(str(opName(), " on rank ", rank(), " timed out (group timeout ", total, " ms) waiting for ",
                      waitingFor(), ". That rank may have crashed, hung, or called a different "
                      "collective (every rank must issue the same collectives in the same order)"));
   }
@@ -347,6 +363,7 @@ void Communicator::checkHealth() {
   throwIfPeerFailed("point-to-point operation");
   if (Clock::now() - lastSlowCheck_ > kSlowCheckEvery) {
     lastSlowCheck_ = Clock::now();
+    opWhat_ = nullptr;
     opName_ = "point-to-point operation";
     slowChecks();
   }
@@ -369,18 +386,20 @@ void Communicator::slowChecks() {
   for (auto& t : transports_) t->checkPeers();
   // Never a store call here: it could block for the store's whole timeout.
   std::optional<std::string> msg = abortNotice_ ? abortNotice_->seen() : std::nullopt;
-  if (msg) throwComm(str(opName_, " on rank ", rank(), " stopped because another rank failed: ", *msg));
+  if (msg) throwComm(str(opName(), " on rank ", rank(), " stopped because another rank failed: ", *msg));
 }
 
-void Communicator::waitUntil(const std::function<bool()>& done, const std::function<std::string()>& waitingFor) {
+void Communicator::waitUntil(const std::function<bool()>& done, const std::function<std::string()>& waitingFor,
+                             const std::function<void()>& block) {
   Backoff backoff;
   uint64_t spins = 0;
   while (!done()) {
     if (progress()) backoff.reset();
+    else if (block) block();
     else backoff.pause();
     checkDeadline(waitingFor);
     if ((++spins & 63) == 0 && idleHook) idleHook();
-    if (backoff.sleeping() && Clock::now() - lastSlowCheck_ > kSlowCheckEvery) {
+    if ((block || backoff.sleeping()) && Clock::now() - lastSlowCheck_ > kSlowCheckEvery) {
       lastSlowCheck_ = Clock::now();
       slowChecks();
     }

@@ -19,6 +19,7 @@
 #include "../common/backoff.hpp"
 #include "../common/bootstrap.hpp"
 #include "../common/config.hpp"
+#include "../common/describable.hpp"
 #include "../common/counters.hpp"
 #include "../transport/transport.hpp"
 #include "abort_notice.hpp"
@@ -53,6 +54,10 @@ class Communicator {
   // --- per-operation context -------------------------------------------------
   // Names the running operation in error messages and sets its deadline.
   void beginOperation(const std::string& what, Clock::time_point deadline);
+  // The same, naming it lazily: `what` is described only if a message needs
+  // it, and must stay alive until endOperation().
+  void beginOperation(const Describable& what, Clock::time_point deadline);
+  void endOperation();
   uint64_t nextCollectiveTag() { return ++collectiveSeq_; }
   static uint64_t p2pTag(int userTag) { return (1ull << 63) | static_cast<uint32_t>(userTag); }
 
@@ -75,7 +80,10 @@ class Communicator {
   void waitAll(Request* const* reqs, size_t n);
   void wait(Request& r) { Request* p = &r; waitAll(&p, 1); }
   // Generic form: `done` is polled; `waitingFor` names what is missing for errors.
-  void waitUntil(const std::function<bool()>& done, const std::function<std::string()>& waitingFor);
+  // `block`, when given, is called instead of backing off when nothing moved:
+  // it may sleep on a futex for a bounded time (shared-memory waits).
+  void waitUntil(const std::function<bool()>& done, const std::function<std::string()>& waitingFor,
+                 const std::function<void()>& block = nullptr);
 
   // Checks that need no peers: deadline and abort flag.
   void checkDeadline(const std::function<std::string()>& waitingFor);
@@ -111,6 +119,7 @@ class Communicator {
 
  private:
   Transport* route(int peer) const;
+  void startOperation();  // counts the operation; refuses it on a broken group
   // "verbs" or "tcp" for the peers not on this machine; throws when the group
   // needs the network, verbs was not ruled out, and some rank lacks a port.
   std::string chooseNetworkTransport(const std::vector<RankInfo>& infos) const;
@@ -143,7 +152,9 @@ class Communicator {
   std::atomic<bool> peerFailed_{false};
   std::string peerFailure_;
   Clock::time_point peerFailedAt_{};
+  std::string opName() const { return opWhat_ ? opWhat_->describe() : opName_; }
   std::string opName_ = "operation";
+  const Describable* opWhat_ = nullptr;  // overrides opName_ while set
   Clock::time_point deadline_ = Clock::time_point::max();
   Clock::time_point lastSlowCheck_{};
   uint64_t collectiveSeq_ = 0;

@@ -1,6 +1,8 @@
 // Waiting without burning a core that another rank needs: spin briefly (lowest
 // latency when every rank has a core), then yield, then sleep with a growing
-// interval capped at 1 ms (ranks often outnumber cores).
+// interval capped at 1 ms (ranks often outnumber cores). This is the fallback
+// for waits with nothing to block on (network transports); shared-memory
+// waits block on a futex instead (spin.hpp, futex.hpp).
 #pragma once
 #include <sched.h>
 #include <time.h>
@@ -20,6 +22,8 @@ class Backoff {
     if (idle_ < kSpins) {
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
+#elif defined(__aarch64__)
+      asm volatile("yield" ::: "memory");
 #endif
     } else if (idle_ < kSpins + kYields) {
       sched_yield();

@@ -85,6 +85,9 @@ Config Config::fromEnv() {
   c.chunkBytes = envInt("ROCE_PG_CHUNK_BYTES", c.chunkBytes, 4096, 1ll << 30);
   c.shmSlotBytes = envInt("ROCE_PG_SHM_SLOT_BYTES", c.shmSlotBytes, 4096, 1ll << 30);
   c.shmRingBytes = envInt("ROCE_PG_SHM_RING_BYTES", c.shmRingBytes, 4096, 1ll << 30);
+  c.shmOneShotMaxBytes = envInt("ROCE_PG_SHM_ONESHOT_MAX_BYTES", c.shmOneShotMaxBytes, 0, 1ll << 30);
+  c.inlineMaxBytes = envInt("ROCE_PG_INLINE_MAX_BYTES", c.inlineMaxBytes, 0, 1ll << 40);
+  c.spinUs = static_cast<int>(envInt("ROCE_PG_SPIN_US", c.spinUs, 0, 1000000));
   // Rings index with a mask: round up to a power of two.
   size_t r = 4096;
   while (r < c.shmRingBytes) r <<= 1;
@@ -123,7 +126,8 @@ std::string Config::describe() const {
              " algo_allgather=", algoAllgather, " algo_reduce_scatter=", algoReduceScatter, " rd_max_bytes=", rdMaxBytes, " ring_min_bytes=", ringMinBytes,
              " hier_min_bytes=", hierMinBytes, " bruck_max_bytes=", bruckMaxBytes,
              " net_transport=", netTransport, " chunk_bytes=", chunkBytes,
-             " shm_slot_bytes=", shmSlotBytes, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
+             " shm_slot_bytes=", shmSlotBytes, " shm_oneshot_max_bytes=", shmOneShotMaxBytes,
+             " inline_max_bytes=", inlineMaxBytes, " spin_us=", spinUs, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
              " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,
              " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots,
              " heartbeat_timeout_ms=", heartbeatTimeoutMs);

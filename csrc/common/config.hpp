@@ -32,6 +32,17 @@ struct Config {
   size_t chunkBytes = 1u << 20;          // ROCE_PG_CHUNK_BYTES
   // Per-rank staging slot of the shared-memory allreduce (two of them per rank).
   size_t shmSlotBytes = 4u << 20;        // ROCE_PG_SHM_SLOT_BYTES
+  // Shared-memory allreduce up to this many bytes goes one-shot (every rank
+  // publishes its input, one synchronisation, every rank reduces all inputs);
+  // above, reduce-scatter + allgather through the slots. Capped by the slot.
+  size_t shmOneShotMaxBytes = 64u << 10; // ROCE_PG_SHM_ONESHOT_MAX_BYTES
+  // Collectives on CPU tensors up to this many bytes run on the caller's thread
+  // when the progress engine is idle (no thread hand-off). Off by default: such
+  // a call blocks until the peers arrive even with async_op=True, so
+  // wait(timeout) cannot expire on it (tests/test_api.py work_semantics).
+  size_t inlineMaxBytes = 0;             // ROCE_PG_INLINE_MAX_BYTES
+  // Shared-memory waits spin this long before sleeping on a futex.
+  int spinUs = 20;                       // ROCE_PG_SPIN_US
   // Per-direction ring between two ranks on the same machine (point-to-point).
   size_t shmRingBytes = 2u << 20;        // ROCE_PG_SHM_RING_BYTES
   // Verbs (RoCE / InfiniBand), names as NCCL's NCCL_IB_*.

@@ -33,6 +33,12 @@ std::vector<Staged> slicesOf(const at::Tensor& flat, const std::vector<at::Tenso
   return v;
 }
 
+bool onCpu(const std::vector<at::Tensor>& ts) {
+  for (const auto& t : ts)
+    if (t.defined() && !t.device().is_cpu()) return false;
+  return true;
+}
+
 at::Tensor emptyHost(int64_t numel, const at::Tensor& like) {
   return at::empty({numel}, like.options().device(at::kCPU));
 }
@@ -75,17 +81,19 @@ std::chrono::milliseconds RoceBackend::effective(std::chrono::milliseconds t) co
   return t.count() < 0 ? timeout_ : t;
 }
 
-std::string RoceBackend::describe(const char* title, size_t bytes) {
-  return str(title, " #", ++seq_, " (", bytes, " bytes)");
-}
+std::string RoceBackend::describe(const char* title, size_t bytes) { return label(title, bytes).text(); }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::submit(OpType type, const char* title, std::vector<at::Tensor> futureValue,
                                                    std::vector<Staged> outputs, CollectiveTask::Body body,
                                                    std::chrono::milliseconds timeout, size_t bytes) {
   ++collectives_;
+  const bool inlinable = bytes <= cfg_.inlineMaxBytes && onCpu(futureValue);
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, std::move(futureValue));
-  auto task = std::make_shared<CollectiveTask>(work, describe(title, bytes), std::move(outputs), std::move(body));
+  auto task = std::make_shared<CollectiveTask>(work, label(title, bytes), std::move(outputs), std::move(body));
   task->timeout = effective(timeout);
+  // Small CPU collectives skip the progress thread when it is idle: no
+  // hand-off, and the Work is returned already completed.
+  if (inlinable && engine_->runInline(*task)) return work;
   engine_->enqueue(std::move(task));
   return work;
 }

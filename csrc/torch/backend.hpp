@@ -81,6 +81,7 @@ class RoceBackend : public c10d::Backend {
                                               int peer, int tag);
   std::chrono::milliseconds effective(std::chrono::milliseconds t) const;
   std::string describe(const char* title, size_t bytes);
+  OpLabel label(const char* title, size_t bytes) { return {title, ++seq_, bytes}; }
 
   Config cfg_;
   std::chrono::milliseconds timeout_;

@@ -1,0 +1,104 @@
+"""Worker for tests/test_small_ops.py, run inside every rank of one spawned
+group: the one-shot shared-memory allreduce around its threshold, the inline
+execution of small collectives (ordering with queued work, completed Works
+and futures, errors and timeouts), all against exact / float64 references."""
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .api_workers import expect_error
+from .reference import DTYPES, Checker, applicable_ops, inputs_for, make_op, reduce_reference
+
+# Set by the test (ROCE_PG_SHM_ONESHOT_MAX_BYTES) so that sizes on both sides
+# of the threshold stay small.
+ONESHOT_MAX = 4096
+
+
+def _around_threshold(dtype):
+    esz = torch.empty(0, dtype=dtype).element_size()
+    at = ONESHOT_MAX // esz
+    return [0, 1, 3, at - 1, at, at + 1, 3 * at + 5]
+
+
+def _oneshot_matrix(ck, rank, world):
+    for dtype in DTYPES:
+        for numel in _around_threshold(dtype):
+            for opname in applicable_ops(dtype):
+                xs = inputs_for(world, numel, dtype, opname, salt=11)
+                expected = reduce_reference(xs, opname, dtype)
+                t = xs[rank].clone()
+                dist.all_reduce(t, op=make_op(opname, dtype))
+                ck.close(f"all_reduce {dtype} {opname} n={numel}", t, expected, dtype)
+                # Every rank must hold the same bits (each reduces all slots itself).
+                got = [torch.empty_like(t) for _ in range(world)]
+                dist.all_gather(got, t)
+                ck.same(f"identical results {dtype} {opname} n={numel}", torch.stack(got), torch.stack([t] * world))
+
+
+def _inline_ordering(ck, rank, world):
+    # An idle engine runs a small op inline: the Work is complete on return,
+    # its future holds the output tensors.
+    small = torch.full((4,), float(rank + 1))
+    w = dist.all_reduce(small, async_op=True)
+    ck.same("inline work completed on return", torch.tensor(w.is_completed()), torch.tensor(True))
+    fut = w.get_future()
+    ck.same("inline future done", torch.tensor(fut.done()), torch.tensor(True))
+    ck.same("inline future value", fut.value()[0], torch.full((4,), float(sum(range(1, world + 1)))))
+    w.wait()
+    # Mixed: large (queued) and small ops issued back to back without waiting;
+    # small ones behind queued work must queue too, and all results be right.
+    works, expect = [], []
+    for i in range(12):
+        big = torch.full((300_000,), float(rank + i))
+        sm = torch.full((3,), float(rank * i + 1))
+        works.append((dist.all_reduce(big, async_op=True), big))
+        works.append((dist.all_reduce(sm, async_op=True), sm))
+        expect.append(float(sum(r + i for r in range(world))))
+        expect.append(float(sum(r * i + 1 for r in range(world))))
+        if i % 3 == 0:  # and a broadcast / allgather / barrier in between
+            b = torch.full((5,), float(rank))
+            dist.broadcast(b, src=i % world)
+            ck.same(f"broadcast among async ops {i}", b, torch.full((5,), float(i % world)))
+            outs = [torch.empty(2) for _ in range(world)]
+            dist.all_gather(outs, torch.full((2,), float(rank * 10 + i)))
+            ck.same(f"all_gather among async ops {i}", torch.stack(outs),
+                    torch.stack([torch.full((2,), float(r * 10 + i)) for r in range(world)]))
+            dist.barrier()
+    for (w, t), e in zip(works, expect):
+        w.wait()
+        ck.same(f"mixed async result {e}", t, torch.full_like(t, e))
+
+
+def _errors(ck, rank, world):
+    # A size mismatch on the one-shot path fails on every rank, quickly, and
+    # leaves the group usable (argument-level error, nothing in flight).
+    expect_error(lambda: dist.all_reduce(torch.ones(10 + rank)), "same size")
+    # One rank one-shot, another the two-step protocol: still a clear error.
+    n = 8 if rank == 0 else 3 * ONESHOT_MAX
+    expect_error(lambda: dist.all_reduce(torch.ones(n)), "mismatch")
+    expect_error(lambda: dist.all_reduce(torch.ones(5, dtype=torch.float64 if rank else torch.float32)), "mismatch")
+    t = torch.full((5,), float(rank))
+    dist.all_reduce(t)
+    ck.same("usable after mismatches", t, torch.full((5,), float(sum(range(world)))))
+    # A timeout on the inline path: rank 0 alone calls a small allreduce in a
+    # subgroup with a 2 s timeout; it must raise (naming the operation), not hang.
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=2))
+    dist.all_reduce(torch.ones(1), group=sub)  # the subgroup works
+    dist.barrier()
+    msg = ""
+    if rank == 0:
+        msg = expect_error(lambda: dist.all_reduce(torch.ones(2), group=sub), "timed out", "allreduce")
+    dist.barrier()
+    dist.destroy_process_group(sub)
+    return msg
+
+
+def run(rank, world, port):
+    ck = Checker(rank)
+    _oneshot_matrix(ck, rank, world)
+    _inline_ordering(ck, rank, world)
+    timeout_msg = _errors(ck, rank, world)
+    out = ck.result()
+    out["timeout_msg"] = timeout_msg
+    return out
