@@ -66,7 +66,7 @@ void reduce(Communicator& c, void* data, size_t count, DataType t, Reduction red
   const int n = c.size();
   const RingSegments segs = RingSegments::even(count, n);
   ringReduceScatter(c, order, tag, work, segs, t, kernelOp(red.op));
-  const int pos = static_cast<int>(std::find(order.begin(), order.end(), c.rank()) - order.begin());
+  const int pos = c.topology().ringIndexOf[c.rank()];
   auto segment = [&](int q) { return work + segs.offset[q] * esz; };
   if (red.op == ReduceOp::Avg) divideBy(t, segment(pos), segs.count[pos], n);
   if (c.rank() != root) {

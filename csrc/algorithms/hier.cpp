@@ -118,11 +118,7 @@ void hierAllreduce(Communicator& c, uint64_t tag, void* data, size_t count, Data
 }
 
 size_t hierBlockIndex(const Topology& topo, int rank) {
-  const size_t nodes = static_cast<size_t>(topo.numNodes);
-  const int node = topo.nodeOf[rank];
-  const auto& ranks = topo.nodeRanks[node];
-  const size_t local = static_cast<size_t>(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
-  return local * nodes + static_cast<size_t>(node);
+  return static_cast<size_t>(topo.localIndexOf[rank]) * topo.numNodes + static_cast<size_t>(topo.nodeOf[rank]);
 }
 
 char* hierReduceScatter(Communicator& c, uint64_t tag, void* work, size_t blockCount, DataType t, ReduceOp op) {

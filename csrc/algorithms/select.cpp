@@ -54,8 +54,6 @@ const char* algoName(Algo a) {
   return "?";
 }
 
-bool evenMachines(const Communicator& c) { return c.topology().evenNodes; }
-
 bool hierApplies(const Communicator& c) {
   const Topology& t = c.topology();
   return t.numNodes > 1 && t.localRanks.size() > 1 && t.evenNodes;
@@ -69,7 +67,7 @@ Algo chooseAllreduce(Communicator& c, size_t bytes) {
     // local index i is reduced among the i-th ranks of all machines). The
     // documented fallback is the flat choice, not an error: one variable can
     // then be set for a whole job whose subgroups differ.
-    if (forced == Algo::Hier && !evenMachines(c))
+    if (forced == Algo::Hier && !c.topology().evenNodes)
       return announce(c, kAllreduce, flatBySize(cfg, bytes), bytes,
                       "ROCE_PG_ALGO_ALLREDUCE=hier does not apply (machines have different numbers of ranks), "
                       "fallback to the size-based flat choice");
@@ -91,36 +89,41 @@ Algo chooseFlatAllreduce(Communicator& c, size_t bytes, const Team& team) {
   return announce(c, kAllreduceAcross, flatBySize(c.config(), bytes), bytes, "auto, by the shard's size");
 }
 
+namespace {
+
+// Hierarchical or flat ring, for the collectives that have both forms:
+// forced by `setting` ("ring" / "hier", hier falling back to the ring where it
+// does not apply), or by layout and size.
+Algo hierOrRing(Communicator& c, Kind kind, const std::string& setting, size_t bytes, const char* forcedWhy,
+                const char* fallbackWhy) {
+  if (setting == "ring") return announce(c, kind, Algo::Ring, bytes, forcedWhy);
+  if (setting == "hier")
+    return hierApplies(c) ? announce(c, kind, Algo::Hier, bytes, forcedWhy)
+                          : announce(c, kind, Algo::Ring, bytes, fallbackWhy);
+  if (hierApplies(c) && bytes >= c.config().hierMinBytes)
+    return announce(c, kind, Algo::Hier, bytes,
+                    "auto: several machines with the same number of ranks, at least ROCE_PG_ALGO_HIER_MIN_BYTES");
+  return announce(c, kind, Algo::Ring, bytes, "auto");
+}
+
+}  // namespace
+
 Algo chooseAllgather(Communicator& c, size_t totalBytes) {
   const Config& cfg = c.config();
-  if (cfg.algoAllgather != "auto") {
-    const Algo forced = byName(cfg.algoAllgather);
-    if (forced == Algo::Hier && !hierApplies(c))
-      return announce(c, kAllgather, Algo::Ring, totalBytes,
-                      "ROCE_PG_ALGO_ALLGATHER=hier does not apply (one machine, one rank per machine, or machines "
-                      "with different numbers of ranks), fallback to ring");
-    return announce(c, kAllgather, forced, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER");
-  }
-  if (c.size() > 2 && totalBytes <= cfg.bruckMaxBytes)
+  if (cfg.algoAllgather == "bruck")
+    return announce(c, kAllgather, Algo::Bruck, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER");
+  if (cfg.algoAllgather == "auto" && c.size() > 2 && totalBytes <= cfg.bruckMaxBytes)
     return announce(c, kAllgather, Algo::Bruck, totalBytes, "auto: at most ROCE_PG_ALGO_BRUCK_MAX_BYTES");
-  if (hierApplies(c) && totalBytes >= cfg.hierMinBytes)
-    return announce(c, kAllgather, Algo::Hier, totalBytes,
-                    "auto: several machines with the same number of ranks, at least ROCE_PG_ALGO_HIER_MIN_BYTES");
-  return announce(c, kAllgather, Algo::Ring, totalBytes, "auto");
+  return hierOrRing(c, kAllgather, cfg.algoAllgather, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER",
+                    "ROCE_PG_ALGO_ALLGATHER=hier does not apply (one machine, one rank per machine, or machines "
+                    "with different numbers of ranks), fallback to ring");
 }
 
 Algo chooseReduceScatter(Communicator& c, size_t totalBytes) {
-  const Config& cfg = c.config();
-  if (cfg.algoReduceScatter == "ring")
-    return announce(c, kReduceScatter, Algo::Ring, totalBytes, "forced by ROCE_PG_ALGO_REDUCE_SCATTER");
-  if (cfg.algoReduceScatter == "hier")
-    return hierApplies(c) ? announce(c, kReduceScatter, Algo::Hier, totalBytes, "forced by ROCE_PG_ALGO_REDUCE_SCATTER")
-                          : announce(c, kReduceScatter, Algo::Ring, totalBytes,
-                                     "ROCE_PG_ALGO_REDUCE_SCATTER=hier does not apply, fallback to ring");
-  if (hierApplies(c) && totalBytes >= cfg.hierMinBytes)
-    return announce(c, kReduceScatter, Algo::Hier, totalBytes,
-                    "auto: several machines with the same number of ranks, at least ROCE_PG_ALGO_HIER_MIN_BYTES");
-  return announce(c, kReduceScatter, Algo::Ring, totalBytes, "auto");
+  return hierOrRing(c, kReduceScatter, c.config().algoReduceScatter, totalBytes,
+                    "forced by ROCE_PG_ALGO_REDUCE_SCATTER",
+                    "ROCE_PG_ALGO_REDUCE_SCATTER=hier does not apply (one machine, one rank per machine, or machines "
+                    "with different numbers of ranks), fallback to ring");
 }
 
 Algo chooseReduce(Communicator& c, size_t bytes) {

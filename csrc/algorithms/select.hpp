@@ -30,8 +30,6 @@ Algo chooseReduce(Communicator& c, size_t bytes);
 // For broadcast of `bytes`: binomial Tree, or pipelined Chain for large messages.
 Algo chooseBroadcast(Communicator& c, size_t bytes);
 
-// True when every machine of the group has the same number of ranks.
-bool evenMachines(const Communicator& c);
 // True when the hierarchical algorithms apply: several machines, each with
 // the same number (> 1) of the group's ranks.
 bool hierApplies(const Communicator& c);

@@ -167,7 +167,7 @@ void Communicator::connectLifelines(TcpAcceptor& acceptor, const std::vector<Tcp
   // The ring neighbours (one of them for two ranks); the lower rank of a pair dials.
   const auto& order = topo_.ringOrder;
   const int n = topo_.size;
-  const int pos = static_cast<int>(std::find(order.begin(), order.end(), rank()) - order.begin());
+  const int pos = topo_.ringIndexOf[rank()];
   std::vector<int> neighbours{order[(pos + 1) % n]};
   if (n > 2) neighbours.push_back(order[(pos + n - 1) % n]);
   std::vector<Lifeline::Link> links;

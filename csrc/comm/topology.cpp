@@ -83,8 +83,14 @@ Topology Topology::build(int rank, const std::vector<RankInfo>& infos) {
   for (int r = 0; r < t.size; ++r) t.ringOrder.push_back(r);
   std::stable_sort(t.ringOrder.begin(), t.ringOrder.end(),
                    [&](int a, int b) { return t.nodeOf[a] < t.nodeOf[b]; });
+  t.ringIndexOf.assign(t.size, 0);
+  for (int q = 0; q < t.size; ++q) t.ringIndexOf[t.ringOrder[q]] = q;
   t.nodeRanks.assign(t.numNodes, {});
-  for (int r = 0; r < t.size; ++r) t.nodeRanks[t.nodeOf[r]].push_back(r);
+  t.localIndexOf.assign(t.size, 0);
+  for (int r = 0; r < t.size; ++r) {
+    t.localIndexOf[r] = static_cast<int>(t.nodeRanks[t.nodeOf[r]].size());
+    t.nodeRanks[t.nodeOf[r]].push_back(r);
+  }
   t.evenNodes = std::all_of(t.nodeRanks.begin(), t.nodeRanks.end(),
                             [&](const std::vector<int>& v) { return v.size() == t.nodeRanks[0].size(); });
   if (t.evenNodes)

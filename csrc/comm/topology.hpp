@@ -39,6 +39,8 @@ struct Topology {
   std::vector<int> localRanks;  // ranks on this rank's node, ascending
   int localIndex = 0;           // position of `rank` in localRanks
   std::vector<int> ringOrder;   // ranks ordered by (node, rank): two ring edges per node pair
+  std::vector<int> ringIndexOf;  // position of each rank in ringOrder
+  std::vector<int> localIndexOf; // position of each rank among its node's ranks
   std::vector<std::vector<int>> nodeRanks;  // ranks of each node, ascending
   bool evenNodes = true;        // every node has the same number of ranks
   // With evenNodes: the rank with this rank's local index on each node, nodes
