@@ -1,13 +1,16 @@
 #include "communicator.hpp"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <random>
 
 #include "../common/error.hpp"
 #include "../common/log.hpp"
+#include "../common/spin.hpp"
 #include "lifeline.hpp"
 #include "../transport/shm/node_shm.hpp"
 #include "../transport/shm/shm_transport.hpp"
@@ -195,6 +198,7 @@ void Communicator::onPeerFailure(const std::string& why) {
     peerFailedAt_ = Clock::now();
   }
   peerFailed_.store(true);
+  wakeup_.wake();
 }
 
 void Communicator::leaveGracefully() {
@@ -391,19 +395,69 @@ void Communicator::slowChecks() {
 
 void Communicator::waitUntil(const std::function<bool()>& done, const std::function<std::string()>& waitingFor,
                              const std::function<void()>& block) {
-  Backoff backoff;
-  uint64_t spins = 0;
+  IdleWait idle;
+  uint64_t rounds = 0;
   while (!done()) {
-    if (progress()) backoff.reset();
-    else if (block) block();
-    else backoff.pause();
+    bool slow = false;  // this round waited long enough for the slow checks
+    if (progress()) {
+      idle.moved();
+    } else if (block) {
+      block();
+      slow = true;
+    } else {
+      slow = idleRound(idle);
+      if (slow && idleHook) idleHook();  // async work may have finished meanwhile
+    }
     checkDeadline(waitingFor);
-    if ((++spins & 63) == 0 && idleHook) idleHook();
-    if ((block || backoff.sleeping()) && Clock::now() - lastSlowCheck_ > kSlowCheckEvery) {
+    if ((++rounds & 63) == 0 && idleHook) idleHook();
+    if (slow && Clock::now() - lastSlowCheck_ > kSlowCheckEvery) {
       lastSlowCheck_ = Clock::now();
       slowChecks();
     }
   }
+}
+
+bool Communicator::idleRound(IdleWait& w, const std::function<bool()>& interrupt) {
+  if (!w.idle) {
+    w.idle = true;
+    w.since = Clock::now();
+    return false;
+  }
+  if (Clock::now() - w.since < std::chrono::microseconds(cfg_.spinUs)) {
+    cpuRelax();
+    return false;
+  }
+  if (blockUntilActivity(interrupt)) return true;
+  w.backoff.pause();
+  return w.backoff.sleeping();
+}
+
+bool Communicator::blockUntilActivity(const std::function<bool()>& interrupt) {
+  if (!wakeup_.valid()) return false;
+  waitFds_.clear();
+  waitFds_.push_back(pollfd{wakeup_.fd(), POLLIN, 0});
+  for (auto& t : transports_)
+    if (!t->prepareWait(waitFds_, !anySource_.empty())) return false;
+  wakeup_.announce();
+  // What arrived before the transports armed their notifications raises no
+  // event: look once more. Then the conditions a waker sets.
+  if (progress() || abortRequested_.load() || (interrupt && interrupt())) {
+    wakeup_.withdraw();
+    return true;
+  }
+  // Sleep no later than the deadline and the next slow check (lifelines, the
+  // abort notice, dead peers). While a reported peer death is in its grace
+  // period, look again soon.
+  const auto now = Clock::now();
+  auto until = std::min(deadline_, std::max(lastSlowCheck_ + kSlowCheckEvery, now));
+  if (peerFailed_.load()) until = std::min(until, now + std::chrono::milliseconds(10));
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::max(until - now, Clock::duration::zero()));
+  timespec ts{static_cast<time_t>(ns.count() / 1000000000), static_cast<long>(ns.count() % 1000000000)};
+  int rc = ppoll(waitFds_.data(), waitFds_.size(), &ts, nullptr);
+  wakeup_.withdraw();
+  if (rc < 0 && errno != EINTR) return false;  // cannot block here: poll instead
+  for (auto& t : transports_) t->afterWait();
+  return true;
 }
 
 void Communicator::waitAll(Request* const* reqs, size_t n) {
@@ -447,6 +501,7 @@ void Communicator::requestAbort(const std::string& why) {
     abortReason_ = why;
   }
   abortRequested_.store(true);
+  wakeup_.wake();
 }
 
 void* Communicator::scratch(size_t bytes, int index) {

@@ -21,6 +21,7 @@
 #include "../common/config.hpp"
 #include "../common/describable.hpp"
 #include "../common/counters.hpp"
+#include "../common/wakeup.hpp"
 #include "../transport/transport.hpp"
 #include "abort_notice.hpp"
 #include "topology.hpp"
@@ -82,8 +83,34 @@ class Communicator {
   // Generic form: `done` is polled; `waitingFor` names what is missing for errors.
   // `block`, when given, is called instead of backing off when nothing moved:
   // it may sleep on a futex for a bounded time (shared-memory waits).
+  // Otherwise a wait spins for ROCE_PG_SPIN_US, then blocks until a transport
+  // has activity (blockUntilActivity), so it neither sleeps through an arrival
+  // nor burns a core that another rank needs.
   void waitUntil(const std::function<bool()>& done, const std::function<std::string()>& waitingFor,
                  const std::function<void()>& block = nullptr);
+  // Blocks until a transport may have progress to make (a socket readable or
+  // writable, a completion on the CQ), wake() is called, the operation's
+  // deadline or the next slow check is due. `interrupt` is re-checked once the
+  // wait is announced (the engine passes "work was queued"). Returns false
+  // without blocking when some transport has pending work it cannot announce
+  // (shared-memory rings): the caller then backs off by polling.
+  bool blockUntilActivity(const std::function<bool()>& interrupt = nullptr);
+  // Interrupts blockUntilActivity from another thread; cheap when nobody blocks.
+  void wake() { wakeup_.wake(); }
+  // A wait loop's state across rounds in which nothing moved.
+  struct IdleWait {
+    bool idle = false;  // nothing moved since `since`
+    Clock::time_point since{};
+    Backoff backoff;    // only for waits no descriptor can announce
+    void moved() {
+      idle = false;
+      backoff.reset();
+    }
+  };
+  // One round of a wait in which nothing moved: spin for ROCE_PG_SPIN_US, then
+  // block until activity, or back off where nothing can be blocked on. True
+  // when the round waited long enough for the slow checks to be worth it.
+  bool idleRound(IdleWait& w, const std::function<bool()>& interrupt = nullptr);
 
   // Checks that need no peers: deadline and abort flag.
   void checkDeadline(const std::function<std::string()>& waitingFor);
@@ -143,6 +170,8 @@ class Communicator {
   std::vector<bool> viaShm_;        // per peer: served by shared memory (for the counters)
   Counters counters_;
   std::vector<Request*> anySource_;
+  Wakeup wakeup_;
+  std::vector<pollfd> waitFds_;  // reused by blockUntilActivity
   std::deque<Request> owned_;  // requests created by post(kind, ...); see there
   std::string broken_;
   std::atomic<bool> abortRequested_{false};

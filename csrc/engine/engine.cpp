@@ -22,6 +22,9 @@ void Engine::enqueue(std::shared_ptr<Task> task) {
       return;
     }
     queue_.push_back(std::move(task));
+    // The progress thread may be blocked on its transports with async work in
+    // flight (under mu_: comm_ lives while stop_ is false).
+    comm_->wake();
   }
   cv_.notify_one();
 }
@@ -150,7 +153,11 @@ void Engine::pollInflight() {
 }
 
 void Engine::loop() {
-  Backoff backoff;
+  Communicator::IdleWait idle;
+  auto workQueued = [this] {
+    std::lock_guard<std::mutex> g(mu_);
+    return stop_ || !queue_.empty();
+  };
   for (;;) {
     std::shared_ptr<Task> next;
     {
@@ -176,7 +183,7 @@ void Engine::loop() {
         std::lock_guard<std::mutex> g(mu_);
         running_ = false;
       }
-      backoff.reset();
+      idle.moved();
     }
     if (!inflight_.empty()) {
       bool moved = false;
@@ -191,8 +198,8 @@ void Engine::loop() {
       } catch (...) {
         failInflight("roce: the progress engine failed with an unknown exception");
       }
-      if (moved) backoff.reset();
-      else if (!next) backoff.pause();
+      if (moved) idle.moved();
+      else if (!next) comm_->idleRound(idle, workQueued);
     }
   }
   // Stopping: fail what is left.

@@ -17,7 +17,9 @@
 // All memory is registered once, when the transport is created: staging and
 // landing slots are the only buffers the NIC touches, so a tensor that is
 // freed and reallocated at the same address can never be read through a
-// stale registration. Completions are busy-polled by the progress thread.
+// stale registration. Completions are polled by the progress thread; when a
+// wait has been idle for ROCE_PG_SPIN_US it blocks on the CQ's completion
+// channel instead (prepareWait).
 #pragma once
 #include <chrono>
 #include <deque>
@@ -49,6 +51,8 @@ class VerbsTransport : public Transport {
   bool hasUnmatched(int peer, uint64_t tag) override;
   std::string checkPeers() override;
   void failAll(const std::string& why) override;
+  bool prepareWait(std::vector<pollfd>& fds, bool anySource) override;
+  void afterWait() override;
 
   struct Ctrl;
   struct Qp;
@@ -78,6 +82,11 @@ class VerbsTransport : public Transport {
   size_t stride_;      // header + payload, 64-byte aligned
   int tc_, sl_, timeout_, retryCnt_;
   struct CqDeleter { void operator()(struct ibv_cq* cq) const; };
+  struct ChannelDeleter { void operator()(struct ibv_comp_channel* ch) const; };
+  // The CQ's completion channel: idle waits block on its descriptor instead of
+  // busy-polling (null if the device offers none: then they keep polling).
+  std::unique_ptr<struct ibv_comp_channel, ChannelDeleter> channel_;  // outlives cq_
+  bool armed_ = false;  // a notification was requested and no event consumed since
   std::unique_ptr<struct ibv_cq, CqDeleter> cq_;  // declared before peers_: destroyed after their queue pairs
   std::vector<std::unique_ptr<Peer>> peers_;  // null for peers not served
 };
