@@ -195,7 +195,9 @@ def counters(group=None):
     allreduce slots), bytes_sent_net (payload posted to the network transport,
     TCP or verbs), bytes_copied (bytes the transports memcpy'd into or out of
     staging: shared-memory rings and slots, verbs staging, early-arrival buffers),
-    ops (operations begun), sends (messages posted: an algorithm's rounds).
+    ops (operations begun), sends (messages posted: an algorithm's rounds),
+    blocked_waits (times a wait found nothing to do for ROCE_PG_SPIN_US and
+    blocked in poll() on the sockets / completion channel).
     Monotonic until reset_counters()."""
     return _roce_backend(group)._counters()
 

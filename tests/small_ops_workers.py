@@ -1,7 +1,8 @@
 """Worker for tests/test_small_ops.py, run inside every rank of one spawned
 group: the one-shot shared-memory allreduce around its threshold, the inline
 execution of small collectives (ordering with queued work, completed Works
-and futures, errors and timeouts), all against exact / float64 references."""
+and futures, errors and timeouts), network waits that block in poll(), all
+against exact / float64 references."""
 from datetime import timedelta
 
 import torch
@@ -94,10 +95,68 @@ def _errors(ck, rank, world):
     return msg
 
 
+def _blocking_waits(ck, rank, world):
+    """Waits on the network block in poll() instead of spinning: a group over TCP
+    (every rank its own simulated machine) where the last rank joins an
+    allreduce 1.5 s late. The others must block (counter), use little CPU
+    meanwhile, and still get the right sum as soon as it arrives; async
+    point-to-point work in flight while the progress thread blocks must not
+    hold up a collective queued behind it."""
+    import os
+    import time
+
+    import roce_pg
+
+    saved = {k: os.environ.get(k) for k in ("ROCE_PG_NET_TRANSPORT", "ROCE_PG_SIM_RANKS_PER_NODE")}
+    os.environ.update({"ROCE_PG_NET_TRANSPORT": "tcp", "ROCE_PG_SIM_RANKS_PER_NODE": "1"})
+    g = dist.new_group(list(range(world)), backend="roce")
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    late = world - 1
+    for dtype in (torch.float32, torch.int64):
+        t = torch.arange(1000, dtype=dtype) * (rank + 1)
+        expect = torch.arange(1000, dtype=dtype) * sum(r + 1 for r in range(world))
+        dist.barrier(group=g)
+        roce_pg.reset_counters(g)
+        if rank == late:
+            time.sleep(1.5)
+        wall0, cpu0 = time.monotonic(), time.process_time()
+        dist.all_reduce(t, group=g)
+        wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+        ck.same(f"allreduce {dtype} with a late rank over TCP", t, expect)
+        if rank != late:
+            blocked = roce_pg.counters(g)["blocked_waits"]
+            ck.same(f"{dtype}: the wait for the late rank blocked in poll (blocked_waits {blocked})",
+                    torch.tensor(blocked >= 1), torch.tensor(True))
+            # All threads of this process: a spinning wait would use ~1 s of CPU
+            # per 1.5 s; a blocked one wakes only for the slow checks (200 ms).
+            ck.same(f"{dtype}: CPU {cpu:.3f} s while waiting {wall:.2f} s for the late rank",
+                    torch.tensor(wall > 1.0 and cpu < 0.3 * wall), torch.tensor(True))
+    # Async receive in flight (the progress thread blocks on its socket), then
+    # an allreduce: it completes, and the receive completes once rank 0 sends.
+    if rank != 0:
+        buf = torch.zeros(8)
+        recv = dist.irecv(buf, src=0, group=g)
+    x = torch.full((5,), float(rank))
+    dist.all_reduce(x, group=g)
+    ck.same("allreduce behind a pending irecv", x, torch.full((5,), float(sum(range(world)))))
+    if rank == 0:
+        for r in range(1, world):
+            dist.send(torch.full((8,), float(r)), dst=r, group=g)
+    else:
+        recv.wait()
+        ck.same("irecv completed after the allreduce", buf, torch.full((8,), float(rank)))
+    dist.destroy_process_group(g)
+
+
 def run(rank, world, port):
     ck = Checker(rank)
     _oneshot_matrix(ck, rank, world)
     _inline_ordering(ck, rank, world)
+    _blocking_waits(ck, rank, world)
     timeout_msg = _errors(ck, rank, world)
     out = ck.result()
     out["timeout_msg"] = timeout_msg

@@ -1,7 +1,8 @@
 """The small-op paths in one spawned group of three ranks (not a power of two):
 the one-shot shared-memory allreduce at every dtype and op around its
 threshold, small collectives run inline on the caller's thread (ordering with
-queued work, completed futures), mismatches and a timeout on that path."""
+queued work, completed futures), mismatches and a timeout on that path, and
+network waits that block in poll() (a rank 1.5 s late over TCP)."""
 import warnings
 
 from .harness import run_group

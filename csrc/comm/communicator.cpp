@@ -453,6 +453,7 @@ bool Communicator::blockUntilActivity(const std::function<bool()>& interrupt) {
   if (peerFailed_.load()) until = std::min(until, now + std::chrono::milliseconds(10));
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::max(until - now, Clock::duration::zero()));
   timespec ts{static_cast<time_t>(ns.count() / 1000000000), static_cast<long>(ns.count() % 1000000000)};
+  Counters::add(counters_.blockedWaits, 1);
   int rc = ppoll(waitFds_.data(), waitFds_.size(), &ts, nullptr);
   wakeup_.withdraw();
   if (rc < 0 && errno != EINTR) return false;  // cannot block here: poll instead

@@ -33,6 +33,7 @@ PYBIND11_MODULE(_C, m) {
              d["bytes_copied"] = get(c.bytesCopied);
              d["ops"] = get(c.ops);
              d["sends"] = get(c.sends);
+             d["blocked_waits"] = get(c.blockedWaits);
              return d;
            })
       .def("_reset_counters", [](roce::RoceBackend& b) { b.counters().reset(); });
