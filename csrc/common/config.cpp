@@ -87,6 +87,7 @@ Config Config::fromEnv() {
   c.shmRingBytes = envInt("ROCE_PG_SHM_RING_BYTES", c.shmRingBytes, 4096, 1ll << 30);
   c.shmOneShotMaxBytes = envInt("ROCE_PG_SHM_ONESHOT_MAX_BYTES", c.shmOneShotMaxBytes, 0, 1ll << 30);
   c.inlineMaxBytes = envInt("ROCE_PG_INLINE_MAX_BYTES", c.inlineMaxBytes, 0, 1ll << 40);
+  c.syncInlineMaxBytes = envInt("ROCE_PG_SYNC_INLINE_MAX_BYTES", c.syncInlineMaxBytes, 0, 1ll << 40);
   c.spinUs = static_cast<int>(envInt("ROCE_PG_SPIN_US", c.spinUs, 0, 1000000));
   // Rings index with a mask: round up to a power of two.
   size_t r = 4096;
@@ -127,7 +128,7 @@ std::string Config::describe() const {
              " hier_min_bytes=", hierMinBytes, " bruck_max_bytes=", bruckMaxBytes,
              " net_transport=", netTransport, " chunk_bytes=", chunkBytes,
              " shm_slot_bytes=", shmSlotBytes, " shm_oneshot_max_bytes=", shmOneShotMaxBytes,
-             " inline_max_bytes=", inlineMaxBytes, " spin_us=", spinUs, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
+             " inline_max_bytes=", inlineMaxBytes, " sync_inline_max_bytes=", syncInlineMaxBytes, " spin_us=", spinUs, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
              " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,
              " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots,
              " heartbeat_timeout_ms=", heartbeatTimeoutMs);

@@ -41,6 +41,7 @@ struct Config {
   // a call blocks until the peers arrive even with async_op=True, so
   // wait(timeout) cannot expire on it (tests/test_api.py work_semantics).
   size_t inlineMaxBytes = 0;             // ROCE_PG_INLINE_MAX_BYTES
+  size_t syncInlineMaxBytes = 256 << 10;  // ROCE_PG_SYNC_INLINE_MAX_BYTES
   // Shared-memory waits spin this long before sleeping on a futex.
   int spinUs = 20;                       // ROCE_PG_SPIN_US
   // Per-direction ring between two ranks on the same machine (point-to-point).
