@@ -197,7 +197,8 @@ def counters(group=None):
     staging: shared-memory rings and slots, verbs staging, early-arrival buffers),
     ops (operations begun), sends (messages posted: an algorithm's rounds),
     blocked_waits (times a wait found nothing to do for ROCE_PG_SPIN_US and
-    blocked in poll() on the sockets / completion channel).
+    blocked in poll() on the sockets / completion channel), inline_ops
+    (collectives run on the calling thread instead of the progress thread).
     Monotonic until reset_counters()."""
     return _roce_backend(group)._counters()
 

@@ -107,14 +107,33 @@ def _blocking_waits(ck, rank, world):
 
     import roce_pg
 
-    saved = {k: os.environ.get(k) for k in ("ROCE_PG_NET_TRANSPORT", "ROCE_PG_SIM_RANKS_PER_NODE")}
-    os.environ.update({"ROCE_PG_NET_TRANSPORT": "tcp", "ROCE_PG_SIM_RANKS_PER_NODE": "1"})
+    # Inline execution of asynchronous calls (set for this test's world group)
+    # off again: the defaults, under which only synchronous calls run inline.
+    saved = {k: os.environ.get(k) for k in ("ROCE_PG_NET_TRANSPORT", "ROCE_PG_SIM_RANKS_PER_NODE",
+                                            "ROCE_PG_INLINE_MAX_BYTES")}
+    os.environ.update({"ROCE_PG_NET_TRANSPORT": "tcp", "ROCE_PG_SIM_RANKS_PER_NODE": "1",
+                       "ROCE_PG_INLINE_MAX_BYTES": "0"})
     g = dist.new_group(list(range(world)), backend="roce")
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+    # Default settings: a synchronous small call runs on the caller's thread
+    # (PyTorch passes async_op down as asyncOp), an asynchronous one does not.
+    # (A call right after one the progress thread ran may find it not parked
+    # yet and queue: at least one of five must run inline, not all.)
+    y = torch.full((3,), float(rank))
+    roce_pg.reset_counters(g)
+    for _ in range(5):
+        dist.all_reduce(y, group=g)
+    sync_inline = roce_pg.counters(g)["inline_ops"]
+    for _ in range(5):
+        dist.all_reduce(y, group=g, async_op=True).wait()
+    async_inline = roce_pg.counters(g)["inline_ops"] - sync_inline
+    ck.same("sync and async results", y, torch.full((3,), float(sum(range(world)) * world ** 9)))
+    ck.same(f"synchronous 12-byte allreduces ran inline ({sync_inline} of 5), asynchronous ones did not "
+            f"({async_inline} of 5)", torch.tensor([sync_inline >= 1, async_inline == 0]), torch.tensor([True, True]))
     late = world - 1
     for dtype in (torch.float32, torch.int64):
         t = torch.arange(1000, dtype=dtype) * (rank + 1)

@@ -253,6 +253,9 @@ void Communicator::beginOperation(const Describable& what, Clock::time_point dea
 void Communicator::endOperation() {
   if (opWhat_) opName_ = "operation";
   opWhat_ = nullptr;
+  // Between operations the engine's idle waits (async point-to-point work,
+  // with deadlines of their own) must not sleep against a finished one's.
+  deadline_ = Clock::time_point::max();
 }
 
 void Communicator::startOperation() {
@@ -427,23 +430,31 @@ bool Communicator::idleRound(IdleWait& w, const std::function<bool()>& interrupt
     cpuRelax();
     return false;
   }
-  if (blockUntilActivity(interrupt)) return true;
+  switch (blockUntilActivity(interrupt)) {
+    case Blocked::Moved:  // the re-check found work: the next idle stretch spins again
+      w.moved();
+      return false;
+    case Blocked::Slept:
+      return true;
+    case Blocked::Cannot:
+      break;
+  }
   w.backoff.pause();
   return w.backoff.sleeping();
 }
 
-bool Communicator::blockUntilActivity(const std::function<bool()>& interrupt) {
-  if (!wakeup_.valid()) return false;
+Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool()>& interrupt) {
+  if (!wakeup_.valid()) return Blocked::Cannot;
   waitFds_.clear();
   waitFds_.push_back(pollfd{wakeup_.fd(), POLLIN, 0});
   for (auto& t : transports_)
-    if (!t->prepareWait(waitFds_, !anySource_.empty())) return false;
+    if (!t->prepareWait(waitFds_, !anySource_.empty())) return Blocked::Cannot;
   wakeup_.announce();
   // What arrived before the transports armed their notifications raises no
   // event: look once more. Then the conditions a waker sets.
   if (progress() || abortRequested_.load() || (interrupt && interrupt())) {
     wakeup_.withdraw();
-    return true;
+    return Blocked::Moved;
   }
   // Sleep no later than the deadline and the next slow check (lifelines, the
   // abort notice, dead peers). While a reported peer death is in its grace
@@ -451,14 +462,16 @@ bool Communicator::blockUntilActivity(const std::function<bool()>& interrupt) {
   const auto now = Clock::now();
   auto until = std::min(deadline_, std::max(lastSlowCheck_ + kSlowCheckEvery, now));
   if (peerFailed_.load()) until = std::min(until, now + std::chrono::milliseconds(10));
+  for (auto& t : transports_)
+    if (t->hasSilentPeers()) until = std::min(until, now + std::chrono::milliseconds(1));
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::max(until - now, Clock::duration::zero()));
   timespec ts{static_cast<time_t>(ns.count() / 1000000000), static_cast<long>(ns.count() % 1000000000)};
   Counters::add(counters_.blockedWaits, 1);
   int rc = ppoll(waitFds_.data(), waitFds_.size(), &ts, nullptr);
   wakeup_.withdraw();
-  if (rc < 0 && errno != EINTR) return false;  // cannot block here: poll instead
+  if (rc < 0 && errno != EINTR) return Blocked::Cannot;  // cannot block here: poll instead
   for (auto& t : transports_) t->afterWait();
-  return true;
+  return Blocked::Slept;
 }
 
 void Communicator::waitAll(Request* const* reqs, size_t n) {

@@ -94,7 +94,8 @@ class Communicator {
   // wait is announced (the engine passes "work was queued"). Returns false
   // without blocking when some transport has pending work it cannot announce
   // (shared-memory rings): the caller then backs off by polling.
-  bool blockUntilActivity(const std::function<bool()>& interrupt = nullptr);
+  enum class Blocked { Cannot, Moved, Slept };  // Moved: found work (or a wake reason) before sleeping
+  Blocked blockUntilActivity(const std::function<bool()>& interrupt = nullptr);
   // Interrupts blockUntilActivity from another thread; cheap when nobody blocks.
   void wake() { wakeup_.wake(); }
   // A wait loop's state across rounds in which nothing moved.

@@ -42,7 +42,7 @@ struct Config {
   // wait(timeout) cannot expire on it (tests/test_api.py work_semantics).
   size_t inlineMaxBytes = 0;             // ROCE_PG_INLINE_MAX_BYTES
   size_t syncInlineMaxBytes = 256 << 10;  // ROCE_PG_SYNC_INLINE_MAX_BYTES
-  // Shared-memory waits spin this long before sleeping on a futex.
+  // Waits spin this long before blocking (futex, poll; see README).
   int spinUs = 20;                       // ROCE_PG_SPIN_US
   // Per-direction ring between two ranks on the same machine (point-to-point).
   size_t shmRingBytes = 2u << 20;        // ROCE_PG_SHM_RING_BYTES

@@ -15,10 +15,11 @@ struct Counters {
   std::atomic<uint64_t> ops{0};           // operations begun (collectives and point-to-point)
   std::atomic<uint64_t> sends{0};         // messages posted (latency: an algorithm's rounds show here)
   std::atomic<uint64_t> blockedWaits{0};  // times an idle wait blocked in poll() instead of spinning or sleeping
+  std::atomic<uint64_t> inlineOps{0};     // collectives run on the caller's thread (Engine::runInline)
 
   static void add(std::atomic<uint64_t>& c, uint64_t n) { c.fetch_add(n, std::memory_order_relaxed); }
   void reset() {
-    for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends, &blockedWaits}) c->store(0, std::memory_order_relaxed);
+    for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends, &blockedWaits, &inlineOps}) c->store(0, std::memory_order_relaxed);
   }
 };
 

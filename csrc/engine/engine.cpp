@@ -93,7 +93,9 @@ bool Engine::runInline(Task& t) {
     // cv_.wait(): it cannot return from there while we hold mu_.
     if (stop_ || !parked_ || !queue_.empty()) return false;
     bool finished = false;
+    callerRunning_.store(true);
     err = execute(t, finished);
+    callerRunning_.store(false);
     if (!err && !finished) {
       // Only collectives come here, and they finish in start(); anything else
       // would need the progress thread to poll it.
@@ -199,7 +201,7 @@ void Engine::loop() {
         failInflight("roce: the progress engine failed with an unknown exception");
       }
       if (moved) idle.moved();
-      else if (!next) comm_->idleRound(idle, workQueued);
+      else if (!next && !inflight_.empty()) comm_->idleRound(idle, workQueued);
     }
   }
   // Stopping: fail what is left.
@@ -230,9 +232,15 @@ void Engine::failInflight(const std::string& why) {
 }
 
 void Engine::shutdown(std::chrono::milliseconds grace) {
+  const auto until = Clock::now() + grace;
+  // An operation running on a caller's thread (runInline) holds mu_ until it
+  // ends: give it the same grace as queued work, then interrupt it, so that
+  // a shutdown from another thread never waits for a hung operation.
+  while (callerRunning_.load() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (callerRunning_.load()) comm_->requestAbort("the process group was shut down");
   {
     std::unique_lock<std::mutex> g(mu_);
-    idleCv_.wait_for(g, grace, [&] { return queue_.empty() && inflightCount_ == 0 && !running_; });
+    idleCv_.wait_until(g, until, [&] { return queue_.empty() && inflightCount_ == 0 && !running_; });
     graceful_ = true;
   }
   stopThread("the process group was shut down");

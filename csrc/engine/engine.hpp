@@ -51,7 +51,9 @@ class Engine {
   // two threads at once: the progress thread cannot start anything while the
   // caller holds the engine's mutex). Returns false, having done nothing, when
   // the task must be enqueued instead. Only for tasks whose start() finishes
-  // them (collectives); the caller still owns the task afterwards.
+  // them (collectives); the caller still owns the task afterwards. Other
+  // threads issuing work on the group meanwhile wait for it (enqueue takes
+  // the mutex); shutdown() gives it the grace period, then aborts it.
   bool runInline(Task& task);
   // Lets queued work finish for up to `grace`, then fails what is left.
   void shutdown(std::chrono::milliseconds grace);
@@ -86,6 +88,7 @@ class Engine {
   size_t inflightCount_ = 0;                     // under mu_, for shutdown()
   bool running_ = false;                         // a task is executing
   bool parked_ = false;                          // the progress thread sleeps with nothing to do
+  std::atomic<bool> callerRunning_{false};       // runInline is executing (holding mu_)
   bool stop_ = false;
   bool graceful_ = false;                        // shutdown() rather than abort()
   std::string stopReason_;

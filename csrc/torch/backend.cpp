@@ -93,11 +93,14 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::submit(OpType type, const char* titl
   // timeout); for an asynchronous one only when ROCE_PG_INLINE_MAX_BYTES asks,
   // since the call then blocks until its peers arrive.
   const size_t inlineMax = call.asyncOp ? cfg_.inlineMaxBytes : std::max(cfg_.inlineMaxBytes, cfg_.syncInlineMaxBytes);
-  const bool inlinable = bytes <= inlineMax && onCpu(futureValue);
+  const bool inlinable = inlineMax > 0 && bytes <= inlineMax && onCpu(futureValue);
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, std::move(futureValue));
   auto task = std::make_shared<CollectiveTask>(work, label(title, bytes), std::move(outputs), std::move(body));
   task->timeout = effective(call.timeout);
-  if (inlinable && engine_->runInline(*task)) return work;
+  if (inlinable && engine_->runInline(*task)) {
+    Counters::add(counters().inlineOps, 1);
+    return work;
+  }
   engine_->enqueue(std::move(task));
   return work;
 }
@@ -132,7 +135,8 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_sparse(std::vector<at::Ten
   checkSparseAllreduce(tensors, opts);
   const at::Tensor t = tensors[0];
   return submit(OpType::ALLREDUCE, "allreduce (sparse)", tensors, {},
-                [t](Communicator& c) { sparseAllreduceSum(c, t); }, callOf(opts), 0);
+                [t](Communicator& c) { sparseAllreduceSum(c, t); }, callOf(opts),
+                static_cast<size_t>(t._values().numel()) * t._values().element_size());
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,

@@ -34,6 +34,7 @@ PYBIND11_MODULE(_C, m) {
              d["ops"] = get(c.ops);
              d["sends"] = get(c.sends);
              d["blocked_waits"] = get(c.blockedWaits);
+             d["inline_ops"] = get(c.inlineOps);
              return d;
            })
       .def("_reset_counters", [](roce::RoceBackend& b) { b.counters().reset(); });

@@ -234,12 +234,18 @@ bool StreamTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
     }
     // A pipe nothing announces (shared memory): only safe to ignore while
     // nothing is expected from or owed to that peer.
-    if (anySource || !p.sendq.empty() || !p.posted.empty() || p.inPayload) {
+    if (anySource || !p.sendq.empty() || !p.posted.empty() || p.inPayload || p.hdrGot > 0) {
       fds.resize(first);
       return false;
     }
   }
   return true;
+}
+
+bool StreamTransport::hasSilentPeers() const {
+  for (const Peer& p : peers_)
+    if (p.pipe && p.deadReason.empty() && p.pipe->pollFd() < 0) return true;
+  return false;
 }
 
 void StreamTransport::killPeer(int peer, Peer& p, const std::string& why) {

@@ -42,6 +42,7 @@ class StreamTransport : public Transport {
   std::string checkPeers() override;
   void failAll(const std::string& why) override;
   bool prepareWait(std::vector<pollfd>& fds, bool anySource) override;
+  bool hasSilentPeers() const override;
 
  protected:
   int rank_;
