@@ -439,6 +439,10 @@ bool Communicator::idleRound(IdleWait& w, const std::function<bool()>& interrupt
     case Blocked::Cannot:
       break;
   }
+  // Pending shared-memory traffic, which no descriptor announces: the spin
+  // budget is spent, so yield, then sleep briefly (a spinning rank would take
+  // the core from the local peer it waits for).
+  w.backoff.skipSpins();
   w.backoff.pause();
   return w.backoff.sleeping();
 }

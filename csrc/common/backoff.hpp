@@ -18,6 +18,12 @@ using Clock = std::chrono::steady_clock;
 class Backoff {
  public:
   void reset() { idle_ = 0; }
+  // For a wait that has already spun its budget elsewhere: continue with the
+  // yields (which hand the core to the peer being waited for when ranks
+  // outnumber cores), not with another 2000 spins.
+  void skipSpins() {
+    if (idle_ < kSpins) idle_ = kSpins;
+  }
   void pause() {
     ++idle_;
     if (idle_ < kSpins) {
