@@ -468,8 +468,7 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
   if (peerFailed_.load()) until = std::min(until, now + std::chrono::milliseconds(10));
   for (auto& t : transports_)
     if (t->hasSilentPeers()) until = std::min(until, now + std::chrono::milliseconds(1));
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::max(until - now, Clock::duration::zero()));
-  timespec ts{static_cast<time_t>(ns.count() / 1000000000), static_cast<long>(ns.count() % 1000000000)};
+  const timespec ts = toTimespec(until - now);
   Counters::add(counters_.blockedWaits, 1);
   int rc = ppoll(waitFds_.data(), waitFds_.size(), &ts, nullptr);
   wakeup_.withdraw();

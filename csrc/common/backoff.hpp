@@ -15,6 +15,12 @@ namespace roce {
 
 using Clock = std::chrono::steady_clock;
 
+// For the timed system calls (nanosleep, futex, ppoll).
+inline timespec toTimespec(std::chrono::nanoseconds d) {
+  const long long ns = d.count() < 0 ? 0 : d.count();
+  return timespec{static_cast<time_t>(ns / 1000000000LL), static_cast<long>(ns % 1000000000LL)};
+}
+
 class Backoff {
  public:
   void reset() { idle_ = 0; }

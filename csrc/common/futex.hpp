@@ -12,12 +12,14 @@
 #include <climits>
 #include <cstdint>
 
+#include "backoff.hpp"
+
 namespace roce {
 
 // Sleeps while *word == expected, at most `ns` nanoseconds (spurious and early
 // returns are normal: callers re-check their condition).
 inline void futexWait(std::atomic<uint32_t>* word, uint32_t expected, long ns) {
-  timespec ts{ns / 1000000000L, ns % 1000000000L};
+  timespec ts = toTimespec(std::chrono::nanoseconds(ns));
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 

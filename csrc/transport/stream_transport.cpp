@@ -224,6 +224,7 @@ std::string StreamTransport::checkPeers() {
 
 bool StreamTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
   const size_t first = fds.size();
+  silentPeers_ = false;
   for (Peer& p : peers_) {
     // A dead peer's socket stays readable (EOF) forever: never wait on it.
     if (!p.pipe || !p.deadReason.empty()) continue;
@@ -238,14 +239,9 @@ bool StreamTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
       fds.resize(first);
       return false;
     }
+    silentPeers_ = true;
   }
   return true;
-}
-
-bool StreamTransport::hasSilentPeers() const {
-  for (const Peer& p : peers_)
-    if (p.pipe && p.deadReason.empty() && p.pipe->pollFd() < 0) return true;
-  return false;
 }
 
 void StreamTransport::killPeer(int peer, Peer& p, const std::string& why) {

@@ -42,7 +42,7 @@ class StreamTransport : public Transport {
   std::string checkPeers() override;
   void failAll(const std::string& why) override;
   bool prepareWait(std::vector<pollfd>& fds, bool anySource) override;
-  bool hasSilentPeers() const override;
+  bool hasSilentPeers() const override { return silentPeers_; }
 
  protected:
   int rank_;
@@ -88,6 +88,7 @@ class StreamTransport : public Transport {
 
   std::vector<Peer> peers_;
   bool copiesPayload_;
+  bool silentPeers_ = false;  // the last prepareWait left out a live pipe without a descriptor
 };
 
 }  // namespace roce

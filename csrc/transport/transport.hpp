@@ -71,9 +71,10 @@ class Transport {
     return false;
   }
   virtual void afterWait() {}
-  // True if a peer may start sending to this rank without any descriptor
-  // announcing it (shared-memory rings): a blocked wait then wakes every
-  // millisecond to drain such traffic, or a sender filling the ring stalls.
+  // After a successful prepareWait: true if a peer may start sending to this
+  // rank without any descriptor announcing it (shared-memory rings); a blocked
+  // wait then wakes every millisecond to drain such traffic, or a sender
+  // filling the ring stalls.
   virtual bool hasSilentPeers() const { return false; }
 
   // Where copies into or out of staging are counted (set by the Communicator).
