@@ -82,6 +82,7 @@ def _errors(ck, rank, world):
     t = torch.full((5,), float(rank))
     dist.all_reduce(t)
     ck.same("usable after mismatches", t, torch.full((5,), float(sum(range(world)))))
+    _chunk_mismatch(ck, rank, world)
     # A timeout on the inline path: rank 0 alone calls a small allreduce in a
     # subgroup with a 2 s timeout; it must raise (naming the operation), not hang.
     sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=2))
@@ -93,6 +94,27 @@ def _errors(ck, rank, world):
     dist.barrier()
     dist.destroy_process_group(sub)
     return msg
+
+
+def _chunk_mismatch(ck, rank, world):
+    """Ranks that disagree on ROCE_PG_SHM_CHUNK_BYTES would cut the two-step
+    shared-memory allreduce at different places and read each other's slots
+    wrongly: every rank must name the variable instead. The one-shot protocol
+    has no chunks, so small calls still work in that group."""
+    import os
+
+    saved = os.environ.get("ROCE_PG_SHM_CHUNK_BYTES")
+    os.environ["ROCE_PG_SHM_CHUNK_BYTES"] = "4096" if rank == 0 else "8192"
+    g = dist.new_group(list(range(world)), backend="roce")
+    if saved is None:
+        os.environ.pop("ROCE_PG_SHM_CHUNK_BYTES")
+    else:
+        os.environ["ROCE_PG_SHM_CHUNK_BYTES"] = saved
+    expect_error(lambda: dist.all_reduce(torch.ones(3 * ONESHOT_MAX), group=g), "ROCE_PG_SHM_CHUNK_BYTES")
+    t = torch.full((7,), float(rank + 1))
+    dist.all_reduce(t, group=g)
+    ck.same("one-shot with different chunk settings", t, torch.full((7,), float(sum(range(1, world + 1)))))
+    dist.destroy_process_group(g)
 
 
 def _blocking_waits(ck, rank, world):

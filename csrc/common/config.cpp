@@ -1,7 +1,12 @@
 #include "config.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
 #include <cctype>
 #include <cstdlib>
+#include <fstream>
 #include <initializer_list>
 #include <string>
 
@@ -28,6 +33,8 @@ long long envInt(const char* name, long long def, long long lo, long long hi) {
     throwInvalid(str(name, "='", v, "' is not an integer in [", lo, ", ", hi, "]"));
   return x;
 }
+
+size_t floorPow2(size_t x) { return x ? std::bit_floor(x) : 0; }
 
 // The variable's value if it is one of `allowed`, `def` when unset.
 std::string oneOf(const char* name, const std::string& def, std::initializer_list<const char*> allowed) {
@@ -94,6 +101,11 @@ Config Config::fromEnv() {
   while (r < c.shmRingBytes) r <<= 1;
   c.shmRingBytes = r;
   c.shmSlotBytes = (c.shmSlotBytes + 63) & ~size_t(63);
+  c.shmChunkBytes = envInt("ROCE_PG_SHM_CHUNK_BYTES", 0, 0, 1ll << 30);
+  if (c.shmChunkBytes == 0) c.shmChunkBytes = shmChunkAuto();
+  if (c.shmChunkBytes < 4096)
+    throwInvalid(str("ROCE_PG_SHM_CHUNK_BYTES=", c.shmChunkBytes, ": use at least 4096, or 0 for the cache-sized default"));
+  c.shmChunkBytes = floorPow2(c.shmChunkBytes);
   c.shutdownGraceMs = static_cast<int>(envInt("ROCE_PG_SHUTDOWN_GRACE_MS", c.shutdownGraceMs, 0, 3600000));
   c.heartbeatTimeoutMs = static_cast<int>(envInt("ROCE_PG_HEARTBEAT_TIMEOUT_MS", c.heartbeatTimeoutMs, 0, 86400000));
   if (c.heartbeatTimeoutMs > 0 && c.heartbeatTimeoutMs < 1000)
@@ -101,6 +113,18 @@ Config Config::fromEnv() {
                      "every few hundred ms and a busy machine would declare live peers dead; use >= 1000 or 0 (off)"));
   (void)testFault();  // validated with the rest of the configuration
   return c;
+}
+
+size_t Config::shmChunkAuto() {
+  long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);  // glibc: per core on x86; 0 or -1 where unknown
+  if (l2 <= 0) {
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index2/size");  // e.g. "1024K"
+    long v = 0;
+    char unit = 0;
+    if (f >> v >> unit) l2 = unit == 'K' ? v << 10 : unit == 'M' ? v << 20 : v;
+  }
+  if (l2 <= 0) return 512u << 10;
+  return std::clamp<size_t>(floorPow2(static_cast<size_t>(l2) / 2), 64u << 10, 1u << 20);
 }
 
 const std::string& testFault() {
@@ -127,7 +151,7 @@ std::string Config::describe() const {
              " algo_allgather=", algoAllgather, " algo_reduce_scatter=", algoReduceScatter, " rd_max_bytes=", rdMaxBytes, " ring_min_bytes=", ringMinBytes,
              " hier_min_bytes=", hierMinBytes, " bruck_max_bytes=", bruckMaxBytes,
              " net_transport=", netTransport, " chunk_bytes=", chunkBytes,
-             " shm_slot_bytes=", shmSlotBytes, " shm_oneshot_max_bytes=", shmOneShotMaxBytes,
+             " shm_slot_bytes=", shmSlotBytes, " shm_chunk_bytes=", shmChunkBytes, " shm_oneshot_max_bytes=", shmOneShotMaxBytes,
              " inline_max_bytes=", inlineMaxBytes, " sync_inline_max_bytes=", syncInlineMaxBytes, " spin_us=", spinUs, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
              " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,
              " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots,

@@ -31,7 +31,12 @@ struct Config {
   // Pipelining granularity of the ring algorithms.
   size_t chunkBytes = 1u << 20;          // ROCE_PG_CHUNK_BYTES
   // Per-rank staging slot of the shared-memory allreduce (two of them per rank).
-  size_t shmSlotBytes = 4u << 20;        // ROCE_PG_SHM_SLOT_BYTES
+  size_t shmSlotBytes = 1u << 20;        // ROCE_PG_SHM_SLOT_BYTES
+  // Pipelining granularity of the two-step shared-memory allreduce (capped by
+  // the slot; a power of two). Chunks that stay in the cache between a rank
+  // writing its slot and the peers reading it halve the memory traffic; the
+  // default is half this CPU's per-core L2 (shmChunkAuto()).
+  size_t shmChunkBytes = 0;              // ROCE_PG_SHM_CHUNK_BYTES (0: auto)
   // Shared-memory allreduce up to this many bytes goes one-shot (every rank
   // publishes its input, one synchronisation, every rank reduces all inputs);
   // above, reduce-scatter + allgather through the slots. Capped by the slot.
@@ -63,6 +68,9 @@ struct Config {
   int heartbeatTimeoutMs = 20000;        // ROCE_PG_HEARTBEAT_TIMEOUT_MS
 
   static Config fromEnv();
+  // Half the per-core L2 cache as the OS reports it, as a power of two in
+  // [64 KiB, 1 MiB]; 512 KiB where the OS does not say.
+  static size_t shmChunkAuto();
   std::string describe() const;
   // The settings every rank of a group must share for the algorithms to pair
   // up their messages (ROCE_PG_ALGO*, thresholds, ROCE_PG_CHUNK_BYTES).
