@@ -24,46 +24,73 @@ sys.path.insert(0, os.path.dirname(HERE))
 ALGOS = ["ring", "rd", "rabenseifner", "hier", "auto"]
 
 
-def worker(rank, world, port, algos, sizes, net_sizes, budget_s):
+def _median(xs):
+    return sorted(xs)[len(xs) // 2]
+
+
+def _time_calls(dist, t, g, budget_s):
+    """Median seconds per allreduce over about budget_s of calls (the same count on every rank)."""
+    import torch
+
+    for _ in range(2):
+        dist.all_reduce(t, group=g)
+    # as many calls as fit in about budget_s, decided on the slowest rank's first call
+    dist.barrier(group=g)
+    t0 = time.perf_counter()
+    dist.all_reduce(t, group=g)
+    est = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(est, op=dist.ReduceOp.MAX, group=g)
+    iters = int(max(3, min(5000, budget_s / max(est.item(), 1e-6))))
+    dist.barrier(group=g)
+    # The median call, not the mean: on a loaded host a few calls that lose
+    # the CPU for tens of ms would dominate a mean.
+    calls = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        dist.all_reduce(t, group=g)
+        calls.append(time.perf_counter() - t0)
+    return _median(calls), iters
+
+
+def worker(rank, world, port, algos, sizes, net_sizes, budget_s, rounds=1):
     import torch
     import torch.distributed as dist
 
     import roce_pg
 
-    out = {}
+    # One group per algorithm, all alive at once, so that the algorithms can be
+    # measured in alternation: round r times every algorithm at every size, in
+    # an order rotated by r, and the result is the median over rounds. Drift
+    # on a shared host (another job, thermal) then hits every column alike.
+    groups = {}
     for algo in algos:
-        os.environ["ROCE_PG_ALGO_ALLREDUCE"] = algo
-        g = dist.new_group(list(range(world)), backend="roce")
+        os.environ["ROCE_PG_ALGO_ALLREDUCE"] = algo  # read when the group is created
+        groups[algo] = dist.new_group(list(range(world)), backend="roce")
+    medians = {(a, s): [] for a in algos for s in sizes}
+    iters = {}
+    for r in range(rounds):
+        order = algos[r % len(algos):] + algos[:r % len(algos)]
         for nbytes in sizes:
             t = torch.ones(max(1, nbytes // 4))
-            for _ in range(2):
-                dist.all_reduce(t, group=g)
-            # as many calls as fit in about budget_s, decided on rank 0's first call
+            for algo in order:
+                sec, iters[(algo, nbytes)] = _time_calls(dist, t, groups[algo], budget_s)
+                dt = torch.tensor([sec], dtype=torch.float64)
+                dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=groups[algo])
+                medians[(algo, nbytes)].append(dt.item() * 1e6)
+    out = {}
+    for (algo, nbytes), per_round in medians.items():
+        g = groups[algo]
+        row = {"us": _median(per_round), "rounds_us": per_round, "iters": iters[(algo, nbytes)]}
+        if nbytes in net_sizes:
+            t = torch.ones(max(1, nbytes // 4))
             dist.barrier(group=g)
-            t0 = time.perf_counter()
+            roce_pg.reset_counters(g)
             dist.all_reduce(t, group=g)
-            est = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            dist.all_reduce(est, op=dist.ReduceOp.MAX, group=g)
-            iters = int(max(3, min(200, budget_s / max(est.item(), 1e-6))))
-            dist.barrier(group=g)
-            # The median call, not the mean: on a loaded host a few calls that
-            # lose the CPU for tens of ms would dominate a mean.
-            calls = []
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                dist.all_reduce(t, group=g)
-                calls.append(time.perf_counter() - t0)
-            dt = torch.tensor([sorted(calls)[len(calls) // 2]], dtype=torch.float64)
-            dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=g)
-            row = {"us": dt.item() * 1e6, "iters": iters}
-            if nbytes in net_sizes:
-                dist.barrier(group=g)
-                roce_pg.reset_counters(g)
-                dist.all_reduce(t, group=g)
-                net = torch.tensor([roce_pg.counters(g)["bytes_sent_net"]], dtype=torch.float64)
-                dist.all_reduce(net, op=dist.ReduceOp.MAX, group=g)
-                row["net_max"] = int(net.item())
-            out[(algo, nbytes)] = row
+            net = torch.tensor([roce_pg.counters(g)["bytes_sent_net"]], dtype=torch.float64)
+            dist.all_reduce(net, op=dist.ReduceOp.MAX, group=g)
+            row["net_max"] = int(net.item())
+        out[(algo, nbytes)] = row
+    for g in groups.values():
         dist.destroy_process_group(g)
     return out
 
@@ -75,20 +102,35 @@ def human(n):
     return f"{n} B"
 
 
+def parse_size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
+
+
 def flat(args):
     from tests.harness import run_group
 
-    algos = ["ring", "rd", "rabenseifner", "auto"]
+    algos = args.algos.split(",") if args.algos else ["ring", "rd", "rabenseifner", "auto"]
     sizes = [8, 512, 8 << 10, 64 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20]
+    if args.sizes:
+        sizes = [parse_size(x) for x in args.sizes.split(",")]
     env = {"ROCE_PG_NET_TRANSPORT": "tcp", "ROCE_PG_SIM_RANKS_PER_NODE": "1"}
     res = run_group("benchmarks.algorithms.worker", args.flat, env=env, deadline_s=3000,
-                    kwargs={"algos": algos, "sizes": sizes, "net_sizes": [], "budget_s": args.budget})[0]
-    print(f"## {args.flat} simulated machines x 1 rank, TCP (median time per allreduce, us; float32 SUM)\n")
+                    kwargs={"algos": algos, "sizes": sizes, "net_sizes": [], "budget_s": args.budget,
+                            "rounds": args.rounds})[0]
+    print(f"## {args.flat} simulated machines x 1 rank, TCP (median time per allreduce, us; float32 SUM; "
+          f"median of {args.rounds} alternating rounds)\n")
     print("| bytes | " + " | ".join(algos) + " | fastest |")
     print("|---" * (len(algos) + 2) + "|")
     for s in sizes:
-        best = min(algos[:-1], key=lambda a: res[(a, s)]["us"])
+        best = min(algos[:-1] or algos, key=lambda a: res[(a, s)]["us"])
         print(f"| {human(s)} | " + " | ".join(f"{res[(a, s)]['us']:.0f}" for a in algos) + f" | {best} |")
+    if "ring" in algos and "auto" in algos:
+        print("\nauto / ring per round (same round, same size):")
+        for s in sizes:
+            ratios = [a / r for a, r in zip(res[("auto", s)]["rounds_us"], res[("ring", s)]["rounds_us"])]
+            print(f"  {human(s)}: " + ", ".join(f"{x:.2f}" for x in ratios) +
+                  f" (median {sorted(ratios)[len(ratios) // 2]:.2f})")
 
 
 def main():
@@ -99,6 +141,10 @@ def main():
     p.add_argument("--budget", type=float, default=0.3, help="seconds of timed calls per size and algorithm")
     p.add_argument("--flat", type=int, default=0, metavar="N",
                    help="instead: N simulated machines x 1 rank, ring / rd / rabenseifner / auto times only")
+    p.add_argument("--algos", default="", help="with --flat: comma-separated algorithms (default ring,rd,rabenseifner,auto)")
+    p.add_argument("--sizes", default="", help="with --flat: comma-separated sizes, e.g. 1M,16M,64M")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every algorithm this many times, alternating, and report the median round")
     args = p.parse_args()
     if args.flat:
         return flat(args)
@@ -109,7 +155,8 @@ def main():
     env = {"ROCE_PG_NET_TRANSPORT": "tcp", "ROCE_PG_SIM_RANKS_PER_NODE": "2"}
     wall = time.time()
     res = run_group("benchmarks.algorithms.worker", 4, env=env, deadline_s=3000,
-                    kwargs={"algos": ALGOS, "sizes": sizes, "net_sizes": net_sizes, "budget_s": args.budget})[0]
+                    kwargs={"algos": ALGOS, "sizes": sizes, "net_sizes": net_sizes, "budget_s": args.budget,
+                            "rounds": args.rounds})[0]
     print(f"## 2 simulated machines x 2 ranks, TCP between them (time per allreduce, us; float32 SUM)\n")
     print("| bytes | " + " | ".join(ALGOS) + " | fastest |")
     print("|---" * (len(ALGOS) + 2) + "|")

@@ -15,7 +15,9 @@ from .reference import DTYPES, TOLERANCE, Checker, applicable_ops, inputs_for, m
 
 ALGOS = ["auto", "ring", "rd", "rabenseifner", "hier"]
 # The allgather algorithm tested alongside each allreduce algorithm.
-ALLGATHER_FOR = {"auto": "auto", "ring": "ring", "rd": "bruck", "rabenseifner": "bruck", "hier": "auto"}
+ALLGATHER_FOR = {"auto": "auto", "ring": "ring", "rd": "bruck", "rabenseifner": "bruck", "hier": "hier"}
+# And the reduce-scatter algorithm.
+REDUCE_SCATTER_FOR = {"auto": "auto", "ring": "ring", "rd": "auto", "rabenseifner": "auto", "hier": "hier"}
 # Small thresholds (set by the test) put every size class into a few KiB:
 # rd <= 64 B < rabenseifner < 8 KiB <= ring, hier from 1 KiB.
 FULL_SIZES = [7, 1000]                 # every dtype x op
@@ -59,6 +61,10 @@ def _matrix(ck, group, members, me, label):
     for dtype, opname in SWEEP:
         for numel in SWEEP_SIZES:
             _check_allreduce(ck, group, members, me, label, dtype, opname, numel, 2)
+    # Large enough for hier to overlap its phases in 2-4 pieces (shards of at
+    # least two 4 KiB chunks and ROCE_PG_ALGO_RING_MIN_BYTES per piece).
+    for dtype, opname in ((torch.float32, "SUM"), (torch.int64, "MAX"), (torch.bfloat16, "AVG")):
+        _check_allreduce(ck, group, members, me, label, dtype, opname, 40000, 8)
     # Every rank ends with the same bits (each element is computed once, or by
     # both partners from the same two operands).
     for dtype in (torch.float32, torch.float16):
@@ -70,8 +76,9 @@ def _matrix(ck, group, members, me, label):
             if not all(torch.equal(o.view(torch.int16 if dtype == torch.float16 else torch.int32),
                                    t.view(torch.int16 if dtype == torch.float16 else torch.int32)) for o in outs):
                 ck.failures.append(f"rank {ck.rank}: {label} all_reduce {dtype} n={numel}: ranks differ bitwise")
-    # reduce (built on allreduce) and allgather (Bruck or ring) over the size classes
-    for numel in (1, 17, 1000):
+    # reduce (an allreduce on a copy; reduce-scatter + gather from 8 KiB) and
+    # allgather / reduce-scatter (Bruck, hier or ring) over the size classes
+    for numel in (1, 17, 1000, 3001):
         root = members[numel % world]
         xs = inputs_for(world, numel, torch.int64, "SUM", 4)
         t = xs[me].clone()
@@ -83,6 +90,14 @@ def _matrix(ck, group, members, me, label):
             out = torch.empty(numel * world, dtype=dtype)
             dist.all_gather_into_tensor(out, xs[me], group=group)
             ck.same(f"{label} all_gather_into_tensor {dtype} n={numel}", out, torch.cat(xs))
+    for dtype, opname in ((torch.int64, "SUM"), (torch.float32, "AVG"), (torch.float64, "PREMUL_SUM"),
+                          (torch.int32, "MAX")):
+        for block in (1, 300, 1500):
+            xs = inputs_for(world, block * world, dtype, opname, 7)
+            out = torch.empty(block, dtype=dtype)
+            dist.reduce_scatter_tensor(out, xs[me].clone(), op=make_op(opname, dtype), group=group)
+            exp = reduce_reference(xs, opname, dtype)[me * block:(me + 1) * block]
+            _close(ck, f"{label} reduce_scatter_tensor {dtype} {opname} block={block}", out, exp, dtype, world)
     # broadcast: binomial tree below 8 KiB, pipelined chain (4 KiB chunks) above
     for numel, root_index in ((1, 0), (1000, 1), (3001, world - 1), (3001, 0)):
         root = members[root_index]
@@ -93,18 +108,28 @@ def _matrix(ck, group, members, me, label):
     dist.barrier(group=group)
 
 
-def _traffic(group, numel):
-    """This rank's counters for one float32 SUM allreduce of numel elements."""
-    t = torch.ones(numel)
+def _traffic(group, numel, coll="all_reduce"):
+    """This rank's counters for one float32 collective with numel elements per
+    rank (all_reduce SUM; all_gather of numel; reduce_scatter SUM to numel)."""
+    world = dist.get_world_size(group)
+    t = torch.ones(numel if coll != "reduce_scatter" else numel * world)
+    out = torch.empty(numel * world if coll == "all_gather" else numel)
     dist.barrier(group=group)
     roce_pg.reset_counters(group)
-    dist.all_reduce(t, group=group)
+    if coll == "all_reduce":
+        dist.all_reduce(t, group=group)
+        out = t
+    elif coll == "all_gather":
+        dist.all_gather_into_tensor(out, t, group=group)
+    else:
+        dist.reduce_scatter_tensor(out, t, group=group)
     c = roce_pg.counters(group)
-    assert torch.all(t == dist.get_world_size(group)), "traffic probe: wrong sum"
+    expect = 1 if coll == "all_gather" else world
+    assert torch.all(out == expect), f"traffic probe: wrong {coll} result"
     return c
 
 
-def run(rank, world, port, groups, algos=ALGOS, traffic=None, timing=False):
+def run(rank, world, port, groups, algos=ALGOS, traffic=None, timing=False, mismatch=None):
     """groups: {label: list of global ranks}; traffic: {label: [numel, ...]}
     whose per-algorithm counters are returned for the parent to check."""
     ck = Checker(rank)
@@ -113,6 +138,7 @@ def run(rank, world, port, groups, algos=ALGOS, traffic=None, timing=False):
         for algo in algos:
             os.environ["ROCE_PG_ALGO_ALLREDUCE"] = algo
             os.environ["ROCE_PG_ALGO_ALLGATHER"] = ALLGATHER_FOR[algo]
+            os.environ["ROCE_PG_ALGO_REDUCE_SCATTER"] = REDUCE_SCATTER_FOR[algo]
             group = dist.new_group(members, backend="roce")
             t0 = time.monotonic()
             if rank in members:
@@ -121,6 +147,8 @@ def run(rank, world, port, groups, algos=ALGOS, traffic=None, timing=False):
                 _matrix(ck, group, members, me, name)
                 for numel in (traffic or {}).get(label, []):
                     counters[f"{label}/{algo}/{numel}"] = _traffic(group, numel)
+                    counters[f"{label}/{algo}/{numel}/all_gather"] = _traffic(group, numel, "all_gather")
+                    counters[f"{label}/{algo}/{numel}/reduce_scatter"] = _traffic(group, numel, "reduce_scatter")
                 # ops counts every operation begun on this group, exactly
                 roce_pg.reset_counters(group)
                 for _ in range(3):
@@ -138,6 +166,31 @@ def run(rank, world, port, groups, algos=ALGOS, traffic=None, timing=False):
                 print(f"{label} {algo}: {time.monotonic() - t0:.1f} s", flush=True)
             if rank in members:
                 dist.destroy_process_group(group)
+    if mismatch:
+        _check_settings_mismatch(ck, rank, mismatch)
     out = ck.result()
     out["counters"] = counters
     return out
+
+
+def _check_settings_mismatch(ck, rank, members):
+    """A group whose ranks set different ROCE_PG_ALGO* values must fail to
+    form on every member, naming the setting, instead of pairing up different
+    message patterns."""
+    for name in ("ROCE_PG_ALGO_ALLREDUCE", "ROCE_PG_ALGO_ALLGATHER", "ROCE_PG_ALGO_REDUCE_SCATTER"):
+        os.environ[name] = "auto"
+    if rank == members[-1]:
+        os.environ["ROCE_PG_ALGO_ALLREDUCE"] = "ring"
+    error = None
+    try:
+        group = dist.new_group(members, backend="roce")
+        if rank in members:
+            dist.all_reduce(torch.ones(4), group=group)
+    except Exception as e:  # noqa: BLE001 - the error text is what is checked
+        error = str(e)
+    os.environ["ROCE_PG_ALGO_ALLREDUCE"] = "auto"
+    dist.barrier()
+    if rank in members:
+        ck.checks += 1
+        if not error or "different algorithm settings" not in error or "ROCE_PG_ALGO_ALLREDUCE=ring" not in error:
+            ck.failures.append(f"rank {rank}: mismatched ROCE_PG_ALGO_ALLREDUCE: {error!r}")

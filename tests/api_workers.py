@@ -239,6 +239,7 @@ def _resources():
 def groups(rank, world, port):
     """Subgroups, several groups alive and used at once, and release on destroy."""
     dist.barrier()
+    time.sleep(0.5)  # as before `after`: connections of the world group's set-up may still be closing
     before = _resources()
     evens = dist.new_group([0, 2])
     odds = dist.new_group([1, 3])

@@ -22,9 +22,9 @@ ENV = {**TCP, "ROCE_PG_ALGO_RD_MAX_BYTES": "64", "ROCE_PG_ALGO_RING_MIN_BYTES": 
 HIER_VS_RING = 1 << 16  # float32 elements (256 KiB) for the network-bytes comparison
 
 
-def _run(env, rank_env, groups, traffic):
+def _run(env, rank_env, groups, traffic, **extra):
     results = run_group("tests.algorithm_workers.run", 6, env=env, rank_env=rank_env,
-                        kwargs={"groups": groups, "traffic": traffic})
+                        kwargs={"groups": groups, "traffic": traffic, **extra})
     failures = [f for r in results for f in r["failures"]]
     assert not failures, "\n".join(failures[:40])
     assert all(r["checks"] > 300 for r in results), [r["checks"] for r in results]
@@ -63,6 +63,15 @@ def test_two_machines_of_three():
     ring_net, hier_net = per_rank("ring", HIER_VS_RING, "bytes_sent_net"), per_rank("hier", HIER_VS_RING, "bytes_sent_net")
     assert ring_net == [0, 3 * big // 2, 0, 3 * big // 2]
     assert hier_net == [big // 2] * 4 and max(hier_net) <= max(ring_net) / 2
+    # Allgather and reduce-scatter of n bytes per block: the flat ring crosses
+    # machines on its two boundary ranks with 3 blocks each; hier sends each
+    # rank's one block across (its team spans 2 machines).
+    for coll in ("all_gather", "reduce_scatter"):
+        def net(algo):
+            return [counters[r][f"2x2/{algo}/{HIER_VS_RING}/{coll}"]["bytes_sent_net"] for r in members]
+        assert net("ring") == [0, 3 * big, 0, 3 * big], (coll, net("ring"))
+        assert net("hier") == [big] * 4, (coll, net("hier"))
+        assert net("auto") == [big] * 4, (coll, net("auto"))
     # Shared memory carries the rest; the shm rings copy it in and out.
     assert all(x > 0 for x in per_rank("hier", HIER_VS_RING, "bytes_sent_shm"))
     assert all(x >= 2 * s for x, s in zip(per_rank("hier", HIER_VS_RING, "bytes_copied"),
@@ -72,7 +81,8 @@ def test_two_machines_of_three():
 def test_three_machines_of_two():
     env = {**ENV, "ROCE_PG_SIM_RANKS_PER_NODE": "2"}
     groups = {"3x2": list(range(6)), "3x1": [0, 2, 4], "2+2+1": [0, 1, 2, 3, 4]}
-    counters = _run(env, None, groups, {"3x1": [1000]})
+    # The last group: rank 4 sets another ROCE_PG_ALGO_ALLREDUCE than 0 and 2.
+    counters = _run(env, None, groups, {"3x1": [1000]}, mismatch=[0, 2, 4])
     # 3 ranks, all over the network: rd folds rank 0 into rank 2 (send n),
     # exchanges once between the 2 survivors, and returns the result.
     n = 4000

@@ -94,7 +94,9 @@ def test_subgroups_concurrent_groups_and_release():
     for r in res:
         assert r["during"]["threads"] > r["before"]["threads"], r  # progress threads existed
         assert r["after"]["threads"] == r["before"]["threads"], r  # ...and were joined
-        assert r["after"]["fds"] == r["before"]["fds"], r          # sockets closed
+        # Sockets closed. (Fewer than before is fine: a loaded host was seen
+        # to close two of the world group's set-up connections only later.)
+        assert r["after"]["fds"] <= r["before"]["fds"], r
         assert r["after"]["shm"] == [] and r["during"]["shm"] == [], r  # unlinked right after setup
 
 

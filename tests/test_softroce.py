@@ -15,7 +15,9 @@ VMs (the host kernel has no RDMA support; see scripts/softroce/README.md).
   4 QPs with 3 slots, the size-mismatch NACK and kill -9 mid-transfer;
 * two VMs joined by a virtual Ethernet link, two ranks each
   (tests/softroce/multinode_job.py): a torchrun-elastic job (collectives and a
-  20-step DDP run compared with Gloo); the collective matrix while netem drops
+  20-step DDP run compared with Gloo); every allreduce algorithm forced and auto
+  on the 2+2 layout (tests/algorithm_workers.py) with hier's network bytes
+  against the ring's from the counters; the collective matrix while netem drops
   1% of the RoCE packets and reorders others (bit-exact results, retransmissions
   shown by netem and rxe counters); a rank taking its port down during a
   collective (every rank raises, none hangs).
@@ -337,6 +339,28 @@ def test_two_vms_multinode_torchrun_over_verbs(two_vms):
         for key in ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "barrier", "big_ok"):
             assert res[key] is True, (r, key, res)
         assert res["ddp_moved"] > 1e-3 and res["ddp_diff"] <= 1e-5 and res["ddp_hook_diff"] <= 1e-5, res
+
+
+def test_two_vms_every_algorithm_over_verbs_2_plus_2(two_vms):
+    ranks = {}
+    for ph in _phase(two_vms, "algorithms"):
+        ranks.update({int(k): v for k, v in ph["results"].items()})
+    assert sorted(ranks) == [0, 1, 2, 3], ranks.keys()
+    for r, res in ranks.items():
+        assert not res["failures"], (r, "\n".join(res["failures"][:40]))
+        assert res["checks"] > 300, (r, res["checks"])
+    # Ring order 0,1 | 2,3: the flat ring crosses the link on ranks 1 and 3
+    # (3/2 n each); hier sends each rank's half across (n/2 each), over verbs.
+    numel = _phase(two_vms, "algorithms")[0]["traffic_numel"]
+    big = numel * 4
+
+    def net(algo, coll=""):
+        return [ranks[r]["counters"][f"2x2/{algo}/{numel}{coll}"]["bytes_sent_net"] for r in range(4)]
+    assert net("ring") == [0, 3 * big // 2, 0, 3 * big // 2], net("ring")
+    assert net("hier") == [big // 2] * 4, net("hier")
+    for coll in ("/all_gather", "/reduce_scatter"):
+        assert net("ring", coll) == [0, 3 * big, 0, 3 * big], (coll, net("ring", coll))
+        assert net("hier", coll) == [big] * 4, (coll, net("hier", coll))
 
 
 def test_two_vms_matrix_bit_exact_under_packet_loss_and_reordering(two_vms):

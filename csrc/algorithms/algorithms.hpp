@@ -15,6 +15,7 @@
 namespace roce {
 
 class Communicator;
+struct Topology;
 
 // In place. The algorithm is chosen per call (select.hpp): shared memory when
 // the whole group is on one machine, else recursive doubling, Rabenseifner,
@@ -48,6 +49,13 @@ void shmAllreduce(Communicator& c, void* data, size_t count, DataType t, Reducti
 void ringAllreduce(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data, size_t count,
                    DataType t, ReduceOp op);
 void hierAllreduce(Communicator& c, uint64_t tag, void* data, size_t count, DataType t, ReduceOp op);
+// Hierarchical reduce-scatter: `work` holds size() blocks of blockCount laid
+// out shard-major, rank r's block at hierBlockIndex(r); returns where this
+// rank's reduced block ends up (inside `work`).
+size_t hierBlockIndex(const Topology& topo, int rank);
+char* hierReduceScatter(Communicator& c, uint64_t tag, void* work, size_t blockCount, DataType t, ReduceOp op);
+// Hierarchical allgather into `output` (size() blocks in rank order); input may alias its slot.
+void hierAllgather(Communicator& c, uint64_t tag, const void* input, void* output, size_t blockBytes);
 // Into `output` (size() blocks in rank order); the input block may alias its slot.
 void bruckAllgather(Communicator& c, uint64_t tag, const void* input, void* output, size_t blockBytes);
 }  // namespace detail

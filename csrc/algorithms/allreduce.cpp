@@ -1,5 +1,6 @@
 // Allreduce and the reductions built on the same pieces (reduce, reduce-scatter),
 // plus allgather, which is the second half of the ring allreduce.
+#include <algorithm>
 #include <cstring>
 
 #include "../comm/communicator.hpp"
@@ -17,8 +18,7 @@ namespace detail {
 void ringAllreduce(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data, size_t count,
                    DataType t, ReduceOp op) {
   const RingSegments segs = RingSegments::even(count, static_cast<int>(order.size()));
-  ringReduceScatter(c, order, tag, data, segs, t, op);
-  ringAllgather(c, order, tag, data, segs, elementSize(t));
+  ringReduceScatterAllgather(c, order, tag, data, segs, t, op);
 }
 
 }  // namespace detail
@@ -48,30 +48,65 @@ void allreduce(Communicator& c, void* data, size_t count, DataType t, Reduction 
 }
 
 void reduce(Communicator& c, void* data, size_t count, DataType t, Reduction red, int root) {
+  checkSupported(red.op, t);
+  const size_t esz = elementSize(t);
   // The root reduces in place; the others work on a copy so their input
   // tensor is left as it was (as with every other backend).
-  void* work = data;
+  char* work = static_cast<char*>(data);
   if (c.rank() != root) {
-    work = c.scratch(count * elementSize(t), 1);
-    copyBytes(work, data, count * elementSize(t));
+    work = static_cast<char*>(c.scratch(count * esz, 1));
+    copyBytes(work, data, count * esz);
   }
-  allreduce(c, work, count, t, red);
+  if (chooseReduce(c, count * esz) != Algo::RsGather) return allreduce(c, work, count, t, red);
+  // Reduce-scatter, then each rank sends its reduced segment to the root:
+  // (p-1)/p n + n/p bytes per rank instead of the allreduce's 2(p-1)/p n.
+  if (red.op == ReduceOp::PreMulSum) scaleCopy(t, work, work, count, red.factor);
+  const uint64_t tag = c.nextCollectiveTag();
+  const std::vector<int>& order = c.topology().ringOrder;
+  const int n = c.size();
+  const RingSegments segs = RingSegments::even(count, n);
+  ringReduceScatter(c, order, tag, work, segs, t, kernelOp(red.op));
+  const int pos = c.topology().ringIndexOf[c.rank()];
+  auto segment = [&](int q) { return work + segs.offset[q] * esz; };
+  if (red.op == ReduceOp::Avg) divideBy(t, segment(pos), segs.count[pos], n);
+  if (c.rank() != root) {
+    if (segs.count[pos]) c.wait(*c.post(Request::Kind::Send, root, tag, segment(pos), segs.count[pos] * esz));
+    return;
+  }
+  std::vector<Request*> recvs;
+  for (int q = 0; q < n; ++q)
+    if (q != pos && segs.count[q])
+      recvs.push_back(c.post(Request::Kind::Recv, order[q], tag, segment(q), segs.count[q] * esz));
+  c.waitAll(recvs.data(), recvs.size());
 }
 
 void reduceScatter(Communicator& c, const void* input, void* output, size_t blockCount, DataType t,
                    Reduction red) {
   checkSupported(red.op, t);
-  const size_t esz = elementSize(t);
-  const size_t total = blockCount * c.size();
+  const size_t esz = elementSize(t), blockBytes = blockCount * esz;
+  const int n = c.size();
+  const size_t total = blockCount * n;
+  const bool hier = chooseReduceScatter(c, total * esz) == Algo::Hier;
+  // A working copy (the input is left as it was), pre-scaled for PREMUL_SUM;
+  // hier wants the blocks shard-major.
   char* work = static_cast<char*>(c.scratch(total * esz, 1));
-  if (red.op == ReduceOp::PreMulSum) scaleCopy(t, work, input, total, red.factor);
-  else copyBytes(work, input, total * esz);
+  const char* in = static_cast<const char*>(input);
+  auto place = [&](int r) { return work + (hier ? detail::hierBlockIndex(c.topology(), r) : r) * blockBytes; };
+  for (int r = 0; r < n; ++r) {
+    if (red.op == ReduceOp::PreMulSum) scaleCopy(t, place(r), in + r * blockBytes, blockCount, red.factor);
+    else copyBytes(place(r), in + r * blockBytes, blockBytes);
+  }
   const uint64_t tag = c.nextCollectiveTag();
-  const auto segs = RingSegments::blocks(c.topology().ringOrder, blockCount);
-  ringReduceScatter(c, c.topology().ringOrder, tag, work, segs, t, kernelOp(red.op));
-  char* mine = work + static_cast<size_t>(c.rank()) * blockCount * esz;
-  if (red.op == ReduceOp::Avg) divideBy(t, mine, blockCount, c.size());
-  copyBytes(output, mine, blockCount * esz);
+  char* mine;
+  if (hier) {
+    mine = detail::hierReduceScatter(c, tag, work, blockCount, t, kernelOp(red.op));
+  } else {
+    const auto segs = RingSegments::blocks(c.topology().ringOrder, blockCount);
+    ringReduceScatter(c, c.topology().ringOrder, tag, work, segs, t, kernelOp(red.op));
+    mine = work + static_cast<size_t>(c.rank()) * blockBytes;
+  }
+  if (red.op == ReduceOp::Avg) divideBy(t, mine, blockCount, n);
+  copyBytes(output, mine, blockBytes);
 }
 
 void allgather(Communicator& c, const void* input, void* output, size_t blockBytes) {
@@ -80,8 +115,11 @@ void allgather(Communicator& c, const void* input, void* output, size_t blockByt
   if (mine != input) moveBytes(mine, input, blockBytes);
   const uint64_t tag = c.nextCollectiveTag();
   if (c.size() == 1) return;
-  if (chooseAllgather(c, blockBytes * c.size()) == Algo::Bruck)
-    return detail::bruckAllgather(c, tag, out + static_cast<size_t>(c.rank()) * blockBytes, out, blockBytes);
+  switch (chooseAllgather(c, blockBytes * c.size())) {
+    case Algo::Bruck: return detail::bruckAllgather(c, tag, mine, out, blockBytes);
+    case Algo::Hier: return detail::hierAllgather(c, tag, mine, out, blockBytes);
+    default: break;
+  }
   ringAllgather(c, c.topology().ringOrder, tag, out, RingSegments::blocks(c.topology().ringOrder, blockBytes), 1);
 }
 

@@ -1,14 +1,17 @@
 // Ring reduce-scatter and allgather over segments indexed by ring position,
-// chunked so that receiving chunk k+1 overlaps reducing chunk k. `order` lists
-// the ring's members (group ranks): the whole group in
-// Communicator::topology().ringOrder, or a subset (one machine's ranks, or one
-// rank per machine, in the hierarchical allreduce); this rank must be in it.
+// pipelined by chunk (ROCE_PG_CHUNK_BYTES): each chunk is forwarded to the
+// next step as soon as it has landed and been reduced, while later chunks are
+// still in flight. `order` lists the ring's members (group ranks): the whole
+// group in Communicator::topology().ringOrder, or a subset (one machine's
+// ranks, or one rank per machine, in the hierarchical algorithms); this rank
+// must be in it.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "../common/dtype.hpp"
+#include "../transport/transport.hpp"
 
 namespace roce {
 
@@ -22,6 +25,57 @@ struct RingSegments {
   static RingSegments even(size_t count, int n);
   // Position q is the block of rank ringOrder[q], blocks of blockCount in rank order.
   static RingSegments blocks(const std::vector<int>& ringOrder, size_t blockCount);
+  // Positions 0..n-1, position q at q * stride, `count` elements each.
+  static RingSegments strided(int n, size_t stride, size_t count);
+};
+
+// One pass around the ring: n-1 reduce-scatter steps and/or n-1 allgather
+// steps. Step g receives the segment that step g+1 sends, so every chunk is
+// forwarded the moment it has landed (and, in a reduce-scatter step, been
+// reduced into `data`): step g+1 never waits for the rest of step g, one large
+// message streams through the ring chunk by chunk, and with both halves the
+// reduce-scatter's last step flows straight into the allgather's first. The
+// reduce writes into the bytes that are sent next; nothing is copied.
+//
+// Non-blocking form, so that several passes (the phases of the hierarchical
+// allreduce on different pieces) can advance together in one wait: start(),
+// then advance() until it returns true. run() does both in one wait.
+// Concurrent passes need distinct tags and distinct scratch indices.
+class RingPass {
+ public:
+  RingPass(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data, RingSegments segs, DataType t,
+           ReduceOp op, bool reduceScatter, bool allgather, int scratchIndex = 0);
+  void start();
+  // Reduces and forwards whatever has landed; true once every receive has
+  // been processed and every send has finished. Throws on a failed request.
+  bool advance();
+  void run();
+
+ private:
+  int recvSeg(int g) const;  // == sendSeg(g + 1)
+  int sendSeg(int g) const;
+  bool isRs(int g) const { return g < rsSteps_; }
+  char* at(int seg, size_t at) const { return base_ + (segs_.offset[seg] + at) * esz_; }
+  void postSend(int g, int seg, size_t at, size_t n);
+  bool canPostRecvs(int g) const;
+  void postRecvs(int g);
+  bool finished(std::vector<Request*>& reqs);
+
+  Communicator& c_;
+  int n_, pos_, left_, right_;
+  uint64_t tag_;
+  char* base_;
+  RingSegments segs_;
+  DataType t_;
+  ReduceOp op_;
+  size_t esz_, chunkElems_;
+  int rsSteps_, steps_, scratchIndex_;
+  char* incoming_[2] = {nullptr, nullptr};  // landing buffers of the reduce-scatter steps, by step parity
+  std::vector<std::vector<Request*>> sends_, recvs_;  // per step
+  int step_ = 0;            // the step being processed
+  size_t chunk_ = 0;        // its next chunk
+  int recvsPosted_ = -1;    // receives are posted up to this step
+  bool started_ = false;
 };
 
 // Afterwards ring position q holds the fully reduced segment q.
@@ -30,5 +84,8 @@ void ringReduceScatter(Communicator& c, const std::vector<int>& order, uint64_t 
 // Starting with segment q complete at position q, leaves every segment everywhere.
 void ringAllgather(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data, const RingSegments& segs,
                    size_t elemSize);
+// Both in one pass (the allreduce).
+void ringReduceScatterAllgather(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data,
+                                const RingSegments& segs, DataType t, ReduceOp op);
 
 }  // namespace roce

@@ -6,8 +6,9 @@
 namespace roce {
 namespace {
 
-enum Kind { kAllreduce = 0, kAllreduceAcross = 1, kAllgather = 2, kBroadcast = 3 };
-const char* kKindNames[] = {"allreduce", "allreduce across machines (inside hier)", "allgather", "broadcast"};
+enum Kind { kAllreduce = 0, kAllreduceAcross = 1, kAllgather = 2, kBroadcast = 3, kReduceScatter = 4, kReduce = 5 };
+const char* kKindNames[] = {"allreduce", "allreduce across machines (inside hier)", "allgather", "broadcast",
+                            "reduce_scatter", "reduce"};
 
 // Logs the first use of each (kind, algorithm) at INFO, on the group's rank 0.
 // After that a choice costs one bit test: nothing is formatted per call.
@@ -47,17 +48,15 @@ const char* algoName(Algo a) {
     case Algo::Bruck: return "bruck";
     case Algo::Tree: return "tree";
     case Algo::Chain: return "chain";
+    case Algo::Allreduce: return "allreduce";
+    case Algo::RsGather: return "reduce_scatter+gather";
   }
   return "?";
 }
 
-bool evenMachines(const Communicator& c) {
+bool hierApplies(const Communicator& c) {
   const Topology& t = c.topology();
-  std::vector<int> perNode(t.numNodes, 0);
-  for (int node : t.nodeOf) ++perNode[node];
-  for (int k : perNode)
-    if (k != perNode[0]) return false;
-  return true;
+  return t.numNodes > 1 && t.localRanks.size() > 1 && t.evenNodes;
 }
 
 Algo chooseAllreduce(Communicator& c, size_t bytes) {
@@ -68,17 +67,16 @@ Algo chooseAllreduce(Communicator& c, size_t bytes) {
     // local index i is reduced among the i-th ranks of all machines). The
     // documented fallback is the flat choice, not an error: one variable can
     // then be set for a whole job whose subgroups differ.
-    if (forced == Algo::Hier && !evenMachines(c))
+    if (forced == Algo::Hier && !c.topology().evenNodes)
       return announce(c, kAllreduce, flatBySize(cfg, bytes), bytes,
                       "ROCE_PG_ALGO_ALLREDUCE=hier does not apply (machines have different numbers of ranks), "
                       "fallback to the size-based flat choice");
     return announce(c, kAllreduce, forced, bytes, "forced by ROCE_PG_ALGO_ALLREDUCE / ROCE_PG_ALGO");
   }
   if (c.nodeShm()) return announce(c, kAllreduce, Algo::Shm, bytes, "auto: the whole group shares one machine's memory");
-  const Topology& t = c.topology();
   if (bytes <= cfg.rdMaxBytes)
     return announce(c, kAllreduce, Algo::Rd, bytes, "auto: at most ROCE_PG_ALGO_RD_MAX_BYTES");
-  if (t.numNodes > 1 && t.localRanks.size() > 1 && bytes >= cfg.hierMinBytes && evenMachines(c))
+  if (hierApplies(c) && bytes >= cfg.hierMinBytes)
     return announce(c, kAllreduce, Algo::Hier, bytes,
                     "auto: several machines with the same number of ranks, at least ROCE_PG_ALGO_HIER_MIN_BYTES");
   if (bytes < cfg.ringMinBytes)
@@ -91,13 +89,51 @@ Algo chooseFlatAllreduce(Communicator& c, size_t bytes, const Team& team) {
   return announce(c, kAllreduceAcross, flatBySize(c.config(), bytes), bytes, "auto, by the shard's size");
 }
 
+namespace {
+
+// Hierarchical or flat ring, for the collectives that have both forms:
+// forced by `setting` ("ring" / "hier", hier falling back to the ring where it
+// does not apply), or by layout and size.
+Algo hierOrRing(Communicator& c, Kind kind, const std::string& setting, size_t bytes, const char* forcedWhy,
+                const char* fallbackWhy) {
+  if (setting == "ring") return announce(c, kind, Algo::Ring, bytes, forcedWhy);
+  if (setting == "hier")
+    return hierApplies(c) ? announce(c, kind, Algo::Hier, bytes, forcedWhy)
+                          : announce(c, kind, Algo::Ring, bytes, fallbackWhy);
+  if (hierApplies(c) && bytes >= c.config().hierMinBytes)
+    return announce(c, kind, Algo::Hier, bytes,
+                    "auto: several machines with the same number of ranks, at least ROCE_PG_ALGO_HIER_MIN_BYTES");
+  return announce(c, kind, Algo::Ring, bytes, "auto");
+}
+
+}  // namespace
+
 Algo chooseAllgather(Communicator& c, size_t totalBytes) {
   const Config& cfg = c.config();
-  if (cfg.algoAllgather != "auto")
-    return announce(c, kAllgather, byName(cfg.algoAllgather), totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER");
-  if (c.size() > 2 && totalBytes <= cfg.bruckMaxBytes)
+  if (cfg.algoAllgather == "bruck")
+    return announce(c, kAllgather, Algo::Bruck, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER");
+  if (cfg.algoAllgather == "auto" && c.size() > 2 && totalBytes <= cfg.bruckMaxBytes)
     return announce(c, kAllgather, Algo::Bruck, totalBytes, "auto: at most ROCE_PG_ALGO_BRUCK_MAX_BYTES");
-  return announce(c, kAllgather, Algo::Ring, totalBytes, "auto");
+  return hierOrRing(c, kAllgather, cfg.algoAllgather, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER",
+                    "ROCE_PG_ALGO_ALLGATHER=hier does not apply (one machine, one rank per machine, or machines "
+                    "with different numbers of ranks), fallback to ring");
+}
+
+Algo chooseReduceScatter(Communicator& c, size_t totalBytes) {
+  return hierOrRing(c, kReduceScatter, c.config().algoReduceScatter, totalBytes,
+                    "forced by ROCE_PG_ALGO_REDUCE_SCATTER",
+                    "ROCE_PG_ALGO_REDUCE_SCATTER=hier does not apply (one machine, one rank per machine, or machines "
+                    "with different numbers of ranks), fallback to ring");
+}
+
+Algo chooseReduce(Communicator& c, size_t bytes) {
+  // On one machine the shared-memory allreduce is cheaper than any message
+  // pattern; two ranks gain nothing (the segment sent to the root is the
+  // allreduce's second half).
+  if (c.nodeShm() || c.size() <= 2 || bytes < c.config().ringMinBytes)
+    return announce(c, kReduce, Algo::Allreduce, bytes,
+                    "one machine, two ranks, or below ROCE_PG_ALGO_RING_MIN_BYTES: an allreduce on a copy");
+  return announce(c, kReduce, Algo::RsGather, bytes, "auto: at least ROCE_PG_ALGO_RING_MIN_BYTES");
 }
 
 Algo chooseBroadcast(Communicator& c, size_t bytes) {

@@ -12,20 +12,26 @@ namespace roce {
 
 class Communicator;
 
-enum class Algo : uint8_t { Shm, Ring, Hier, Rd, Rabenseifner, Bruck, Tree, Chain };
+enum class Algo : uint8_t { Shm, Ring, Hier, Rd, Rabenseifner, Bruck, Tree, Chain, Allreduce, RsGather };
 const char* algoName(Algo a);
 
 // For allreduce (and reduce, built on it) of `bytes` per rank over the whole group.
 Algo chooseAllreduce(Communicator& c, size_t bytes);
 // For an allreduce among `team` inside the hierarchical algorithm (never Shm or Hier).
 Algo chooseFlatAllreduce(Communicator& c, size_t bytes, const Team& team);
-// For allgather of `totalBytes` of output per rank.
+// For allgather of `totalBytes` of output per rank: Bruck, Hier or Ring.
 Algo chooseAllgather(Communicator& c, size_t totalBytes);
+// For reduce-scatter of `totalBytes` of input per rank: Hier or Ring.
+Algo chooseReduceScatter(Communicator& c, size_t totalBytes);
+// For reduce of `bytes`: an Allreduce on a copy, or RsGather (ring
+// reduce-scatter, then the segments to the root) for large messages.
+Algo chooseReduce(Communicator& c, size_t bytes);
 
 // For broadcast of `bytes`: binomial Tree, or pipelined Chain for large messages.
 Algo chooseBroadcast(Communicator& c, size_t bytes);
 
-// True when every machine of the group has the same number of ranks.
-bool evenMachines(const Communicator& c);
+// True when the hierarchical algorithms apply: several machines, each with
+// the same number (> 1) of the group's ranks.
+bool hierApplies(const Communicator& c);
 
 }  // namespace roce

@@ -1,13 +1,16 @@
 #include "communicator.hpp"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <random>
 
 #include "../common/error.hpp"
 #include "../common/log.hpp"
+#include "../common/spin.hpp"
 #include "lifeline.hpp"
 #include "../transport/shm/node_shm.hpp"
 #include "../transport/shm/shm_transport.hpp"
@@ -47,6 +50,17 @@ void checkShmLayout(const std::vector<RankInfo>& infos, const Topology& topo) {
   }
 }
 
+// Every rank must pick the same algorithm for the same call, or the message
+// patterns would not pair up (a size mismatch at best, a hang until the
+// timeout at worst): the settings that decide it must be equal everywhere.
+void checkAlgorithmSettings(const std::vector<RankInfo>& infos) {
+  for (size_t r = 1; r < infos.size(); ++r)
+    if (infos[r].algorithms != infos[0].algorithms)
+      throwInvalid(str("ranks 0 and ", r, " use different algorithm settings (rank 0: ", infos[0].algorithms,
+                       "; rank ", r, ": ", infos[r].algorithms, "): set the same ROCE_PG_ALGO* and "
+                       "ROCE_PG_CHUNK_BYTES values on every rank"));
+}
+
 }  // namespace
 
 Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int rank, int size,
@@ -62,6 +76,7 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
   me.nonce = randomNonce();
   me.shmRingBytes = cfg_.shmRingBytes;
   me.shmSlotBytes = cfg_.shmSlotBytes;
+  me.algorithms = cfg_.algorithmSettings();
   std::shared_ptr<VerbsDevice> verbsDev;
   if (size > 1) {
     listener_ = std::make_unique<TcpListener>();
@@ -90,6 +105,7 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
   for (int r = 0; r < size; ++r) infos.push_back(RankInfo::decode(values[r], r));
   topo_ = Topology::build(rank, infos);
   for (const auto& info : infos) hostNames_.push_back(info.hostName());
+  checkAlgorithmSettings(infos);
 
   std::vector<TcpEndpoint> eps(size);
   std::vector<uint64_t> nonces;
@@ -154,7 +170,7 @@ void Communicator::connectLifelines(TcpAcceptor& acceptor, const std::vector<Tcp
   // The ring neighbours (one of them for two ranks); the lower rank of a pair dials.
   const auto& order = topo_.ringOrder;
   const int n = topo_.size;
-  const int pos = static_cast<int>(std::find(order.begin(), order.end(), rank()) - order.begin());
+  const int pos = topo_.ringIndexOf[rank()];
   std::vector<int> neighbours{order[(pos + 1) % n]};
   if (n > 2) neighbours.push_back(order[(pos + n - 1) % n]);
   std::vector<Lifeline::Link> links;
@@ -182,6 +198,7 @@ void Communicator::onPeerFailure(const std::string& why) {
     peerFailedAt_ = Clock::now();
   }
   peerFailed_.store(true);
+  wakeup_.wake();
 }
 
 void Communicator::leaveGracefully() {
@@ -221,8 +238,27 @@ Transport* Communicator::route(int peer) const {
 }
 
 void Communicator::beginOperation(const std::string& what, Clock::time_point deadline) {
+  opWhat_ = nullptr;
   opName_ = what;
   deadline_ = deadline;
+  startOperation();
+}
+
+void Communicator::beginOperation(const Describable& what, Clock::time_point deadline) {
+  opWhat_ = &what;
+  deadline_ = deadline;
+  startOperation();
+}
+
+void Communicator::endOperation() {
+  if (opWhat_) opName_ = "operation";
+  opWhat_ = nullptr;
+  // Between operations the engine's idle waits (async point-to-point work,
+  // with deadlines of their own) must not sleep against a finished one's.
+  deadline_ = Clock::time_point::max();
+}
+
+void Communicator::startOperation() {
   Counters::add(counters_.ops, 1);
   // The previous collective's requests can go once no transport can touch them.
   if (!hasPendingRequests()) owned_.clear();
@@ -231,7 +267,7 @@ void Communicator::beginOperation(const std::string& what, Clock::time_point dea
     broken_ = peerFailure_;
   }
   if (!broken_.empty())
-    throwComm(str(what, " refused: this process group failed earlier and cannot be used any more (",
+    throwComm(str(opName(), " refused: this process group failed earlier and cannot be used any more (",
                   broken_, "). Destroy it and create a new one"));
 }
 
@@ -312,19 +348,19 @@ void Communicator::throwFailure(const std::string& msg) {
     cause = abortNotice_->seen().value_or("");
   }
   if (!cause.empty() && msg.find(cause) == std::string::npos)
-    throwComm(str(opName_, " on rank ", rank(), " failed: ", msg, " (first failure reported in the group: ", cause, ")"));
-  throwComm(str(opName_, " on rank ", rank(), " failed: ", msg));
+    throwComm(str(opName(), " on rank ", rank(), " failed: ", msg, " (first failure reported in the group: ", cause, ")"));
+  throwComm(str(opName(), " on rank ", rank(), " failed: ", msg));
 }
 
 void Communicator::checkDeadline(const std::function<std::string()>& waitingFor) {
   if (abortRequested_.load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> g(abortMu_);
-    throw Error(ErrorKind::Aborted, str("roce: ", opName_, " on rank ", rank(), " was aborted: ", abortReason_));
+    throw Error(ErrorKind::Aborted, str("roce: ", opName(), " on rank ", rank(), " was aborted: ", abortReason_));
   }
-  throwIfPeerFailed(opName_);
+  if (peerFailed_.load(std::memory_order_relaxed)) throwIfPeerFailed(opName());  // names only when needed
   if (Clock::now() >= deadline_) {
     auto total = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count();
-    throwTimeout(str(opName_, " on rank ", rank(), " timed out (group timeout ", total, " ms) waiting for ",
+    throwTimeout(str(opName(), " on rank ", rank(), " timed out (group timeout ", total, " ms) waiting for ",
                      waitingFor(), ". That rank may have crashed, hung, or called a different "
                      "collective (every rank must issue the same collectives in the same order)"));
   }
@@ -344,6 +380,7 @@ void Communicator::checkHealth() {
   throwIfPeerFailed("point-to-point operation");
   if (Clock::now() - lastSlowCheck_ > kSlowCheckEvery) {
     lastSlowCheck_ = Clock::now();
+    opWhat_ = nullptr;
     opName_ = "point-to-point operation";
     slowChecks();
   }
@@ -366,22 +403,88 @@ void Communicator::slowChecks() {
   for (auto& t : transports_) t->checkPeers();
   // Never a store call here: it could block for the store's whole timeout.
   std::optional<std::string> msg = abortNotice_ ? abortNotice_->seen() : std::nullopt;
-  if (msg) throwComm(str(opName_, " on rank ", rank(), " stopped because another rank failed: ", *msg));
+  if (msg) throwComm(str(opName(), " on rank ", rank(), " stopped because another rank failed: ", *msg));
 }
 
-void Communicator::waitUntil(const std::function<bool()>& done, const std::function<std::string()>& waitingFor) {
-  Backoff backoff;
-  uint64_t spins = 0;
+void Communicator::waitUntil(const std::function<bool()>& done, const std::function<std::string()>& waitingFor,
+                             const std::function<void()>& block) {
+  IdleWait idle;
+  uint64_t rounds = 0;
   while (!done()) {
-    if (progress()) backoff.reset();
-    else backoff.pause();
+    bool slow = false;  // this round waited long enough for the slow checks
+    if (progress()) {
+      idle.moved();
+    } else if (block) {
+      block();
+      slow = true;
+    } else {
+      slow = idleRound(idle);
+      if (slow && idleHook) idleHook();  // async work may have finished meanwhile
+    }
     checkDeadline(waitingFor);
-    if ((++spins & 63) == 0 && idleHook) idleHook();
-    if (backoff.sleeping() && Clock::now() - lastSlowCheck_ > kSlowCheckEvery) {
+    if ((++rounds & 63) == 0 && idleHook) idleHook();
+    if (slow && Clock::now() - lastSlowCheck_ > kSlowCheckEvery) {
       lastSlowCheck_ = Clock::now();
       slowChecks();
     }
   }
+}
+
+bool Communicator::idleRound(IdleWait& w, const std::function<bool()>& interrupt) {
+  if (!w.idle) {
+    w.idle = true;
+    w.since = Clock::now();
+    return false;
+  }
+  if (Clock::now() - w.since < std::chrono::microseconds(cfg_.spinUs)) {
+    cpuRelax();
+    return false;
+  }
+  switch (blockUntilActivity(interrupt)) {
+    case Blocked::Moved:  // the re-check found work: the next idle stretch spins again
+      w.moved();
+      return false;
+    case Blocked::Slept:
+      return true;
+    case Blocked::Cannot:
+      break;
+  }
+  // Pending shared-memory traffic, which no descriptor announces: the spin
+  // budget is spent, so yield, then sleep briefly (a spinning rank would take
+  // the core from the local peer it waits for).
+  w.backoff.skipSpins();
+  w.backoff.pause();
+  return w.backoff.sleeping();
+}
+
+Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool()>& interrupt) {
+  if (!wakeup_.valid()) return Blocked::Cannot;
+  waitFds_.clear();
+  waitFds_.push_back(pollfd{wakeup_.fd(), POLLIN, 0});
+  for (auto& t : transports_)
+    if (!t->prepareWait(waitFds_, !anySource_.empty())) return Blocked::Cannot;
+  wakeup_.announce();
+  // What arrived before the transports armed their notifications raises no
+  // event: look once more. Then the conditions a waker sets.
+  if (progress() || abortRequested_.load() || (interrupt && interrupt())) {
+    wakeup_.withdraw();
+    return Blocked::Moved;
+  }
+  // Sleep no later than the deadline and the next slow check (lifelines, the
+  // abort notice, dead peers). While a reported peer death is in its grace
+  // period, look again soon.
+  const auto now = Clock::now();
+  auto until = std::min(deadline_, std::max(lastSlowCheck_ + kSlowCheckEvery, now));
+  if (peerFailed_.load()) until = std::min(until, now + std::chrono::milliseconds(10));
+  for (auto& t : transports_)
+    if (t->hasSilentPeers()) until = std::min(until, now + std::chrono::milliseconds(1));
+  const timespec ts = toTimespec(until - now);
+  Counters::add(counters_.blockedWaits, 1);
+  int rc = ppoll(waitFds_.data(), waitFds_.size(), &ts, nullptr);
+  wakeup_.withdraw();
+  if (rc < 0 && errno != EINTR) return Blocked::Cannot;  // cannot block here: poll instead
+  for (auto& t : transports_) t->afterWait();
+  return Blocked::Slept;
 }
 
 void Communicator::waitAll(Request* const* reqs, size_t n) {
@@ -425,6 +528,7 @@ void Communicator::requestAbort(const std::string& why) {
     abortReason_ = why;
   }
   abortRequested_.store(true);
+  wakeup_.wake();
 }
 
 void* Communicator::scratch(size_t bytes, int index) {

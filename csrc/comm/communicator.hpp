@@ -19,7 +19,9 @@
 #include "../common/backoff.hpp"
 #include "../common/bootstrap.hpp"
 #include "../common/config.hpp"
+#include "../common/describable.hpp"
 #include "../common/counters.hpp"
+#include "../common/wakeup.hpp"
 #include "../transport/transport.hpp"
 #include "abort_notice.hpp"
 #include "topology.hpp"
@@ -53,6 +55,10 @@ class Communicator {
   // --- per-operation context -------------------------------------------------
   // Names the running operation in error messages and sets its deadline.
   void beginOperation(const std::string& what, Clock::time_point deadline);
+  // The same, naming it lazily: `what` is described only if a message needs
+  // it, and must stay alive until endOperation().
+  void beginOperation(const Describable& what, Clock::time_point deadline);
+  void endOperation();
   uint64_t nextCollectiveTag() { return ++collectiveSeq_; }
   static uint64_t p2pTag(int userTag) { return (1ull << 63) | static_cast<uint32_t>(userTag); }
 
@@ -75,7 +81,37 @@ class Communicator {
   void waitAll(Request* const* reqs, size_t n);
   void wait(Request& r) { Request* p = &r; waitAll(&p, 1); }
   // Generic form: `done` is polled; `waitingFor` names what is missing for errors.
-  void waitUntil(const std::function<bool()>& done, const std::function<std::string()>& waitingFor);
+  // `block`, when given, is called instead of backing off when nothing moved:
+  // it may sleep on a futex for a bounded time (shared-memory waits).
+  // Otherwise a wait spins for ROCE_PG_SPIN_US, then blocks until a transport
+  // has activity (blockUntilActivity), so it neither sleeps through an arrival
+  // nor burns a core that another rank needs.
+  void waitUntil(const std::function<bool()>& done, const std::function<std::string()>& waitingFor,
+                 const std::function<void()>& block = nullptr);
+  // Blocks until a transport may have progress to make (a socket readable or
+  // writable, a completion on the CQ), wake() is called, the operation's
+  // deadline or the next slow check is due. `interrupt` is re-checked once the
+  // wait is announced (the engine passes "work was queued"). Returns false
+  // without blocking when some transport has pending work it cannot announce
+  // (shared-memory rings): the caller then backs off by polling.
+  enum class Blocked { Cannot, Moved, Slept };  // Moved: found work (or a wake reason) before sleeping
+  Blocked blockUntilActivity(const std::function<bool()>& interrupt = nullptr);
+  // Interrupts blockUntilActivity from another thread; cheap when nobody blocks.
+  void wake() { wakeup_.wake(); }
+  // A wait loop's state across rounds in which nothing moved.
+  struct IdleWait {
+    bool idle = false;  // nothing moved since `since`
+    Clock::time_point since{};
+    Backoff backoff;    // only for waits no descriptor can announce
+    void moved() {
+      idle = false;
+      backoff.reset();
+    }
+  };
+  // One round of a wait in which nothing moved: spin for ROCE_PG_SPIN_US, then
+  // block until activity, or back off where nothing can be blocked on. True
+  // when the round waited long enough for the slow checks to be worth it.
+  bool idleRound(IdleWait& w, const std::function<bool()>& interrupt = nullptr);
 
   // Checks that need no peers: deadline and abort flag.
   void checkDeadline(const std::function<std::string()>& waitingFor);
@@ -130,6 +166,7 @@ class Communicator {
 
  private:
   Transport* route(int peer) const;
+  void startOperation();  // counts the operation; refuses it on a broken group
   // "verbs" or "tcp" for the peers not on this machine; throws when the group
   // needs the network, verbs was not ruled out, and some rank lacks a port.
   std::string chooseNetworkTransport(const std::vector<RankInfo>& infos) const;
@@ -153,6 +190,8 @@ class Communicator {
   std::vector<bool> viaShm_;        // per peer: served by shared memory (for the counters)
   Counters counters_;
   std::vector<Request*> anySource_;
+  Wakeup wakeup_;
+  std::vector<pollfd> waitFds_;  // reused by blockUntilActivity
   std::deque<Request> owned_;  // requests created by post(kind, ...); see there
   std::string broken_;
   std::atomic<bool> abortRequested_{false};
@@ -162,7 +201,9 @@ class Communicator {
   std::atomic<bool> peerFailed_{false};
   std::string peerFailure_;
   Clock::time_point peerFailedAt_{};
+  std::string opName() const { return opWhat_ ? opWhat_->describe() : opName_; }
   std::string opName_ = "operation";
+  const Describable* opWhat_ = nullptr;  // overrides opName_ while set
   Clock::time_point deadline_ = Clock::time_point::max();
   Clock::time_point lastSlowCheck_{};
   uint64_t collectiveSeq_ = 0;

@@ -17,7 +17,7 @@ std::string RankInfo::encode() const {
   for (char& ch : why)
     if (ch == '\n') ch = ' ';
   return str(nodeId, "\n", hostId, "\n", pid, "\n", tcpHost, "\n", tcpPort, "\n", verbs ? 1 : 0, "\n", nonce, "\n",
-             shmRingBytes, "\n", shmSlotBytes, "\n", why);
+             shmRingBytes, "\n", shmSlotBytes, "\n", algorithms, "\n", why);
 }
 
 namespace {
@@ -49,7 +49,7 @@ RankInfo RankInfo::decode(const std::string& s, int rank) {
   };
   if (!std::getline(in, r.nodeId) || !std::getline(in, r.hostId) || !std::getline(in, pid) ||
       !std::getline(in, r.tcpHost) || !std::getline(in, port) || !std::getline(in, verbs) || !std::getline(in, nonce) ||
-      !std::getline(in, ring) || !std::getline(in, slot))
+      !std::getline(in, ring) || !std::getline(in, slot) || !std::getline(in, r.algorithms))
     bad("missing fields");
   std::getline(in, r.noVerbsWhy);
   if (!parseU64(pid, 1, INT32_MAX, v)) bad("pid");
@@ -83,6 +83,18 @@ Topology Topology::build(int rank, const std::vector<RankInfo>& infos) {
   for (int r = 0; r < t.size; ++r) t.ringOrder.push_back(r);
   std::stable_sort(t.ringOrder.begin(), t.ringOrder.end(),
                    [&](int a, int b) { return t.nodeOf[a] < t.nodeOf[b]; });
+  t.ringIndexOf.assign(t.size, 0);
+  for (int q = 0; q < t.size; ++q) t.ringIndexOf[t.ringOrder[q]] = q;
+  t.nodeRanks.assign(t.numNodes, {});
+  t.localIndexOf.assign(t.size, 0);
+  for (int r = 0; r < t.size; ++r) {
+    t.localIndexOf[r] = static_cast<int>(t.nodeRanks[t.nodeOf[r]].size());
+    t.nodeRanks[t.nodeOf[r]].push_back(r);
+  }
+  t.evenNodes = std::all_of(t.nodeRanks.begin(), t.nodeRanks.end(),
+                            [&](const std::vector<int>& v) { return v.size() == t.nodeRanks[0].size(); });
+  if (t.evenNodes)
+    for (const auto& ranks : t.nodeRanks) t.sameLocalIndex.push_back(ranks[t.localIndex]);
   return t;
 }
 

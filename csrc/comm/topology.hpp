@@ -19,6 +19,9 @@ struct RankInfo {
   uint64_t nonce = 0;     // random per rank and group incarnation: TCP hellos must carry it
   // Shared-memory layout this rank would use: every rank of a machine must agree.
   uint64_t shmRingBytes = 0, shmSlotBytes = 0;
+  // Algorithm choice and message chunking (Config::algorithmSettings()): every
+  // rank must agree, or the ranks would run different message patterns.
+  std::string algorithms;
 
   // The hostname part of hostId, for messages.
   std::string hostName() const;
@@ -36,6 +39,13 @@ struct Topology {
   std::vector<int> localRanks;  // ranks on this rank's node, ascending
   int localIndex = 0;           // position of `rank` in localRanks
   std::vector<int> ringOrder;   // ranks ordered by (node, rank): two ring edges per node pair
+  std::vector<int> ringIndexOf;  // position of each rank in ringOrder
+  std::vector<int> localIndexOf; // position of each rank among its node's ranks
+  std::vector<std::vector<int>> nodeRanks;  // ranks of each node, ascending
+  bool evenNodes = true;        // every node has the same number of ranks
+  // With evenNodes: the rank with this rank's local index on each node, nodes
+  // in order (the team that shares one shard in the hierarchical algorithms).
+  std::vector<int> sameLocalIndex;
 
   static Topology build(int rank, const std::vector<RankInfo>& infos);
   bool allLocal() const { return numNodes == 1; }

@@ -1,6 +1,9 @@
 // Waiting without burning a core that another rank needs: spin briefly (lowest
 // latency when every rank has a core), then yield, then sleep with a growing
-// interval capped at 1 ms (ranks often outnumber cores).
+// interval capped at 1 ms (ranks often outnumber cores). This is the fallback
+// for waits with nothing to block on (shared-memory rings with pending work);
+// network waits block in poll (Communicator::blockUntilActivity) and the
+// shared-memory allreduce barrier on a futex (spin.hpp, futex.hpp).
 #pragma once
 #include <sched.h>
 #include <time.h>
@@ -12,14 +15,28 @@ namespace roce {
 
 using Clock = std::chrono::steady_clock;
 
+// For the timed system calls (nanosleep, futex, ppoll).
+inline timespec toTimespec(std::chrono::nanoseconds d) {
+  const long long ns = d.count() < 0 ? 0 : d.count();
+  return timespec{static_cast<time_t>(ns / 1000000000LL), static_cast<long>(ns % 1000000000LL)};
+}
+
 class Backoff {
  public:
   void reset() { idle_ = 0; }
+  // For a wait that has already spun its budget elsewhere: continue with the
+  // yields (which hand the core to the peer being waited for when ranks
+  // outnumber cores), not with another 2000 spins.
+  void skipSpins() {
+    if (idle_ < kSpins) idle_ = kSpins;
+  }
   void pause() {
     ++idle_;
     if (idle_ < kSpins) {
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
+#elif defined(__aarch64__)
+      asm volatile("yield" ::: "memory");
 #endif
     } else if (idle_ < kSpins + kYields) {
       sched_yield();

@@ -1,7 +1,12 @@
 #include "config.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
 #include <cctype>
 #include <cstdlib>
+#include <fstream>
 #include <initializer_list>
 #include <string>
 
@@ -28,6 +33,8 @@ long long envInt(const char* name, long long def, long long lo, long long hi) {
     throwInvalid(str(name, "='", v, "' is not an integer in [", lo, ", ", hi, "]"));
   return x;
 }
+
+size_t floorPow2(size_t x) { return x ? std::bit_floor(x) : 0; }
 
 // The variable's value if it is one of `allowed`, `def` when unset.
 std::string oneOf(const char* name, const std::string& def, std::initializer_list<const char*> allowed) {
@@ -64,7 +71,8 @@ Config Config::fromEnv() {
   }
   c.algoAllreduce = oneOf("ROCE_PG_ALGO_ALLREDUCE", oneOf("ROCE_PG_ALGO", "auto", {"auto", "ring", "hier", "rd", "rabenseifner"}),
                           {"auto", "ring", "hier", "rd", "rabenseifner"});
-  c.algoAllgather = oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "ring", "bruck"});
+  c.algoAllgather = oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "ring", "bruck", "hier"});
+  c.algoReduceScatter = oneOf("ROCE_PG_ALGO_REDUCE_SCATTER", "auto", {"auto", "ring", "hier"});
   c.rdMaxBytes = envInt("ROCE_PG_ALGO_RD_MAX_BYTES", c.rdMaxBytes, 0, 1ll << 40);
   c.ringMinBytes = envInt("ROCE_PG_ALGO_RING_MIN_BYTES", c.ringMinBytes, 0, 1ll << 40);
   c.hierMinBytes = envInt("ROCE_PG_ALGO_HIER_MIN_BYTES", c.hierMinBytes, 0, 1ll << 40);
@@ -86,11 +94,20 @@ Config Config::fromEnv() {
   c.chunkBytes = envInt("ROCE_PG_CHUNK_BYTES", c.chunkBytes, 4096, 1ll << 30);
   c.shmSlotBytes = envInt("ROCE_PG_SHM_SLOT_BYTES", c.shmSlotBytes, 4096, 1ll << 30);
   c.shmRingBytes = envInt("ROCE_PG_SHM_RING_BYTES", c.shmRingBytes, 4096, 1ll << 30);
+  c.shmOneShotMaxBytes = envInt("ROCE_PG_SHM_ONESHOT_MAX_BYTES", c.shmOneShotMaxBytes, 0, 1ll << 30);
+  c.inlineMaxBytes = envInt("ROCE_PG_INLINE_MAX_BYTES", c.inlineMaxBytes, 0, 1ll << 40);
+  c.syncInlineMaxBytes = envInt("ROCE_PG_SYNC_INLINE_MAX_BYTES", c.syncInlineMaxBytes, 0, 1ll << 40);
+  c.spinUs = static_cast<int>(envInt("ROCE_PG_SPIN_US", c.spinUs, 0, 1000000));
   // Rings index with a mask: round up to a power of two.
   size_t r = 4096;
   while (r < c.shmRingBytes) r <<= 1;
   c.shmRingBytes = r;
   c.shmSlotBytes = (c.shmSlotBytes + 63) & ~size_t(63);
+  c.shmChunkBytes = envInt("ROCE_PG_SHM_CHUNK_BYTES", 0, 0, 1ll << 30);
+  if (c.shmChunkBytes == 0) c.shmChunkBytes = shmChunkAuto();
+  if (c.shmChunkBytes < 4096)
+    throwInvalid(str("ROCE_PG_SHM_CHUNK_BYTES=", c.shmChunkBytes, ": use at least 4096, or 0 for the cache-sized default"));
+  c.shmChunkBytes = floorPow2(c.shmChunkBytes);
   c.shutdownGraceMs = static_cast<int>(envInt("ROCE_PG_SHUTDOWN_GRACE_MS", c.shutdownGraceMs, 0, 3600000));
   c.heartbeatTimeoutMs = static_cast<int>(envInt("ROCE_PG_HEARTBEAT_TIMEOUT_MS", c.heartbeatTimeoutMs, 0, 86400000));
   if (c.heartbeatTimeoutMs > 0 && c.heartbeatTimeoutMs < 1000)
@@ -98,6 +115,18 @@ Config Config::fromEnv() {
                      "every few hundred ms and a busy machine would declare live peers dead; use >= 1000 or 0 (off)"));
   (void)testFault();  // validated with the rest of the configuration
   return c;
+}
+
+size_t Config::shmChunkAuto() {
+  long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);  // glibc: per core on x86; 0 or -1 where unknown
+  if (l2 <= 0) {
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index2/size");  // e.g. "1024K"
+    long v = 0;
+    char unit = 0;
+    if (f >> v >> unit) l2 = unit == 'K' ? v << 10 : unit == 'M' ? v << 20 : v;
+  }
+  if (l2 <= 0) return 512u << 10;
+  return std::clamp<size_t>(floorPow2(static_cast<size_t>(l2) / 2), 64u << 10, 1u << 20);
 }
 
 const std::string& testFault() {
@@ -111,13 +140,21 @@ const std::string& testFault() {
   return fault;
 }
 
+std::string Config::algorithmSettings() const {
+  return str("ROCE_PG_ALGO_ALLREDUCE=", algoAllreduce, " ROCE_PG_ALGO_ALLGATHER=", algoAllgather,
+             " ROCE_PG_ALGO_REDUCE_SCATTER=", algoReduceScatter, " ROCE_PG_ALGO_RD_MAX_BYTES=", rdMaxBytes,
+             " ROCE_PG_ALGO_RING_MIN_BYTES=", ringMinBytes, " ROCE_PG_ALGO_HIER_MIN_BYTES=", hierMinBytes,
+             " ROCE_PG_ALGO_BRUCK_MAX_BYTES=", bruckMaxBytes, " ROCE_PG_CHUNK_BYTES=", chunkBytes);
+}
+
 std::string Config::describe() const {
   return str("force_network=", forceNetwork, " sim_ranks_per_node=", simRanksPerNode,
              simNode.empty() ? "" : str(" sim_node=", simNode), " algo_allreduce=", algoAllreduce,
-             " algo_allgather=", algoAllgather, " rd_max_bytes=", rdMaxBytes, " ring_min_bytes=", ringMinBytes,
+             " algo_allgather=", algoAllgather, " algo_reduce_scatter=", algoReduceScatter, " rd_max_bytes=", rdMaxBytes, " ring_min_bytes=", ringMinBytes,
              " hier_min_bytes=", hierMinBytes, " bruck_max_bytes=", bruckMaxBytes,
              " net_transport=", netTransport, " chunk_bytes=", chunkBytes,
-             " shm_slot_bytes=", shmSlotBytes, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
+             " shm_slot_bytes=", shmSlotBytes, " shm_chunk_bytes=", shmChunkBytes, " shm_oneshot_max_bytes=", shmOneShotMaxBytes,
+             " inline_max_bytes=", inlineMaxBytes, " sync_inline_max_bytes=", syncInlineMaxBytes, " spin_us=", spinUs, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
              " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,
              " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots, " ib_zero_copy_min_bytes=", ibZeroCopyMinBytes,
              " ib_reg_cache_bytes=", ibRegCacheBytes,

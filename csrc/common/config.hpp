@@ -16,7 +16,8 @@ struct Config {
   std::string simNode;                   // ROCE_PG_SIM_NODE
   // Algorithm selection (csrc/algorithms/select.cpp): "auto" or a forced name.
   std::string algoAllreduce = "auto";    // ROCE_PG_ALGO_ALLREDUCE, else ROCE_PG_ALGO: auto|ring|hier|rd|rabenseifner
-  std::string algoAllgather = "auto";    // ROCE_PG_ALGO_ALLGATHER: auto|ring|bruck
+  std::string algoAllgather = "auto";    // ROCE_PG_ALGO_ALLGATHER: auto|ring|bruck|hier
+  std::string algoReduceScatter = "auto";  // ROCE_PG_ALGO_REDUCE_SCATTER: auto|ring|hier
   // Thresholds of "auto", in bytes per rank (allgather: output bytes).
   size_t rdMaxBytes = 64u << 10;         // ROCE_PG_ALGO_RD_MAX_BYTES: recursive doubling up to here
   size_t ringMinBytes = 1u << 20;        // ROCE_PG_ALGO_RING_MIN_BYTES: ring from here (Rabenseifner between)
@@ -30,7 +31,24 @@ struct Config {
   // Pipelining granularity of the ring algorithms.
   size_t chunkBytes = 1u << 20;          // ROCE_PG_CHUNK_BYTES
   // Per-rank staging slot of the shared-memory allreduce (two of them per rank).
-  size_t shmSlotBytes = 4u << 20;        // ROCE_PG_SHM_SLOT_BYTES
+  size_t shmSlotBytes = 1u << 20;        // ROCE_PG_SHM_SLOT_BYTES
+  // Pipelining granularity of the two-step shared-memory allreduce (capped by
+  // the slot; a power of two). Chunks that stay in the cache between a rank
+  // writing its slot and the peers reading it halve the memory traffic; the
+  // default is half this CPU's per-core L2 (shmChunkAuto()).
+  size_t shmChunkBytes = 0;              // ROCE_PG_SHM_CHUNK_BYTES (0: auto)
+  // Shared-memory allreduce up to this many bytes goes one-shot (every rank
+  // publishes its input, one synchronisation, every rank reduces all inputs);
+  // above, reduce-scatter + allgather through the slots. Capped by the slot.
+  size_t shmOneShotMaxBytes = 64u << 10; // ROCE_PG_SHM_ONESHOT_MAX_BYTES
+  // Collectives on CPU tensors up to this many bytes run on the caller's thread
+  // when the progress engine is idle (no thread hand-off). Off by default: such
+  // a call blocks until the peers arrive even with async_op=True, so
+  // wait(timeout) cannot expire on it (tests/test_api.py work_semantics).
+  size_t inlineMaxBytes = 0;             // ROCE_PG_INLINE_MAX_BYTES
+  size_t syncInlineMaxBytes = 256 << 10;  // ROCE_PG_SYNC_INLINE_MAX_BYTES
+  // Waits spin this long before blocking (futex, poll; see README).
+  int spinUs = 20;                       // ROCE_PG_SPIN_US
   // Per-direction ring between two ranks on the same machine (point-to-point).
   size_t shmRingBytes = 2u << 20;        // ROCE_PG_SHM_RING_BYTES
   // Verbs (RoCE / InfiniBand), names as NCCL's NCCL_IB_*.
@@ -53,7 +71,13 @@ struct Config {
   int heartbeatTimeoutMs = 20000;        // ROCE_PG_HEARTBEAT_TIMEOUT_MS
 
   static Config fromEnv();
+  // Half the per-core L2 cache as the OS reports it, as a power of two in
+  // [64 KiB, 1 MiB]; 512 KiB where the OS does not say.
+  static size_t shmChunkAuto();
   std::string describe() const;
+  // The settings every rank of a group must share for the algorithms to pair
+  // up their messages (ROCE_PG_ALGO*, thresholds, ROCE_PG_CHUNK_BYTES).
+  std::string algorithmSettings() const;
 };
 
 // ROCE_PG_TEST_FAULT: fault injection for the test suite only ("" when unset).

@@ -14,6 +14,8 @@ struct Counters {
   std::atomic<uint64_t> bytesCopied{0};   // bytes a transport memcpy'd into or out of staging
   std::atomic<uint64_t> ops{0};           // operations begun (collectives and point-to-point)
   std::atomic<uint64_t> sends{0};         // messages posted (latency: an algorithm's rounds show here)
+  std::atomic<uint64_t> blockedWaits{0};  // times an idle wait blocked in poll() instead of spinning or sleeping
+  std::atomic<uint64_t> inlineOps{0};     // collectives run on the caller's thread (Engine::runInline)
   std::atomic<uint64_t> bytesZeroCopy{0}; // payload bytes the NIC moved straight from/into user buffers (verbs)
   std::atomic<uint64_t> registrations{0}; // ibv_reg_mr calls of the verbs registration cache
   // A gauge, not reset: memory registrations the verbs cache holds right now.
@@ -21,7 +23,9 @@ struct Counters {
 
   static void add(std::atomic<uint64_t>& c, uint64_t n) { c.fetch_add(n, std::memory_order_relaxed); }
   void reset() {
-    for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends, &bytesZeroCopy, &registrations}) c->store(0, std::memory_order_relaxed);
+    for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends, &blockedWaits, &inlineOps,
+                    &bytesZeroCopy, &registrations})
+      c->store(0, std::memory_order_relaxed);
   }
 };
 

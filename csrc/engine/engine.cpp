@@ -22,11 +22,19 @@ void Engine::enqueue(std::shared_ptr<Task> task) {
       return;
     }
     queue_.push_back(std::move(task));
+    // The progress thread may be blocked on its transports with async work in
+    // flight (under mu_: comm_ lives while stop_ is false).
+    comm_->wake();
   }
   cv_.notify_one();
 }
 
 void Engine::fail(const std::shared_ptr<Task>& t, std::exception_ptr e) {
+  settle(e);
+  completeQuietly(t, e);
+}
+
+void Engine::settle(std::exception_ptr e) {
   // Anything but an argument rejected before communication leaves peers'
   // message streams in an unknown state: the communicator refuses further work
   // from now on, and its transports drop every request they still hold.
@@ -45,7 +53,6 @@ void Engine::fail(const std::shared_ptr<Task>& t, std::exception_ptr e) {
   // An "invalid" error thrown after requests were posted is not harmless:
   // those requests must not outlive this task in a transport.
   if (!invalid || comm_->hasPendingRequests()) comm_->breakWith(why);
-  completeQuietly(t, e);
 }
 
 void Engine::completeQuietly(const std::shared_ptr<Task>& t, std::exception_ptr e) {
@@ -60,18 +67,59 @@ void Engine::completeQuietly(const std::shared_ptr<Task>& t, std::exception_ptr 
   }
 }
 
-void Engine::runOne(const std::shared_ptr<Task>& t) {
-  bool finished = false;
+std::exception_ptr Engine::execute(Task& t, bool& finished) {
+  std::exception_ptr err;
   try {
-    t->deadline = Clock::now() + t->timeout;
-    comm_->beginOperation(t->describe(), t->deadline);
-    finished = t->start(*comm_);
+    t.deadline = Clock::now() + t.timeout;
+    comm_->beginOperation(t, t.deadline);
+    finished = t.start(*comm_);
     // A collective returns only after all its requests finished; if one did
     // not, its buffers could still be written after the caller sees success.
     if (comm_->hasPendingRequests())
-      throwComm(str("internal error: ", t->describe(), " returned with requests still in flight"));
+      throwComm(str("internal error: ", t.describe(), " returned with requests still in flight"));
   } catch (...) {
-    fail(t, std::current_exception());
+    err = std::current_exception();
+  }
+  comm_->endOperation();  // `t` may go away; the communicator must not name it later
+  if (err) settle(err);
+  return err;
+}
+
+bool Engine::runInline(Task& t) {
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    // parked_ implies inflight_ is empty and the progress thread is inside
+    // cv_.wait(): it cannot return from there while we hold mu_.
+    if (stop_ || !parked_ || !queue_.empty()) return false;
+    bool finished = false;
+    callerRunning_.store(true);
+    err = execute(t, finished);
+    callerRunning_.store(false);
+    if (!err && !finished) {
+      // Only collectives come here, and they finish in start(); anything else
+      // would need the progress thread to poll it.
+      err = std::make_exception_ptr(Error(ErrorKind::Comm, str("roce: internal error: ", t.describe(),
+                                                              " was run inline but left work in flight")));
+      comm_->breakWith("an inline operation left work in flight");
+    }
+  }
+  // Outside the lock: completing runs future callbacks, which may issue more work.
+  if (err) {
+    try {
+      t.complete(err);
+    } catch (...) {
+    }
+  } else {
+    t.complete(nullptr);
+  }
+  return true;
+}
+
+void Engine::runOne(const std::shared_ptr<Task>& t) {
+  bool finished = false;
+  if (std::exception_ptr err = execute(*t, finished)) {
+    completeQuietly(t, err);
     return;
   }
   if (finished) completeQuietly(t, nullptr);
@@ -107,7 +155,11 @@ void Engine::pollInflight() {
 }
 
 void Engine::loop() {
-  Backoff backoff;
+  Communicator::IdleWait idle;
+  auto workQueued = [this] {
+    std::lock_guard<std::mutex> g(mu_);
+    return stop_ || !queue_.empty();
+  };
   for (;;) {
     std::shared_ptr<Task> next;
     {
@@ -116,7 +168,9 @@ void Engine::loop() {
         idleCv_.notify_all();
         // Nothing to progress: sleep until work arrives (brief spin first would
         // only burn a core another rank may need).
+        parked_ = true;  // callers may now run small collectives inline (runInline)
         cv_.wait(g, [&] { return stop_ || !queue_.empty(); });
+        parked_ = false;
       }
       if (stop_) break;
       if (!queue_.empty()) {
@@ -131,7 +185,7 @@ void Engine::loop() {
         std::lock_guard<std::mutex> g(mu_);
         running_ = false;
       }
-      backoff.reset();
+      idle.moved();
     }
     if (!inflight_.empty()) {
       bool moved = false;
@@ -146,8 +200,8 @@ void Engine::loop() {
       } catch (...) {
         failInflight("roce: the progress engine failed with an unknown exception");
       }
-      if (moved) backoff.reset();
-      else if (!next) backoff.pause();
+      if (moved) idle.moved();
+      else if (!next && !inflight_.empty()) comm_->idleRound(idle, workQueued);
     }
   }
   // Stopping: fail what is left.
@@ -178,9 +232,15 @@ void Engine::failInflight(const std::string& why) {
 }
 
 void Engine::shutdown(std::chrono::milliseconds grace) {
+  const auto until = Clock::now() + grace;
+  // An operation running on a caller's thread (runInline) holds mu_ until it
+  // ends: give it the same grace as queued work, then interrupt it, so that
+  // a shutdown from another thread never waits for a hung operation.
+  while (callerRunning_.load() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (callerRunning_.load()) comm_->requestAbort("the process group was shut down");
   {
     std::unique_lock<std::mutex> g(mu_);
-    idleCv_.wait_for(g, grace, [&] { return queue_.empty() && inflightCount_ == 0 && !running_; });
+    idleCv_.wait_until(g, until, [&] { return queue_.empty() && inflightCount_ == 0 && !running_; });
     graceful_ = true;
   }
   stopThread("the process group was shut down");
@@ -189,6 +249,9 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
 void Engine::abort(const std::string& why) { stopThread(why); }
 
 void Engine::stopThread(const std::string& why) {
+  // First, without the mutex: a caller running an operation inline holds it
+  // until the operation ends, and this is what interrupts its waits.
+  if (comm_) comm_->requestAbort(why);
   {
     std::lock_guard<std::mutex> g(mu_);
     if (!stop_) {
@@ -196,7 +259,6 @@ void Engine::stopThread(const std::string& why) {
       stopReason_ = why;
     }
   }
-  if (comm_) comm_->requestAbort(why);  // interrupts a collective blocked in a wait
   cv_.notify_all();
   if (thread_.joinable()) {
     if (thread_.get_id() == std::this_thread::get_id()) {

@@ -16,14 +16,14 @@
 #include <vector>
 
 #include "../common/backoff.hpp"
+#include "../common/describable.hpp"
 
 namespace roce {
 
 class Communicator;
 
-class Task {
+class Task : public Describable {
  public:
-  virtual ~Task() = default;
   // Runs on the progress thread. Returns true when finished, false if it left
   // requests in flight that poll() will finish. Throws on failure.
   virtual bool start(Communicator& c) = 0;
@@ -31,8 +31,8 @@ class Task {
   // Called exactly once, on the progress thread (or by the destructor of the
   // engine for tasks that never ran), with null on success.
   virtual void complete(std::exception_ptr error) = 0;
-  // Describes the task for timeout messages ("allreduce of 4096 bytes").
-  virtual std::string describe() const = 0;
+  // describe() names the task for error messages ("allreduce #3 (4096 bytes)");
+  // it is called only when a message needs it.
 
   // The task fails if it has not finished this long after it started running.
   std::chrono::milliseconds timeout{std::chrono::hours(24)};
@@ -45,6 +45,16 @@ class Engine {
   ~Engine();  // aborts whatever is left and joins the thread
 
   void enqueue(std::shared_ptr<Task> task);
+  // Runs `task` on the calling thread and completes it there, if nothing is
+  // queued or in flight and the progress thread is parked (so the order of
+  // operations is the order of calls, and the Communicator is never used by
+  // two threads at once: the progress thread cannot start anything while the
+  // caller holds the engine's mutex). Returns false, having done nothing, when
+  // the task must be enqueued instead. Only for tasks whose start() finishes
+  // them (collectives); the caller still owns the task afterwards. Other
+  // threads issuing work on the group meanwhile wait for it (enqueue takes
+  // the mutex); shutdown() gives it the grace period, then aborts it.
+  bool runInline(Task& task);
   // Lets queued work finish for up to `grace`, then fails what is left.
   void shutdown(std::chrono::milliseconds grace);
   // Fails everything pending and stops at once.
@@ -55,6 +65,12 @@ class Engine {
  private:
   void loop();
   void runOne(const std::shared_ptr<Task>& t);
+  // Runs t.start(); on failure leaves the communicator in the state fail()
+  // describes and returns the error (null on success). Progress thread, or a
+  // caller holding mu_ while the progress thread is parked.
+  std::exception_ptr execute(Task& t, bool& finished);
+  // What a failure means for the communicator (see fail()).
+  void settle(std::exception_ptr e);
   void pollInflight();
   void fail(const std::shared_ptr<Task>& t, std::exception_ptr e);
   void completeQuietly(const std::shared_ptr<Task>& t, std::exception_ptr e);
@@ -71,6 +87,8 @@ class Engine {
   std::vector<std::shared_ptr<Task>> inflight_;  // progress thread only
   size_t inflightCount_ = 0;                     // under mu_, for shutdown()
   bool running_ = false;                         // a task is executing
+  bool parked_ = false;                          // the progress thread sleeps with nothing to do
+  std::atomic<bool> callerRunning_{false};       // runInline is executing (holding mu_)
   bool stop_ = false;
   bool graceful_ = false;                        // shutdown() rather than abort()
   std::string stopReason_;

@@ -33,6 +33,12 @@ std::vector<Staged> slicesOf(const at::Tensor& flat, const std::vector<at::Tenso
   return v;
 }
 
+bool onCpu(const std::vector<at::Tensor>& ts) {
+  for (const auto& t : ts)
+    if (t.defined() && !t.device().is_cpu()) return false;
+  return true;
+}
+
 at::Tensor emptyHost(int64_t numel, const at::Tensor& like) {
   return at::empty({numel}, like.options().device(at::kCPU));
 }
@@ -75,17 +81,26 @@ std::chrono::milliseconds RoceBackend::effective(std::chrono::milliseconds t) co
   return t.count() < 0 ? timeout_ : t;
 }
 
-std::string RoceBackend::describe(const char* title, size_t bytes) {
-  return str(title, " #", ++seq_, " (", bytes, " bytes)");
-}
+std::string RoceBackend::describe(const char* title, size_t bytes) { return label(title, bytes).text(); }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::submit(OpType type, const char* title, std::vector<at::Tensor> futureValue,
                                                    std::vector<Staged> outputs, CollectiveTask::Body body,
-                                                   std::chrono::milliseconds timeout, size_t bytes) {
+                                                   CallOptions call, size_t bytes) {
   ++collectives_;
+  // Small CPU collectives skip the progress thread when it is idle: no
+  // hand-off, and the Work is returned already completed. Always for a
+  // synchronous call (async_op=False: the caller waits at once, without a
+  // timeout); for an asynchronous one only when ROCE_PG_INLINE_MAX_BYTES asks,
+  // since the call then blocks until its peers arrive.
+  const size_t inlineMax = call.asyncOp ? cfg_.inlineMaxBytes : std::max(cfg_.inlineMaxBytes, cfg_.syncInlineMaxBytes);
+  const bool inlinable = inlineMax > 0 && bytes <= inlineMax && onCpu(futureValue);
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, std::move(futureValue));
-  auto task = std::make_shared<CollectiveTask>(work, describe(title, bytes), std::move(outputs), std::move(body));
-  task->timeout = effective(timeout);
+  auto task = std::make_shared<CollectiveTask>(work, label(title, bytes), std::move(outputs), std::move(body));
+  task->timeout = effective(call.timeout);
+  if (inlinable && engine_->runInline(*task)) {
+    Counters::add(counters().inlineOps, 1);
+    return work;
+  }
   engine_->enqueue(std::move(task));
   return work;
 }
@@ -98,7 +113,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::broadcast(std::vector<at::Tensor>& t
   Staged s = stage(tensors[0], getRank() == root);
   s.copyBack = s.copyBack && getRank() != root;
   return submit(OpType::BROADCAST, "broadcast", tensors, {s},
-                [s, root](Communicator& c) { roce::broadcast(c, s.data(), s.bytes(), root); }, opts.timeout, s.bytes());
+                [s, root](Communicator& c) { roce::broadcast(c, s.data(), s.bytes(), root); }, callOf(opts), s.bytes());
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -112,7 +127,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce(std::vector<at::Tensor>& t
   Staged s = stage(tensors[0], true);
   const size_t n = s.host.numel();
   return submit(OpType::ALLREDUCE, "allreduce", tensors, {s},
-                [s, n, t, red](Communicator& c) { roce::allreduce(c, s.data(), n, t, red); }, opts.timeout, s.bytes());
+                [s, n, t, red](Communicator& c) { roce::allreduce(c, s.data(), n, t, red); }, callOf(opts), s.bytes());
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
@@ -120,7 +135,8 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_sparse(std::vector<at::Ten
   checkSparseAllreduce(tensors, opts);
   const at::Tensor t = tensors[0];
   return submit(OpType::ALLREDUCE, "allreduce (sparse)", tensors, {},
-                [t](Communicator& c) { sparseAllreduceSum(c, t); }, opts.timeout, 0);
+                [t](Communicator& c) { sparseAllreduceSum(c, t); }, callOf(opts),
+                static_cast<size_t>(t._values().numel()) * t._values().element_size());
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -132,7 +148,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_coalesced(std::vector<at::
   at::Tensor flat = flatHost(tensors);
   const size_t n = flat.numel();
   return submit(OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, slicesOf(flat, tensors),
-                [flat, n, t, red](Communicator& c) { roce::allreduce(c, flat.data_ptr(), n, t, red); }, opts.timeout,
+                [flat, n, t, red](Communicator& c) { roce::allreduce(c, flat.data_ptr(), n, t, red); }, callOf(opts),
                 n * flat.element_size());
 }
 
@@ -146,7 +162,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce(std::vector<at::Tensor>& tens
   s.copyBack = s.copyBack && getRank() == root;
   const size_t n = s.host.numel();
   return submit(OpType::REDUCE, "reduce", tensors, {s},
-                [s, n, t, red, root](Communicator& c) { roce::reduce(c, s.data(), n, t, red, root); }, opts.timeout,
+                [s, n, t, red, root](Communicator& c) { roce::reduce(c, s.data(), n, t, red, root); }, callOf(opts),
                 s.bytes());
 }
 
@@ -159,7 +175,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather(std::vector<std::vector<at
   at::Tensor flat = emptyHost(in.host.numel() * getSize(), in.host);
   return submit(OpType::ALLGATHER, "allgather", outputs[0], slicesOf(flat, outputs[0]),
                 [in, flat](Communicator& c) { roce::allgather(c, in.data(), flat.data_ptr(), in.bytes()); },
-                opts.timeout, in.bytes());
+                callOf(opts), in.bytes());
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -169,7 +185,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::_allgather_base(at::Tensor& output, 
               " elements, expected world size (", getSize(), ") x input (", input.numel(), ")");
   Staged in = stage(input, true), out = stage(output, false);
   return submit(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, {out},
-                [in, out](Communicator& c) { roce::allgather(c, in.data(), out.data(), in.bytes()); }, opts.timeout,
+                [in, out](Communicator& c) { roce::allgather(c, in.data(), out.data(), in.bytes()); }, callOf(opts),
                 in.bytes());
 }
 
@@ -200,7 +216,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_coalesced(std::vector<std:
   const size_t bytes = in.numel() * in.element_size();
   return submit(OpType::ALLGATHER_COALESCED, op, all, slicesOf(flat, all),
                 [in, flat, bytes](Communicator& c) { roce::allgather(c, in.data_ptr(), flat.data_ptr(), bytes); },
-                opts.timeout, bytes);
+                callOf(opts), bytes);
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -222,7 +238,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_into_tensor_coalesced(std:
                 [ins, outs](Communicator& c) {
                   for (size_t i = 0; i < ins.size(); ++i) roce::allgather(c, ins[i].data(), outs[i].data(), ins[i].bytes());
                 },
-                opts.timeout, bytes);
+                callOf(opts), bytes);
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -248,7 +264,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::gather(std::vector<std::vector<at::T
                 [in, flat, root](Communicator& c) {
                   roce::gather(c, in.data(), flat.defined() ? flat.data_ptr() : nullptr, in.bytes(), root);
                 },
-                opts.timeout, in.bytes());
+                callOf(opts), in.bytes());
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -271,7 +287,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::scatter(std::vector<at::Tensor>& out
                 [out, flat, root](Communicator& c) {
                   roce::scatter(c, flat.defined() ? flat.data_ptr() : nullptr, out.data(), out.bytes(), root);
                 },
-                opts.timeout, out.bytes());
+                callOf(opts), out.bytes());
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -287,7 +303,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter(std::vector<at::Tenso
   const size_t n = out.host.numel();
   return submit(OpType::REDUCE_SCATTER, "reduce_scatter", outputs, {out},
                 [flat, out, n, t, red](Communicator& c) { roce::reduceScatter(c, flat.data_ptr(), out.data(), n, t, red); },
-                opts.timeout, flat.numel() * flat.element_size());
+                callOf(opts), flat.numel() * flat.element_size());
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -301,7 +317,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::_reduce_scatter_base(at::Tensor& out
   const size_t n = out.host.numel();
   return submit(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, {out},
                 [in, out, n, t, red](Communicator& c) { roce::reduceScatter(c, in.data(), out.data(), n, t, red); },
-                opts.timeout, in.bytes());
+                callOf(opts), in.bytes());
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -328,7 +344,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter_tensor_coalesced(std:
                   for (size_t i = 0; i < ins.size(); ++i)
                     roce::reduceScatter(c, ins[i].data(), outs[i].data(), outs[i].host.numel(), types[i], reds[i]);
                 },
-                opts.timeout, bytes);
+                callOf(opts), bytes);
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -372,7 +388,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall_base(at::Tensor& output, at
   Staged in = stage(input, true), out = stage(output, false);
   return submit(OpType::ALLTOALL_BASE, "all_to_all_single", {output}, {out},
                 [=](Communicator& c) { roce::alltoallv(c, in.data(), sendBytes, sendOff, out.data(), recvBytes, recvOff); },
-                opts.timeout, in.bytes());
+                callOf(opts), in.bytes());
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
@@ -406,11 +422,11 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall(std::vector<at::Tensor>& ou
                 [=](Communicator& c) {
                   roce::alltoallv(c, flatIn.data_ptr(), sendBytes, sendOff, flatOut.data_ptr(), recvBytes, recvOff);
                 },
-                opts.timeout, flatIn.numel() * flatIn.element_size());
+                callOf(opts), flatIn.numel() * flatIn.element_size());
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::barrier(const c10d::BarrierOptions& opts) {
-  return submit(OpType::BARRIER, "barrier", {}, {}, [](Communicator& c) { roce::barrier(c); }, opts.timeout, 0);
+  return submit(OpType::BARRIER, "barrier", {}, {}, [](Communicator& c) { roce::barrier(c); }, callOf(opts), 0);
 }
 
 void RoceBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {

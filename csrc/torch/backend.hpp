@@ -15,6 +15,24 @@
 
 namespace roce {
 
+// What submit() needs of a collective's options.
+struct CallOptions {
+  std::chrono::milliseconds timeout;
+  bool asyncOp;  // false: the caller waits for the Work at once (async_op=False)
+};
+
+// PyTorch passes async_op down in the options (asyncOp, added in 2025 by
+// pytorch/pytorch#147820); with older headers every call counts as
+// asynchronous.
+template <class Opts>
+auto callOf(const Opts& o) -> decltype(o.asyncOp, CallOptions{}) {
+  return {o.timeout, o.asyncOp};
+}
+template <class Opts, class... Older>
+CallOptions callOf(const Opts& o, Older...) {
+  return {o.timeout, true};
+}
+
 class RoceBackend : public c10d::Backend {
  public:
   // Collective over the group: connects every rank (see Communicator).
@@ -76,11 +94,12 @@ class RoceBackend : public c10d::Backend {
  private:
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, const char* title, std::vector<at::Tensor> futureValue,
                                         std::vector<Staged> outputs, CollectiveTask::Body body,
-                                        std::chrono::milliseconds timeout, size_t bytes);
+                                        CallOptions call, size_t bytes);
   c10::intrusive_ptr<c10d::Work> pointToPoint(c10d::OpType type, const char* title, std::vector<at::Tensor>& tensors,
                                               int peer, int tag);
   std::chrono::milliseconds effective(std::chrono::milliseconds t) const;
   std::string describe(const char* title, size_t bytes);
+  OpLabel label(const char* title, size_t bytes) { return {title, ++seq_, bytes}; }
 
   Config cfg_;
   std::chrono::milliseconds timeout_;

@@ -33,6 +33,8 @@ PYBIND11_MODULE(_C, m) {
              d["bytes_copied"] = get(c.bytesCopied);
              d["ops"] = get(c.ops);
              d["sends"] = get(c.sends);
+             d["blocked_waits"] = get(c.blockedWaits);
+             d["inline_ops"] = get(c.inlineOps);
              d["bytes_zero_copy"] = get(c.bytesZeroCopy);
              d["registrations"] = get(c.registrations);
              d["cached_mrs"] = get(c.cachedMrs);

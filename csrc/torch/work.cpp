@@ -53,8 +53,9 @@ std::exception_ptr toTorchError(std::exception_ptr e) {
 
 RoceWork::RoceWork(c10d::OpType type, int rank, const char* title, std::vector<at::Tensor> outputs)
     : c10d::Work(rank, type, title), outputs_(std::move(outputs)), rank_(rank), title_(title) {
-  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                     cudaDevicesOf(outputs_));
+  // The type is the same for every Work: built once, not per operation.
+  static const c10::TypePtr kTensorList = c10::ListType::create(c10::TensorType::get());
+  future_ = c10::make_intrusive<c10::ivalue::Future>(kTensorList, cudaDevicesOf(outputs_));
 }
 
 void RoceWork::complete(std::exception_ptr error) {
@@ -83,6 +84,8 @@ int RoceWork::sourceRank() const {
   TORCH_CHECK(sourceRank_ >= 0, "roce: sourceRank() is only known for a completed recv from any source");
   return sourceRank_;
 }
+
+std::string OpLabel::text() const { return str(title, " #", seq, " (", bytes, " bytes)"); }
 
 bool CollectiveTask::start(Communicator& c) {
   std::vector<BufferOwner> owners;

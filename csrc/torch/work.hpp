@@ -35,19 +35,29 @@ class RoceWork : public c10d::Work {
   std::atomic<int> sourceRank_{-1};
 };
 
-// A collective: runs `body` on the progress thread, then copies staged outputs back.
+// Names an operation ("allreduce #12 (8 bytes)"); formatted only on demand,
+// so issuing an operation formats no string.
+struct OpLabel {
+  const char* title;  // a string literal
+  uint64_t seq;
+  size_t bytes;
+  std::string text() const;
+};
+
+// A collective: runs `body` on the progress thread (or inline on the caller's,
+// Engine::runInline), then copies staged outputs back.
 class CollectiveTask : public Task {
  public:
   using Body = std::function<void(Communicator&)>;
-  CollectiveTask(c10::intrusive_ptr<RoceWork> work, std::string what, std::vector<Staged> outputs, Body body)
-      : work_(std::move(work)), what_(std::move(what)), outputs_(std::move(outputs)), body_(std::move(body)) {}
+  CollectiveTask(c10::intrusive_ptr<RoceWork> work, OpLabel what, std::vector<Staged> outputs, Body body)
+      : work_(std::move(work)), what_(what), outputs_(std::move(outputs)), body_(std::move(body)) {}
   bool start(Communicator& c) override;
   void complete(std::exception_ptr error) override;
-  std::string describe() const override { return what_; }
+  std::string describe() const override { return what_.text(); }
 
  private:
   c10::intrusive_ptr<RoceWork> work_;
-  std::string what_;
+  OpLabel what_;
   std::vector<Staged> outputs_;
   Body body_;
 };

@@ -222,6 +222,28 @@ std::string StreamTransport::checkPeers() {
   return firstDead;
 }
 
+bool StreamTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
+  const size_t first = fds.size();
+  silentPeers_ = false;
+  for (Peer& p : peers_) {
+    // A dead peer's socket stays readable (EOF) forever: never wait on it.
+    if (!p.pipe || !p.deadReason.empty()) continue;
+    const int fd = p.pipe->pollFd();
+    if (fd >= 0) {
+      fds.push_back(pollfd{fd, static_cast<short>(POLLIN | (p.sendq.empty() ? 0 : POLLOUT)), 0});
+      continue;
+    }
+    // A pipe nothing announces (shared memory): only safe to ignore while
+    // nothing is expected from or owed to that peer.
+    if (anySource || !p.sendq.empty() || !p.posted.empty() || p.inPayload || p.hdrGot > 0) {
+      fds.resize(first);
+      return false;
+    }
+    silentPeers_ = true;
+  }
+  return true;
+}
+
 void StreamTransport::killPeer(int peer, Peer& p, const std::string& why) {
   (void)peer;
   p.deadReason = why;

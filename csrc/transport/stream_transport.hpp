@@ -23,6 +23,9 @@ class BytePipe {
   virtual size_t read(void* dst, size_t n) = 0;
   // Throws if the peer is known to be gone (for pipes that cannot see EOF).
   virtual void checkAlive() {}
+  // A descriptor that polls readable when read() has bytes (or EOF) and
+  // writable when write() can take some; -1 for pipes without one.
+  virtual int pollFd() const { return -1; }
 };
 
 class StreamTransport : public Transport {
@@ -38,6 +41,8 @@ class StreamTransport : public Transport {
   bool hasUnmatched(int peer, uint64_t tag) override;
   std::string checkPeers() override;
   void failAll(const std::string& why) override;
+  bool prepareWait(std::vector<pollfd>& fds, bool anySource) override;
+  bool hasSilentPeers() const override { return silentPeers_; }
 
  protected:
   int rank_;
@@ -83,6 +88,7 @@ class StreamTransport : public Transport {
 
   std::vector<Peer> peers_;
   bool copiesPayload_;
+  bool silentPeers_ = false;  // the last prepareWait left out a live pipe without a descriptor
 };
 
 }  // namespace roce

@@ -12,10 +12,13 @@
 //    transport (eagerly buffered, or parked at the sender by a rendezvous);
 //  * all calls happen on one thread (the group's progress thread): no locking.
 #pragma once
+#include <poll.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "../common/counters.hpp"
 
@@ -79,6 +82,26 @@ class Transport {
   virtual std::string checkPeers() { return {}; }
   // Fails every pending request with `why` (abort / shutdown).
   virtual void failAll(const std::string& why) = 0;
+
+  // Event-driven waiting (the Communicator's idle wait). prepareWait appends
+  // the descriptors that become ready when progress() may move something
+  // (arming notifications where the device needs it) and returns false when
+  // this transport has pending work that no descriptor announces (then the
+  // waiter keeps polling instead of blocking). `anySource`: a receive from any
+  // peer is pending, so a message arriving unannounced matters too. The caller
+  // runs progress() once more after preparing (a completion that landed just
+  // before arming raises no event) and calls afterWait() once it woke.
+  virtual bool prepareWait(std::vector<pollfd>& fds, bool anySource) {
+    (void)fds;
+    (void)anySource;
+    return false;
+  }
+  virtual void afterWait() {}
+  // After a successful prepareWait: true if a peer may start sending to this
+  // rank without any descriptor announcing it (shared-memory rings); a blocked
+  // wait then wakes every millisecond to drain such traffic, or a sender
+  // filling the ring stalls.
+  virtual bool hasSilentPeers() const { return false; }
 
   // Where copies into or out of staging are counted (set by the Communicator).
   void setCounters(Counters* c) { counters_ = c; }

@@ -8,6 +8,10 @@ phases in one boot, each reported in OUT_DIR/node<NODE_RANK>.json:
              .elastic_launch, the API behind the torchrun command; workers
              forked) with c10d rendezvous over the link: collectives, 20 DDP
              steps compared with Gloo, a counted 8 MiB allreduce
+  algorithms every allreduce algorithm forced and auto (tests/algorithm_workers.py)
+             on the 2+2 layout over verbs: ops x dtypes x size classes against
+             references, reduce / reduce-scatter / allgather / broadcast, and
+             the network bytes per rank of hier against ring from the counters
   netem      a collective matrix (verbs_workers.link_matrix) while netem (RoCE packets only: UDP port
              4791, each VM shaping its egress) drops 1% of the packets and
              delays others (reordering); results checked against references
@@ -45,7 +49,12 @@ NETEM_ENV = {
     "TEST_PG_TIMEOUT_S": "600",
 }
 PORT_DOWN_ENV = {"ROCE_PG_IB_TIMEOUT": "14", "ROCE_PG_HEARTBEAT_TIMEOUT_MS": "10000"}
-STORE_PORTS = {"netem": 29510, "port_down": 29520}
+STORE_PORTS = {"netem": 29510, "port_down": 29520, "algorithms": 29530}
+# The thresholds of tests/test_algorithms.py: a few KiB cover every size class.
+ALGO_ENV = {"ROCE_PG_ALGO_RD_MAX_BYTES": "64", "ROCE_PG_ALGO_RING_MIN_BYTES": "8192",
+            "ROCE_PG_ALGO_HIER_MIN_BYTES": "1024", "ROCE_PG_ALGO_BRUCK_MAX_BYTES": "256", "ROCE_PG_CHUNK_BYTES": "4096",
+            "TEST_PG_TIMEOUT_S": "600"}
+ALGO_TRAFFIC_NUMEL = 1 << 16  # float32 elements (256 KiB) of the hier-vs-ring counters
 
 
 def worker():
@@ -140,6 +149,15 @@ def phase_netem(node, master, netdev):
     return res
 
 
+def phase_algorithms(node, master):
+    ranks = range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE)
+    results = run_group("tests.algorithm_workers.run", WORLD, env=ALGO_ENV, start_method="fork", host=master,
+                        port=STORE_PORTS["algorithms"], ranks=ranks, deadline_s=1000,
+                        kwargs={"groups": {"2x2": list(range(WORLD))}, "traffic": {"2x2": [ALGO_TRAFFIC_NUMEL]},
+                                "timing": True})
+    return {"results": dict(zip(ranks, results)), "traffic_numel": ALGO_TRAFFIC_NUMEL}
+
+
 def phase_port_down(node, master, netdev):
     victim = WORLD - 1  # on node 1
     scratch = os.environ["SOFTROCE_SHARED_DIR"]  # both VMs see it: the moment the link went down
@@ -156,15 +174,16 @@ def main():
     out_dir, master = sys.argv[1], sys.argv[2]
     node = int(os.environ["NODE_RANK"])
     netdev = os.environ["SOFTROCE_NETDEV"]
-    phases = os.environ.get("SOFTROCE_PHASES", "torchrun netem port_down").split()
+    phases = os.environ.get("SOFTROCE_PHASES", "torchrun algorithms netem port_down").split()
     report = {"node": node, "phases": {}}
     path = os.path.join(out_dir, f"node{node}.json")
     ok = True
     for name in phases:
-        fn = {"torchrun": phase_torchrun, "netem": phase_netem, "port_down": phase_port_down}[name]
+        fn = {"torchrun": phase_torchrun, "algorithms": phase_algorithms, "netem": phase_netem,
+              "port_down": phase_port_down}[name]
         t0 = time.time()
         try:
-            res = fn(node, master, netdev) if name != "torchrun" else fn(node, master)
+            res = fn(node, master, netdev) if name in ("netem", "port_down") else fn(node, master)
         except Exception:  # noqa: BLE001
             res = {"error": traceback.format_exc()[-6000:]}
             ok = False

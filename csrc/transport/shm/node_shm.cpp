@@ -11,6 +11,7 @@ namespace roce {
 namespace {
 constexpr size_t kPage = 4096;
 size_t roundUp(size_t x) { return (x + kPage - 1) & ~(kPage - 1); }
+static_assert(sizeof(ShmRankControl) <= kPage, "the control block must fit its page");
 }  // namespace
 
 NodeShm::NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size_t ringBytes,

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../../common/futex.hpp"
 #include "shm_ring.hpp"
 #include "shm_segment.hpp"
 
@@ -24,10 +25,15 @@ struct alignas(64) ShmRankControl {
   char pad0[64 - sizeof(std::atomic<uint64_t>)];
   // What the rank's current shared-memory allreduce is, checked by all ranks
   // before reducing so that mismatched calls fail everywhere instead of
-  // corrupting memory or hanging.
-  std::atomic<uint64_t> opCount;
-  std::atomic<uint32_t> opKind;
-  char pad1[64 - sizeof(std::atomic<uint64_t>) - sizeof(std::atomic<uint32_t>)];
+  // corrupting memory or hanging. One per slot parity, like the slots: after
+  // a one-shot allreduce's only barrier a fast peer may already announce its
+  // next call, which must not overwrite what a slow rank is about to check.
+  std::atomic<uint64_t> opCount[2];
+  std::atomic<uint32_t> opKind[2];
+  char pad1[64 - 2 * sizeof(std::atomic<uint64_t>) - 2 * sizeof(std::atomic<uint32_t>)];
+  // Peers waiting for this rank to arrive sleep here (futex, across
+  // processes); the rank wakes them right after it bumps `arrived`.
+  ShmWakeup arrivals;
 };
 
 class NodeShm {

@@ -47,6 +47,8 @@ class TcpPipe : public BytePipe {
     throwComm(str("TCP receive from rank ", peer_, " (", addr_, ") failed: ", std::strerror(errno)));
   }
 
+  int pollFd() const override { return fd_; }
+
  private:
   int fd_;
   int peer_;

@@ -1,6 +1,7 @@
 #include "verbs_transport.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -257,7 +258,13 @@ VerbsTransport::VerbsTransport(int rank, std::shared_ptr<VerbsDevice> dev, const
   int served = 0;
   for (bool s : serve) served += s;
   const int cqe = std::max(64, served * qpsPerPeer_ * (sqDepth_ + rqDepth_));
-  cq_.reset(ibv_create_cq(dev_->context(), std::min(cqe, dev_->deviceAttr().max_cqe), nullptr, nullptr, 0));
+  channel_.reset(ibv_create_comp_channel(dev_->context()));
+  if (channel_) {
+    // Non-blocking, so that consuming an event never blocks the progress thread.
+    int fl = fcntl(channel_->fd, F_GETFL);
+    if (fl < 0 || fcntl(channel_->fd, F_SETFL, fl | O_NONBLOCK) != 0) channel_.reset();
+  }
+  cq_.reset(ibv_create_cq(dev_->context(), std::min(cqe, dev_->deviceAttr().max_cqe), nullptr, channel_.get(), 0));
   if (!cq_) throwComm(str("ibv_create_cq(", cqe, ") on ", dev_->describe(), " failed: ", std::strerror(errno),
                           " (if ENOMEM: raise the memlock limit, `ulimit -l unlimited`)"));
   peers_.resize(serve.size());
@@ -408,6 +415,7 @@ VerbsTransport::~VerbsTransport() {
 }
 
 void VerbsTransport::CqDeleter::operator()(ibv_cq* cq) const { ibv_destroy_cq(cq); }
+void VerbsTransport::ChannelDeleter::operator()(ibv_comp_channel* ch) const { ibv_destroy_comp_channel(ch); }
 
 int VerbsTransport::ctrlRecvs() const {
   // QP 0's receives also take data chunks (at most slots_ in flight); a few more are kept spare.
@@ -843,6 +851,30 @@ bool VerbsTransport::progress() {
     }
   }
   return moved;
+}
+
+bool VerbsTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
+  (void)anySource;  // every arrival is a completion, announced like the rest
+  if (!channel_) return false;
+  // Every event the transport waits for is a completion on cq_: the peer's
+  // control messages and chunks (receives), and the send completions that free
+  // queue slots. Re-arming an armed CQ is harmless, so arm unconditionally.
+  if (ibv_req_notify_cq(cq_.get(), 0) != 0) return false;
+  armed_ = true;
+  fds.push_back(pollfd{channel_->fd, POLLIN, 0});
+  return true;
+}
+
+void VerbsTransport::afterWait() {
+  if (!armed_) return;
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  unsigned events = 0;
+  while (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) ++events;  // EAGAIN ends it
+  if (events) {
+    ibv_ack_cq_events(cq_.get(), events);  // before the CQ can be destroyed
+    armed_ = false;
+  }
 }
 
 std::string VerbsTransport::checkPeers() {

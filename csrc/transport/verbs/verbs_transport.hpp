@@ -30,8 +30,9 @@
 // same address is a different allocation, never a stale registration. A
 // receive that fails (peer death, abort, deadline) moves the peer's queue
 // pairs to the error state first, so no write lands after it; a NACKed
-// receive was never written to. Completions are busy-polled by the progress
-// thread.
+// receive was never written to. Completions are polled by the progress thread;
+// when a wait has been idle for ROCE_PG_SPIN_US it blocks on the CQ's
+// completion channel instead (prepareWait).
 #pragma once
 #include <chrono>
 #include <deque>
@@ -64,6 +65,8 @@ class VerbsTransport : public Transport {
   bool hasUnmatched(int peer, uint64_t tag) override;
   std::string checkPeers() override;
   void failAll(const std::string& why) override;
+  bool prepareWait(std::vector<pollfd>& fds, bool anySource) override;
+  void afterWait() override;
 
   struct Ctrl;
   struct Qp;
@@ -97,6 +100,11 @@ class VerbsTransport : public Transport {
   size_t maxMsg_;           // port max_msg_sz: no work request is larger
   size_t zeroCopyMin_;      // ROCE_PG_IB_ZERO_COPY_MIN_BYTES (0: off)
   struct CqDeleter { void operator()(struct ibv_cq* cq) const; };
+  struct ChannelDeleter { void operator()(struct ibv_comp_channel* ch) const; };
+  // The CQ's completion channel: idle waits block on its descriptor instead of
+  // busy-polling (null if the device offers none: then they keep polling).
+  std::unique_ptr<struct ibv_comp_channel, ChannelDeleter> channel_;  // outlives cq_
+  bool armed_ = false;  // a notification was requested and no event consumed since
   // Declared before peers_: destroyed after their queue pairs, so no MR goes
   // while a queue pair could still use it.
   std::unique_ptr<RegCache> regCache_;

@@ -1,0 +1,197 @@
+"""Small-op latency and single-machine allreduce bandwidth, side by side in one run.
+
+    PYTHONPATH=. python benchmarks/small_ops.py [--ranks 2] [--iters 2000] [--big-iters 20]
+
+Rows (all on this machine, `--ranks` local processes):
+  * 8-byte allreduce (two float32) latency, median of --reps blocks of --iters
+    calls each: roce, gloo, and Open MPI's MPI_Allreduce through mpi4py (the
+    MPI column is skipped, with the reason, when mpi4py or mpirun is missing;
+    CI does not install them);
+  * 32 MiB float32 allreduce bus bandwidth (nccl-tests' busbw = S/t x 2(n-1)/n)
+    for roce and gloo, and the bandwidth of a plain `dst.copy_(src)` of 32 MiB
+    (S/t) in one process as the yardstick of this machine's memory.
+Then the ratios the issue asks for. Machines are shared and noisy: compare
+ratios taken in one run, not absolute numbers across runs.
+
+Torch ranks are spawned by this script (a TCP store on a free port); the MPI
+column runs `mpirun -np N python small_ops.py --mpi-worker` (as root it passes
+--allow-run-as-root; --oversubscribe because ranks may outnumber cores).
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+SMALL_BYTES = 8
+BIG_BYTES = 32 << 20
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def time_blocks(fn, iters, reps, barrier):
+    """Median seconds per call over `reps` blocks of `iters` calls."""
+    per_call = []
+    for _ in range(reps):
+        barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        per_call.append((time.perf_counter() - t0) / iters)
+    return statistics.median(per_call)
+
+
+def torch_rank(rank, world, port, backend, args, queue):
+    import torch
+    import torch.distributed as dist
+
+    if backend == "roce":
+        import roce_pg  # noqa: F401  (registers "roce")
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    small = torch.ones(SMALL_BYTES // 4)
+    big = torch.ones(BIG_BYTES // 4)
+    for _ in range(args.warmup):
+        dist.all_reduce(small)
+    dist.all_reduce(big)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    t_small = time_blocks(lambda: dist.all_reduce(small), args.iters, args.reps, dist.barrier)
+    cpu_share = (time.process_time() - cpu0) / (time.perf_counter() - wall0)  # all threads of the rank
+    t_big = time_blocks(lambda: dist.all_reduce(big), args.big_iters, args.reps, dist.barrier)
+    # Every rank's median; report the slowest rank (an allreduce ends for all at once).
+    out = [None] * world
+    dist.all_gather_object(out, (t_small, t_big, cpu_share))
+    dist.destroy_process_group()
+    if rank == 0:
+        queue.put((max(x[0] for x in out), max(x[1] for x in out), sum(x[2] for x in out) / world))
+
+
+def run_torch(backend, args):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=torch_rank, args=(r, args.ranks, port, backend, args, queue))
+             for r in range(args.ranks)]
+    for p in procs:
+        p.start()
+    import queue as queue_mod
+    deadline = time.monotonic() + args.timeout
+    while True:  # a rank that dies must end the run, not hang it
+        try:
+            result = queue.get(timeout=1)
+            break
+        except queue_mod.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise SystemExit(f"{backend}: a rank failed (exit codes {[p.exitcode for p in procs]}) or timed out")
+    for p in procs:
+        p.join(args.timeout)
+    return result
+
+
+def mpi_worker(args):
+    from mpi4py import MPI
+    import numpy as np
+
+    comm = MPI.COMM_WORLD
+    src = np.ones(SMALL_BYTES // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    for _ in range(args.warmup):
+        comm.Allreduce(src, dst, op=MPI.SUM)
+    t = time_blocks(lambda: comm.Allreduce(src, dst, op=MPI.SUM), args.iters, args.reps, comm.Barrier)
+    t = comm.allreduce(t, op=MPI.MAX)
+    if comm.Get_rank() == 0:
+        print("MPI_RESULT " + json.dumps({"small_s": t}), flush=True)
+
+
+def run_mpi(args):
+    """(seconds per 8-byte MPI_Allreduce, None) or (None, why it was skipped)."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None, "mpi4py is not installed (pip install mpi4py; needs an MPI such as openmpi-bin + libopenmpi-dev)"
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        return None, "mpirun not found on PATH"
+    cmd = [mpirun, "-np", str(args.ranks), "--oversubscribe"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += [sys.executable, os.path.abspath(__file__), "--mpi-worker", "--iters", str(args.iters),
+            "--reps", str(args.reps), "--warmup", str(args.warmup)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    for line in p.stdout.splitlines():
+        if line.startswith("MPI_RESULT "):
+            return json.loads(line.split(" ", 1)[1])["small_s"], None
+    return None, f"mpirun failed (rc {p.returncode}): {(p.stderr or p.stdout).strip()[-400:]}"
+
+
+def copy_bandwidth(nbytes, iters, reps):
+    import torch
+
+    torch.set_num_threads(1)  # one core, as each rank of an allreduce has
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    t = time_blocks(lambda: dst.copy_(src), iters, reps, lambda: None)
+    return nbytes / t / 1e9
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--iters", type=int, default=2000, help="8-byte calls per timed block")
+    p.add_argument("--big-iters", type=int, default=20, help="32 MiB calls per timed block")
+    p.add_argument("--reps", type=int, default=5, help="timed blocks (the median is reported)")
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--backends", default="roce,gloo")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--no-mpi", action="store_true", help="skip the MPI column")
+    p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.mpi_worker:
+        return mpi_worker(args)
+
+    n = args.ranks
+    factor = 2 * (n - 1) / n
+    print(f"# small_ops: {n} local ranks, {os.cpu_count()} CPUs, "
+          f"ROCE_PG_*: {{{', '.join(f'{k}={v}' for k, v in sorted(os.environ.items()) if k.startswith('ROCE_PG_'))}}}")
+    results = {}
+    for b in args.backends.split(","):
+        results[b] = run_torch(b, args)
+    mpi_s, mpi_why = run_mpi(args) if not args.no_mpi else (None, "--no-mpi")
+    copy_gbs = copy_bandwidth(BIG_BYTES, args.big_iters, args.reps)
+
+    print(f"# {'':12s} {'8 B allreduce (us)':>20s} {'32 MiB busbw (GB/s)':>21s} {'CPU/rank in 8 B loop':>21s}")
+    for b, (ts, tb, cpu) in results.items():
+        print(f"  {b:12s} {ts * 1e6:20.2f} {BIG_BYTES / tb / 1e9 * factor:21.2f} {cpu:20.0%}")
+    if mpi_s is not None:
+        print(f"  {'mpi':12s} {mpi_s * 1e6:20.2f} {'-':>21s}")
+    else:
+        print(f"# MPI column skipped: {mpi_why}")
+    print(f"  {'tensor copy':12s} {'-':>20s} {copy_gbs:21.2f}   (dst.copy_(src), 32 MiB, one process)")
+    if "roce" in results:
+        ts, tb, _ = results["roce"]
+        bus = BIG_BYTES / tb / 1e9 * factor
+        print("# ratios (targets from issue 8 in brackets)")
+        if mpi_s is not None:
+            print(f"#   8 B:    roce / MPI  = {ts / mpi_s:6.2f}x slower  [<= 5x]")
+        if "gloo" in results:
+            print(f"#   8 B:    gloo / roce = {results['gloo'][0] / ts:6.1f}x faster [>= 50x]")
+            print(f"#   32 MiB: roce / gloo = {results['gloo'][1] / tb:6.2f}x busbw  [>= 5x]")
+        print(f"#   32 MiB: roce busbw / plain copy = {bus / copy_gbs:5.2f}   [>= 0.5]")
+
+
+if __name__ == "__main__":
+    main()
