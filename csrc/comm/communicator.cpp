@@ -290,6 +290,8 @@ Request* Communicator::post(Request::Kind kind, int peer, uint64_t tag, void* bu
 }
 
 void Communicator::attachOwner(Request& r) const {
+  // Below the zero-copy threshold no transport registers the buffer.
+  if (cfg_.ibZeroCopyMinBytes == 0 || r.len < cfg_.ibZeroCopyMinBytes) return;
   for (const BufferOwner& o : taskOwners_)
     if (o.covers(r.buf, r.len)) { r.owner = o; return; }
   for (size_t i = 0; i < scratch_.size(); ++i) {

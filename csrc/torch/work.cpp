@@ -20,8 +20,10 @@ std::vector<c10::Device> cudaDevicesOf(const std::vector<at::Tensor>& ts) {
 // The allocation a staged host tensor lives in, for zero-copy transports: a
 // reference to its c10::Storage keeps the memory from being freed (and its
 // address reused) while a transport holds a registration of it.
-BufferOwner ownerOf(const at::Tensor& host) {
-  if (!host.defined() || !host.has_storage() || !host.is_cpu()) return {};
+// Only for buffers large enough for zero copy (minBytes; 0: zero copy off):
+// small operations, the latency-bound ones, allocate nothing for it.
+BufferOwner ownerOf(const at::Tensor& host, size_t minBytes) {
+  if (minBytes == 0 || !host.defined() || !host.has_storage() || !host.is_cpu() || host.nbytes() < minBytes) return {};
   const c10::Storage& st = host.storage();
   if (!st.data() || st.nbytes() == 0) return {};
   auto keep = std::make_shared<c10::Storage>(st);
@@ -90,7 +92,7 @@ std::string OpLabel::text() const { return str(title, " #", seq, " (", bytes, " 
 bool CollectiveTask::start(Communicator& c) {
   std::vector<BufferOwner> owners;
   for (const auto& s : outputs_)
-    if (BufferOwner o = ownerOf(s.host)) owners.push_back(std::move(o));
+    if (BufferOwner o = ownerOf(s.host, c.config().ibZeroCopyMinBytes)) owners.push_back(std::move(o));
   {
     auto scope = c.useBufferOwners(std::move(owners));
     body_(c);
@@ -109,10 +111,10 @@ PointToPointTask::PointToPointTask(c10::intrusive_ptr<RoceWork> work, std::strin
   req_.tag = tag;
   req_.buf = buffer_.data();
   req_.len = buffer_.bytes();
-  req_.owner = ownerOf(buffer_.host);
 }
 
 bool PointToPointTask::start(Communicator& c) {
+  req_.owner = ownerOf(buffer_.host, c.config().ibZeroCopyMinBytes);
   if (req_.peer < 0) c.postRecvAnySource(req_);
   else c.post(req_);
   return poll(c);
