@@ -74,18 +74,20 @@ def torch_rank(rank, world, port, backend, args, queue):
         queue.put((max(x[0] for x in out), max(x[1] for x in out), sum(x[2] for x in out) / world))
 
 
-def run_torch(backend, args):
+def run_ranks(target, nranks, extra, timeout, what):
+    """Spawns target(rank, nranks, port, *extra, queue) per rank (a TCP store on
+    a free port) and returns what rank 0 puts on the queue; a rank that dies or
+    a run past `timeout` ends it with an error instead of a hang."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=torch_rank, args=(r, args.ranks, port, backend, args, queue))
-             for r in range(args.ranks)]
+    procs = [ctx.Process(target=target, args=(r, nranks, port, *extra, queue)) for r in range(nranks)]
     for p in procs:
         p.start()
     import queue as queue_mod
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + timeout
     while True:  # a rank that dies must end the run, not hang it
         try:
             result = queue.get(timeout=1)
@@ -95,10 +97,14 @@ def run_torch(backend, args):
             if dead or time.monotonic() > deadline:
                 for p in procs:
                     p.kill()
-                raise SystemExit(f"{backend}: a rank failed (exit codes {[p.exitcode for p in procs]}) or timed out")
+                raise SystemExit(f"{what}: a rank failed (exit codes {[p.exitcode for p in procs]}) or timed out")
     for p in procs:
-        p.join(args.timeout)
+        p.join(timeout)
     return result
+
+
+def run_torch(backend, args):
+    return run_ranks(torch_rank, args.ranks, (backend, args), args.timeout, backend)
 
 
 def mpi_worker(args):

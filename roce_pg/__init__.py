@@ -201,7 +201,8 @@ def counters(group=None):
     (collectives run on the calling thread instead of the progress thread),
     bytes_zero_copy (verbs: payload the NIC read from / wrote into the user's
     buffer directly, counted by the sender), registrations (verbs: ibv_reg_mr
-    calls of the registration cache). Monotonic until reset_counters(), except
+    calls of the registration cache), eager_sends (verbs: messages of at most
+    ROCE_PG_IB_EAGER_MAX_BYTES sent without waiting for the receiver's RTR). Monotonic until reset_counters(), except
     cached_mrs: the memory registrations the verbs cache holds now (a gauge)."""
     return _roce_backend(group)._counters()
 

@@ -60,6 +60,9 @@ struct Config {
   int ibRetryCnt = 7;                    // ROCE_PG_IB_RETRY_CNT
   int ibQpsPerConnection = 1;            // ROCE_PG_IB_QPS_PER_CONNECTION
   int ibSlots = 8;                       // ROCE_PG_IB_SLOTS: landing slots per peer (chunks in flight)
+  // Verbs sends up to this size go eagerly: written into a landing slot of the
+  // receiver at once, without waiting for its RTR (one trip instead of three).
+  size_t ibEagerMaxBytes = 16 << 10;     // ROCE_PG_IB_EAGER_MAX_BYTES (0: off; capped by ROCE_PG_CHUNK_BYTES)
   size_t ibZeroCopyMinBytes = 64 << 10;  // ROCE_PG_IB_ZERO_COPY_MIN_BYTES: RDMA straight from/into tensors
                                          // from this size on (0: never, always copy through staging)
   size_t ibRegCacheBytes = 0;            // ROCE_PG_IB_REG_CACHE_BYTES: registration cache limit (0: auto)

@@ -18,13 +18,14 @@ struct Counters {
   std::atomic<uint64_t> inlineOps{0};     // collectives run on the caller's thread (Engine::runInline)
   std::atomic<uint64_t> bytesZeroCopy{0}; // payload bytes the NIC moved straight from/into user buffers (verbs)
   std::atomic<uint64_t> registrations{0}; // ibv_reg_mr calls of the verbs registration cache
+  std::atomic<uint64_t> eagerSends{0};    // verbs messages sent eagerly (no RTR round trip)
   // A gauge, not reset: memory registrations the verbs cache holds right now.
   std::atomic<uint64_t> cachedMrs{0};
 
   static void add(std::atomic<uint64_t>& c, uint64_t n) { c.fetch_add(n, std::memory_order_relaxed); }
   void reset() {
     for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends, &blockedWaits, &inlineOps,
-                    &bytesZeroCopy, &registrations})
+                    &bytesZeroCopy, &registrations, &eagerSends})
       c->store(0, std::memory_order_relaxed);
   }
 };

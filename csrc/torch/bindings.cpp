@@ -37,6 +37,7 @@ PYBIND11_MODULE(_C, m) {
              d["inline_ops"] = get(c.inlineOps);
              d["bytes_zero_copy"] = get(c.bytesZeroCopy);
              d["registrations"] = get(c.registrations);
+             d["eager_sends"] = get(c.eagerSends);
              d["cached_mrs"] = get(c.cachedMrs);
              return d;
            })

@@ -65,7 +65,40 @@ def exactness(rank, world, port):
                 q.wait()
             _check(failures, f"send/recv {dtype} {nbytes} B", got, _pattern(n, left, salt + 1, dtype))
             checks += 6
+    checks += _mixed_protocols_one_tag(failures, rank, world)
     return {"failures": failures, "checks": checks, "counters": roce_pg.counters()}
+
+
+def _mixed_protocols_one_tag(failures, rank, world):
+    """Eager (<= 16 KiB), copied and zero-copy messages interleaved on one tag
+    must pair with the receives in posting order, whether the receives are
+    posted before the sends (RTRs waiting at the sender) or after them (eager
+    data buffered, RTSs waiting at the receiver)."""
+    right, left = (rank + 1) % world, (rank - 1) % world
+    sizes = [8, 3 << 20, 4 << 10, 96 << 10, 0, 12, 1 << 20, 16 << 10]
+    checks = 0
+    for recv_first in (True, False):
+        got = [torch.full((n // 4,), -1.0) for n in sizes]
+        recvs, sends = [], []
+        def post_recvs():
+            recvs.extend(dist.irecv(g, left, tag=7) for g in got)
+        def post_sends():
+            sends.extend(dist.isend(_pattern(n // 4, rank, i, torch.float32), right, tag=7) for i, n in enumerate(sizes))
+        if recv_first:
+            post_recvs()
+            dist.barrier()
+            post_sends()
+        else:
+            post_sends()
+            dist.barrier()
+            post_recvs()
+        for q in sends + recvs:
+            q.wait()
+        for i, n in enumerate(sizes):
+            _check(failures, f"one tag, {'receives' if recv_first else 'sends'} first, message {i} ({n} B)", got[i],
+                   _pattern(n // 4, left, i, torch.float32))
+            checks += 1
+    return checks
 
 
 def steady_state(rank, world, port, nbytes=2 << 20, iters=10, sizes=(1 << 20, 4 << 20), transient=20):

@@ -36,18 +36,22 @@ static_assert(sizeof(VerbsTransport::Ctrl) == 64);
 
 // Written into a landing slot by the WRITE_WITH_IMM that completes a chunk.
 constexpr uint64_t kSlotZeroCopy = 1;  // the payload went straight into the receive buffer
+constexpr uint64_t kSlotEager = 2;     // a whole small message sent without waiting for an RTR (recvId 0)
 struct SlotHeader {
   uint64_t recvId;
   uint64_t offset;
   uint64_t len;
   uint64_t flags;
-  uint64_t pad[4];
+  uint64_t tag;     // eager: the message's tag (the receiver pairs it with a receive)
+  uint64_t pad[3];
 };
 static_assert(sizeof(SlotHeader) == 64);
 
 namespace {
 
 constexpr int kCtrlBytes = 64;  // one receive buffer / one control send slot
+// Inline bytes asked of each queue pair: a slot header and up to 192 bytes of payload.
+constexpr uint32_t kInlineWant = 256;
 // Control credits kept back for kAck, so that two ranks that have used up
 // their credits can always return each other's.
 constexpr int kCtrlReserve = 2;
@@ -163,6 +167,13 @@ struct VerbsTransport::Qp {
   int unsignaled = 0;              // send WRs since the last signaled one
   std::deque<int> covers;          // per signaled WR in flight: WRs it retires
   uint64_t ctrlSent = 0;           // index into the control send ring
+  uint32_t maxInline = 0;          // bytes a send may carry inline (IBV_SEND_INLINE); 0: none
+};
+
+struct VerbsTransport::Arrival {
+  bool eager;
+  uint64_t len;
+  std::vector<char> data;  // eager payload, when no receive was waiting
 };
 
 struct VerbsTransport::Peer {
@@ -201,10 +212,27 @@ struct VerbsTransport::Peer {
   uint32_t ctrlToReturn = 0;             // our control receives re-posted, not yet reported
   std::vector<uint32_t> stagingFree;     // our staging slots not in flight
   std::vector<struct ActiveSend*> stagingOwner;
-  // Sender side matching.
-  std::unordered_map<uint64_t, std::deque<Request*>> sendsWaiting;
+  // Sender side matching: per tag, sends in posting order still waiting for
+  // their receive's RTR (the k-th RTR belongs to the k-th send). An eager send
+  // waits too, although its data may be gone already: the RTR carries the
+  // receive's size, and the send completes (or fails on a size mismatch, as a
+  // rendezvous send does) only once both its write and the RTR are in.
+  struct WaitingSend {
+    Request* r;
+    struct ActiveSend* eager;  // non-null for an eager send (in `active`)
+  };
+  std::unordered_map<uint64_t, std::deque<WaitingSend>> sendsWaiting;
   std::unordered_map<uint64_t, std::deque<Ctrl>> rtrsWaiting;
   std::list<struct ActiveSend> active;
+  // What announces each send to the receiver, in posting order on QP 0: an
+  // RTS for a rendezvous send, the data itself for an eager one. The receiver
+  // pairs these with its receives per tag in the same order, so they must not
+  // overtake each other (other control messages may pass them).
+  struct Announcement {
+    Ctrl rts;
+    struct ActiveSend* eager = nullptr;  // non-null: the eager send to write (in `active`)
+  };
+  std::deque<Announcement> announcements;
   // Receiver side.
   struct RecvState {
     Request* r;
@@ -216,7 +244,11 @@ struct VerbsTransport::Peer {
     int mode = 0;                   // 0: not yet known (zero copy offered), 1: copy, 2: zero copy
   };
   std::unordered_map<uint32_t, RecvState> recvs;
-  std::unordered_map<uint64_t, int64_t> announced;  // RTS seen minus receives posted, per tag
+  // Pairing per tag, k-th announcement with k-th receive: what arrived with no
+  // receive posted yet (an RTS, or an eager message copied out of its landing
+  // slot), and receives posted with no announcement yet.
+  std::unordered_map<uint64_t, std::deque<Arrival>> arrivals;
+  std::unordered_map<uint64_t, std::deque<uint32_t>> unannounced;
   uint32_t nextRecvId = 1;
   std::deque<Ctrl> ctrlQueue;
   uint32_t nextQp = 0;
@@ -224,8 +256,11 @@ struct VerbsTransport::Peer {
 
 struct ActiveSend {
   Request* r;
-  uint32_t recvId;
+  uint32_t recvId;  // 0: eager (posted from the announcement queue, not by streamSends)
   uint64_t chunks, posted = 0, done = 0;
+  // Eager only: the receive's RTR arrived; the size mismatch it revealed, if any.
+  bool matched = false;
+  std::string mismatch;
   // Zero copy (zc non-null): pieces of `piece` bytes go to remoteAddr/rkey.
   RegCache::Entry* zc = nullptr;
   uint64_t piece = 0, remoteAddr = 0;
@@ -247,6 +282,7 @@ VerbsTransport::VerbsTransport(int rank, std::shared_ptr<VerbsDevice> dev, const
   const size_t maxMsg = dev_->maxMsgSize();
   maxMsg_ = maxMsg;
   zeroCopyMin_ = cfg.ibZeroCopyMinBytes;
+  eagerMax_ = cfg.ibEagerMaxBytes;
   regCache_ = std::make_unique<RegCache>(*dev_, defaultRegCacheBytes(cfg.ibRegCacheBytes), rank_);
   slotBytes_ = std::min<size_t>(cfg.chunkBytes, maxMsg - sizeof(SlotHeader));
   stride_ = (sizeof(SlotHeader) + slotBytes_ + 63) & ~size_t(63);
@@ -323,15 +359,19 @@ void VerbsTransport::setUpPeer(int p) {
     a.cap.max_recv_wr = rqDepth_;
     a.cap.max_send_sge = 1;
     a.cap.max_recv_sge = 1;
-    a.cap.max_inline_data = 64;
-    ibv_qp* qp = ibv_create_qp(dev_->pd(), &a);
-    if (!qp) {  // some providers cap inline data lower: retry without it
-      a.cap.max_inline_data = 0;
-      qp = ibv_create_qp(dev_->pd(), &a);
+    // Inline sends carry the bytes inside the work request, so the NIC skips
+    // one DMA read: used for control messages and for chunks whose header and
+    // payload fit (an 8-byte allreduce's). Providers cap the size differently
+    // (and some refuse any), so ask for less until the QP is granted.
+    ibv_qp* qp = nullptr;
+    for (uint32_t inlineBytes : {kInlineWant, uint32_t(sizeof(Ctrl)), 0u}) {
+      a.cap.max_inline_data = inlineBytes;
+      if ((qp = ibv_create_qp(dev_->pd(), &a))) break;
     }
     if (!qp) throwComm(str("ibv_create_qp for rank ", p, " on ", dev_->describe(), " failed: ", std::strerror(errno)));
     Qp entry;
     entry.qp = qp;
+    entry.maxInline = a.cap.max_inline_data;  // what the provider granted (at least what was asked)
     peer->qps.push_back(entry);
     ibv_qp_attr init{};
     init.qp_state = IBV_QPS_INIT;
@@ -460,33 +500,66 @@ bool VerbsTransport::flushCtrl(int p) {
   while (!peer.ctrlQueue.empty() && q.posted < sqDepth_) {
     const bool ack = peer.ctrlQueue.front().type == kAck;
     if (peer.ctrlCredits <= (ack ? 0 : kCtrlReserve)) break;  // the peer has no receive posted for more
-    Ctrl msg = peer.ctrlQueue.front();
-    msg.credits = peer.ctrlToReturn;
-    const uint64_t ring = q.ctrlSent++ % static_cast<uint64_t>(sqDepth_);
-    char* buf = peer.ctrlMem + (static_cast<size_t>(qpsPerPeer_) * rqDepth_ + ring) * kCtrlBytes;
-    std::memcpy(buf, &msg, sizeof(msg));
-    ibv_sge sge{reinterpret_cast<uint64_t>(buf), sizeof(msg), peer.ctrlMr->lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = wrId(kWrCtrl, p, 0, 0);
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_SEND;
-    // Signal only every so often: one completion retires all earlier sends.
-    const bool signal = q.unsignaled + 1 >= sqDepth_ / 4;
-    wr.send_flags = signal ? IBV_SEND_SIGNALED : 0;
-    ibv_send_wr* bad = nullptr;
-    int rc = ibv_post_send(q.qp, &wr, &bad);
-    if (rc != 0) throwComm(str("ibv_post_send (control) to rank ", p, " failed (", rc, ") on ", dev_->describe()));
-    q.posted++;
-    if (signal) {
-      q.covers.push_back(q.unsignaled + 1);
-      q.unsignaled = 0;
-    } else {
-      q.unsignaled++;
-    }
-    peer.ctrlToReturn = 0;
-    peer.ctrlCredits--;
+    postCtrl(p, peer.ctrlQueue.front());
     peer.ctrlQueue.pop_front();
+    moved = true;
+  }
+  return moved;
+}
+
+// One control SEND on QP 0 (the caller checked credits and queue room); it
+// also returns the control receives re-posted since the last one.
+void VerbsTransport::postCtrl(int p, Ctrl msg) {
+  Peer& peer = *peers_[p];
+  Qp& q = peer.qps[0];
+  msg.credits = peer.ctrlToReturn;
+  const uint64_t ring = q.ctrlSent++ % static_cast<uint64_t>(sqDepth_);
+  char* buf = peer.ctrlMem + (static_cast<size_t>(qpsPerPeer_) * rqDepth_ + ring) * kCtrlBytes;
+  std::memcpy(buf, &msg, sizeof(msg));
+  ibv_sge sge{reinterpret_cast<uint64_t>(buf), sizeof(msg), peer.ctrlMr->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = wrId(kWrCtrl, p, 0, 0);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  // Signal only every so often: one completion retires all earlier sends.
+  const bool signal = q.unsignaled + 1 >= sqDepth_ / 4;
+  wr.send_flags = (signal ? IBV_SEND_SIGNALED : 0) | (sizeof(msg) <= q.maxInline ? IBV_SEND_INLINE : 0);
+  ibv_send_wr* bad = nullptr;
+  int rc = ibv_post_send(q.qp, &wr, &bad);
+  if (rc != 0) throwComm(str("ibv_post_send (control) to rank ", p, " failed (", rc, ") on ", dev_->describe()));
+  q.posted++;
+  if (signal) {
+    q.covers.push_back(q.unsignaled + 1);
+    q.unsignaled = 0;
+  } else {
+    q.unsignaled++;
+  }
+  peer.ctrlToReturn = 0;
+  peer.ctrlCredits--;
+}
+
+// Posts the queued announcements in order: an RTS takes a control credit, an
+// eager message a landing slot of the peer and a staging slot here. The first
+// that cannot go holds back the rest (order matters); flushCtrl's messages do
+// not wait for them.
+bool VerbsTransport::flushAnnouncements(int p) {
+  Peer& peer = *peers_[p];
+  Qp& q = peer.qps[0];
+  bool moved = false;
+  while (!peer.announcements.empty() && q.posted < sqDepth_) {
+    Peer::Announcement& a = peer.announcements.front();
+    if (!a.eager) {
+      if (peer.ctrlCredits <= kCtrlReserve) break;
+      postCtrl(p, a.rts);
+    } else {
+      if (peer.remoteFree.empty() || peer.stagingFree.empty()) break;
+      const Request& r = *a.eager->r;
+      SlotHeader h{0, 0, r.len, kSlotEager, r.tag, {}};
+      postChunk(p, q, *a.eager, h, static_cast<const char*>(r.buf));
+      if (counters()) Counters::add(counters()->eagerSends, 1);
+    }
+    peer.announcements.pop_front();
     moved = true;
   }
   return moved;
@@ -494,19 +567,49 @@ bool VerbsTransport::flushCtrl(int p) {
 
 size_t VerbsTransport::chunkFor(const Peer& p) const { return std::min(slotBytes_, p.remoteSlotBytes); }
 
+size_t VerbsTransport::eagerLimit(const Peer& p) const { return std::min(eagerMax_, chunkFor(p)); }
+
 void VerbsTransport::postSend(Request* r) {
   Peer& peer = *peers_.at(r->peer);
   if (!peer.deadReason.empty()) return r->fail(peer.deadReason);
-  queueCtrl(r->peer, Ctrl{kRts, 0, r->tag, r->len, 0, 0});
+  ActiveSend* eager = nullptr;
+  if (r->len <= eagerLimit(peer)) {
+    peer.active.push_back(ActiveSend{r, 0, 1});
+    eager = &peer.active.back();
+  }
   auto it = peer.rtrsWaiting.find(r->tag);
   if (it != peer.rtrsWaiting.end() && !it->second.empty()) {
     const Ctrl rtr = it->second.front();
     it->second.pop_front();
     if (it->second.empty()) peer.rtrsWaiting.erase(it);
-    matchSend(r->peer, r, rtr);
+    if (eager) matchEager(r->peer, *eager, rtr);
+    else matchSend(r->peer, r, rtr);
   } else {
-    peer.sendsWaiting[r->tag].push_back(r);
+    peer.sendsWaiting[r->tag].push_back({r, eager});
   }
+  peer.announcements.push_back({Ctrl{kRts, 0, r->tag, r->len, 0, 0}, eager});
+  flushAnnouncements(r->peer);
+}
+
+// The RTR of the receive an eager send fills: only the sizes are compared (the
+// data goes to the landing slot regardless, so that the receiver pairs its
+// receives in order and reports the mismatch too).
+void VerbsTransport::matchEager(int p, ActiveSend& as, const Ctrl& rtr) {
+  as.matched = true;
+  if (rtr.len != as.r->len)
+    as.mismatch = str("rank ", rank_, " sent ", as.r->len, " bytes to rank ", p, " but rank ", p, " expected ",
+                      rtr.len, " bytes: every rank must pass tensors of the same size and dtype to this operation");
+  if (as.done == as.chunks) finishSend(p, as);
+}
+
+// A send whose chunks are all written (and, if eager, whose RTR arrived).
+void VerbsTransport::finishSend(int p, ActiveSend& as) {
+  Peer& peer = *peers_[p];
+  regCache_->release(as.zc);
+  if (as.mismatch.empty()) as.r->done = true;
+  else as.r->fail(as.mismatch);
+  for (auto it = peer.active.begin(); it != peer.active.end(); ++it)
+    if (&*it == &as) { peer.active.erase(it); break; }
 }
 
 void VerbsTransport::postRecv(Request* r) {
@@ -517,18 +620,43 @@ void VerbsTransport::postRecv(Request* r) {
   do {
     id = peer.nextRecvId++;
   } while (id == 0 || peer.recvs.count(id));
-  if (--peer.announced[r->tag] == 0) peer.announced.erase(r->tag);
+  // Every receive sends an RTR, even one an eager message will fill: the
+  // sender consumes RTRs strictly in order per tag.
   if (RegCache::Entry* zc = registerUserBuffer(*r)) {
     // Offer zero copy; the sender may still copy (its buffer is not registered).
     const uint64_t piece = zeroCopyPiece(r->len);
     peer.recvs[id] = {r, 0, 0, {}, zc, piece, 0};
     queueCtrl(r->peer, Ctrl{kRtr, id, r->tag, r->len, 0, zc->mr->rkey, reinterpret_cast<uint64_t>(r->buf), piece, {}});
-    return;
+  } else {
+    const uint64_t chunk = chunkFor(peer);
+    const uint64_t chunks = std::max<uint64_t>(1, (r->len + chunk - 1) / chunk);
+    peer.recvs[id] = {r, chunks, 0, std::vector<bool>(chunks, false), nullptr, 0, 1};
+    queueCtrl(r->peer, Ctrl{kRtr, id, r->tag, r->len, 0, 0, 0, 0, {}});
   }
-  const uint64_t chunk = chunkFor(peer);
-  const uint64_t chunks = std::max<uint64_t>(1, (r->len + chunk - 1) / chunk);
-  peer.recvs[id] = {r, chunks, 0, std::vector<bool>(chunks, false), nullptr, 0, 1};
-  queueCtrl(r->peer, Ctrl{kRtr, id, r->tag, r->len, 0, 0, 0, 0, {}});
+  auto a = peer.arrivals.find(r->tag);
+  if (a == peer.arrivals.end()) return void(peer.unannounced[r->tag].push_back(id));
+  Arrival first = std::move(a->second.front());
+  a->second.pop_front();
+  if (a->second.empty()) peer.arrivals.erase(a);
+  if (first.eager) deliverEager(r->peer, id, first.data.data(), first.len);
+  // An RTS: the data follows, addressed to this receive's id.
+}
+
+// An eager message paired with receive `id`: copy it in and complete the
+// receive (the sender never writes to it by id).
+void VerbsTransport::deliverEager(int p, uint32_t id, const char* data, uint64_t len) {
+  Peer& peer = *peers_[p];
+  auto it = peer.recvs.find(id);
+  if (it == peer.recvs.end()) return;  // failed already (NACK): nothing to fill
+  Request* r = it->second.r;
+  regCache_->release(it->second.zc);
+  peer.recvs.erase(it);
+  if (len != r->len)
+    return r->fail(str("rank ", rank_, " expected a message of ", r->len, " bytes from rank ", p, " but rank ", p,
+                       " sent ", len, " bytes: every rank must pass tensors of the same size and dtype to this operation"));
+  if (len) std::memcpy(r->buf, data, len);
+  countCopied(len);
+  r->done = true;
 }
 
 RegCache::Entry* VerbsTransport::registerUserBuffer(const Request& r) {
@@ -545,11 +673,29 @@ uint64_t VerbsTransport::zeroCopyPiece(uint64_t len) const {
   return std::min<uint64_t>({piece, maxMsg_, uint64_t(1) << 30});
 }
 
+// The sender's next message on `tag` was announced (RTS) or arrived (eager,
+// payload at `eagerData`): pair it with the oldest receive still waiting for
+// one, or keep it (copied, for eager) until a receive is posted.
+void VerbsTransport::announce(int p, uint64_t tag, Arrival a, const char* eagerData) {
+  Peer& peer = *peers_[p];
+  auto w = peer.unannounced.find(tag);
+  if (w != peer.unannounced.end()) {
+    const uint32_t id = w->second.front();
+    w->second.pop_front();
+    if (w->second.empty()) peer.unannounced.erase(w);
+    if (a.eager) deliverEager(p, id, eagerData, a.len);
+    return;
+  }
+  if (a.eager) {
+    a.data.assign(eagerData, eagerData + a.len);
+    countCopied(a.len);
+  }
+  peer.arrivals[tag].push_back(std::move(a));
+}
+
 bool VerbsTransport::hasUnmatched(int peer, uint64_t tag) {
   if (!peers_.at(peer)) return false;
-  auto& a = peers_[peer]->announced;
-  auto it = a.find(tag);
-  return it != a.end() && it->second > 0;
+  return peers_[peer]->arrivals.count(tag) > 0;  // entries are erased when empty
 }
 
 void VerbsTransport::matchSend(int p, Request* r, const Ctrl& rtr) {
@@ -583,65 +729,75 @@ bool VerbsTransport::streamSends(int p) {
   bool moved = false;
   const uint64_t chunk = chunkFor(peer);
   for (auto& as : peer.active) {
+    if (as.recvId == 0) continue;  // eager: posted by flushAnnouncements
     while (as.posted < as.chunks && !peer.remoteFree.empty() && !peer.stagingFree.empty()) {
       Qp& q = peer.qps[peer.nextQp % peer.qps.size()];
       if (q.posted + (as.zc ? 2 : 1) > sqDepth_) return moved;
       peer.nextQp++;
-      const uint32_t slot = peer.stagingFree.back();
-      const uint32_t land = peer.remoteFree.front();
       const uint64_t step = as.zc ? as.piece : chunk;
       const uint64_t offset = as.posted * step;
       const uint64_t len = std::min<uint64_t>(step, as.r->len - std::min(as.r->len, offset));
-      char* dst = peer.staging + slot * stride_;
-      SlotHeader h{as.recvId, offset, len, as.zc ? kSlotZeroCopy : 0, {}};
-      std::memcpy(dst, &h, sizeof(h));
-      ibv_send_wr wrs[2]{};
-      ibv_sge sges[2]{};
-      ibv_send_wr& head = as.zc ? wrs[1] : wrs[0];
-      ibv_sge& headSge = as.zc ? sges[1] : sges[0];
-      if (as.zc) {
-        // The payload, tensor to tensor, unsignaled: the header's completion
-        // (same queue pair, posted after it) covers it.
-        sges[0] = ibv_sge{reinterpret_cast<uint64_t>(static_cast<char*>(as.r->buf) + offset),
-                          static_cast<uint32_t>(len), as.zc->mr->lkey};
-        wrs[0].wr_id = wrId(kWrZeroCopy, p, static_cast<int>(&q - peer.qps.data()), slot);
-        wrs[0].sg_list = &sges[0];
-        wrs[0].num_sge = 1;
-        wrs[0].opcode = IBV_WR_RDMA_WRITE;
-        wrs[0].wr.rdma.remote_addr = as.remoteAddr + offset;
-        wrs[0].wr.rdma.rkey = as.rkey;
-        wrs[0].next = &wrs[1];
-        headSge = ibv_sge{reinterpret_cast<uint64_t>(dst), static_cast<uint32_t>(sizeof(h)), peer.stagingMr->lkey};
-        if (counters()) Counters::add(counters()->bytesZeroCopy, len);
-      } else {
-        if (len) std::memcpy(dst + sizeof(h), static_cast<char*>(as.r->buf) + offset, len);
-        countCopied(len);
-        headSge = ibv_sge{reinterpret_cast<uint64_t>(dst), static_cast<uint32_t>(sizeof(h) + len), peer.stagingMr->lkey};
-      }
-      head.wr_id = wrId(kWrData, p, static_cast<int>(&q - peer.qps.data()), slot);
-      head.sg_list = &headSge;
-      head.num_sge = 1;
-      head.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-      head.send_flags = IBV_SEND_SIGNALED;  // frees the staging slot
-      head.imm_data = htonl(land);
-      head.wr.rdma.remote_addr = peer.remoteLanding + land * peer.remoteStride;
-      head.wr.rdma.rkey = peer.remoteRkey;
-      ibv_send_wr* bad = nullptr;
-      int rc = ibv_post_send(q.qp, &wrs[0], &bad);
-      if (rc != 0) throwComm(str("ibv_post_send (RDMA write) to rank ", p, " failed (", rc, ") on ", dev_->describe()));
-      const int n = as.zc ? 2 : 1;
-      q.posted += n;
-      q.covers.push_back(q.unsignaled + n);
-      q.unsignaled = 0;
-      peer.stagingFree.pop_back();
-      peer.remoteFree.pop_front();
-      peer.remoteIsFree[land] = false;
-      peer.stagingOwner[slot] = &as;
-      as.posted++;
+      SlotHeader h{as.recvId, offset, len, as.zc ? kSlotZeroCopy : 0, 0, {}};
+      postChunk(p, q, as, h, static_cast<const char*>(as.r->buf) + offset);
       moved = true;
     }
   }
   return moved;
+}
+
+// Writes one chunk into a free landing slot of the peer through a free
+// staging slot here (the caller checked both, and room on q): header and
+// copied payload in one WRITE_WITH_IMM, or, in zero-copy mode, the payload by
+// RDMA_WRITE from the registered tensor first and then the header alone.
+void VerbsTransport::postChunk(int p, Qp& q, ActiveSend& as, const SlotHeader& h, const char* payload) {
+  Peer& peer = *peers_[p];
+  const uint32_t slot = peer.stagingFree.back();
+  const uint32_t land = peer.remoteFree.front();
+  char* dst = peer.staging + slot * stride_;
+  std::memcpy(dst, &h, sizeof(h));
+  ibv_send_wr wrs[2]{};
+  ibv_sge sges[2]{};
+  ibv_send_wr& head = as.zc ? wrs[1] : wrs[0];
+  ibv_sge& headSge = as.zc ? sges[1] : sges[0];
+  if (as.zc) {
+    // The payload, tensor to tensor, unsignaled: the header's completion
+    // (same queue pair, posted after it) covers it.
+    sges[0] = ibv_sge{reinterpret_cast<uint64_t>(payload), static_cast<uint32_t>(h.len), as.zc->mr->lkey};
+    wrs[0].wr_id = wrId(kWrZeroCopy, p, static_cast<int>(&q - peer.qps.data()), slot);
+    wrs[0].sg_list = &sges[0];
+    wrs[0].num_sge = 1;
+    wrs[0].opcode = IBV_WR_RDMA_WRITE;
+    wrs[0].wr.rdma.remote_addr = as.remoteAddr + h.offset;
+    wrs[0].wr.rdma.rkey = as.rkey;
+    wrs[0].next = &wrs[1];
+    headSge = ibv_sge{reinterpret_cast<uint64_t>(dst), static_cast<uint32_t>(sizeof(h)), peer.stagingMr->lkey};
+    if (counters()) Counters::add(counters()->bytesZeroCopy, h.len);
+  } else {
+    if (h.len) std::memcpy(dst + sizeof(h), payload, h.len);
+    countCopied(h.len);
+    headSge = ibv_sge{reinterpret_cast<uint64_t>(dst), static_cast<uint32_t>(sizeof(h) + h.len), peer.stagingMr->lkey};
+  }
+  head.wr_id = wrId(kWrData, p, static_cast<int>(&q - peer.qps.data()), slot);
+  head.sg_list = &headSge;
+  head.num_sge = 1;
+  head.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  head.send_flags = IBV_SEND_SIGNALED;  // frees the staging slot
+  if (headSge.length <= q.maxInline) head.send_flags |= IBV_SEND_INLINE;  // a tiny chunk, or a zero-copy header
+  head.imm_data = htonl(land);
+  head.wr.rdma.remote_addr = peer.remoteLanding + land * peer.remoteStride;
+  head.wr.rdma.rkey = peer.remoteRkey;
+  ibv_send_wr* bad = nullptr;
+  int rc = ibv_post_send(q.qp, &wrs[0], &bad);
+  if (rc != 0) throwComm(str("ibv_post_send (RDMA write) to rank ", p, " failed (", rc, ") on ", dev_->describe()));
+  const int n = as.zc ? 2 : 1;
+  q.posted += n;
+  q.covers.push_back(q.unsignaled + n);
+  q.unsignaled = 0;
+  peer.stagingFree.pop_back();
+  peer.remoteFree.pop_front();
+  peer.remoteIsFree[land] = false;
+  peer.stagingOwner[slot] = &as;
+  as.posted++;
 }
 
 // ---- completions ---------------------------------------------------------------
@@ -689,12 +845,7 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
       ActiveSend* as = peer.stagingOwner[slot];
       peer.stagingOwner[slot] = nullptr;
       peer.stagingFree.push_back(slot);
-      if (as && ++as->done == as->chunks) {
-        regCache_->release(as->zc);
-        as->r->done = true;
-        for (auto it = peer.active.begin(); it != peer.active.end(); ++it)
-          if (&*it == as) { peer.active.erase(it); break; }
-      }
+      if (as && ++as->done == as->chunks && (as->recvId != 0 || as->matched)) finishSend(p, *as);
       break;
     }
     case kWrRecv: {
@@ -729,15 +880,16 @@ void VerbsTransport::onCtrl(int p, const Ctrl& msg) {
     case kAck:
       break;
     case kRts:
-      if (++peer.announced[msg.tag] == 0) peer.announced.erase(msg.tag);
+      announce(p, msg.tag, Arrival{false, msg.len, {}});
       break;
     case kRtr: {
       auto it = peer.sendsWaiting.find(msg.tag);
       if (it != peer.sendsWaiting.end() && !it->second.empty()) {
-        Request* r = it->second.front();
+        const Peer::WaitingSend w = it->second.front();
         it->second.pop_front();
         if (it->second.empty()) peer.sendsWaiting.erase(it);
-        matchSend(p, r, msg);
+        if (w.eager) matchEager(p, *w.eager, msg);
+        else matchSend(p, w.r, msg);
       } else {
         peer.rtrsWaiting[msg.tag].push_back(msg);
       }
@@ -779,6 +931,15 @@ void VerbsTransport::onData(int p, uint32_t slot, uint32_t byteLen) {
   const char* src = peer.landing + slot * stride_;
   SlotHeader h;
   std::memcpy(&h, src, sizeof(h));
+  if (h.flags & kSlotEager) {
+    if (h.flags != kSlotEager || h.recvId != 0 || h.offset != 0 || h.len > chunkFor(peer) ||
+        (byteLen != 0 && h.len != byteLen - sizeof(SlotHeader)))
+      return killPeer(p, str("rank ", p, " sent an inconsistent eager message (length ", h.len, ", ", byteLen,
+                             " bytes written, flags ", h.flags, "): corrupted slot header"));
+    announce(p, h.tag, Arrival{true, h.len, {}}, src + sizeof(h));
+    queueCtrl(p, Ctrl{kCredit, slot, 0, 0, 0, 0});
+    return;
+  }
   auto it = h.recvId <= UINT32_MAX ? peer.recvs.find(static_cast<uint32_t>(h.recvId)) : peer.recvs.end();
   if (it == peer.recvs.end())
     return killPeer(p, str("rank ", p, " sent a chunk for receive ", h.recvId, ", which rank ", rank_,
@@ -845,6 +1006,7 @@ bool VerbsTransport::progress() {
     if (!peers_[p] || !peers_[p]->deadReason.empty()) continue;
     try {
       moved |= flushCtrl(static_cast<int>(p));
+      moved |= flushAnnouncements(static_cast<int>(p));
       moved |= streamSends(static_cast<int>(p));
     } catch (const std::exception& e) {
       killPeer(static_cast<int>(p), e.what());
@@ -900,8 +1062,12 @@ void VerbsTransport::killPeer(int p, const std::string& why) {
     }
   }
   for (auto& [tag, q] : peer.sendsWaiting)
-    for (Request* r : q) r->fail(why);
+    for (const Peer::WaitingSend& w : q)
+      if (!w.eager) w.r->fail(why);  // eager sends are in `active`, failed below
   peer.sendsWaiting.clear();
+  peer.announcements.clear();
+  peer.arrivals.clear();
+  peer.unannounced.clear();
   // The queue pairs are in the error state (above): the NIC no longer reads or
   // writes these buffers, so their registrations may be reused or dropped.
   for (auto& as : peer.active) {

@@ -2,7 +2,7 @@
 // the portable subset (RC QPs, no SRQ, one SGE, inline <= the returned cap,
 // work requests <= max_msg_sz, any non-zero post return is an error).
 //
-// Protocol, per pair of ranks (receiver-driven rendezvous):
+// Protocol, per pair of ranks (receiver-driven rendezvous; small messages eager):
 //   sender   --RTS(tag,len)-->      receiver   announces a send (lets
 //                                               recv-from-any-source pick a peer)
 //   receiver --RTR(tag,len,id[,addr,rkey,piece])--> sender   a receive was posted
@@ -24,6 +24,18 @@
 //      header alone with WRITE_WITH_IMM. No byte is copied by a CPU.
 //   Several chunks are in flight per peer (ROCE_PG_IB_SLOTS) and are spread
 //   over ROCE_PG_IB_QPS_PER_CONNECTION queue pairs.
+//   Eager (messages of at most ROCE_PG_IB_EAGER_MAX_BYTES and one chunk): no
+//   RTS, no waiting for the RTR; the sender writes header (tag, length) and
+//   payload into a landing slot at once, so the data arrives after one trip
+//   instead of three. The receiver pairs each message it is told of (an RTS,
+//   or eager data) with its receives per tag in order, buffering eager data
+//   that finds no receive yet. RTS and eager data therefore go in posting
+//   order on QP 0 (the announcement queue); other control messages may pass
+//   them. Every receive still sends its RTR: the sender consumes RTRs strictly
+//   in order per tag, and an eager send completes only once its write is done
+//   and its RTR arrived, failing on a size mismatch as a rendezvous send does.
+//   Inline sends (IBV_SEND_INLINE) carry control messages and chunks of up to
+//   the granted inline size (asked: 256 bytes) without a DMA read.
 // Memory: staging and landing slots and control buffers are registered once.
 // User buffers are registered through RegCache, whose entries keep their
 // allocation alive (see reg_cache.hpp): a tensor freed and reallocated at the
@@ -71,6 +83,7 @@ class VerbsTransport : public Transport {
   struct Ctrl;
   struct Qp;
   struct Peer;
+  struct Arrival;
 
  private:
   void setUpPeer(int peer);
@@ -78,12 +91,20 @@ class VerbsTransport : public Transport {
   void postRecvBuffer(int peer, int qp, int index);
   void queueCtrl(int peer, const Ctrl& msg);
   bool flushCtrl(int peer);
+  void postCtrl(int peer, Ctrl msg);
+  bool flushAnnouncements(int peer);
   bool streamSends(int peer);
+  void postChunk(int peer, Qp& q, struct ActiveSend& as, const struct SlotHeader& h, const char* payload);
+  void announce(int peer, uint64_t tag, Arrival a, const char* eagerData = nullptr);
+  void deliverEager(int peer, uint32_t id, const char* data, uint64_t len);
+  size_t eagerLimit(const Peer& p) const;
   void onCompletion(const struct ibv_wc& wc);
   void onCtrl(int peer, const Ctrl& msg);
   void onData(int peer, uint32_t slot, uint32_t byteLen);
   int ctrlRecvs() const;
   void matchSend(int peer, Request* r, const Ctrl& rtr);
+  void matchEager(int peer, struct ActiveSend& as, const Ctrl& rtr);
+  void finishSend(int peer, struct ActiveSend& as);
   RegCache::Entry* registerUserBuffer(const Request& r);
   uint64_t zeroCopyPiece(uint64_t len) const;
   void retire(Qp& q);
@@ -99,6 +120,7 @@ class VerbsTransport : public Transport {
   int tc_, sl_, timeout_, retryCnt_;
   size_t maxMsg_;           // port max_msg_sz: no work request is larger
   size_t zeroCopyMin_;      // ROCE_PG_IB_ZERO_COPY_MIN_BYTES (0: off)
+  size_t eagerMax_;         // ROCE_PG_IB_EAGER_MAX_BYTES (0: off)
   struct CqDeleter { void operator()(struct ibv_cq* cq) const; };
   struct ChannelDeleter { void operator()(struct ibv_comp_channel* ch) const; };
   // The CQ's completion channel: idle waits block on its descriptor instead of
