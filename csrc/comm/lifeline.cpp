@@ -130,6 +130,8 @@ void Lifeline::failWith(const std::string& why, int exceptLink) {
 void Lifeline::readFrom(size_t i) {
   Peer& p = peers_[i];
   char buf[4096];
+  bool closed = false;
+  int err = 0;
   for (;;) {
     ssize_t n = recv(p.fd, buf, sizeof(buf), MSG_DONTWAIT);
     if (n > 0) {
@@ -138,16 +140,26 @@ void Lifeline::readFrom(size_t i) {
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
-    // EOF or a reset: the process on the other end is gone.
-    p.open = false;
-    if (!p.departed)
-      failWith(str("rank ", p.rank, " (host ", p.host, ") died: its connection to rank ", rank_,
-                   " closed without a goodbye (", n == 0 ? "EOF" : std::strerror(errno),
-                   "). The process exited, crashed or was killed (SIGKILL, OOM killer: check `dmesg` on ", p.host,
-                   "); see that rank's log"),
-               static_cast<int>(i));
-    return;
+    closed = true;  // EOF or a reset: the process on the other end is gone
+    err = n == 0 ? 0 : errno;
+    break;
   }
+  // The records first: a peer leaving on purpose sends BYE and closes, and on
+  // a busy machine both arrive before this thread runs. Judging the EOF before
+  // reading the BYE in front of it declared a rank that left cleanly dead.
+  if (!parseRecords(i)) return;
+  if (!closed) return;
+  p.open = false;
+  if (!p.departed)
+    failWith(str("rank ", p.rank, " (host ", p.host, ") died: its connection to rank ", rank_,
+                 " closed without a goodbye (", err == 0 ? "EOF" : std::strerror(err),
+                 "). The process exited, crashed or was killed (SIGKILL, OOM killer: check `dmesg` on ", p.host,
+                 "); see that rank's log"),
+             static_cast<int>(i));
+}
+
+bool Lifeline::parseRecords(size_t i) {
+  Peer& p = peers_[i];
   while (p.inbuf.size() >= sizeof(RecordHeader)) {
     RecordHeader h;
     std::memcpy(&h, p.inbuf.data(), sizeof(h));
@@ -156,9 +168,9 @@ void Lifeline::readFrom(size_t i) {
       failWith(str("rank ", p.rank, " (host ", p.host, ") sent a corrupted lifeline record to rank ", rank_,
                    " (mixed roce_pg versions?)"),
                static_cast<int>(i));
-      return;
+      return false;
     }
-    if (p.inbuf.size() < sizeof(h) + h.len) return;
+    if (p.inbuf.size() < sizeof(h) + h.len) return true;  // the rest is still on its way
     std::string text = p.inbuf.substr(sizeof(h), h.len);
     p.inbuf.erase(0, sizeof(h) + h.len);
     if (h.type == kBye) {
@@ -169,6 +181,7 @@ void Lifeline::readFrom(size_t i) {
       failWith(text, static_cast<int>(i));
     }
   }
+  return true;
 }
 
 void Lifeline::run() {

@@ -55,6 +55,7 @@ class Lifeline {
   void failWith(const std::string& why, int exceptLink);
   void sendRecord(Peer& p, uint16_t type, const std::string& text);
   void readFrom(size_t i);
+  bool parseRecords(size_t i);  // false: a corrupted record failed the link
   void stopThread();
 
   const int rank_;
