@@ -24,9 +24,10 @@ which a real NIC would not spend) and the whole process.
 """
 import json
 import os
-import subprocess
 import sys
 import time
+
+from softroce_allreduce_vs_ib_write_bw import ib_write_bw  # same invocation and parsing
 
 MiB = 1 << 20
 SIZES = [int(x) * MiB for x in os.environ.get("ZC_BENCH_SIZES_MIB", "1 4 16 64").split()]
@@ -36,23 +37,6 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 def iters_for(size):
     return max(1, (16 * MiB) // size)
-
-
-def ib_write_bw(node, master, size, iters, port):
-    args = ["ib_write_bw", "-d", "rxe0", "-x", "1", "-b", "-F", "-s", str(size), "-n", str(iters), "-p", str(port)]
-    if node == 0:
-        p = subprocess.run(args, capture_output=True, text=True, timeout=900)
-    else:
-        for _ in range(120):  # the server may not be listening yet
-            p = subprocess.run(args + [master], capture_output=True, text=True, timeout=900)
-            if p.returncode == 0:
-                break
-            time.sleep(1)
-    for line in p.stdout.splitlines():
-        f = line.split()
-        if len(f) >= 5 and f[0] == str(size):
-            return float(f[3])  # BW average [MB/sec], both directions together with -b
-    raise RuntimeError(f"ib_write_bw gave no result:\n{p.stdout}\n{p.stderr}")
 
 
 def thread_cpu():
