@@ -14,10 +14,19 @@ import roce_pg
 from .reference import DTYPES, TOLERANCE, Checker, applicable_ops, inputs_for, make_input, make_op, reduce_reference
 
 ALGOS = ["auto", "ring", "rd", "rabenseifner", "hier"]
+# "ring3ch": the ring with ROCE_PG_NCHANNELS=3 (the others leave it on auto).
+CHANNELS = {"ring3ch": ("ring", "3")}
 # The allgather algorithm tested alongside each allreduce algorithm.
-ALLGATHER_FOR = {"auto": "auto", "ring": "ring", "rd": "bruck", "rabenseifner": "bruck", "hier": "hier"}
+ALLGATHER_FOR = {"auto": "auto", "ring": "ring", "rd": "bruck", "rabenseifner": "bruck", "hier": "hier",
+                 "ring3ch": "ring"}
 # And the reduce-scatter algorithm.
-REDUCE_SCATTER_FOR = {"auto": "auto", "ring": "ring", "rd": "auto", "rabenseifner": "auto", "hier": "hier"}
+REDUCE_SCATTER_FOR = {"auto": "auto", "ring": "ring", "rd": "auto", "rabenseifner": "auto", "hier": "hier",
+                      "ring3ch": "ring"}
+# Channelled ring allreduce (8 KiB per channel at the test's ring threshold):
+# 3 channels of a few KiB, 2 channels of float64, and 3 channels of many
+# 4 KiB chunks each; uneven slices and segments throughout.
+CHANNEL_CASES = [(torch.float32, "SUM", 6151), (torch.float64, "PRODUCT", 2100), (torch.bfloat16, "AVG", 12289),
+                 (torch.int32, "MAX", 6151), (torch.int64, "PREMUL_SUM", 3073), (torch.float32, "SUM", 50001)]
 # Small thresholds (set by the test) put every size class into a few KiB:
 # rd <= 64 B < rabenseifner < 8 KiB <= ring, hier from 1 KiB.
 FULL_SIZES = [7, 1000]                 # every dtype x op
@@ -108,6 +117,22 @@ def _matrix(ck, group, members, me, label):
     dist.barrier(group=group)
 
 
+def _channels(ck, group, members, me, label):
+    for dtype, opname, numel in CHANNEL_CASES:
+        _check_allreduce(ck, group, members, me, label, dtype, opname, numel, 7)
+    # Channels beyond the first reduce on helper threads of their own.
+    names = set()
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.add(f.read().strip())
+        except OSError:
+            pass
+    ck.checks += 1
+    if "roce-reduce" not in names:
+        ck.failures.append(f"rank {ck.rank}: {label}: no roce-reduce helper thread after channelled allreduces")
+
+
 def _traffic(group, numel, coll="all_reduce"):
     """This rank's counters for one float32 collective with numel elements per
     rank (all_reduce SUM; all_gather of numel; reduce_scatter SUM to numel)."""
@@ -136,7 +161,7 @@ def run(rank, world, port, groups, algos=ALGOS, traffic=None, timing=False, mism
     counters = {}
     for label, members in groups.items():
         for algo in algos:
-            os.environ["ROCE_PG_ALGO_ALLREDUCE"] = algo
+            os.environ["ROCE_PG_ALGO_ALLREDUCE"], os.environ["ROCE_PG_NCHANNELS"] = CHANNELS.get(algo, (algo, "0"))
             os.environ["ROCE_PG_ALGO_ALLGATHER"] = ALLGATHER_FOR[algo]
             os.environ["ROCE_PG_ALGO_REDUCE_SCATTER"] = REDUCE_SCATTER_FOR[algo]
             group = dist.new_group(members, backend="roce")
@@ -145,6 +170,8 @@ def run(rank, world, port, groups, algos=ALGOS, traffic=None, timing=False, mism
                 me = members.index(rank)
                 name = f"[{label} {algo}]"
                 _matrix(ck, group, members, me, name)
+                if algo in CHANNELS:
+                    _channels(ck, group, members, me, name)
                 for numel in (traffic or {}).get(label, []):
                     counters[f"{label}/{algo}/{numel}"] = _traffic(group, numel)
                     counters[f"{label}/{algo}/{numel}/all_gather"] = _traffic(group, numel, "all_gather")
@@ -194,3 +221,18 @@ def _check_settings_mismatch(ck, rank, members):
         ck.checks += 1
         if not error or "different algorithm settings" not in error or "ROCE_PG_ALGO_ALLREDUCE=ring" not in error:
             ck.failures.append(f"rank {rank}: mismatched ROCE_PG_ALGO_ALLREDUCE: {error!r}")
+    # The channel count decides the message pattern as well.
+    os.environ["ROCE_PG_NCHANNELS"] = "2" if rank == members[-1] else "0"
+    error = None
+    try:
+        group = dist.new_group(members, backend="roce")
+        if rank in members:
+            dist.all_reduce(torch.ones(4), group=group)
+    except Exception as e:  # noqa: BLE001 - the error text is what is checked
+        error = str(e)
+    os.environ["ROCE_PG_NCHANNELS"] = "0"
+    dist.barrier()
+    if rank in members:
+        ck.checks += 1
+        if not error or "ROCE_PG_NCHANNELS=2" not in error or "ROCE_PG_NCHANNELS=auto" not in error:
+            ck.failures.append(f"rank {rank}: mismatched ROCE_PG_NCHANNELS: {error!r}")

@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 
+from .algorithm_workers import ALGOS
 from .harness import TCP, run_group
 
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -82,7 +83,8 @@ def test_three_machines_of_two():
     env = {**ENV, "ROCE_PG_SIM_RANKS_PER_NODE": "2"}
     groups = {"3x2": list(range(6)), "3x1": [0, 2, 4], "2+2+1": [0, 1, 2, 3, 4]}
     # The last group: rank 4 sets another ROCE_PG_ALGO_ALLREDUCE than 0 and 2.
-    counters = _run(env, None, groups, {"3x1": [1000]}, mismatch=[0, 2, 4])
+    # Also the ring in 3 channels (ROCE_PG_NCHANNELS=3) on every layout.
+    counters = _run(env, None, groups, {"3x1": [1000]}, mismatch=[0, 2, 4], algos=ALGOS + ["ring3ch"])
     # 3 ranks, all over the network: rd folds rank 0 into rank 2 (send n),
     # exchanges once between the 2 survivors, and returns the result.
     n = 4000

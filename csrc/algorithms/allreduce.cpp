@@ -2,9 +2,11 @@
 // plus allgather, which is the second half of the ring allreduce.
 #include <algorithm>
 #include <cstring>
+#include <deque>
 
 #include "../comm/communicator.hpp"
 #include "../common/bytes.hpp"
+#include "../common/error.hpp"
 #include "../reduce/reduce.hpp"
 #include "algorithms.hpp"
 #include "recursive.hpp"
@@ -17,8 +19,32 @@ namespace detail {
 
 void ringAllreduce(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data, size_t count,
                    DataType t, ReduceOp op) {
-  const RingSegments segs = RingSegments::even(count, static_cast<int>(order.size()));
-  ringReduceScatterAllgather(c, order, tag, data, segs, t, op);
+  const int n = static_cast<int>(order.size());
+  const size_t esz = elementSize(t);
+  const size_t unit = std::max<size_t>(1, 64 / esz), units = (count + unit - 1) / unit;
+  const int channels = static_cast<int>(std::min<size_t>(channelsFor(c, count * esz), units));
+  if (channels <= 1) return ringReduceScatterAllgather(c, order, tag, data, RingSegments::even(count, n), t, op);
+  // Channels: independent rings over consecutive slices (cut at cache-line
+  // multiples, so two threads never write one line), each with its own tag,
+  // scratch, queue pair and (beyond the first) reducing helper thread,
+  // advanced together in one wait.
+  std::deque<RingPass> passes;
+  size_t begin = 0;
+  for (int k = 0; k < channels; ++k) {
+    const size_t end = std::min(count, (units * (k + 1) / channels) * unit);
+    passes.emplace_back(c, order, k == 0 ? tag : c.nextCollectiveTag(), static_cast<char*>(data) + begin * esz,
+                        RingSegments::even(end - begin, n), t, op, true, true, k == 0 ? 0 : kScratchChannel + k - 1);
+    passes.back().asChannel(k, k == 0 ? nullptr : &c.helper(k - 1));
+    begin = end;
+  }
+  for (RingPass& p : passes) p.start();
+  c.waitUntil(
+      [&] {
+        bool all = true;
+        for (RingPass& p : passes) all &= p.advance();
+        return all;
+      },
+      [&] { return str("ring neighbours of rank ", c.rank(), " in one of ", channels, " channels"); });
 }
 
 }  // namespace detail

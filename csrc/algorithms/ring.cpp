@@ -4,6 +4,7 @@
 
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
+#include "../common/helper_thread.hpp"
 #include "../reduce/reduce.hpp"
 
 namespace roce {
@@ -65,6 +66,37 @@ RingPass::RingPass(Communicator& c, const std::vector<int>& order, uint64_t tag,
   steps_ = rsSteps_ + (allgather ? n_ - 1 : 0);
 }
 
+RingPass::~RingPass() {
+  if (reducing_) helper_->waitIdle();
+}
+
+void RingPass::asChannel(int channel, HelperThread* helper) {
+  lane_ = static_cast<uint8_t>(channel + 1);
+  helper_ = helper;
+}
+
+void RingPass::runReduce(void* job) {
+  const auto& j = *static_cast<const ReduceJob*>(job);
+  reduceInto(j.t, j.op, j.dst, j.src, j.n);
+}
+
+bool RingPass::reduced(int seg, size_t at, size_t n) {
+  void* dst = this->at(seg, at);
+  const void* src = incoming_[step_ % 2] + at * esz_;
+  if (!helper_) {
+    reduceInto(t_, op_, dst, src, n);
+    return true;
+  }
+  if (!reducing_) {
+    job_ = ReduceJob{t_, op_, dst, src, n};
+    helper_->submit(&RingPass::runReduce, &job_);
+    reducing_ = true;
+  }
+  if (!helper_->idle()) return false;
+  reducing_ = false;
+  return true;
+}
+
 // Ring position of the segment `delta` places from this rank's own.
 static int segAt(int pos, int n, int delta) { return ((pos + delta) % n + n) % n; }
 
@@ -77,7 +109,7 @@ int RingPass::recvSeg(int g) const {
 }
 
 void RingPass::postSend(int g, int seg, size_t at, size_t n) {
-  sends_[g].push_back(c_.post(Request::Kind::Send, right_, tag_, this->at(seg, at), n * esz_));
+  sends_[g].push_back(c_.post(Request::Kind::Send, right_, tag_, this->at(seg, at), n * esz_, lane_));
 }
 
 // Receives of step g may be posted once the step before the previous one
@@ -97,7 +129,7 @@ void RingPass::postRecvs(int g) {
   const int seg = recvSeg(g);
   forChunks(segs_.count[seg], chunkElems_, [&](size_t at, size_t n) {
     char* dst = isRs(g) ? incoming_[g % 2] + at * esz_ : this->at(seg, at);
-    recvs_[g].push_back(c_.post(Request::Kind::Recv, left_, tag_, dst, n * esz_));
+    recvs_[g].push_back(c_.post(Request::Kind::Recv, left_, tag_, dst, n * esz_, lane_));
   });
   recvsPosted_ = g;
 }
@@ -139,7 +171,7 @@ bool RingPass::advance() {
       if (r->failed()) c_.wait(*r);
       const size_t at = chunk_ * chunkElems_, n = r->len / esz_;
       const int seg = recvSeg(step_);
-      if (isRs(step_)) reduceInto(t_, op_, this->at(seg, at), incoming_[step_ % 2] + at * esz_, n);
+      if (isRs(step_) && !reduced(seg, at, n)) return false;
       if (step_ + 1 < steps_) postSend(step_ + 1, seg, at, n);
       ++chunk_;
       continue;

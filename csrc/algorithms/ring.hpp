@@ -16,6 +16,12 @@
 namespace roce {
 
 class Communicator;
+class HelperThread;
+
+// Scratch indices of channels 1.. of a channelled ring (channel 0 uses the
+// pass's default, 0): kScratchChannel + k - 1. Below it: reduce/reduce-scatter
+// copies (1), recursive (2), hierarchical phases (3, 4).
+constexpr int kScratchChannel = 5;
 
 struct RingSegments {
   std::vector<size_t> offset;  // in elements, per ring position
@@ -41,10 +47,21 @@ struct RingSegments {
 // allreduce on different pieces) can advance together in one wait: start(),
 // then advance() until it returns true. run() does both in one wait.
 // Concurrent passes need distinct tags and distinct scratch indices.
+//
+// As channel k of a collective (asChannel), a pass tags its requests with lane
+// k+1 (its own queue pair) and, given a helper thread, reduces there: the
+// progress thread only posts and forwards, and advance() reports "not yet"
+// while the helper works on a chunk. The destructor waits for a running
+// reduction, so a pass that unwinds never leaves a helper writing into freed
+// memory.
 class RingPass {
  public:
   RingPass(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data, RingSegments segs, DataType t,
            ReduceOp op, bool reduceScatter, bool allgather, int scratchIndex = 0);
+  ~RingPass();
+  RingPass(const RingPass&) = delete;
+  RingPass& operator=(const RingPass&) = delete;
+  void asChannel(int channel, HelperThread* helper);
   void start();
   // Reduces and forwards whatever has landed; true once every receive has
   // been processed and every send has finished. Throws on a failed request.
@@ -60,6 +77,16 @@ class RingPass {
   bool canPostRecvs(int g) const;
   void postRecvs(int g);
   bool finished(std::vector<Request*>& reqs);
+  // Reduces the landed chunk into the tensor; false while a helper still works on it.
+  bool reduced(int seg, size_t at, size_t n);
+  struct ReduceJob {
+    DataType t;
+    ReduceOp op;
+    void* dst;
+    const void* src;
+    size_t n;
+  };
+  static void runReduce(void* job);
 
   Communicator& c_;
   int n_, pos_, left_, right_;
@@ -76,6 +103,10 @@ class RingPass {
   size_t chunk_ = 0;        // its next chunk
   int recvsPosted_ = -1;    // receives are posted up to this step
   bool started_ = false;
+  uint8_t lane_ = 0;
+  HelperThread* helper_ = nullptr;
+  ReduceJob job_{};
+  bool reducing_ = false;  // job_ was submitted to helper_ and not yet collected
 };
 
 // Afterwards ring position q holds the fully reduced segment q.

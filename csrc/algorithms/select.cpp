@@ -1,5 +1,7 @@
 #include "select.hpp"
 
+#include <algorithm>
+
 #include "../comm/communicator.hpp"
 #include "../common/log.hpp"
 
@@ -52,6 +54,11 @@ const char* algoName(Algo a) {
     case Algo::RsGather: return "reduce_scatter+gather";
   }
   return "?";
+}
+
+int channelsFor(const Communicator& c, size_t bytes) {
+  const size_t perChannel = std::max<size_t>(1, c.config().ringMinBytes);
+  return static_cast<int>(std::clamp<size_t>(bytes / perChannel, 1, std::max(1, c.channels())));
 }
 
 bool hierApplies(const Communicator& c) {

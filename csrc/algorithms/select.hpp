@@ -30,6 +30,11 @@ Algo chooseReduce(Communicator& c, size_t bytes);
 // For broadcast of `bytes`: binomial Tree, or pipelined Chain for large messages.
 Algo chooseBroadcast(Communicator& c, size_t bytes);
 
+// Channels for a ring allreduce of `bytes` per rank: up to the group's
+// ROCE_PG_NCHANNELS, each with at least ROCE_PG_ALGO_RING_MIN_BYTES (the size
+// from which one ring is worth its latency).
+int channelsFor(const Communicator& c, size_t bytes);
+
 // True when the hierarchical algorithms apply: several machines, each with
 // the same number (> 1) of the group's ranks.
 bool hierApplies(const Communicator& c);

@@ -58,7 +58,19 @@ void checkAlgorithmSettings(const std::vector<RankInfo>& infos) {
     if (infos[r].algorithms != infos[0].algorithms)
       throwInvalid(str("ranks 0 and ", r, " use different algorithm settings (rank 0: ", infos[0].algorithms,
                        "; rank ", r, ": ", infos[r].algorithms, "): set the same ROCE_PG_ALGO* and "
-                       "ROCE_PG_CHUNK_BYTES values on every rank"));
+                       "ROCE_PG_CHUNK_BYTES, ROCE_PG_NCHANNELS values on every rank"));
+}
+
+// ROCE_PG_NCHANNELS, or with it unset ("auto") the smallest count any rank's
+// CPUs allow: computed from the same rank infos everywhere, so all agree.
+int groupChannels(const Config& cfg, const std::vector<RankInfo>& infos, const Topology& topo) {
+  if (cfg.nChannels > 0) return cfg.nChannels;
+  std::vector<int> ranksOnNode(topo.numNodes, 0);
+  for (int node : topo.nodeOf) ranksOnNode[node]++;
+  int channels = 4;
+  for (size_t r = 0; r < infos.size(); ++r)
+    channels = std::min(channels, Config::channelsAuto(infos[r].cpus, ranksOnNode[topo.nodeOf[r]]));
+  return channels;
 }
 
 }  // namespace
@@ -77,6 +89,7 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
   me.shmRingBytes = cfg_.shmRingBytes;
   me.shmSlotBytes = cfg_.shmSlotBytes;
   me.algorithms = cfg_.algorithmSettings();
+  me.cpus = Config::usableCpus();
   std::shared_ptr<VerbsDevice> verbsDev;
   if (size > 1) {
     listener_ = std::make_unique<TcpListener>();
@@ -106,6 +119,7 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
   topo_ = Topology::build(rank, infos);
   for (const auto& info : infos) hostNames_.push_back(info.hostName());
   checkAlgorithmSettings(infos);
+  cfg_.nChannels = groupChannels(cfg_, infos, topo_);
 
   std::vector<TcpEndpoint> eps(size);
   std::vector<uint64_t> nonces;
@@ -277,9 +291,10 @@ bool Communicator::hasPendingRequests() const {
   return false;
 }
 
-Request* Communicator::post(Request::Kind kind, int peer, uint64_t tag, void* buf, size_t len) {
+Request* Communicator::post(Request::Kind kind, int peer, uint64_t tag, void* buf, size_t len, uint8_t lane) {
   Request& r = owned_.emplace_back();
   r.kind = kind;
+  r.lane = lane;
   r.peer = peer;
   r.tag = tag;
   r.buf = buf;
@@ -412,7 +427,9 @@ void Communicator::waitUntil(const std::function<bool()>& done, const std::funct
                              const std::function<void()>& block) {
   IdleWait idle;
   uint64_t rounds = 0;
-  while (!done()) {
+  for (;;) {
+    helperEventsSeen_ = helperEvents_.load(std::memory_order_acquire);  // before done() looks at the helpers
+    if (done()) break;
     bool slow = false;  // this round waited long enough for the slow checks
     if (progress()) {
       idle.moved();
@@ -468,7 +485,10 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
   wakeup_.announce();
   // What arrived before the transports armed their notifications raises no
   // event: look once more. Then the conditions a waker sets.
-  if (progress() || abortRequested_.load() || (interrupt && interrupt())) {
+  const uint64_t helperEvents = helperEvents_.load(std::memory_order_acquire);
+  const bool helperFinished = helperEvents != helperEventsSeen_;
+  helperEventsSeen_ = helperEvents;  // a later wait blocks unless another job ends
+  if (helperFinished || progress() || abortRequested_.load() || (interrupt && interrupt())) {
     wakeup_.withdraw();
     return Blocked::Moved;
   }
@@ -531,6 +551,16 @@ void Communicator::requestAbort(const std::string& why) {
   }
   abortRequested_.store(true);
   wakeup_.wake();
+}
+
+HelperThread& Communicator::helper(int index) {
+  if (helpers_.size() <= static_cast<size_t>(index)) helpers_.resize(index + 1);
+  if (!helpers_[index])
+    helpers_[index] = std::make_unique<HelperThread>(cfg_.spinUs, [this] {
+      helperEvents_.fetch_add(1, std::memory_order_seq_cst);
+      wakeup_.wake();
+    });
+  return *helpers_[index];
 }
 
 void* Communicator::scratch(size_t bytes, int index) {

@@ -21,6 +21,7 @@
 #include "../common/config.hpp"
 #include "../common/describable.hpp"
 #include "../common/counters.hpp"
+#include "../common/helper_thread.hpp"
 #include "../common/wakeup.hpp"
 #include "../transport/transport.hpp"
 #include "abort_notice.hpp"
@@ -68,7 +69,8 @@ class Communicator {
   // earlier request has finished or been failed, so a wait that throws can never
   // leave a transport pointing into freed memory (failing the communicator makes
   // the transports drop their pointers while the requests still exist).
-  Request* post(Request::Kind kind, int peer, uint64_t tag, void* buf, size_t len);
+  // `lane`: see Request::lane (channels of a collective).
+  Request* post(Request::Kind kind, int peer, uint64_t tag, void* buf, size_t len, uint8_t lane = 0);
   // Posts a request owned by the caller (point-to-point tasks keep theirs alive
   // until they complete).
   void post(Request& r);
@@ -134,6 +136,12 @@ class Communicator {
   void leaveGracefully();
   // Called periodically during long waits (lets the engine finish async work).
   std::function<void()> idleHook;
+
+  // Channels of large collectives (ROCE_PG_NCHANNELS, resolved for the group).
+  int channels() const { return cfg_.nChannels; }
+  // The helper thread that reduces for channel index+1 (created on first use,
+  // kept for the group's life). Waits in waitUntil() wake when a job ends.
+  HelperThread& helper(int index);
 
   // Scratch memory reused across operations (index selects an independent buffer).
   void* scratch(size_t bytes, int index = 0);
@@ -214,6 +222,12 @@ class Communicator {
   std::vector<BufferOwner> taskOwners_;
   void attachOwner(Request& r) const;
   std::vector<size_t> scratchBytes_;
+  // Helper threads and the count of jobs they finished, which a blocking wait
+  // re-checks after announcing itself (helperEventsSeen_: the count its caller
+  // last looked at), so a job ending just before the sleep is not slept through.
+  std::atomic<uint64_t> helperEvents_{0};
+  uint64_t helperEventsSeen_ = 0;
+  std::vector<std::unique_ptr<HelperThread>> helpers_;
   // The store's abort key, watched off the progress thread (see abort_notice.hpp).
   std::unique_ptr<AbortNotice> abortNotice_;
   // Last member: destroyed first, so its thread (which calls onPeerFailure)

@@ -17,7 +17,7 @@ std::string RankInfo::encode() const {
   for (char& ch : why)
     if (ch == '\n') ch = ' ';
   return str(nodeId, "\n", hostId, "\n", pid, "\n", tcpHost, "\n", tcpPort, "\n", verbs ? 1 : 0, "\n", nonce, "\n",
-             shmRingBytes, "\n", shmSlotBytes, "\n", algorithms, "\n", why);
+             shmRingBytes, "\n", shmSlotBytes, "\n", algorithms, "\n", cpus, "\n", why);
 }
 
 namespace {
@@ -41,7 +41,7 @@ bool parseU64(const std::string& s, uint64_t lo, uint64_t hi, uint64_t& out) {
 RankInfo RankInfo::decode(const std::string& s, int rank) {
   std::istringstream in(s);
   RankInfo r;
-  std::string pid, port, verbs, nonce, ring, slot;
+  std::string pid, port, verbs, nonce, ring, slot, cpus;
   uint64_t v = 0;
   auto bad = [&](const char* what) {
     throwComm(str("rank ", rank, " published malformed rank info in the store (", what,
@@ -49,7 +49,8 @@ RankInfo RankInfo::decode(const std::string& s, int rank) {
   };
   if (!std::getline(in, r.nodeId) || !std::getline(in, r.hostId) || !std::getline(in, pid) ||
       !std::getline(in, r.tcpHost) || !std::getline(in, port) || !std::getline(in, verbs) || !std::getline(in, nonce) ||
-      !std::getline(in, ring) || !std::getline(in, slot) || !std::getline(in, r.algorithms))
+      !std::getline(in, ring) || !std::getline(in, slot) || !std::getline(in, r.algorithms) ||
+      !std::getline(in, cpus))
     bad("missing fields");
   std::getline(in, r.noVerbsWhy);
   if (!parseU64(pid, 1, INT32_MAX, v)) bad("pid");
@@ -61,6 +62,8 @@ RankInfo RankInfo::decode(const std::string& s, int rank) {
   if (!parseU64(nonce, 0, UINT64_MAX, r.nonce)) bad("nonce");
   if (!parseU64(ring, 0, 1ull << 40, r.shmRingBytes) || !parseU64(slot, 0, 1ull << 40, r.shmSlotBytes))
     bad("shared-memory layout");
+  if (!parseU64(cpus, 1, 1 << 20, v)) bad("CPU count");
+  r.cpus = static_cast<int>(v);
   if (r.nodeId.empty() || r.hostId.empty()) bad("machine identity");
   return r;
 }

@@ -22,6 +22,9 @@ struct RankInfo {
   // Algorithm choice and message chunking (Config::algorithmSettings()): every
   // rank must agree, or the ranks would run different message patterns.
   std::string algorithms;
+  // Config::usableCpus(): with ROCE_PG_NCHANNELS unset every rank derives the
+  // group's channel count from all ranks' CPUs, so all agree (see Communicator).
+  int cpus = 1;
 
   // The hostname part of hostId, for messages.
   std::string hostName() const;

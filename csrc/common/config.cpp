@@ -1,5 +1,6 @@
 #include "config.hpp"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -93,6 +94,7 @@ Config Config::fromEnv() {
   c.ibRegCacheBytes = envInt("ROCE_PG_IB_REG_CACHE_BYTES", 0, 0, 1ll << 50);
   if (const char* v = env("ROCE_PG_SOCKET_IFNAME")) c.socketIfname = v;
   c.chunkBytes = envInt("ROCE_PG_CHUNK_BYTES", c.chunkBytes, 4096, 1ll << 30);
+  c.nChannels = static_cast<int>(envInt("ROCE_PG_NCHANNELS", 0, 0, kMaxChannels));
   c.shmSlotBytes = envInt("ROCE_PG_SHM_SLOT_BYTES", c.shmSlotBytes, 4096, 1ll << 30);
   c.shmRingBytes = envInt("ROCE_PG_SHM_RING_BYTES", c.shmRingBytes, 4096, 1ll << 30);
   c.shmOneShotMaxBytes = envInt("ROCE_PG_SHM_ONESHOT_MAX_BYTES", c.shmOneShotMaxBytes, 0, 1ll << 30);
@@ -130,6 +132,16 @@ size_t Config::shmChunkAuto() {
   return std::clamp<size_t>(floorPow2(static_cast<size_t>(l2) / 2), 64u << 10, 1u << 20);
 }
 
+int Config::usableCpus() {
+  cpu_set_t set;
+  const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+  return cpus > 0 ? cpus : static_cast<int>(std::max(1l, sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+int Config::channelsAuto(int cpus, int localRanks) {
+  return std::clamp(cpus / (2 * std::max(1, localRanks)), 1, 4);
+}
+
 const std::string& testFault() {
   static const std::string fault = [] {
     const char* v = env("ROCE_PG_TEST_FAULT");
@@ -145,7 +157,8 @@ std::string Config::algorithmSettings() const {
   return str("ROCE_PG_ALGO_ALLREDUCE=", algoAllreduce, " ROCE_PG_ALGO_ALLGATHER=", algoAllgather,
              " ROCE_PG_ALGO_REDUCE_SCATTER=", algoReduceScatter, " ROCE_PG_ALGO_RD_MAX_BYTES=", rdMaxBytes,
              " ROCE_PG_ALGO_RING_MIN_BYTES=", ringMinBytes, " ROCE_PG_ALGO_HIER_MIN_BYTES=", hierMinBytes,
-             " ROCE_PG_ALGO_BRUCK_MAX_BYTES=", bruckMaxBytes, " ROCE_PG_CHUNK_BYTES=", chunkBytes);
+             " ROCE_PG_ALGO_BRUCK_MAX_BYTES=", bruckMaxBytes, " ROCE_PG_CHUNK_BYTES=", chunkBytes,
+             " ROCE_PG_NCHANNELS=", nChannels == 0 ? std::string("auto") : std::to_string(nChannels));
 }
 
 std::string Config::describe() const {
@@ -153,7 +166,7 @@ std::string Config::describe() const {
              simNode.empty() ? "" : str(" sim_node=", simNode), " algo_allreduce=", algoAllreduce,
              " algo_allgather=", algoAllgather, " algo_reduce_scatter=", algoReduceScatter, " rd_max_bytes=", rdMaxBytes, " ring_min_bytes=", ringMinBytes,
              " hier_min_bytes=", hierMinBytes, " bruck_max_bytes=", bruckMaxBytes,
-             " net_transport=", netTransport, " chunk_bytes=", chunkBytes,
+             " net_transport=", netTransport, " chunk_bytes=", chunkBytes, " nchannels=", nChannels,
              " shm_slot_bytes=", shmSlotBytes, " shm_chunk_bytes=", shmChunkBytes, " shm_oneshot_max_bytes=", shmOneShotMaxBytes,
              " inline_max_bytes=", inlineMaxBytes, " sync_inline_max_bytes=", syncInlineMaxBytes, " spin_us=", spinUs, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
              " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,

@@ -30,6 +30,13 @@ struct Config {
   std::string socketIfname;              // ROCE_PG_SOCKET_IFNAME
   // Pipelining granularity of the ring algorithms.
   size_t chunkBytes = 1u << 20;          // ROCE_PG_CHUNK_BYTES
+  // Large ring allreduces are split over this many channels: independent rings
+  // over slices of the vector, each on its own queue pair (its own ECMP path)
+  // and, beyond the first, with its reductions on a helper thread. 0 = auto:
+  // the smallest channelsAuto() of the group's ranks (resolved by the
+  // Communicator at group creation from every rank's CPUs, stored here).
+  int nChannels = 0;                     // ROCE_PG_NCHANNELS (0: auto, else 1..kMaxChannels)
+  static constexpr int kMaxChannels = 8;
   // Per-rank staging slot of the shared-memory allreduce (two of them per rank).
   size_t shmSlotBytes = 1u << 20;        // ROCE_PG_SHM_SLOT_BYTES
   // Pipelining granularity of the two-step shared-memory allreduce (capped by
@@ -77,6 +84,12 @@ struct Config {
   // Half the per-core L2 cache as the OS reports it, as a power of two in
   // [64 KiB, 1 MiB]; 512 KiB where the OS does not say.
   static size_t shmChunkAuto();
+  // CPUs this process may run on (its affinity mask).
+  static int usableCpus();
+  // Channels for a rank with `cpus` usable CPUs and `localRanks` ranks on its
+  // machine: one per two CPUs each local rank gets (each channel beyond the
+  // first keeps a helper thread busy beside the progress thread), 1 to 4.
+  static int channelsAuto(int cpus, int localRanks);
   std::string describe() const;
   // The settings every rank of a group must share for the algorithms to pair
   // up their messages (ROCE_PG_ALGO*, thresholds, ROCE_PG_CHUNK_BYTES).

@@ -56,6 +56,10 @@ struct Request {
   void* buf = nullptr;
   size_t len = 0;
   BufferOwner owner;   // optional: what keeps buf alive (set by the Communicator / torch adapter)
+  // 0: any path. k > 0: the request belongs to channel k-1 of a collective
+  // (ROCE_PG_NCHANNELS); a transport with several paths to a peer keeps each
+  // channel on a path of its own (verbs: queue pair (k-1) mod its count).
+  uint8_t lane = 0;
   // Set by the transport.
   bool done = false;
   std::string error;   // non-empty once failed (done is then true as well)

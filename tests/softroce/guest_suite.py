@@ -18,7 +18,7 @@ Phases (argv after the report path; default: all of them):
           every collective kind exact below and above the threshold; no byte
           copied and nothing registered in steady state; freed-and-reallocated
           tensors; eviction under a 3 MiB ROCE_PG_IB_REG_CACHE_BYTES; 4 QPs with
-          3 slots; the size-mismatch NACK and kill -9 during a zero-copy allreduce
+          3 slots; 3 channels (ROCE_PG_NCHANNELS) on 3 ranks; the size-mismatch NACK and kill -9 during a zero-copy allreduce
 
 Every group's rxe sent-packet delta is recorded with the least the group must
 have put on the wire, so a silent fall-back to TCP fails. The JSON report
@@ -104,6 +104,10 @@ def groups(phases):
                                              min_packets=proof_packets(2) + 10 * (2 << 20) // MTU)
         g["zerocopy_qps4_slots3/verbs2"] = _group("verbs2", zc + "steady_state", kwargs={"sizes": (1 << 20,), "transient": 8}, env={
             **DEFAULT_CHUNK, "ROCE_PG_IB_QPS_PER_CONNECTION": "4", "ROCE_PG_IB_SLOTS": "3"})
+        # 3 channels (3 rings, each on its own queue pair; two reduce on helper
+        # threads): 1, 2 and 4 MiB allreduces all split (256 KiB per channel at least)
+        g["zerocopy_channels3/verbs3"] = _group("verbs3", zc + "steady_state", kwargs={"transient": 8}, env={
+            **DEFAULT_CHUNK, "ROCE_PG_NCHANNELS": "3", "ROCE_PG_ALGO_RING_MIN_BYTES": str(256 << 10)})
         g["zerocopy_eviction/verbs2"] = _group("verbs2", zc + "eviction",
                                                env={**DEFAULT_CHUNK, "ROCE_PG_IB_REG_CACHE_BYTES": str(3 << 20)})
         g["zerocopy_nack/verbs3"] = _group("verbs3", zc + "mismatch", env=DEFAULT_CHUNK)

@@ -139,8 +139,9 @@ RemoteEndpoint parseEndpoint(const std::string& text, int peer, int expectQps, i
   RemoteEndpoint e;
   const auto nq = static_cast<int>(next(1, 16, "queue pair count"));
   if (nq != expectQps)
-    throwInvalid(str("rank ", peer, " uses ROCE_PG_IB_QPS_PER_CONNECTION=", nq, " but rank ", self, " uses ",
-                     expectQps, ": set the same value on every rank"));
+    throwInvalid(str("rank ", peer, " uses ", nq, " queue pairs per connection but rank ", self, " uses ",
+                     expectQps, " (the larger of ROCE_PG_IB_QPS_PER_CONNECTION and the channel count): set the same "
+                     "ROCE_PG_IB_QPS_PER_CONNECTION on every rank"));
   for (int q = 0; q < nq; ++q) e.qpns.push_back(static_cast<uint32_t>(next(1, 0xffffff, "QPN")));
   e.psn = static_cast<uint32_t>(next(0, 0xffffff, "PSN"));
   e.lid = static_cast<uint32_t>(next(0, 0xffff, "LID"));
@@ -272,7 +273,8 @@ struct ActiveSend {
 VerbsTransport::VerbsTransport(int rank, std::shared_ptr<VerbsDevice> dev, const Config& cfg, Bootstrap& bs,
                                const std::vector<bool>& serve, std::chrono::milliseconds timeout)
     : rank_(rank), dev_(std::move(dev)) {
-  qpsPerPeer_ = cfg.ibQpsPerConnection;
+  // At least one queue pair per channel (cfg.nChannels is the group's, resolved).
+  qpsPerPeer_ = std::max(cfg.ibQpsPerConnection, cfg.nChannels);
   slots_ = cfg.ibSlots;
   sqDepth_ = std::min(256, dev_->deviceAttr().max_qp_wr);
   rqDepth_ = std::min(2 * slots_ + 128, dev_->deviceAttr().max_qp_wr);
@@ -730,10 +732,16 @@ bool VerbsTransport::streamSends(int p) {
   const uint64_t chunk = chunkFor(peer);
   for (auto& as : peer.active) {
     if (as.recvId == 0) continue;  // eager: posted by flushAnnouncements
+    // A channel's messages keep to its own queue pair (one ECMP path per
+    // ring); others are spread chunk by chunk.
+    const bool pinned = as.r->lane > 0;
     while (as.posted < as.chunks && !peer.remoteFree.empty() && !peer.stagingFree.empty()) {
-      Qp& q = peer.qps[peer.nextQp % peer.qps.size()];
-      if (q.posted + (as.zc ? 2 : 1) > sqDepth_) return moved;
-      peer.nextQp++;
+      Qp& q = peer.qps[(pinned ? as.r->lane - 1u : peer.nextQp) % peer.qps.size()];
+      if (q.posted + (as.zc ? 2 : 1) > sqDepth_) {
+        if (pinned) break;  // the other channels' queue pairs may have room
+        return moved;
+      }
+      if (!pinned) peer.nextQp++;
       const uint64_t step = as.zc ? as.piece : chunk;
       const uint64_t offset = as.posted * step;
       const uint64_t len = std::min<uint64_t>(step, as.r->len - std::min(as.r->len, offset));
