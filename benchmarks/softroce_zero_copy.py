@@ -18,9 +18,10 @@ Sizes: ZC_BENCH_SIZES_MIB (default "1 4 16 64").
 
 Per size: allreduce bus bandwidth (MB/s, the slowest rank) and the CPU seconds
 per GB of bus traffic of this rank, from /proc/self/task/*/stat over the timed
-loop: the progress thread (the non-main thread with the most CPU; utime = user
-space, i.e. our memcpy and reduce; stime = kernel, i.e. rxe's emulated NIC,
-which a real NIC would not spend) and the whole process.
+loop: the progress thread (the non-main thread with the most CPU, helpers
+aside; utime = user space, i.e. our memcpy and reduce; stime = kernel, i.e.
+rxe's emulated NIC, which a real NIC would not spend), the channels' reduction
+helpers (threads named roce-reduce) and the whole process.
 """
 import json
 import os
@@ -35,24 +36,26 @@ REPS = int(os.environ.get("ZC_BENCH_REPS", 2))  # copy and zero copy alternate t
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def iters_for(size):
-    return max(1, (16 * MiB) // size)
+def iters_for(size, total=16 * MiB):
+    return max(1, total // size)
 
 
 def thread_cpu():
-    """{tid: (utime_s, stime_s)} for every thread of this process."""
+    """{tid: (utime_s, stime_s, name)} for every thread of this process."""
     out = {}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[int(tid)] = (int(fields[11]) / TICK, int(fields[12]) / TICK)
+                head, tail = f.read().rsplit(")", 1)
+            fields = tail.split()
+            out[int(tid)] = (int(fields[11]) / TICK, int(fields[12]) / TICK, head.split("(", 1)[1])
         except (OSError, IndexError, ValueError):
             pass
     return out
 
 
-def measure(dist, torch, roce_pg, group, sizes, warm=True):
+def measure(dist, torch, roce_pg, group, sizes, warm=True, total=16 * MiB):
+    """Times iters_for(size, total) allreduces per size."""
     world = dist.get_world_size(group)
     res = {}
     for size in sizes:
@@ -60,7 +63,7 @@ def measure(dist, torch, roce_pg, group, sizes, warm=True):
         for _ in range(2 if warm else 1):
             dist.all_reduce(t, group=group)
         dist.barrier(group=group)
-        n = iters_for(size)
+        n = iters_for(size, total)
         roce_pg.reset_counters(group)
         c0, w0 = thread_cpu(), time.perf_counter()
         for _ in range(n):
@@ -72,7 +75,9 @@ def measure(dist, torch, roce_pg, group, sizes, warm=True):
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
         bus_bytes = size * 2 * (world - 1) / world * n
         delta = {tid: (c1[tid][0] - c0.get(tid, (0, 0))[0], c1[tid][1] - c0.get(tid, (0, 0))[1]) for tid in c1}
-        others = {tid: d for tid, d in delta.items() if tid != os.getpid()}
+        # Channels' helper threads (ROCE_PG_NCHANNELS > 1) are named roce-reduce.
+        helpers = [d for tid, d in delta.items() if c1[tid][2] == "roce-reduce"]
+        others = {tid: d for tid, d in delta.items() if tid != os.getpid() and c1[tid][2] != "roce-reduce"}
         prog = max(others.values(), key=sum) if others else (0.0, 0.0)
         total = (sum(d[0] for d in delta.values()), sum(d[1] for d in delta.values()))
         gb = bus_bytes / 1e9
@@ -81,6 +86,7 @@ def measure(dist, torch, roce_pg, group, sizes, warm=True):
             "iters": n,
             "wall_s": wall,
             "progress_user_s_per_GB": prog[0] / gb, "progress_sys_s_per_GB": prog[1] / gb,
+            "helpers_user_s_per_GB": sum(d[0] for d in helpers) / gb,
             "process_user_s_per_GB": total[0] / gb, "process_sys_s_per_GB": total[1] / gb,
             "bytes_copied_per_byte": counters.get("bytes_copied", 0) / bus_bytes,
             "bytes_zero_copy_per_byte": counters.get("bytes_zero_copy", 0) / bus_bytes,

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 import roce_pg
 
+from .harness import thread_names
 from .reference import DTYPES, TOLERANCE, Checker, applicable_ops, inputs_for, make_input, make_op, reduce_reference
 
 ALGOS = ["auto", "ring", "rd", "rabenseifner", "hier"]
@@ -121,15 +122,8 @@ def _channels(ck, group, members, me, label):
     for dtype, opname, numel in CHANNEL_CASES:
         _check_allreduce(ck, group, members, me, label, dtype, opname, numel, 7)
     # Channels beyond the first reduce on helper threads of their own.
-    names = set()
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                names.add(f.read().strip())
-        except OSError:
-            pass
     ck.checks += 1
-    if "roce-reduce" not in names:
+    if "roce-reduce" not in thread_names():
         ck.failures.append(f"rank {ck.rank}: {label}: no roce-reduce helper thread after channelled allreduces")
 
 

@@ -50,6 +50,10 @@ def _scenarios():
             sc[f"kill_idle_{how}/{tr}"] = dict(target="tests.fault_workers.kill_while_idle", world=3,
                                                env={**env, **LONG_TIMEOUT}, kwargs={"victim": VICTIM, "how": how},
                                                expect_dead={VICTIM}, scratch=True, deadline_s=150)
+    # The same over TCP in 3 channels: two of them reduce on helper threads,
+    # which must finish before the failed operation's memory goes.
+    sc["kill_allreduce/tcp_channels"] = dict(sc["kill_allreduce/tcp"],
+                                             env={**TRANSPORTS["tcp"], **LONG_TIMEOUT, "ROCE_PG_NCHANNELS": "3"})
     # The store's process frozen (as if its host were cut off), then a rank dies: TCP
     # between the ranks, the group timeout (and the store's) 300 s.
     sc["store_frozen_kill/tcp"] = dict(runner="tests.fault_workers.run_with_frozen_store", world=3,
@@ -105,7 +109,7 @@ def test_kill_while_the_store_is_unreachable_fails_fast_and_destroys_fast(outcom
             assert res["destroy_s"] < 5, (r, res)
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("transport", ["shm", "tcp", "tcp_channels"])
 def test_kill_during_large_allreduce_fails_the_others_fast(outcomes, transport):
     _check_detection(outcomes, f"kill_allreduce/{transport}")
 

@@ -7,12 +7,12 @@ the registered staging/landing slots, from it on the NIC moves them tensor to
 tensor. Every result is compared exactly: integer-valued float32 (sums of small
 integers are exact), float64 references and int64.
 """
-import os
-
 import torch
 import torch.distributed as dist
 
 import roce_pg
+
+from tests.harness import thread_names
 
 # Per-rank message sizes in bytes: below, at and above the 64 KiB threshold,
 # and above the 1 MiB chunk (several messages per collective step).
@@ -142,19 +142,9 @@ def steady_state(rank, world, port, nbytes=2 << 20, iters=10, sizes=(1 << 20, 4 
         mrs.append(roce_pg.counters()["cached_mrs"])
     res["transient_exact"] = bool(ok)
     res["transient_mrs"] = mrs
-    res["threads"] = sorted(_thread_names())
+    res["threads"] = sorted(thread_names())
     return res
 
-
-def _thread_names():
-    names = set()
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                names.add(f.read().strip())
-        except OSError:
-            pass
-    return names
 
 
 def eviction(rank, world, port):
