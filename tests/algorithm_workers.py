@@ -15,14 +15,15 @@ from .harness import thread_names
 from .reference import DTYPES, TOLERANCE, Checker, applicable_ops, inputs_for, make_input, make_op, reduce_reference
 
 ALGOS = ["auto", "ring", "rd", "rabenseifner", "hier"]
-# "ring3ch": the ring with ROCE_PG_NCHANNELS=3 (the others leave it on auto).
-CHANNELS = {"ring3ch": ("ring", "3")}
+# "ring3ch": the ring with ROCE_PG_NCHANNELS=3; "hier2ch": hier with 2 (the
+# others leave it on auto).
+CHANNELS = {"ring3ch": ("ring", "3"), "hier2ch": ("hier", "2")}
 # The allgather algorithm tested alongside each allreduce algorithm.
 ALLGATHER_FOR = {"auto": "auto", "ring": "ring", "rd": "bruck", "rabenseifner": "bruck", "hier": "hier",
-                 "ring3ch": "ring"}
+                 "ring3ch": "ring", "hier2ch": "hier"}
 # And the reduce-scatter algorithm.
 REDUCE_SCATTER_FOR = {"auto": "auto", "ring": "ring", "rd": "auto", "rabenseifner": "auto", "hier": "hier",
-                      "ring3ch": "ring"}
+                      "ring3ch": "ring", "hier2ch": "hier"}
 # Channelled ring allreduce (8 KiB per channel at the test's ring threshold):
 # 3 channels of a few KiB, 2 channels of float64, and 3 channels of many
 # 4 KiB chunks each; uneven slices and segments throughout.
@@ -118,9 +119,17 @@ def _matrix(ck, group, members, me, label):
     dist.barrier(group=group)
 
 
-def _channels(ck, group, members, me, label):
+def _channels(ck, group, members, me, label, algo):
     for dtype, opname, numel in CHANNEL_CASES:
         _check_allreduce(ck, group, members, me, label, dtype, opname, numel, 7)
+    # hier on 2x2 runs its phases in sequence for 8191 float32 (8 KiB pieces
+    # at the test's thresholds), and its ring across machines splits the
+    # shards of 4096 and 4095 elements into 2 and 1 channels: the ranks of a
+    # machine differ, and the calls after it must still pair up.
+    for numel in (8191, 8191, 7):
+        _check_allreduce(ck, group, members, me, label, torch.float32, "SUM", numel, 8)
+    if not algo.startswith("ring"):
+        return
     # Channels beyond the first reduce on helper threads of their own.
     ck.checks += 1
     if "roce-reduce" not in thread_names():
@@ -165,7 +174,7 @@ def run(rank, world, port, groups, algos=ALGOS, traffic=None, timing=False, mism
                 name = f"[{label} {algo}]"
                 _matrix(ck, group, members, me, name)
                 if algo in CHANNELS:
-                    _channels(ck, group, members, me, name)
+                    _channels(ck, group, members, me, name, algo)
                 for numel in (traffic or {}).get(label, []):
                     counters[f"{label}/{algo}/{numel}"] = _traffic(group, numel)
                     counters[f"{label}/{algo}/{numel}/all_gather"] = _traffic(group, numel, "all_gather")

@@ -36,7 +36,8 @@ def test_two_machines_of_three():
     rank_env = {r: {"ROCE_PG_SIM_NODE": f"m{r // 3}"} for r in range(6)}
     groups = {"2x3": list(range(6)), "2x2": [0, 1, 3, 4], "1+3": [2, 3, 4, 5], "3+2": [0, 1, 2, 3, 4],
               "1x3": [0, 1, 2]}
-    counters = _run(ENV, rank_env, groups, {"2x2": [7, 1000, HIER_VS_RING]})
+    # Also hier with ROCE_PG_NCHANNELS=2 (channels in its ring across machines).
+    counters = _run(ENV, rank_env, groups, {"2x2": [7, 1000, HIER_VS_RING]}, algos=ALGOS + ["hier2ch"])
     members = groups["2x2"]  # ring order 0,1 | 3,4: the network edges are 1->3 and 4->0
 
     def per_rank(algo, numel, key):

@@ -24,15 +24,16 @@ void ringAllreduce(Communicator& c, const std::vector<int>& order, uint64_t tag,
   const size_t unit = std::max<size_t>(1, 64 / esz), units = (count + unit - 1) / unit;
   const int channels = static_cast<int>(std::min<size_t>(channelsFor(c, count * esz), units));
   if (channels <= 1) return ringReduceScatterAllgather(c, order, tag, data, RingSegments::even(count, n), t, op);
-  // Channels: independent rings over consecutive slices (cut at cache-line
-  // multiples, so two threads never write one line), each with its own tag,
+  // Channels: independent rings over consecutive slices (cut at multiples of
+  // 64 bytes, so with an aligned tensor no two threads write one cache line),
+  // each with its own tag,
   // scratch, queue pair and (beyond the first) reducing helper thread,
   // advanced together in one wait.
   std::deque<RingPass> passes;
   size_t begin = 0;
   for (int k = 0; k < channels; ++k) {
     const size_t end = std::min(count, (units * (k + 1) / channels) * unit);
-    passes.emplace_back(c, order, k == 0 ? tag : c.nextCollectiveTag(), static_cast<char*>(data) + begin * esz,
+    passes.emplace_back(c, order, channelTag(tag, k), static_cast<char*>(data) + begin * esz,
                         RingSegments::even(end - begin, n), t, op, true, true, k == 0 ? 0 : kScratchChannel + k - 1);
     passes.back().asChannel(k, k == 0 ? nullptr : &c.helper(k - 1));
     begin = end;

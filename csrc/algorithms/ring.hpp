@@ -22,6 +22,11 @@ class HelperThread;
 // pass's default, 0): kScratchChannel + k - 1. Below it: reduce/reduce-scatter
 // copies (1), recursive (2), hierarchical phases (3, 4).
 constexpr int kScratchChannel = 5;
+// Tag of channel k of the collective with tag `tag`: derived, not drawn from
+// the sequence, so ranks that split one call differently (hier's shards differ
+// by an element) still agree on every later call's tags. Collective tags are
+// sequence numbers far below bit 56; point-to-point tags use bit 63.
+inline uint64_t channelTag(uint64_t tag, int k) { return tag | (static_cast<uint64_t>(k) << 56); }
 
 struct RingSegments {
   std::vector<size_t> offset;  // in elements, per ring position

@@ -132,10 +132,31 @@ size_t Config::shmChunkAuto() {
   return std::clamp<size_t>(floorPow2(static_cast<size_t>(l2) / 2), 64u << 10, 1u << 20);
 }
 
+namespace {
+// A container's CPU quota in whole CPUs (cgroup v2 cpu.max "quota period",
+// else v1 cfs_quota_us / cfs_period_us), rounded up; 0 without one.
+int cgroupCpuQuota() {
+  long quota = -1, period = 0;
+  std::ifstream v2("/sys/fs/cgroup/cpu.max");
+  std::string q;
+  if (v2 >> q >> period) {
+    if (q == "max") return 0;
+    quota = std::atol(q.c_str());
+  } else {
+    std::ifstream fq("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), fp("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+    if (!(fq >> quota) || !(fp >> period)) return 0;
+  }
+  if (quota <= 0 || period <= 0) return 0;
+  return static_cast<int>((quota + period - 1) / period);
+}
+}  // namespace
+
 int Config::usableCpus() {
   cpu_set_t set;
-  const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
-  return cpus > 0 ? cpus : static_cast<int>(std::max(1l, sysconf(_SC_NPROCESSORS_ONLN)));
+  int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (cpus <= 0) cpus = static_cast<int>(std::max(1l, sysconf(_SC_NPROCESSORS_ONLN)));
+  const int quota = cgroupCpuQuota();  // a pod limited to 4 CPUs on a 128-CPU host has 4
+  return quota > 0 ? std::min(cpus, quota) : cpus;
 }
 
 int Config::channelsAuto(int cpus, int localRanks) {

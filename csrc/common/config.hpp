@@ -84,7 +84,7 @@ struct Config {
   // Half the per-core L2 cache as the OS reports it, as a power of two in
   // [64 KiB, 1 MiB]; 512 KiB where the OS does not say.
   static size_t shmChunkAuto();
-  // CPUs this process may run on (its affinity mask).
+  // CPUs this process may use: its affinity mask, capped by a cgroup CPU quota.
   static int usableCpus();
   // Channels for a rank with `cpus` usable CPUs and `localRanks` ranks on its
   // machine: one per two CPUs each local rank gets (each channel beyond the

@@ -626,7 +626,7 @@ void VerbsTransport::postRecv(Request* r) {
   // sender consumes RTRs strictly in order per tag.
   if (RegCache::Entry* zc = registerUserBuffer(*r)) {
     // Offer zero copy; the sender may still copy (its buffer is not registered).
-    const uint64_t piece = zeroCopyPiece(r->len);
+    const uint64_t piece = zeroCopyPiece(r->len, r->lane > 0 ? 1 : qpsPerPeer_);
     peer.recvs[id] = {r, 0, 0, {}, zc, piece, 0};
     queueCtrl(r->peer, Ctrl{kRtr, id, r->tag, r->len, 0, zc->mr->rkey, reinterpret_cast<uint64_t>(r->buf), piece, {}});
   } else {
@@ -667,10 +667,11 @@ RegCache::Entry* VerbsTransport::registerUserBuffer(const Request& r) {
   return regCache_->acquire(r.owner, r.buf, r.len);
 }
 
-uint64_t VerbsTransport::zeroCopyPiece(uint64_t len) const {
-  // Spread a message over the queue pairs, but keep pieces large (each costs
-  // a landing-slot credit and a control message back); never above max_msg_sz.
-  const uint64_t perQp = (len + qpsPerPeer_ - 1) / qpsPerPeer_;
+uint64_t VerbsTransport::zeroCopyPiece(uint64_t len, int qps) const {
+  // Spread a message over the queue pairs it may use (one for a channel's),
+  // but keep pieces large (each costs a landing-slot credit and a control
+  // message back); never above max_msg_sz.
+  const uint64_t perQp = (len + qps - 1) / qps;
   const uint64_t piece = std::max<uint64_t>(256 << 10, (perQp + 4095) & ~uint64_t(4095));
   return std::min<uint64_t>({piece, maxMsg_, uint64_t(1) << 30});
 }

@@ -106,7 +106,7 @@ class VerbsTransport : public Transport {
   void matchEager(int peer, struct ActiveSend& as, const Ctrl& rtr);
   void finishSend(int peer, struct ActiveSend& as);
   RegCache::Entry* registerUserBuffer(const Request& r);
-  uint64_t zeroCopyPiece(uint64_t len) const;
+  uint64_t zeroCopyPiece(uint64_t len, int qps) const;
   void retire(Qp& q);
   void killPeer(int peer, const std::string& why);
   std::string failureText(int peer, const struct ibv_wc& wc) const;
