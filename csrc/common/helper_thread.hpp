@@ -53,7 +53,11 @@ class HelperThread {
   // Blocks until the running job (if any) has finished: an unwinding
   // operation must not free memory a helper still writes.
   void waitIdle() {
-    auto ready = [this] { return idle(); };
+    // seq_cst: ShmWakeup's "announce a sleeper, then re-check" needs the
+    // re-check ordered after the announcement (see futex.hpp).
+    auto ready = [this] {
+      return finished_.load(std::memory_order_seq_cst) == submitted_.load(std::memory_order_relaxed);
+    };
     if (spinFor(ready, spin_)) return;
     while (!finishedWake_.sleep(ready, 1000000)) {
     }
@@ -63,8 +67,8 @@ class HelperThread {
   void loop() {
     pthread_setname_np(pthread_self(), "roce-reduce");  // visible in top -H, py-spy, /proc/<pid>/task
     uint32_t seen = 0;
-    auto ready = [&] {
-      return submitted_.load(std::memory_order_acquire) != seen || stop_.load(std::memory_order_acquire);
+    auto ready = [&] {  // seq_cst, as in waitIdle()
+      return submitted_.load(std::memory_order_seq_cst) != seen || stop_.load(std::memory_order_seq_cst);
     };
     for (;;) {
       if (!spinFor(ready, spin_))
