@@ -203,14 +203,10 @@ def run(rank, world, port, groups, algos=ALGOS, traffic=None, timing=False, mism
     return out
 
 
-def _check_settings_mismatch(ck, rank, members):
-    """A group whose ranks set different ROCE_PG_ALGO* values must fail to
-    form on every member, naming the setting, instead of pairing up different
-    message patterns."""
-    for name in ("ROCE_PG_ALGO_ALLREDUCE", "ROCE_PG_ALGO_ALLGATHER", "ROCE_PG_ALGO_REDUCE_SCATTER"):
-        os.environ[name] = "auto"
-    if rank == members[-1]:
-        os.environ["ROCE_PG_ALGO_ALLREDUCE"] = "ring"
+def _mismatched_group_error(rank, members, name, value, others):
+    """Creates a group in which the last member sets `name`=`value` and the
+    others `others`; returns the error text a member saw (None if none)."""
+    os.environ[name] = value if rank == members[-1] else others
     error = None
     try:
         group = dist.new_group(members, backend="roce")
@@ -218,23 +214,24 @@ def _check_settings_mismatch(ck, rank, members):
             dist.all_reduce(torch.ones(4), group=group)
     except Exception as e:  # noqa: BLE001 - the error text is what is checked
         error = str(e)
-    os.environ["ROCE_PG_ALGO_ALLREDUCE"] = "auto"
+    os.environ[name] = others
     dist.barrier()
+    return error
+
+
+def _check_settings_mismatch(ck, rank, members):
+    """A group whose ranks set different ROCE_PG_ALGO* (or ROCE_PG_NCHANNELS)
+    values must fail to form on every member, naming the setting, instead of
+    pairing up different message patterns."""
+    for name in ("ROCE_PG_ALGO_ALLREDUCE", "ROCE_PG_ALGO_ALLGATHER", "ROCE_PG_ALGO_REDUCE_SCATTER"):
+        os.environ[name] = "auto"
+    error = _mismatched_group_error(rank, members, "ROCE_PG_ALGO_ALLREDUCE", "ring", "auto")
     if rank in members:
         ck.checks += 1
         if not error or "different algorithm settings" not in error or "ROCE_PG_ALGO_ALLREDUCE=ring" not in error:
             ck.failures.append(f"rank {rank}: mismatched ROCE_PG_ALGO_ALLREDUCE: {error!r}")
     # The channel count decides the message pattern as well.
-    os.environ["ROCE_PG_NCHANNELS"] = "2" if rank == members[-1] else "0"
-    error = None
-    try:
-        group = dist.new_group(members, backend="roce")
-        if rank in members:
-            dist.all_reduce(torch.ones(4), group=group)
-    except Exception as e:  # noqa: BLE001 - the error text is what is checked
-        error = str(e)
-    os.environ["ROCE_PG_NCHANNELS"] = "0"
-    dist.barrier()
+    error = _mismatched_group_error(rank, members, "ROCE_PG_NCHANNELS", "2", "0")
     if rank in members:
         ck.checks += 1
         if not error or "ROCE_PG_NCHANNELS=2" not in error or "ROCE_PG_NCHANNELS=auto" not in error:

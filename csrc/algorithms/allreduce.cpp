@@ -26,9 +26,8 @@ void ringAllreduce(Communicator& c, const std::vector<int>& order, uint64_t tag,
   if (channels <= 1) return ringReduceScatterAllgather(c, order, tag, data, RingSegments::even(count, n), t, op);
   // Channels: independent rings over consecutive slices (cut at multiples of
   // 64 bytes, so with an aligned tensor no two threads write one cache line),
-  // each with its own tag,
-  // scratch, queue pair and (beyond the first) reducing helper thread,
-  // advanced together in one wait.
+  // each with its own tag, scratch, queue pair and (beyond the first)
+  // reducing helper thread, advanced together in one wait.
   std::deque<RingPass> passes;
   size_t begin = 0;
   for (int k = 0; k < channels; ++k) {

@@ -67,9 +67,9 @@ int groupChannels(const Config& cfg, const std::vector<RankInfo>& infos, const T
   if (cfg.nChannels > 0) return cfg.nChannels;
   std::vector<int> ranksOnNode(topo.numNodes, 0);
   for (int node : topo.nodeOf) ranksOnNode[node]++;
-  int channels = 4;
-  for (size_t r = 0; r < infos.size(); ++r)
-    channels = std::min(channels, Config::channelsAuto(infos[r].cpus, ranksOnNode[topo.nodeOf[r]]));
+  auto wish = [&](size_t r) { return Config::channelsAuto(infos[r].cpus, ranksOnNode[topo.nodeOf[r]]); };
+  int channels = wish(0);
+  for (size_t r = 1; r < infos.size(); ++r) channels = std::min(channels, wish(r));
   return channels;
 }
 
