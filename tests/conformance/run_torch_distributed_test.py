@@ -24,6 +24,12 @@ passed; skips of unlisted tests do not count.
 """
 import os
 import sys
+import faulthandler
+import shutil
+import signal
+import subprocess
+import threading
+import time
 
 if __name__ == "__main__":
     import argparse
@@ -80,7 +86,7 @@ if SUITE_BACKEND != BACKEND:
 
     dist.init_process_group = _init_with_tested_backend
 
-from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
+from torch.testing._internal.common_distributed import DistTestCases, get_timeout  # noqa: E402
 
 # Feature sets the suite consults, by backend name, before running a test. An
 # out-of-tree backend is in none of them; roce joins those whose tests it can
@@ -100,6 +106,35 @@ from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
 )
 
 
+# A rank that hangs is killed by the suite at its timeout with no word of
+# where it was (its pipe to the launcher is closed once the test body ends, so
+# the suite's own traceback request fails). Shortly before that, the launcher
+# asks each rank still alive for its stacks: faulthandler prints every Python
+# thread on SIGUSR1 (registered here, so forked ranks inherit it and spawned
+# ones register it on import), and gdb, where installed, the native threads.
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+HANG_REPORT_LEAD_S = 30
+
+
+def _report_hung_ranks(processes):
+    for rank, p in enumerate(processes):
+        if p.exitcode is not None or p.pid is None:
+            continue
+        print(f"\n=== rank {rank} (pid {p.pid}) is still running near the test's timeout: its stacks follow",
+              file=sys.stderr, flush=True)
+        try:
+            os.kill(p.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            continue
+        time.sleep(1)  # let it print before gdb stops it
+        gdb = shutil.which("gdb")
+        if gdb:
+            r = subprocess.run([gdb, "-p", str(p.pid), "-batch", "-ex", "thread apply all bt 30"],
+                               capture_output=True, text=True, timeout=60)
+            print("\n".join(line for line in r.stdout.splitlines() if line.startswith(("#", "Thread"))),
+                  file=sys.stderr, flush=True)
+
+
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
@@ -107,6 +142,14 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
             self._start_processes(torch.multiprocessing.get_context("fork").Process)
         else:
             self._spawn_processes()
+        lead = max(get_timeout(self.id()) - HANG_REPORT_LEAD_S, 1)
+        self._hang_report = threading.Timer(lead, _report_hung_ranks, args=(self.processes,))
+        self._hang_report.daemon = True
+        self._hang_report.start()
+
+    def tearDown(self):
+        self._hang_report.cancel()
+        super().tearDown()
 
 
 def read_test_list(path):
