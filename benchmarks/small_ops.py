@@ -9,9 +9,21 @@ Rows (all on this machine, `--ranks` local processes):
     CI does not install them);
   * 32 MiB float32 allreduce bus bandwidth (nccl-tests' busbw = S/t x 2(n-1)/n)
     for roce and gloo, and the bandwidth of a plain `dst.copy_(src)` of 32 MiB
-    (S/t) in one process as the yardstick of this machine's memory.
+    (S/t) in one process as the yardstick of this machine's memory, and the
+    same copy run in --ranks processes at once (the slowest one's S/t): an
+    allreduce rank must read and write its own tensor at least once, so when
+    one core's copy already saturates the memory bus, busbw / plain copy
+    cannot exceed about 1/--ranks (and the concurrent copies show it).
 Then the ratios the issue asks for. Machines are shared and noisy: compare
 ratios taken in one run, not absolute numbers across runs.
+
+A backend named NAME-nofr (the default list has roce-nofr and gloo-nofr) is
+NAME with PyTorch's flight recorder off (TORCH_FR_BUFFER_SIZE=0 in its ranks).
+Since torch 2.15, init_process_group attaches a recording hook to every group
+whose backend does not record natively, i.e. to roce but not to gloo; it costs
+each roce collective ~1.5 us of torch's time (capturing the caller's stack and
+thread name), about a third of an 8-byte dist.all_reduce. The rows with the
+recorder off show what roce costs without it, and gloo's native recorder off.
 
 Torch ranks are spawned by this script (a TCP store on a free port); the MPI
 column runs `mpirun -np N python small_ops.py --mpi-worker` (as root it passes
@@ -49,7 +61,13 @@ def time_blocks(fn, iters, reps, barrier):
     return statistics.median(per_call)
 
 
+NO_FLIGHT_RECORDER = "-nofr"
+
+
 def torch_rank(rank, world, port, backend, args, queue):
+    if backend.endswith(NO_FLIGHT_RECORDER):
+        backend = backend[:-len(NO_FLIGHT_RECORDER)]
+        os.environ["TORCH_FR_BUFFER_SIZE"] = "0"  # read when torch creates the group and its recorder
     import torch
     import torch.distributed as dist
 
@@ -154,6 +172,24 @@ def copy_bandwidth(nbytes, iters, reps):
     return nbytes / t / 1e9
 
 
+def copy_rank(rank, world, port, args, queue):
+    """One of `world` processes copying 32 MiB at the same time (blocks start
+    together, through a store barrier)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    copy_bandwidth(BIG_BYTES, args.big_iters, 1)  # warm-up block
+    per_block = []
+    for _ in range(args.reps):
+        dist.barrier()
+        per_block.append(copy_bandwidth(BIG_BYTES, args.big_iters, 1))
+    out = [None] * world
+    dist.all_gather_object(out, statistics.median(per_block))
+    dist.destroy_process_group()
+    if rank == 0:
+        queue.put(min(out))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, default=2)
@@ -161,7 +197,8 @@ def main():
     p.add_argument("--big-iters", type=int, default=20, help="32 MiB calls per timed block")
     p.add_argument("--reps", type=int, default=5, help="timed blocks (the median is reported)")
     p.add_argument("--warmup", type=int, default=200)
-    p.add_argument("--backends", default="roce,gloo")
+    p.add_argument("--backends", default="roce,gloo,roce-nofr,gloo-nofr",
+                   help="comma-separated; NAME-nofr runs NAME with torch's flight recorder off")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--no-mpi", action="store_true", help="skip the MPI column")
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
@@ -178,6 +215,7 @@ def main():
         results[b] = run_torch(b, args)
     mpi_s, mpi_why = run_mpi(args) if not args.no_mpi else (None, "--no-mpi")
     copy_gbs = copy_bandwidth(BIG_BYTES, args.big_iters, args.reps)
+    copies_gbs = run_ranks(copy_rank, n, (args,), args.timeout, "concurrent copies")
 
     print(f"# {'':12s} {'8 B allreduce (us)':>20s} {'32 MiB busbw (GB/s)':>21s} {'CPU/rank in 8 B loop':>21s}")
     for b, (ts, tb, cpu) in results.items():
@@ -187,17 +225,22 @@ def main():
     else:
         print(f"# MPI column skipped: {mpi_why}")
     print(f"  {'tensor copy':12s} {'-':>20s} {copy_gbs:21.2f}   (dst.copy_(src), 32 MiB, one process)")
-    if "roce" in results:
-        ts, tb, _ = results["roce"]
+    print(f"  {f'{n} copies':12s} {'-':>20s} {copies_gbs:21.2f}   (the same in {n} processes at once; the slowest)")
+    for suffix, what in (("", "torch defaults"), (NO_FLIGHT_RECORDER, "flight recorder off")):
+        roce, gloo = results.get("roce" + suffix), results.get("gloo" + suffix)
+        if roce is None:
+            continue
+        ts, tb, _ = roce
         bus = BIG_BYTES / tb / 1e9 * factor
-        print("# ratios (targets from issue 8 in brackets)")
+        print(f"# ratios, {what} (targets from issue 8 in brackets)")
         if mpi_s is not None:
             print(f"#   8 B:    roce / MPI  = {ts / mpi_s:6.2f}x slower  [<= 5x]")
-        if "gloo" in results:
-            print(f"#   8 B:    gloo / roce = {results['gloo'][0] / ts:6.1f}x faster [>= 50x]")
-            print(f"#   32 MiB: roce / gloo = {results['gloo'][1] / tb:6.2f}x busbw  [>= 5x]")
+        if gloo is not None:
+            print(f"#   8 B:    gloo / roce = {gloo[0] / ts:6.1f}x faster [>= 50x]")
+            print(f"#   32 MiB: roce / gloo = {gloo[1] / tb:6.2f}x busbw  [>= 5x]")
         print(f"#   32 MiB: roce busbw / plain copy = {bus / copy_gbs:5.2f}   [>= 0.5]")
-
+        print(f"#   32 MiB: roce busbw / {n} copies at once = {bus / copies_gbs:5.2f}   (each rank reads and "
+              "writes its own tensor as each copy does)")
 
 if __name__ == "__main__":
     main()
