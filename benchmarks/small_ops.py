@@ -161,14 +161,14 @@ def run_mpi(args):
     return None, f"mpirun failed (rc {p.returncode}): {(p.stderr or p.stdout).strip()[-400:]}"
 
 
-def copy_bandwidth(nbytes, iters, reps):
+def copy_bandwidth(nbytes, iters, reps, barrier=lambda: None):
     import torch
 
     torch.set_num_threads(1)  # one core, as each rank of an allreduce has
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    t = time_blocks(lambda: dst.copy_(src), iters, reps, lambda: None)
+    t = time_blocks(lambda: dst.copy_(src), iters, reps, barrier)
     return nbytes / t / 1e9
 
 
@@ -178,13 +178,9 @@ def copy_rank(rank, world, port, args, queue):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    copy_bandwidth(BIG_BYTES, args.big_iters, 1)  # warm-up block
-    per_block = []
-    for _ in range(args.reps):
-        dist.barrier()
-        per_block.append(copy_bandwidth(BIG_BYTES, args.big_iters, 1))
+    gbs = copy_bandwidth(BIG_BYTES, args.big_iters, args.reps, dist.barrier)
     out = [None] * world
-    dist.all_gather_object(out, statistics.median(per_block))
+    dist.all_gather_object(out, gbs)
     dist.destroy_process_group()
     if rank == 0:
         queue.put(min(out))
@@ -241,6 +237,7 @@ def main():
         print(f"#   32 MiB: roce busbw / plain copy = {bus / copy_gbs:5.2f}   [>= 0.5]")
         print(f"#   32 MiB: roce busbw / {n} copies at once = {bus / copies_gbs:5.2f}   (each rank reads and "
               "writes its own tensor as each copy does)")
+
 
 if __name__ == "__main__":
     main()
