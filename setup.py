@@ -140,9 +140,10 @@ if torch is not None:
             CppExtension(
                 name=f"{NAME}._C",
                 sources=sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True)),
-                # torch.utils.cpp_extension picks the C++ standard torch needs (C++20
-                # for torch >= 2.15); do not pass -std here.
-                extra_compile_args={"cxx": ["-O3", "-Wall", "-fno-strict-aliasing"] + sanitize},
+                # The core is C++20 (std::bit_floor, std::countr_zero, ...). torch >= 2.15
+                # compiles extensions as C++20 anyway; older torch (2.11 on the GPU
+                # machines) defaults to C++17 unless a -std flag is given, so name it.
+                extra_compile_args={"cxx": ["-std=c++20", "-O3", "-Wall", "-fno-strict-aliasing"] + sanitize},
                 extra_link_args=list(sanitize),
                 libraries=["ibverbs", "rt"],
             )

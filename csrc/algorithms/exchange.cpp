@@ -1,6 +1,7 @@
 // Collectives that are plain exchanges of blocks: gather, scatter, all-to-all,
 // and the zero-byte dissemination barrier.
 #include <cstring>
+#include <stdexcept>
 
 #include "../comm/communicator.hpp"
 #include "../common/bytes.hpp"
