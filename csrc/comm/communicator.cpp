@@ -18,6 +18,8 @@
 #include "../transport/tcp/tcp_transport.hpp"
 #include "../transport/verbs/device_probe.hpp"
 #include "../transport/verbs/verbs_transport.hpp"
+#include "connection_manager.hpp"
+#include "roster.hpp"
 
 namespace roce {
 namespace {
@@ -26,7 +28,6 @@ constexpr auto kSlowCheckEvery = std::chrono::milliseconds(200);
 // sent just before exiting (still in flight on another socket) is consumed
 // first and a wait that can complete does.
 constexpr auto kPeerFailureGrace = std::chrono::milliseconds(300);
-const char* kAbortKey = "roce_abort";
 }  // namespace
 
 namespace {
@@ -36,49 +37,14 @@ uint64_t randomNonce() {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
-// Every rank of a machine must map the same shared-memory layout, or rings
-// would overlap and reads run past a peer's segment (SIGBUS).
-void checkShmLayout(const std::vector<RankInfo>& infos, const Topology& topo) {
-  const RankInfo& first = infos[topo.localRanks[0]];
-  for (int r : topo.localRanks) {
-    const RankInfo& o = infos[r];
-    if (o.shmRingBytes != first.shmRingBytes || o.shmSlotBytes != first.shmSlotBytes)
-      throwInvalid(str("ranks ", topo.localRanks[0], " and ", r, " on this machine use different shared-memory "
-                       "layouts (ROCE_PG_SHM_RING_BYTES ", first.shmRingBytes, " vs ", o.shmRingBytes,
-                       ", ROCE_PG_SHM_SLOT_BYTES ", first.shmSlotBytes, " vs ", o.shmSlotBytes,
-                       "): set the same values on every rank"));
-  }
-}
-
-// Every rank must pick the same algorithm for the same call, or the message
-// patterns would not pair up (a size mismatch at best, a hang until the
-// timeout at worst): the settings that decide it must be equal everywhere.
-void checkAlgorithmSettings(const std::vector<RankInfo>& infos) {
-  for (size_t r = 1; r < infos.size(); ++r)
-    if (infos[r].algorithms != infos[0].algorithms)
-      throwInvalid(str("ranks 0 and ", r, " use different algorithm settings (rank 0: ", infos[0].algorithms,
-                       "; rank ", r, ": ", infos[r].algorithms, "): set the same ROCE_PG_ALGO* and "
-                       "ROCE_PG_CHUNK_BYTES, ROCE_PG_NCHANNELS values on every rank"));
-}
-
-// ROCE_PG_NCHANNELS, or with it unset ("auto") the smallest count any rank's
-// CPUs allow: computed from the same rank infos everywhere, so all agree.
-int groupChannels(const Config& cfg, const std::vector<RankInfo>& infos, const Topology& topo) {
-  if (cfg.nChannels > 0) return cfg.nChannels;
-  std::vector<int> ranksOnNode(topo.numNodes, 0);
-  for (int node : topo.nodeOf) ranksOnNode[node]++;
-  auto wish = [&](size_t r) { return Config::channelsAuto(infos[r].cpus, ranksOnNode[topo.nodeOf[r]]); };
-  int channels = wish(0);
-  for (size_t r = 1; r < infos.size(); ++r) channels = std::min(channels, wish(r));
-  return channels;
-}
-
 }  // namespace
 
-Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int rank, int size,
-                           int globalRank, std::chrono::milliseconds timeout)
-    : cfg_(cfg), bs_(std::move(bs)), timeout_(timeout) {
+Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int size, int globalRank,
+                           std::chrono::milliseconds timeout)
+    : cfg_(cfg), timeout_(timeout) {
   const auto deadline = Clock::now() + timeout_;
+  const Incarnation inc = joinIncarnation(store, rank);
+  ScopedBootstrap bs(store, inc.prefix());
   RankInfo me;
   me.hostId = localHostId();
   me.nodeId = !cfg_.simNode.empty()       ? str("sim-node-", cfg_.simNode, "@", me.hostId)
@@ -96,7 +62,7 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
     me.tcpHost = tcpAdvertiseAddress(cfg_);
     me.tcpPort = listener_->port();
     if (cfg_.netTransport != "tcp") {
-      // Open the RDMA port now, so every rank can tell the others whether it has one.
+      // Open the RDMA port now, so the leader can tell whether every rank has one.
       if (auto choice = chooseVerbsPort(cfg_, me.noVerbsWhy)) {
         try {
           verbsDev = std::make_shared<VerbsDevice>(*choice, cfg_);
@@ -109,37 +75,38 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
       me.noVerbsWhy = "ROCE_PG_NET_TRANSPORT=tcp";
     }
   }
-  bs_->set(str("info/", rank), me.encode());
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(str("info/", r));
-  auto values = waitForKeys(*bs_, keys, timeout_, str("roce process group init on rank ", rank),
-                            [](size_t r) { return str("rank ", r, " (it has not joined the group)"); });
-  std::vector<RankInfo> infos;
-  for (int r = 0; r < size; ++r) infos.push_back(RankInfo::decode(values[r], r));
+  const Roster roster = exchangeRoster(bs, store, inc, rank, size, me, cfg_, deadline, timeout_);
+  const std::vector<RankInfo>& infos = roster.ranks;
   topo_ = Topology::build(rank, infos);
   for (const auto& info : infos) hostNames_.push_back(info.hostName());
-  checkAlgorithmSettings(infos);
-  cfg_.nChannels = groupChannels(cfg_, infos, topo_);
+  cfg_.nChannels = roster.channels;
+  cfg_.forceNetwork = roster.forceNetwork;
+  // While waiting for a peer during setup: has it been replaced by a newer process?
+  auto probe = [&](int peer) {
+    return [&store, &inc, peer] {
+      if (std::string moved = replacedRanks(store, inc, {peer}); !moved.empty())
+        throwComm(str("this group cannot form: ", moved, ". That process was restarted or re-created the group "
+                      "after this formation began; call init_process_group/new_group again on every rank"));
+    };
+  };
 
-  std::vector<TcpEndpoint> eps(size);
+  endpoints_.resize(size);
   std::vector<uint64_t> nonces;
   for (int r = 0; r < size; ++r) {
-    eps[r] = {infos[r].hostId == me.hostId ? "127.0.0.1" : infos[r].tcpHost, infos[r].tcpPort};
+    endpoints_[r] = {infos[r].hostId == me.hostId ? "127.0.0.1" : infos[r].tcpHost, infos[r].tcpPort};
     nonces.push_back(infos[r].nonce);
   }
   std::unique_ptr<TcpAcceptor> acceptor;
   if (size > 1) {
     acceptor = std::make_unique<TcpAcceptor>(*listener_, rank, nonces);
-    connectLifelines(*acceptor, eps, me.nonce, deadline);
-    abortNotice_ = std::make_unique<AbortNotice>(bs_->clone(), kAbortKey);
+    connectLifelines(*acceptor, endpoints_, me.nonce, deadline, probe);
   }
 
   routes_.assign(size, nullptr);
   const bool useShm = !cfg_.forceNetwork && topo_.localRanks.size() > 1;
   if (useShm) {
-    checkShmLayout(infos, topo_);
-    nodeShm_ = std::make_unique<NodeShm>(*bs_, topo_.localRanks, topo_.localIndex, cfg_.shmRingBytes,
-                                         cfg_.shmSlotBytes, timeout_);
+    nodeShm_ = std::make_unique<NodeShm>(bs, topo_.localRanks, topo_.localIndex, cfg_.shmRingBytes,
+                                         cfg_.shmSlotBytes, deadline, timeout_);
     transports_.push_back(std::make_unique<ShmTransport>(rank, size, *nodeShm_, topo_.localRanks));
     for (int r : topo_.localRanks)
       if (r != rank) routes_[r] = transports_.back().get();
@@ -151,21 +118,28 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
     if (r == rank || routes_[r]) continue;
     viaNet[r] = anyNet = true;
   }
-  const std::string net = chooseNetworkTransport(infos);
+  const std::string& net = roster.network;
   if (anyNet && net == "verbs") {
-    transports_.push_back(std::make_unique<VerbsTransport>(rank, verbsDev, cfg_, *bs_, viaNet, timeout_));
+    transports_.push_back(std::make_unique<VerbsTransport>(rank, verbsDev, cfg_, bs, viaNet, deadline, timeout_));
   } else if (anyNet) {
-    transports_.push_back(std::make_unique<TcpTransport>(rank, *acceptor, eps, viaNet, hostNames_, me.nonce,
-                                                         std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                             std::max(deadline - Clock::now(), Clock::duration(0)))));
+    transports_.push_back(std::make_unique<TcpTransport>(rank, size, hostNames_));
   }
   for (int r = 0; r < size; ++r)
     if (viaNet[r]) routes_[r] = transports_.back().get();
   viaShm_.assign(size, false);
   for (int r = 0; r < size; ++r) viaShm_[r] = routes_[r] && !viaNet[r];
   for (auto& t : transports_) t->setCounters(&counters_);
+  if (anyNet && net == "tcp") {
+    // The listener stays open for the group's life: peers connect when they
+    // first need this rank.
+    connections_ = std::make_unique<ConnectionManager>(
+        rank, endpoints_, hostNames_, me.nonce, std::move(listener_), std::move(acceptor),
+        [this](int peer, UniqueFd fd) { route(peer)->adoptConnection(peer, fd.release()); },
+        [this](int peer, const std::string& why) { route(peer)->failPeer(peer, why); });
+    if (cfg_.connect == "eager") connectAll(viaNet, deadline);
+  }
   acceptor.reset();
-  listener_.reset();  // all connections are made
+  listener_.reset();
 
   if (logLevel() >= LogLevel::Info && rank == 0) {
     std::string rdma;
@@ -180,7 +154,8 @@ Communicator::Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int
 }
 
 void Communicator::connectLifelines(TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& eps, uint64_t nonce,
-                                    Clock::time_point deadline) {
+                                    Clock::time_point deadline,
+                                    const std::function<std::function<void()>(int)>& probe) {
   // The ring neighbours (one of them for two ranks); the lower rank of a pair dials.
   const auto& order = topo_.ringOrder;
   const int n = topo_.size;
@@ -191,10 +166,10 @@ void Communicator::connectLifelines(TcpAcceptor& acceptor, const std::vector<Tcp
   try {
     for (int peer : neighbours)
       if (peer > rank())
-        links.push_back({peer, hostNames_[peer], dialRank(eps[peer], LinkKind::Lifeline, rank(), peer, nonce, deadline).release()});
+        links.push_back({peer, hostNames_[peer], dialRank(eps[peer], LinkKind::Lifeline, rank(), peer, nonce, deadline, probe(peer)).release()});
     for (int peer : neighbours)
       if (peer < rank())
-        links.push_back({peer, hostNames_[peer], acceptor.take(LinkKind::Lifeline, peer, deadline, "lifeline setup").release()});
+        links.push_back({peer, hostNames_[peer], acceptor.take(LinkKind::Lifeline, peer, deadline, "lifeline setup", probe(peer)).release()});
   } catch (...) {
     for (auto& l : links) close(l.fd);
     throw;
@@ -202,6 +177,29 @@ void Communicator::connectLifelines(TcpAcceptor& acceptor, const std::vector<Tcp
   for (auto& l : links) tuneSocket(l.fd);
   lifeline_ = std::make_unique<Lifeline>(rank(), hostNames_[rank()], std::move(links), cfg_.heartbeatTimeoutMs,
                                          [this](const std::string& why) { onPeerFailure(why); });
+}
+
+void Communicator::connectAll(const std::vector<bool>& viaNet, Clock::time_point deadline) {
+  // ROCE_PG_CONNECT=eager: the full mesh at init. The lower rank of each pair
+  // dials (no ties to resolve); everyone waits until all its peers are in.
+  std::vector<int> peers;
+  for (int r = 0; r < size(); ++r)
+    if (viaNet[r]) peers.push_back(r);
+  for (int r : peers)
+    if (r > rank()) connections_->want(r);
+  std::vector<pollfd> fds;
+  for (;;) {
+    connections_->progress(/*now=*/true);
+    auto missing = std::find_if(peers.begin(), peers.end(), [&](int r) { return route(r)->needsConnection(r); });
+    if (missing == peers.end()) return;
+    if (Clock::now() >= deadline)
+      throwTimeout(str("connecting rank ", rank(), " to every peer (ROCE_PG_CONNECT=eager) timed out after ",
+                       timeout_.count(), " ms: ", connections_->status(*missing)));
+    if (peerFailed_.load()) throwIfPeerFailed("connecting every peer (ROCE_PG_CONNECT=eager)");
+    fds.clear();
+    connections_->addPollFds(fds);
+    poll(fds.data(), fds.size(), 100);
+  }
 }
 
 void Communicator::onPeerFailure(const std::string& why) {
@@ -220,24 +218,6 @@ void Communicator::leaveGracefully() {
 }
 
 Communicator::~Communicator() = default;
-
-std::string Communicator::chooseNetworkTransport(const std::vector<RankInfo>& infos) const {
-  if (cfg_.netTransport == "tcp") return "tcp";
-  // Which ranks talk over the network at all (the same answer on every rank).
-  std::string lacking;
-  bool anyNetwork = false;
-  for (int r = 0; r < topo_.size; ++r) {
-    bool needsNet = cfg_.forceNetwork ? topo_.size > 1 : topo_.numNodes > 1;
-    if (!needsNet) continue;
-    anyNetwork = true;
-    if (!infos[r].verbs) lacking += str("\n  rank ", r, ": ", infos[r].noVerbsWhy);
-  }
-  if (!anyNetwork || lacking.empty()) return "verbs";
-  throwInvalid(str("this group spans ", cfg_.forceNetwork ? "the network (ROCE_PG_FORCE_NETWORK=1)" : "several machines",
-                   " but not every rank has a usable RDMA port:", lacking,
-                   "\nFix the RDMA setup (ibv_devinfo should show an ACTIVE port), or set ROCE_PG_NET_TRANSPORT=tcp "
-                   "on every rank to use TCP between machines"));
-}
 
 void Communicator::FreeDeleter::operator()(void* p) const { std::free(p); }
 
@@ -320,6 +300,7 @@ void Communicator::post(Request& r) {
   r.error.clear();
   if (!broken_.empty()) return r.fail(broken_);
   Transport* t = route(r.peer);
+  if (connections_ && t->needsConnection(r.peer)) connections_->want(r.peer);
   if (r.kind == Request::Kind::Send) {
     Counters::add(viaShm_[r.peer] ? counters_.bytesSentShm : counters_.bytesSentNet, r.len);
     Counters::add(counters_.sends, 1);
@@ -339,6 +320,10 @@ void Communicator::postRecvAnySource(Request& r) {
 
 bool Communicator::progress() {
   bool moved = false;
+  if (connections_) {
+    moved |= connections_->progress(connectionsReady_);
+    connectionsReady_ = false;
+  }
   for (auto& t : transports_) moved |= t->progress();
   for (size_t i = 0; i < anySource_.size();) {
     Request* r = anySource_[i];
@@ -361,8 +346,6 @@ void Communicator::throwFailure(const std::string& msg) {
   if (peerFailed_.load()) {
     std::lock_guard<std::mutex> g(abortMu_);
     cause = peerFailure_;
-  } else if (abortNotice_) {
-    cause = abortNotice_->seen().value_or("");
   }
   if (!cause.empty() && msg.find(cause) == std::string::npos)
     throwComm(str(opName(), " on rank ", rank(), " failed: ", msg, " (first failure reported in the group: ", cause, ")"));
@@ -418,9 +401,6 @@ void Communicator::slowChecks() {
   // connections while others may still finish with third ranks; a rank that
   // died is reported by the lifelines (csrc/comm/lifeline.hpp) to everyone.
   for (auto& t : transports_) t->checkPeers();
-  // Never a store call here: it could block for the store's whole timeout.
-  std::optional<std::string> msg = abortNotice_ ? abortNotice_->seen() : std::nullopt;
-  if (msg) throwComm(str(opName(), " on rank ", rank(), " stopped because another rank failed: ", *msg));
 }
 
 void Communicator::waitUntil(const std::function<bool()>& done, const std::function<std::string()>& waitingFor,
@@ -482,6 +462,7 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
   waitFds_.push_back(pollfd{wakeup_.fd(), POLLIN, 0});
   for (auto& t : transports_)
     if (!t->prepareWait(waitFds_, !anySource_.empty())) return Blocked::Cannot;
+  if (connections_) connections_->addPollFds(waitFds_);
   wakeup_.announce();
   // What arrived before the transports armed their notifications raises no
   // event: look once more. Then the conditions a waker sets.
@@ -506,7 +487,29 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
   wakeup_.withdraw();
   if (rc < 0 && errno != EINTR) return Blocked::Cannot;  // cannot block here: poll instead
   for (auto& t : transports_) t->afterWait();
+  connectionsReady_ = true;  // a peer may have dialed: look at the sockets at once
   return Blocked::Slept;
+}
+
+void Communicator::announceIdle() {
+  // Under the engine's lock: an inline operation may change connections_
+  // while waitIdle() blocks. A descriptor it closes meanwhile only makes the
+  // poll return early.
+  idleFds_.clear();
+  idleFds_.push_back(pollfd{idleWakeup_.fd(), POLLIN, 0});
+  if (connections_) connections_->addPollFds(idleFds_);
+  idleWakeup_.announce();
+}
+
+void Communicator::waitIdle() {
+  // Bounded, so a lost wake-up costs a second, not a hang.
+  const timespec ts = toTimespec(std::chrono::seconds(1));
+  ppoll(idleFds_.data(), idleFds_.size(), &ts, nullptr);
+  idleWakeup_.withdraw();
+}
+
+void Communicator::serveConnections() {
+  if (connections_) connections_->progress(/*now=*/true);
 }
 
 void Communicator::waitAll(Request* const* reqs, size_t n) {
@@ -520,9 +523,15 @@ void Communicator::waitAll(Request* const* reqs, size_t n) {
   };
   waitUntil(failedOrDone, [&] {
     for (size_t i = 0; i < n; ++i)
-      if (!reqs[i]->done)
-        return str("rank ", reqs[i]->peer < 0 ? std::string("<any>") : std::to_string(reqs[i]->peer),
-                   reqs[i]->kind == Request::Kind::Send ? " to receive " : " to send ", reqs[i]->len, " bytes");
+      if (!reqs[i]->done) {
+        const int peer = reqs[i]->peer;
+        std::string connection;
+        if (peer >= 0 && connections_ && route(peer)->needsConnection(peer))
+          connection = str(" (", connections_->status(peer), ")");
+        return str("rank ", peer < 0 ? std::string("<any>") : std::to_string(peer),
+                   reqs[i]->kind == Request::Kind::Send ? " to receive " : " to send ", reqs[i]->len, " bytes",
+                   connection);
+      }
     return std::string("peers");
   });
 }
@@ -538,10 +547,9 @@ void Communicator::breakWith(const std::string& reason, bool tellPeers) {
   broken_ = reason;
   transportsFailAll(reason);
   if (!tellPeers) return;
+  // The lifelines carry the notice around the ring in both directions; the
+  // store is not used after init (its host may be the one that failed).
   if (lifeline_) lifeline_->announceFailure(str("rank ", rank(), " (host ", hostNames_[rank()], ") failed: ", reason));
-  // Asynchronous: the store may be unreachable (a partition, this port down),
-  // and the lifelines have told the neighbours already.
-  if (abortNotice_) abortNotice_->publish(str("rank ", rank(), ": ", reason));
 }
 
 void Communicator::requestAbort(const std::string& why) {

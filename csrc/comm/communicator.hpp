@@ -24,22 +24,24 @@
 #include "../common/helper_thread.hpp"
 #include "../common/wakeup.hpp"
 #include "../transport/transport.hpp"
-#include "abort_notice.hpp"
 #include "topology.hpp"
+#include "../transport/tcp/tcp_connect.hpp"
 
 namespace roce {
 
+class ConnectionManager;
 class Lifeline;
 class NodeShm;
 class TcpAcceptor;
 class TcpListener;
-struct TcpEndpoint;
 
 class Communicator {
  public:
   // Collective over the group: exchanges rank info through `bs`, connects
   // transports. `globalRank` places the rank on simulated nodes.
-  Communicator(std::unique_ptr<Bootstrap> bs, const Config& cfg, int rank, int size, int globalRank,
+  // `store` is used only inside the constructor (keys under this group
+  // incarnation's prefix, see incarnation.hpp).
+  Communicator(Bootstrap& store, const Config& cfg, int rank, int size, int globalRank,
                std::chrono::milliseconds timeout);
   ~Communicator();
 
@@ -100,6 +102,20 @@ class Communicator {
   Blocked blockUntilActivity(const std::function<bool()>& interrupt = nullptr);
   // Interrupts blockUntilActivity from another thread; cheap when nobody blocks.
   void wake() { wakeup_.wake(); }
+  // --- the engine with nothing to run ---------------------------------------
+  // Peers may connect to this rank at any time (connections on demand), so an
+  // idle engine keeps answering them instead of sleeping on its condition
+  // variable: announceIdle() under the engine's lock (it also collects the
+  // sockets to watch), then waitIdle() without it (returns on wakeIdle() or
+  // socket activity), then serveConnections() under the lock again (no inline
+  // operation runs meanwhile).
+  // The idle wait has an eventfd of its own: an inline operation may block in
+  // blockUntilActivity (on wakeup_) at the same time on the caller's thread.
+  bool answersConnections() const { return connections_ != nullptr; }
+  void announceIdle();
+  void wakeIdle() { idleWakeup_.wake(); }
+  void waitIdle();
+  void serveConnections();
   // A wait loop's state across rounds in which nothing moved.
   struct IdleWait {
     bool idle = false;  // nothing moved since `since`
@@ -175,31 +191,37 @@ class Communicator {
  private:
   Transport* route(int peer) const;
   void startOperation();  // counts the operation; refuses it on a broken group
-  // "verbs" or "tcp" for the peers not on this machine; throws when the group
-  // needs the network, verbs was not ruled out, and some rank lacks a port.
-  std::string chooseNetworkTransport(const std::vector<RankInfo>& infos) const;
   void slowChecks();
   void throwIfPeerFailed(const std::string& what);
+  // probe(peer) returns a check that throws when `peer` will never connect.
   void connectLifelines(TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& eps, uint64_t nonce,
-                        Clock::time_point deadline);
+                        Clock::time_point deadline, const std::function<std::function<void()>(int)>& probe);
+  // ROCE_PG_CONNECT=eager: connects every network peer before init returns.
+  void connectAll(const std::vector<bool>& viaNet, Clock::time_point deadline);
   void onPeerFailure(const std::string& why);  // from the lifeline thread
   [[noreturn]] void throwFailure(const std::string& msg);
   void transportsFailAll(const std::string& why);
 
   Config cfg_;
-  std::unique_ptr<Bootstrap> bs_;
   Topology topo_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<TcpListener> listener_;
   std::unique_ptr<NodeShm> nodeShm_;
   std::vector<std::string> hostNames_;  // per rank, for messages
+  std::vector<TcpEndpoint> endpoints_;  // per rank: its listener (loopback on this host)
   std::vector<std::unique_ptr<Transport>> transports_;
+  // Network peers' connections, made on demand (null without network peers;
+  // destroyed before the transports, see the member order below).
+  std::unique_ptr<ConnectionManager> connections_;
+  bool connectionsReady_ = false;  // a blocked wait woke: service the sockets now
   std::vector<Transport*> routes_;  // per peer; null for self
   std::vector<bool> viaShm_;        // per peer: served by shared memory (for the counters)
   Counters counters_;
   std::vector<Request*> anySource_;
   Wakeup wakeup_;
   std::vector<pollfd> waitFds_;  // reused by blockUntilActivity
+  Wakeup idleWakeup_;            // the engine's idle wait (waitIdle)
+  std::vector<pollfd> idleFds_;  // reused by waitIdle
   std::deque<Request> owned_;  // requests created by post(kind, ...); see there
   std::string broken_;
   std::atomic<bool> abortRequested_{false};
@@ -228,8 +250,6 @@ class Communicator {
   std::atomic<uint64_t> helperEvents_{0};
   uint64_t helperEventsSeen_ = 0;
   std::vector<std::unique_ptr<HelperThread>> helpers_;
-  // The store's abort key, watched off the progress thread (see abort_notice.hpp).
-  std::unique_ptr<AbortNotice> abortNotice_;
   // Last member: destroyed first, so its thread (which calls onPeerFailure)
   // stops before anything it touches goes away.
   std::unique_ptr<Lifeline> lifeline_;

@@ -72,6 +72,7 @@ Config Config::fromEnv() {
   }
   c.algoAllreduce = oneOf("ROCE_PG_ALGO_ALLREDUCE", oneOf("ROCE_PG_ALGO", "auto", {"auto", "ring", "hier", "rd", "rabenseifner"}),
                           {"auto", "ring", "hier", "rd", "rabenseifner"});
+  c.connect = oneOf("ROCE_PG_CONNECT", "lazy", {"lazy", "eager"});
   c.algoAllgather = oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "ring", "bruck", "hier"});
   c.algoReduceScatter = oneOf("ROCE_PG_ALGO_REDUCE_SCATTER", "auto", {"auto", "ring", "hier"});
   c.rdMaxBytes = envInt("ROCE_PG_ALGO_RD_MAX_BYTES", c.rdMaxBytes, 0, 1ll << 40);
@@ -187,7 +188,7 @@ std::string Config::describe() const {
              simNode.empty() ? "" : str(" sim_node=", simNode), " algo_allreduce=", algoAllreduce,
              " algo_allgather=", algoAllgather, " algo_reduce_scatter=", algoReduceScatter, " rd_max_bytes=", rdMaxBytes, " ring_min_bytes=", ringMinBytes,
              " hier_min_bytes=", hierMinBytes, " bruck_max_bytes=", bruckMaxBytes,
-             " net_transport=", netTransport, " chunk_bytes=", chunkBytes, " nchannels=", nChannels,
+             " net_transport=", netTransport, " connect=", connect, " chunk_bytes=", chunkBytes, " nchannels=", nChannels,
              " shm_slot_bytes=", shmSlotBytes, " shm_chunk_bytes=", shmChunkBytes, " shm_oneshot_max_bytes=", shmOneShotMaxBytes,
              " inline_max_bytes=", inlineMaxBytes, " sync_inline_max_bytes=", syncInlineMaxBytes, " spin_us=", spinUs, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
              " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,

@@ -26,6 +26,10 @@ struct Config {
   // Network transport between machines: "auto" (verbs when every rank has a
   // usable RDMA port, else an error for groups spanning machines), "verbs" or "tcp".
   std::string netTransport = "auto";     // ROCE_PG_NET_TRANSPORT
+  // When network connections are made: "lazy" (default) when an algorithm or
+  // a point-to-point call first needs a peer, so a rank connects to the peers
+  // it talks to; "eager" connects every pair at init (the old full mesh).
+  std::string connect = "lazy";          // ROCE_PG_CONNECT: lazy|eager
   // Interface whose IPv4 address peers use to reach this rank over TCP.
   std::string socketIfname;              // ROCE_PG_SOCKET_IFNAME
   // Pipelining granularity of the ring algorithms.

@@ -23,8 +23,10 @@ void Engine::enqueue(std::shared_ptr<Task> task) {
     }
     queue_.push_back(std::move(task));
     // The progress thread may be blocked on its transports with async work in
-    // flight (under mu_: comm_ lives while stop_ is false).
+    // flight, or idle, answering connections (under mu_: comm_ lives while
+    // stop_ is false).
     comm_->wake();
+    comm_->wakeIdle();
   }
   cv_.notify_one();
 }
@@ -169,7 +171,21 @@ void Engine::loop() {
         // Nothing to progress: sleep until work arrives (brief spin first would
         // only burn a core another rank may need).
         parked_ = true;  // callers may now run small collectives inline (runInline)
-        cv_.wait(g, [&] { return stop_ || !queue_.empty(); });
+        while (!stop_ && queue_.empty()) {
+          if (!comm_->answersConnections()) {
+            cv_.wait(g, [&] { return stop_ || !queue_.empty(); });
+            break;
+          }
+          // Peers connect when they first need this rank: answer them while
+          // idle, or a peer's first message would wait for this rank's next
+          // operation. comm_ is touched only under mu_ (an inline operation
+          // holds it while it runs).
+          comm_->announceIdle();
+          g.unlock();
+          comm_->waitIdle();
+          g.lock();
+          if (!stop_) comm_->serveConnections();
+        }
         parked_ = false;
       }
       if (stop_) break;
@@ -260,6 +276,7 @@ void Engine::stopThread(const std::string& why) {
     }
   }
   cv_.notify_all();
+  if (comm_) comm_->wakeIdle();  // an idle engine may be polling its sockets
   if (thread_.joinable()) {
     if (thread_.get_id() == std::this_thread::get_id()) {
       thread_.detach();

@@ -62,7 +62,7 @@ RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   try {
     cfg_ = Config::fromEnv();
     StoreBootstrap bs(store);
-    auto comm = std::make_unique<Communicator>(bs.clone(), cfg_, rank, size, globalRank, timeout);
+    auto comm = std::make_unique<Communicator>(bs, cfg_, rank, size, globalRank, timeout);
     engine_ = std::make_unique<Engine>(std::move(comm));
   } catch (const Error& e) {
     C10_THROW_ERROR(DistBackendError, e.what());

@@ -1,5 +1,6 @@
 // roce::Bootstrap over the c10d::Store torch hands the backend (already
-// prefixed per group and device).
+// prefixed per group and device). Used only on the thread that creates the
+// group, while it forms: no clone, no second connection to the store.
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -13,22 +14,23 @@ class StoreBootstrap : public Bootstrap {
   void set(const std::string& key, const std::string& value) override {
     store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
   }
-  std::optional<std::string> tryGet(const std::string& key) override {
-    if (!store_->check({key})) return std::nullopt;
-    auto v = store_->get(key);
-    return std::string(v.begin(), v.end());
-  }
   int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
-  std::unique_ptr<Bootstrap> clone() override {
-    // A separate connection for the progress thread; stores that cannot clone
-    // (HashStore, some FileStores) are shared instead, which is safe as their
-    // operations lock internally.
+  bool wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    // c10d stores report a wait that outlived its timeout by throwing
+    // DistStoreError (a subclass of DistError); any other error is real.
     try {
-      return std::make_unique<StoreBootstrap>(store_->clone());
-    } catch (const std::exception&) {
-      return std::make_unique<StoreBootstrap>(store_);
+      store_->wait(keys, timeout);
+      return true;
+    } catch (const c10::DistStoreError&) {
+      return false;
     }
   }
+  std::vector<std::string> multiGet(const std::vector<std::string>& keys) override {
+    std::vector<std::string> out;
+    for (auto& v : store_->multiGet(keys)) out.emplace_back(v.begin(), v.end());
+    return out;
+  }
+  bool check(const std::string& key) override { return store_->check({key}); }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

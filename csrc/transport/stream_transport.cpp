@@ -32,11 +32,23 @@ StreamTransport::FrameHeader StreamTransport::makeHeader(const Request& r) const
 
 StreamTransport::StreamTransport(int rank, std::vector<std::unique_ptr<BytePipe>> pipes, bool copiesPayload)
     : rank_(rank), peers_(pipes.size()), copiesPayload_(copiesPayload) {
-  for (size_t i = 0; i < pipes.size(); ++i) peers_[i].pipe = std::move(pipes[i]);
+  for (size_t i = 0; i < pipes.size(); ++i)
+    if (pipes[i]) addPipe(static_cast<int>(i), std::move(pipes[i]));
 }
 
+StreamTransport::Peer& StreamTransport::peer_(int p) {
+  auto& slot = peers_.at(p);
+  if (!slot) {
+    slot = std::make_unique<Peer>();
+    live_.push_back(p);
+  }
+  return *slot;
+}
+
+void StreamTransport::addPipe(int peer, std::unique_ptr<BytePipe> pipe) { peer_(peer).pipe = std::move(pipe); }
+
 void StreamTransport::postSend(Request* r) {
-  Peer& p = peers_.at(r->peer);
+  Peer& p = peer_(r->peer);
   if (!p.deadReason.empty()) return r->fail(p.deadReason);
   p.sendq.push_back(r);
 }
@@ -56,7 +68,7 @@ void StreamTransport::deliverBuffered(int peer, Request* r, const std::vector<ch
 }
 
 void StreamTransport::postRecv(Request* r) {
-  Peer& p = peers_.at(r->peer);
+  Peer& p = peer_(r->peer);
   auto it = p.unmatched.find(r->tag);
   if (it != p.unmatched.end() && !it->second.empty()) {
     deliverBuffered(r->peer, r, it->second.front());
@@ -69,8 +81,8 @@ void StreamTransport::postRecv(Request* r) {
 }
 
 bool StreamTransport::hasUnmatched(int peer, uint64_t tag) {
-  Peer& p = peers_.at(peer);
-  if (!p.pipe) return false;
+  if (!hasPipe(peer)) return false;
+  Peer& p = *peers_[peer];
   auto it = p.unmatched.find(tag);
   if (it != p.unmatched.end() && !it->second.empty()) return true;
   // A message still streaming in with no receive waiting for it counts too.
@@ -79,17 +91,17 @@ bool StreamTransport::hasUnmatched(int peer, uint64_t tag) {
 
 bool StreamTransport::progress() {
   bool moved = false;
-  for (size_t i = 0; i < peers_.size(); ++i) {
-    Peer& p = peers_[i];
+  for (int i : live_) {
+    Peer& p = *peers_[i];
     if (!p.pipe || !p.deadReason.empty()) continue;
     try {
-      moved |= progressSend(static_cast<int>(i), p);
-      moved |= progressRecv(static_cast<int>(i), p);
+      moved |= progressSend(i, p);
+      moved |= progressRecv(i, p);
     } catch (const Error& e) {
-      killPeer(static_cast<int>(i), p, e.what());
+      killPeer(i, p, e.what());
       moved = true;
     } catch (const std::bad_alloc&) {
-      killPeer(static_cast<int>(i), p,
+      killPeer(i, p,
                str("out of memory buffering a ", p.recvHdr.len, "-byte message from rank ", i,
                    " that arrived before its receive was posted"));
       moved = true;
@@ -207,14 +219,14 @@ void StreamTransport::onPayloadDone(int peer, Peer& p) {
 
 std::string StreamTransport::checkPeers() {
   std::string firstDead;
-  for (size_t i = 0; i < peers_.size(); ++i) {
-    Peer& p = peers_[i];
+  for (int i : live_) {
+    Peer& p = *peers_[i];
     if (!p.pipe) continue;
     if (p.deadReason.empty()) {
       try {
         p.pipe->checkAlive();
       } catch (const Error& e) {
-        killPeer(static_cast<int>(i), p, e.what());
+        killPeer(i, p, e.what());
       }
     }
     if (firstDead.empty()) firstDead = p.deadReason;
@@ -225,8 +237,11 @@ std::string StreamTransport::checkPeers() {
 bool StreamTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
   const size_t first = fds.size();
   silentPeers_ = false;
-  for (Peer& p : peers_) {
-    // A dead peer's socket stays readable (EOF) forever: never wait on it.
+  for (int i : live_) {
+    Peer& p = *peers_[i];
+    // A dead peer's socket stays readable (EOF) forever: never wait on it. A
+    // peer not connected yet has no descriptor: the connection manager's
+    // sockets announce its connection.
     if (!p.pipe || !p.deadReason.empty()) continue;
     const int fd = p.pipe->pollFd();
     if (fd >= 0) {
@@ -257,8 +272,7 @@ void StreamTransport::killPeer(int peer, Peer& p, const std::string& why) {
 }
 
 void StreamTransport::failAll(const std::string& why) {
-  for (size_t i = 0; i < peers_.size(); ++i)
-    if (peers_[i].pipe) killPeer(static_cast<int>(i), peers_[i], why);
+  for (int i : live_) killPeer(i, *peers_[i], why);
 }
 
 }  // namespace roce

@@ -30,11 +30,16 @@ class BytePipe {
 
 class StreamTransport : public Transport {
  public:
-  // pipes[peer] may be null for peers this transport does not serve.
+  // pipes[peer] may be null for peers this transport does not serve, or does
+  // not serve yet (connections made on demand arrive through addPipe).
   // copiesPayload: the pipes memcpy every byte through a staging buffer (the
   // shared-memory rings), so payload written and read counts as copied; TCP's
   // copies happen in the kernel and are not counted.
   StreamTransport(int rank, std::vector<std::unique_ptr<BytePipe>> pipes, bool copiesPayload = false);
+  // A connection to `peer` became usable: requests queued for it start moving.
+  void addPipe(int peer, std::unique_ptr<BytePipe> pipe);
+  bool hasPipe(int peer) const { return peer < static_cast<int>(peers_.size()) && peers_[peer] && peers_[peer]->pipe; }
+  void failPeer(int peer, const std::string& why) override { killPeer(peer, peer_(peer), why); }
   void postSend(Request* r) override;
   void postRecv(Request* r) override;
   bool progress() override;
@@ -86,7 +91,11 @@ class StreamTransport : public Transport {
   FrameHeader makeHeader(const Request& r) const;
   void deliverBuffered(int peer, Request* r, const std::vector<char>& msg);
 
-  std::vector<Peer> peers_;
+  // Per-peer state exists only for peers this rank talked to (or has a pipe
+  // to): memory follows the peers, not the group size. `live_` lists them.
+  Peer& peer_(int p);
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::vector<int> live_;
   bool copiesPayload_;
   bool silentPeers_ = false;  // the last prepareWait left out a live pipe without a descriptor
 };

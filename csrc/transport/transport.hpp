@@ -13,6 +13,7 @@
 //  * all calls happen on one thread (the group's progress thread): no locking.
 #pragma once
 #include <poll.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -86,6 +87,22 @@ class Transport {
   virtual std::string checkPeers() { return {}; }
   // Fails every pending request with `why` (abort / shutdown).
   virtual void failAll(const std::string& why) = 0;
+
+  // Connections made on demand (csrc/comm/connection_manager.hpp). A transport
+  // whose peers are reached through a TCP connection that may not exist yet
+  // (TCP itself; verbs, whose queue pairs are set up over one) queues requests
+  // to such a peer and asks for it through needsConnection; the Communicator
+  // then hands it the established socket (adoptConnection: owned from then
+  // on), or reports that the peer cannot be reached (failPeer).
+  virtual bool needsConnection(int peer) const {
+    (void)peer;
+    return false;
+  }
+  virtual void adoptConnection(int peer, int fd) {
+    (void)peer;
+    ::close(fd);  // only transports whose needsConnection() said yes are handed sockets
+  }
+  virtual void failPeer(int peer, const std::string& why) = 0;
 
   // Event-driven waiting (the Communicator's idle wait). prepareWait appends
   // the descriptors that become ready when progress() may move something

@@ -15,7 +15,7 @@ static_assert(sizeof(ShmRankControl) <= kPage, "the control block must fit its p
 }  // namespace
 
 NodeShm::NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size_t ringBytes,
-                 size_t slotBytes, std::chrono::milliseconds timeout)
+                 size_t slotBytes, std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout)
     : me_(me), ringBytes_(ringBytes), slotBytes_(slotBytes) {
   const int n = static_cast<int>(localRanks.size());
   // Layout: [control page][one ring per local rank, own index unused][slot 0][slot 1]
@@ -30,7 +30,7 @@ NodeShm::NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size
   bs.set(str("shm/", myRank), mine.name());
   std::vector<std::string> keys;
   for (int r : localRanks) keys.push_back(str("shm/", r));
-  auto values = waitForKeys(bs, keys, timeout, "shared-memory setup",
+  auto values = waitForKeys(bs, keys, deadline, timeout, "shared-memory setup",
                             [&](size_t i) { return str("rank ", localRanks[i]); });
   segs_.resize(n);
   for (int i = 0; i < n; ++i) {
@@ -44,7 +44,8 @@ NodeShm::NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size
   }
   segs_[me] = std::move(mine);
   // Once everyone has mapped every segment the names are no longer needed.
-  storeBarrier(bs, str("shm/mapped/", localRanks[0]), n, timeout, "shared-memory setup (mapping peers' segments)");
+  storeBarrier(bs, str("shm/mapped/", localRanks[0]), n, deadline, timeout,
+               "shared-memory setup (mapping peers' segments)");
   segs_[me].unlink();
 }
 

@@ -41,7 +41,7 @@ class NodeShm {
   // Collective over the local ranks (`localRanks` are group ranks in order,
   // `me` is this rank's index among them). Blocks until all peers mapped.
   NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size_t ringBytes,
-          size_t slotBytes, std::chrono::milliseconds timeout);
+          size_t slotBytes, std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout);
 
   int localSize() const { return static_cast<int>(segs_.size()); }
   int localIndex() const { return me_; }

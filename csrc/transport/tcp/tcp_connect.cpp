@@ -20,13 +20,24 @@ namespace roce {
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x526f4345;  // "RoCE"
-constexpr uint16_t kHelloVersion = 2;
+constexpr uint16_t kHelloVersion = 3;  // 3: data connections are answered (HelloReply)
 // A dialer sends its hello right after connect(); one that has not after this
 // long is not one of ours (or is hopelessly overloaded) and is dropped.
 constexpr auto kHelloDeadline = std::chrono::seconds(30);
 // Bound on one connect() attempt, so an unroutable address cannot eat the
 // whole group timeout in a single SYN retry cycle.
 constexpr auto kConnectAttempt = std::chrono::seconds(5);
+// How often a setup wait asks whether its peer will ever come (a store round trip).
+constexpr auto kProbeEvery = std::chrono::seconds(1);
+
+constexpr uint32_t kReplyMagic = 0x52504c59;  // "RPLY"
+
+struct Reply {
+  uint32_t magic;
+  uint16_t status;  // HelloReply
+  uint16_t pad;
+};
+static_assert(sizeof(Reply) == 8);
 
 struct Hello {
   uint32_t magic;
@@ -115,19 +126,76 @@ std::string peerAddress(int fd) {
   return str(buf, ":", ntohs(sa.sin_port));
 }
 
-UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint64_t selfNonce,
-                  Clock::time_point deadline) {
+namespace {
+sockaddr_in addressOf(const TcpEndpoint& ep, int peer) {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(ep.port));
   if (ep.port <= 0 || ep.port > 65535 || inet_pton(AF_INET, ep.host.c_str(), &sa.sin_addr) != 1)
     throwComm(str("rank ", peer, " published an invalid TCP address '", ep.host, ":", ep.port,
                   "' (mixed roce_pg versions across ranks?)"));
+  return sa;
+}
+
+UniqueFd newSocket() {
+  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) throwComm(str("socket() failed: ", std::strerror(errno), " (out of file descriptors? `ulimit -n`)"));
+  return fd;
+}
+}  // namespace
+
+UniqueFd startDial(const TcpEndpoint& ep, int peer) {
+  const sockaddr_in sa = addressOf(ep, peer);
+  UniqueFd fd = newSocket();
+  setNonBlocking(fd.get(), true);
+  if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) != 0 && errno != EINPROGRESS) {
+    // Reported like a failed asynchronous connect: through SO_ERROR.
+    const int err = errno;
+    setsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, sizeof(err));
+  }
+  return fd;
+}
+
+int connectResult(int fd) {
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno;
+  return err;
+}
+
+bool sendHello(int fd, LinkKind kind, int self, int peer, uint64_t selfNonce) {
+  Hello h{kHelloMagic, kHelloVersion, static_cast<uint16_t>(kind), self, peer, selfNonce};
+  return send(fd, &h, sizeof(h), MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(h));
+}
+
+bool sendReply(int fd, HelloReply reply) {
+  Reply r{kReplyMagic, static_cast<uint16_t>(reply), 0};
+  return send(fd, &r, sizeof(r), MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(r));
+}
+
+std::optional<HelloReply> readReply(int fd, int peer) {
+  Reply r{};
+  ssize_t n = recv(fd, &r, sizeof(r), MSG_DONTWAIT | MSG_PEEK);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return std::nullopt;
+  if (n == 0 || n < 0)
+    throwComm(str("rank ", peer, " closed the connection before answering its hello (",
+                  n == 0 ? "EOF" : std::strerror(errno), "): it exited or left the group"));
+  if (n < static_cast<ssize_t>(sizeof(r))) return std::nullopt;
+  (void)!recv(fd, &r, sizeof(r), MSG_DONTWAIT);
+  if (r.magic != kReplyMagic || (r.status != static_cast<uint16_t>(HelloReply::Accepted) &&
+                                 r.status != static_cast<uint16_t>(HelloReply::Superseded)))
+    throwComm(str("rank ", peer, " answered a connection with garbage (mixed roce_pg versions across ranks?)"));
+  return static_cast<HelloReply>(r.status);
+}
+
+UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint64_t selfNonce,
+                  Clock::time_point deadline, const std::function<void()>& probe) {
+  const sockaddr_in sa = addressOf(ep, peer);
   const std::string who = str("rank ", peer, " (", ep.host, ":", ep.port, ")");
   std::string lastErr;
+  Clock::time_point nextProbe = Clock::now() + kProbeEvery;
   do {
-    UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (fd.get() < 0) throwComm(str("socket() failed: ", std::strerror(errno), " (out of file descriptors? `ulimit -n`)"));
+    UniqueFd fd = newSocket();
     int err = connectOnce(fd.get(), sa, std::min(deadline, Clock::now() + kConnectAttempt));
     if (err == 0) {
       Hello h{kHelloMagic, kHelloVersion, static_cast<uint16_t>(kind), self, peer, selfNonce};
@@ -135,6 +203,10 @@ UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint
       return fd;
     }
     lastErr = std::strerror(err);
+    if (probe && Clock::now() >= nextProbe) {
+      probe();
+      nextProbe = Clock::now() + kProbeEvery;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   } while (Clock::now() < deadline);
   throwComm(str("could not connect to ", who, ": ", lastErr,
@@ -196,8 +268,30 @@ void TcpAcceptor::readHellos() {
   }
 }
 
-UniqueFd TcpAcceptor::take(LinkKind kind, int peer, Clock::time_point deadline, const std::string& what) {
+void TcpAcceptor::service() {
+  acceptNew();
+  readHellos();
+}
+
+void TcpAcceptor::addPollFds(std::vector<pollfd>& fds) const {
+  fds.push_back({listener_.fd(), POLLIN, 0});
+  for (const auto& p : pending_) fds.push_back({p.fd, POLLIN, 0});
+}
+
+std::optional<std::pair<int, UniqueFd>> TcpAcceptor::takeAny(LinkKind kind) {
+  for (auto it = ready_.begin(); it != ready_.end(); ++it)
+    if (it->first.first == static_cast<int>(kind)) {
+      std::pair<int, UniqueFd> out{it->first.second, UniqueFd(it->second)};
+      ready_.erase(it);
+      return out;
+    }
+  return std::nullopt;
+}
+
+UniqueFd TcpAcceptor::take(LinkKind kind, int peer, Clock::time_point deadline, const std::string& what,
+                           const std::function<void()>& probe) {
   const std::pair<int, int> key{static_cast<int>(kind), peer};
+  Clock::time_point nextProbe = Clock::now() + kProbeEvery;
   for (;;) {
     if (auto it = ready_.find(key); it != ready_.end()) {
       UniqueFd fd(it->second);
@@ -209,6 +303,10 @@ UniqueFd TcpAcceptor::take(LinkKind kind, int peer, Clock::time_point deadline, 
       throwTimeout(str(what, ": rank ", self_, " timed out waiting for a TCP connection from rank ", peer,
                        " to port ", listener_.port(), "; check that rank's log, firewalls between the machines, "
                        "or set ROCE_PG_SOCKET_IFNAME to an interface the peers can reach"));
+    if (probe && Clock::now() >= nextProbe) {
+      probe();
+      nextProbe = Clock::now() + kProbeEvery;
+    }
     std::vector<pollfd> fds{{listener_.fd(), POLLIN, 0}};
     for (auto& p : pending_) fds.push_back({p.fd, POLLIN, 0});
     poll(fds.data(), fds.size(), static_cast<int>(std::min(left, 200LL)));

@@ -10,10 +10,13 @@
 // anything is allocated for it. Connections for a purpose not asked for yet are
 // kept until asked for: ranks run their setup steps at different speeds.
 #pragma once
+#include <poll.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,9 +51,30 @@ struct TcpEndpoint {
 };
 
 // Connects to `peer` and sends the hello. Each attempt's connect() is bounded;
-// refused connections are retried until `deadline` (the peer may not listen yet).
+// refused connections are retried until `deadline` (the peer may not listen
+// yet), calling `probe` about once a second meanwhile (it throws when the peer
+// is known never to come: see incarnation.hpp).
 UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint64_t selfNonce,
-                  Clock::time_point deadline);
+                  Clock::time_point deadline, const std::function<void()>& probe = nullptr);
+
+// ---- Non-blocking pieces, for connections made on demand ------------------
+// (csrc/comm/connection_manager.*). A data connection (LinkKind::Mesh) is
+// used only after the acceptor answered its hello: when two ranks dial each
+// other at once, the acceptor tells the loser its dial was superseded.
+enum class HelloReply : uint16_t { Accepted = 1, Superseded = 2 };
+
+// Starts a non-blocking connect() to `ep`; the socket polls writable once it
+// completed (then connectResult()). Throws on local failures (no descriptors).
+UniqueFd startDial(const TcpEndpoint& ep, int peer);
+// 0 once the connect() succeeded, else its errno.
+int connectResult(int fd);
+// Sends the hello (or the reply) on a connected socket: 24 (8) bytes always
+// fit an empty socket buffer. False if the other end is already gone.
+bool sendHello(int fd, LinkKind kind, int self, int peer, uint64_t selfNonce);
+bool sendReply(int fd, HelloReply reply);
+// The acceptor's reply once all of it arrived; nullopt while it has not.
+// Throws (naming `peer`) if the connection closed or the reply is garbage.
+std::optional<HelloReply> readReply(int fd, int peer);
 
 class TcpAcceptor {
  public:
@@ -61,8 +85,15 @@ class TcpAcceptor {
   TcpAcceptor& operator=(const TcpAcceptor&) = delete;
 
   // The connection `peer` dialed for `kind`; accepts (and keeps) others meanwhile.
-  // `what` names the setup step in the timeout message.
-  UniqueFd take(LinkKind kind, int peer, Clock::time_point deadline, const std::string& what);
+  // `what` names the setup step in the timeout message; `probe` as for dialRank.
+  UniqueFd take(LinkKind kind, int peer, Clock::time_point deadline, const std::string& what,
+                const std::function<void()>& probe = nullptr);
+  // Non-blocking: accepts what is waiting and reads the hellos that arrived.
+  void service();
+  // The listening socket and the half-open connections, for poll().
+  void addPollFds(std::vector<pollfd>& fds) const;
+  // A connection some peer dialed for `kind`, if one is ready: (peer, socket).
+  std::optional<std::pair<int, UniqueFd>> takeAny(LinkKind kind);
 
  private:
   struct Pending;

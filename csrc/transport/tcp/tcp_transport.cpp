@@ -94,33 +94,14 @@ std::string tcpAdvertiseAddress(const Config& cfg) {
   return chosen.empty() ? "127.0.0.1" : chosen;
 }
 
-static std::vector<std::unique_ptr<BytePipe>> connectMesh(int rank, TcpAcceptor& acceptor,
-                                                          const std::vector<TcpEndpoint>& eps,
-                                                          const std::vector<bool>& serve,
-                                                          const std::vector<std::string>& hostNames, uint64_t nonce,
-                                                          std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  const int size = static_cast<int>(eps.size());
-  std::vector<std::unique_ptr<BytePipe>> pipes(size);
-  auto adopt = [&](int peer, UniqueFd fd) {
-    tuneSocket(fd.get());
-    setNonBlocking(fd.get(), true);
-    // "host hostname, a.b.c.d:port": errors name the machine as operators know it.
-    std::string addr = str("host ", hostNames[peer], ", ", peerAddress(fd.get()));
-    pipes[peer] = std::make_unique<TcpPipe>(fd.release(), peer, addr);
-  };
-  // Dial every higher peer first: the kernel completes those handshakes from
-  // the peers' listen backlogs, so nobody waits on anybody's accept order.
-  for (int peer = rank + 1; peer < size; ++peer)
-    if (serve[peer]) adopt(peer, dialRank(eps[peer], LinkKind::Mesh, rank, peer, nonce, deadline));
-  for (int peer = 0; peer < rank; ++peer)
-    if (serve[peer]) adopt(peer, acceptor.take(LinkKind::Mesh, peer, deadline, "TCP transport setup"));
-  return pipes;
-}
+TcpTransport::TcpTransport(int rank, int size, const std::vector<std::string>& hostNames)
+    : StreamTransport(rank, std::vector<std::unique_ptr<BytePipe>>(size)), hostNames_(hostNames) {}
 
-TcpTransport::TcpTransport(int rank, TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& endpoints,
-                           const std::vector<bool>& serve, const std::vector<std::string>& hostNames, uint64_t nonce,
-                           std::chrono::milliseconds timeout)
-    : StreamTransport(rank, connectMesh(rank, acceptor, endpoints, serve, hostNames, nonce, timeout)) {}
+void TcpTransport::adoptConnection(int peer, int fd) {
+  setNonBlocking(fd, true);
+  // "host hostname, a.b.c.d:port": errors name the machine as operators know it.
+  std::string addr = str("host ", hostNames_.at(peer), ", ", peerAddress(fd));
+  addPipe(peer, std::make_unique<TcpPipe>(fd, peer, std::move(addr)));
+}
 
 }  // namespace roce

@@ -3,7 +3,6 @@
 // the verbs transport serves them, and for every peer when tests force the
 // network path on one host.
 #pragma once
-#include <chrono>
 #include <string>
 #include <vector>
 
@@ -35,12 +34,17 @@ std::string tcpAdvertiseAddress(const Config& cfg);
 
 class TcpTransport : public StreamTransport {
  public:
-  // Connects to every rank r with serve[r] true (the lower rank dials). Blocks
-  // until connected or the timeout expires.
-  TcpTransport(int rank, TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& endpoints,
-               const std::vector<bool>& serve, const std::vector<std::string>& hostNames, uint64_t nonce,
-               std::chrono::milliseconds timeout);
+  // Serves the peers not on this machine (or every peer with
+  // ROCE_PG_FORCE_NETWORK=1); their connections arrive on demand from the
+  // group's ConnectionManager (adoptConnection).
+  // `hostNames` (per group rank, for messages) must outlive the transport.
+  TcpTransport(int rank, int size, const std::vector<std::string>& hostNames);
   const char* name() const override { return "tcp"; }
+  bool needsConnection(int peer) const override { return !hasPipe(peer); }
+  void adoptConnection(int peer, int fd) override;
+
+ private:
+  const std::vector<std::string>& hostNames_;
 };
 
 }  // namespace roce

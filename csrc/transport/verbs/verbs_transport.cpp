@@ -271,7 +271,8 @@ struct ActiveSend {
 // ---- setup -----------------------------------------------------------------
 
 VerbsTransport::VerbsTransport(int rank, std::shared_ptr<VerbsDevice> dev, const Config& cfg, Bootstrap& bs,
-                               const std::vector<bool>& serve, std::chrono::milliseconds timeout)
+                               const std::vector<bool>& serve, std::chrono::steady_clock::time_point deadline,
+                               std::chrono::milliseconds timeout)
     : rank_(rank), dev_(std::move(dev)) {
   // At least one queue pair per channel (cfg.nChannels is the group's, resolved).
   qpsPerPeer_ = std::max(cfg.ibQpsPerConnection, cfg.nChannels);
@@ -326,7 +327,7 @@ VerbsTransport::VerbsTransport(int rank, std::shared_ptr<VerbsDevice> dev, const
   }
   for (size_t p = 0; p < serve.size(); ++p) {
     if (!serve[p]) continue;
-    auto v = waitForKeys(bs, {str("verbs/", p, "/", rank_)}, timeout, "verbs connection setup",
+    auto v = waitForKeys(bs, {str("verbs/", p, "/", rank_)}, deadline, timeout, "verbs connection setup",
                          [&](size_t) { return str("rank ", p, " (its RDMA queue pairs)"); });
     connectPeer(static_cast<int>(p), v[0]);
   }
@@ -335,7 +336,7 @@ VerbsTransport::VerbsTransport(int rank, std::shared_ptr<VerbsDevice> dev, const
     if (serve[p]) bs.set(str("verbs/ready/", rank_, "/", p), "1");
   for (size_t p = 0; p < serve.size(); ++p) {
     if (!serve[p]) continue;
-    waitForKeys(bs, {str("verbs/ready/", p, "/", rank_)}, timeout, "verbs connection setup",
+    waitForKeys(bs, {str("verbs/ready/", p, "/", rank_)}, deadline, timeout, "verbs connection setup",
                 [&](size_t) { return str("rank ", p, " (bringing its queue pairs to RTS)"); });
   }
 }

@@ -68,7 +68,8 @@ class VerbsTransport : public Transport {
   // Collective over the peers with serve[peer]: exchanges queue-pair endpoints
   // through the store and brings every queue pair to RTS.
   VerbsTransport(int rank, std::shared_ptr<VerbsDevice> dev, const Config& cfg, Bootstrap& bs,
-                 const std::vector<bool>& serve, std::chrono::milliseconds timeout);
+                 const std::vector<bool>& serve, std::chrono::steady_clock::time_point deadline,
+                 std::chrono::milliseconds timeout);
   ~VerbsTransport() override;
   const char* name() const override { return "verbs"; }
   void postSend(Request* r) override;
@@ -77,6 +78,7 @@ class VerbsTransport : public Transport {
   bool hasUnmatched(int peer, uint64_t tag) override;
   std::string checkPeers() override;
   void failAll(const std::string& why) override;
+  void failPeer(int peer, const std::string& why) override { killPeer(peer, why); }
   bool prepareWait(std::vector<pollfd>& fds, bool anySource) override;
   void afterWait() override;
 

@@ -1,0 +1,188 @@
+#include "connection_manager.hpp"
+
+#include <poll.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "../common/error.hpp"
+#include "../common/log.hpp"
+#include "../transport/tcp/tcp_transport.hpp"
+
+namespace roce {
+namespace {
+// How often a busy wait looks at the sockets (accepts, dials): rarely enough
+// that a spinning small collective pays ~1% for it, often enough that a peer's
+// connection is answered within a fraction of its round trip budget. A blocked
+// wait polls the descriptors and is woken at once.
+constexpr auto kServiceEvery = std::chrono::microseconds(100);
+// One connect() attempt; an unroutable address is retried after this.
+constexpr auto kConnectAttempt = std::chrono::seconds(5);
+constexpr auto kRetryFirst = std::chrono::milliseconds(20);
+constexpr auto kRetryMax = std::chrono::milliseconds(1000);
+
+double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+}  // namespace
+
+struct ConnectionManager::Dial {
+  enum Phase { Waiting, Connecting, AwaitReply };
+  Phase phase = Waiting;  // Waiting: the next attempt starts at retryAt
+  UniqueFd fd;
+  Clock::time_point since = Clock::now();
+  Clock::time_point attemptStart{};
+  Clock::time_point retryAt{};
+  std::chrono::milliseconds backoff = kRetryFirst;
+  int attempts = 0;
+  std::string lastError;
+};
+
+ConnectionManager::ConnectionManager(int rank, const std::vector<TcpEndpoint>& endpoints,
+                                     const std::vector<std::string>& hostNames, uint64_t nonce, std::unique_ptr<TcpListener> listener,
+                                     std::unique_ptr<TcpAcceptor> acceptor, Connected connected, Failed failed)
+    : rank_(rank),
+      endpoints_(endpoints),
+      hostNames_(hostNames),
+      nonce_(nonce),
+      listener_(std::move(listener)),
+      acceptor_(std::move(acceptor)),
+      onConnected_(std::move(connected)),
+      onFailed_(std::move(failed)) {}
+
+ConnectionManager::~ConnectionManager() = default;
+
+void ConnectionManager::want(int peer) {
+  if (connected_.count(peer) || dials_.count(peer) || awaiting_.count(peer)) return;
+  auto& d = dials_[peer];
+  d = std::make_unique<Dial>();
+  startDial(peer, *d);
+}
+
+void ConnectionManager::startDial(int peer, Dial& d) {
+  d.fd = roce::startDial(endpoints_.at(peer), peer);
+  d.phase = Dial::Connecting;
+  d.attemptStart = Clock::now();
+  d.attempts++;
+}
+
+void ConnectionManager::accepted(int peer, UniqueFd fd) {
+  tuneSocket(fd.get());
+  connected_.insert(peer);
+  awaiting_.erase(peer);
+  onConnected_(peer, std::move(fd));
+}
+
+void ConnectionManager::onIncoming(int peer, UniqueFd fd) {
+  auto d = dials_.find(peer);
+  // Our own dial counts while it is actually in flight; one waiting to retry
+  // (the peer was unreachable from here) yields to the peer's working one.
+  const bool dialing = d != dials_.end() && d->second->phase != Dial::Waiting;
+  if (connected_.count(peer) || (dialing && rank_ < peer)) {
+    // A duplicate, or our dial wins the tie: the peer accepts ours instead.
+    sendReply(fd.get(), HelloReply::Superseded);
+    return;
+  }
+  if (!sendReply(fd.get(), HelloReply::Accepted)) return;  // gone already: it dials again or is reported dead
+  if (d != dials_.end()) dials_.erase(d);  // the lower rank's dial won; the peer drops ours
+  accepted(peer, std::move(fd));
+}
+
+bool ConnectionManager::advanceDial(int peer, Dial& d, Clock::time_point now) {
+  auto retry = [&](std::string why) {
+    d.lastError = std::move(why);
+    d.fd = UniqueFd();
+    d.phase = Dial::Waiting;
+    d.retryAt = now + d.backoff;
+    d.backoff = std::min(d.backoff * 2, kRetryMax);
+    return true;
+  };
+  switch (d.phase) {
+    case Dial::Waiting:
+      if (now < d.retryAt) return false;
+      startDial(peer, d);
+      return true;
+    case Dial::Connecting: {
+      pollfd p{d.fd.get(), POLLOUT, 0};
+      if (poll(&p, 1, 0) <= 0) {
+        if (now - d.attemptStart > kConnectAttempt) return retry("connect() took longer than 5 s");
+        return false;
+      }
+      const int err = connectResult(d.fd.get());
+      if (err == ECONNREFUSED) {
+        // Every rank's listener is open before the roster exists and stays
+        // open for the group's life: a refusal means the peer is gone.
+        const std::string why =
+            str("rank ", peer, " (host ", hostNames_.at(peer), ", ", endpoints_.at(peer).host, ":",
+                endpoints_.at(peer).port, ") refused a connection from rank ", rank_,
+                ": its process exited or destroyed the process group");
+        dials_.erase(peer);  // `d` is gone from here on
+        onFailed_(peer, why);
+        return true;
+      }
+      if (err != 0) return retry(std::strerror(err));
+      if (!sendHello(d.fd.get(), LinkKind::Mesh, rank_, peer, nonce_)) return retry("the connection closed at once");
+      d.phase = Dial::AwaitReply;
+      return true;
+    }
+    case Dial::AwaitReply: {
+      std::optional<HelloReply> reply;
+      try {
+        reply = readReply(d.fd.get(), peer);
+      } catch (const Error& e) {
+        return retry(e.what());  // a refusal on the next attempt tells a dead peer apart
+      }
+      if (!reply) return false;
+      UniqueFd fd = std::move(d.fd);
+      dials_.erase(peer);
+      if (*reply == HelloReply::Accepted) accepted(peer, std::move(fd));
+      else awaiting_[peer] = now;  // the peer's own dial reaches our acceptor
+      return true;
+    }
+  }
+  return false;
+}
+
+bool ConnectionManager::progress(bool now) {
+  const auto t = Clock::now();
+  if (!now && t < nextService_) return false;
+  nextService_ = t + kServiceEvery;
+  bool moved = false;
+  acceptor_->service();
+  while (auto c = acceptor_->takeAny(LinkKind::Mesh)) {
+    onIncoming(c->first, std::move(c->second));
+    moved = true;
+  }
+  std::vector<int> peers;
+  peers.reserve(dials_.size());
+  for (auto& [peer, d] : dials_) peers.push_back(peer);
+  for (int peer : peers) {
+    auto it = dials_.find(peer);
+    if (it != dials_.end()) moved |= advanceDial(peer, *it->second, t);
+  }
+  return moved;
+}
+
+void ConnectionManager::addPollFds(std::vector<pollfd>& fds) const {
+  acceptor_->addPollFds(fds);
+  for (const auto& [peer, d] : dials_) {
+    if (d->phase == Dial::Connecting) fds.push_back({d->fd.get(), POLLOUT, 0});
+    if (d->phase == Dial::AwaitReply) fds.push_back({d->fd.get(), POLLIN, 0});
+  }
+}
+
+std::string ConnectionManager::status(int peer) const {
+  if (connected_.count(peer)) return "";
+  if (auto it = dials_.find(peer); it != dials_.end()) {
+    const Dial& d = *it->second;
+    return str("the tcp connection from rank ", rank_, " to rank ", peer, " (host ", hostNames_.at(peer), ", ",
+               endpoints_.at(peer).host, ":", endpoints_.at(peer).port, ") is not established after ",
+               secondsSince(d.since), " s and ", d.attempts, " attempt(s)",
+               d.lastError.empty() ? std::string() : str("; last error: ", d.lastError),
+               ". Check that the address is reachable from this machine, or set ROCE_PG_SOCKET_IFNAME");
+  }
+  if (auto it = awaiting_.find(peer); it != awaiting_.end())
+    return str("rank ", peer, " has not completed its connection to rank ", rank_, " (", secondsSince(it->second),
+               " s after it won the tie between their dials)");
+  return str("rank ", peer, " has not connected to rank ", rank_, " yet");
+}
+
+}  // namespace roce

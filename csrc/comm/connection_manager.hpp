@@ -1,0 +1,85 @@
+// Connections to network peers, made when an algorithm or a point-to-point
+// call first needs them (issue 19). A rank's sockets, queue pairs and buffers
+// then follow the peers it talks to - two ring neighbours, log2(n) partners of
+// the recursive algorithms - instead of the world size. Shared by the TCP
+// transport (the socket carries the data) and verbs (the socket carries the
+// queue-pair handshake, then only watches the peer's liveness).
+//
+// Both ranks of a pair may ask at once: each dials, and an acceptor answers
+// every data hello (HelloReply). A rank that receives a dial while its own
+// dial to the same peer is outstanding keeps the lower rank's dial: the lower
+// rank answers "superseded" to the higher one's, the higher rank accepts the
+// lower one's and drops its own. Both reach the same decision from what they
+// see locally, so exactly one connection survives and neither waits for the
+// other.
+//
+// Runs on the progress thread (and on the creating thread for
+// ROCE_PG_CONNECT=eager), never blocks: the Communicator's waits poll the
+// descriptors addPollFds() returns, and progress() advances whatever is ready.
+#pragma once
+#include <poll.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "../common/backoff.hpp"
+#include "../transport/tcp/tcp_connect.hpp"
+
+namespace roce {
+
+class TcpListener;
+
+class ConnectionManager {
+ public:
+  // A connection to `peer` became usable (the hello was answered "accepted").
+  using Connected = std::function<void(int peer, UniqueFd fd)>;
+  // `peer` cannot be reached: its listener refused (the process exited or left the group).
+  using Failed = std::function<void(int peer, const std::string& why)>;
+
+  // `endpoints` and `hostNames` (per group rank) must outlive the manager.
+  ConnectionManager(int rank, const std::vector<TcpEndpoint>& endpoints, const std::vector<std::string>& hostNames,
+                    uint64_t nonce, std::unique_ptr<TcpListener> listener, std::unique_ptr<TcpAcceptor> acceptor,
+                    Connected connected, Failed failed);
+  ~ConnectionManager();
+
+  // Starts connecting to `peer` unless connected or under way (cheap to repeat).
+  void want(int peer);
+  bool isConnected(int peer) const { return connected_.count(peer) > 0; }
+  // Advances accepts, dials and replies without blocking; true if anything
+  // moved. Looks at its sockets at most every kServiceEvery unless `now` is
+  // set (after a poll() said one of them is ready), so a busy wait's spin
+  // costs no system call per round.
+  bool progress(bool now = false);
+  // The listener, half-open connections and dials in flight.
+  void addPollFds(std::vector<pollfd>& fds) const;
+  // Why `peer` is not connected yet, for timeout messages ("" if it is).
+  std::string status(int peer) const;
+  size_t connections() const { return connected_.size(); }
+
+ private:
+  struct Dial;
+  void onIncoming(int peer, UniqueFd fd);
+  void startDial(int peer, Dial& d);
+  bool advanceDial(int peer, Dial& d, Clock::time_point now);
+  void accepted(int peer, UniqueFd fd);
+
+  const int rank_;
+  const std::vector<TcpEndpoint>& endpoints_;
+  const std::vector<std::string>& hostNames_;
+  const uint64_t nonce_;
+  std::unique_ptr<TcpListener> listener_;
+  std::unique_ptr<TcpAcceptor> acceptor_;
+  Connected onConnected_;
+  Failed onFailed_;
+  std::unordered_map<int, std::unique_ptr<Dial>> dials_;  // by peer, while connecting
+  std::unordered_map<int, Clock::time_point> awaiting_;   // our dial was superseded: theirs will come
+  std::unordered_set<int> connected_;
+  Clock::time_point nextService_{};
+};
+
+}  // namespace roce

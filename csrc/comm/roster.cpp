@@ -1,0 +1,247 @@
+#include "roster.hpp"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include "../common/bootstrap.hpp"
+#include "../common/config.hpp"
+#include "../common/error.hpp"
+#include "../common/parse.hpp"
+#include "topology.hpp"
+
+namespace roce {
+namespace {
+
+constexpr const char* kRosterKey = "roster";
+constexpr const char* kErrorTag = "error";
+// Missing ranks whose incarnation the leader looks up after a slow slice.
+constexpr size_t kProbeRanks = 64;
+
+// Roster fields are separated by tabs and newlines: keep them out of strings
+// that come from the environment (hostnames, ROCE_PG_SIM_NODE is checked).
+std::string field(std::string s) {
+  for (char& ch : s)
+    if (ch == '\t' || ch == '\n') ch = '_';
+  return s;
+}
+
+std::string infoKey(int r) { return str("info/", r); }
+std::string joinedKey(int64_t generation) { return str("joined/", generation); }
+
+[[noreturn]] void malformed(const std::string& what) {
+  throwComm(str("the group's roster published by rank 0 is malformed (", what,
+                "): mixed roce_pg versions across ranks, or another program writing this group's store keys"));
+}
+
+// Every rank of a machine must map the same shared-memory layout, or rings
+// would overlap and reads run past a peer's segment (SIGBUS).
+void checkShmLayouts(const std::vector<RankInfo>& infos) {
+  std::map<std::string, size_t> firstOnNode;
+  for (size_t r = 0; r < infos.size(); ++r) {
+    auto [it, fresh] = firstOnNode.emplace(infos[r].nodeId, r);
+    if (fresh) continue;
+    const RankInfo& a = infos[it->second];
+    const RankInfo& b = infos[r];
+    if (a.shmRingBytes != b.shmRingBytes || a.shmSlotBytes != b.shmSlotBytes)
+      throwInvalid(str("ranks ", it->second, " and ", r, " on one machine (", b.hostName(), ") use different "
+                       "shared-memory layouts (ROCE_PG_SHM_RING_BYTES ", a.shmRingBytes, " vs ", b.shmRingBytes,
+                       ", ROCE_PG_SHM_SLOT_BYTES ", a.shmSlotBytes, " vs ", b.shmSlotBytes,
+                       "): set the same values on every rank"));
+  }
+}
+
+// Every rank must pick the same algorithm for the same call, or the message
+// patterns would not pair up (a size mismatch at best, a hang until the
+// timeout at worst): the settings that decide it must be equal everywhere.
+void checkAlgorithmSettings(const std::vector<RankInfo>& infos) {
+  for (size_t r = 1; r < infos.size(); ++r)
+    if (infos[r].algorithms != infos[0].algorithms)
+      throwInvalid(str("ranks 0 and ", r, " use different algorithm settings (rank 0: ", infos[0].algorithms,
+                       "; rank ", r, ": ", infos[r].algorithms, "): set the same ROCE_PG_ALGO* and "
+                       "ROCE_PG_CHUNK_BYTES, ROCE_PG_NCHANNELS values on every rank"));
+}
+
+// ROCE_PG_NCHANNELS, or with it unset ("auto") the smallest count any rank's
+// CPUs allow.
+int groupChannels(const Config& cfg, const std::vector<RankInfo>& infos, const Topology& topo) {
+  if (cfg.nChannels > 0) return cfg.nChannels;
+  std::vector<int> ranksOnNode(topo.numNodes, 0);
+  for (int node : topo.nodeOf) ranksOnNode[node]++;
+  auto wish = [&](size_t r) { return Config::channelsAuto(infos[r].cpus, ranksOnNode[topo.nodeOf[r]]); };
+  int channels = wish(0);
+  for (size_t r = 1; r < infos.size(); ++r) channels = std::min(channels, wish(r));
+  return channels;
+}
+
+// "verbs" or "tcp" for the peers not on the same machine, "none" when no rank
+// needs the network; throws when the group needs it, verbs was not ruled out,
+// and some rank lacks a port.
+std::string chooseNetwork(const Config& cfg, const std::vector<RankInfo>& infos, const Topology& topo) {
+  const bool needsNet = cfg.forceNetwork ? topo.size > 1 : topo.numNodes > 1;
+  if (!needsNet) return "none";
+  if (cfg.netTransport == "tcp") return "tcp";
+  std::string lacking;
+  for (size_t r = 0; r < infos.size(); ++r)
+    if (!infos[r].verbs) lacking += str("\n  rank ", r, ": ", infos[r].noVerbsWhy);
+  if (lacking.empty()) return "verbs";
+  throwInvalid(str("this group spans ", cfg.forceNetwork ? "the network (ROCE_PG_FORCE_NETWORK=1)" : "several machines",
+                   " but not every rank has a usable RDMA port:", lacking,
+                   "\nFix the RDMA setup (ibv_devinfo should show an ACTIVE port), or set ROCE_PG_NET_TRANSPORT=tcp "
+                   "on every rank to use TCP between machines"));
+}
+
+// The leader, after a slice without every rank's info: if some rank already
+// joined a later incarnation, name the missing ones that did (their process
+// was replaced: this formation cannot complete).
+void probeForReplacedRanks(Bootstrap& bs, Bootstrap& root, const Incarnation& inc, int size) {
+  if (bs.add(joinedKey(inc.generation + 1), 0) == 0) return;
+  std::vector<int> missing;
+  for (int r = 0; r < size && missing.size() < kProbeRanks; ++r)
+    if (!bs.check(infoKey(r))) missing.push_back(r);
+  if (std::string moved = replacedRanks(root, inc, missing); !moved.empty())
+    throwComm(str("this group cannot form: ", moved, ". Those processes were restarted (or re-created the group) "
+                  "after this formation began; call init_process_group/new_group again on every rank"));
+}
+
+}  // namespace
+
+std::string Roster::encode() const {
+  // Machines and addresses repeat for every rank of a machine: a table of
+  // places, then a short record per rank.
+  std::map<std::tuple<std::string, std::string, std::string>, size_t> placeOf;
+  std::vector<const RankInfo*> places;
+  std::ostringstream rankLines;
+  for (const RankInfo& r : ranks) {
+    auto [it, fresh] = placeOf.emplace(std::make_tuple(r.nodeId, r.hostId, r.tcpHost), places.size());
+    if (fresh) places.push_back(&r);
+    rankLines << "R " << it->second << " " << r.pid << " " << r.tcpPort << " " << r.nonce << " " << r.cpus << " "
+              << (r.verbs ? 1 : 0) << "\n";
+  }
+  std::ostringstream os;
+  os << "roster 1 " << ranks.size() << " " << network << " " << (forceNetwork ? 1 : 0) << " " << channels << " "
+     << places.size() << "\n";
+  for (const RankInfo* p : places) os << "P " << field(p->nodeId) << "\t" << field(p->hostId) << "\t" << field(p->tcpHost) << "\n";
+  os << rankLines.str();
+  return os.str();
+}
+
+Roster Roster::decode(const std::string& text, int size) {
+  std::istringstream in(text);
+  std::string line;
+  Roster r;
+  auto words = [](const std::string& s) {
+    std::vector<std::string> w;
+    std::istringstream ws(s);
+    for (std::string x; ws >> x;) w.push_back(x);
+    return w;
+  };
+  uint64_t v = 0, places = 0, n = 0;
+  if (!std::getline(in, line)) malformed("empty");
+  auto head = words(line);
+  if (head.size() != 7 || head[0] != "roster" || head[1] != "1") malformed("header");
+  if (!parseU64(head[2], 1, 1 << 24, n) || n != static_cast<uint64_t>(size)) malformed("rank count");
+  r.network = head[3];
+  if (r.network != "none" && r.network != "tcp" && r.network != "verbs") malformed("network transport");
+  if (head[4] != "0" && head[4] != "1") malformed("force flag");
+  r.forceNetwork = head[4] == "1";
+  if (!parseU64(head[5], 1, Config::kMaxChannels, v)) malformed("channel count");
+  r.channels = static_cast<int>(v);
+  if (!parseU64(head[6], 1, n, places)) malformed("place count");
+  std::vector<RankInfo> table(places);
+  for (auto& p : table) {
+    if (!std::getline(in, line) || line.rfind("P ", 0) != 0) malformed("place line");
+    std::istringstream ps(line.substr(2));
+    if (!std::getline(ps, p.nodeId, '\t') || !std::getline(ps, p.hostId, '\t') || !std::getline(ps, p.tcpHost))
+      malformed("place fields");
+    if (p.nodeId.empty() || p.hostId.empty()) malformed("machine identity");
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    if (!std::getline(in, line)) malformed("missing ranks");
+    auto w = words(line);
+    uint64_t place = 0, pid = 0, port = 0, cpus = 0;
+    RankInfo info;
+    if (w.size() != 7 || w[0] != "R" || !parseU64(w[1], 0, places - 1, place) || !parseU64(w[2], 1, INT32_MAX, pid) ||
+        !parseU64(w[3], 0, 65535, port) || !parseU64(w[4], 0, UINT64_MAX, info.nonce) ||
+        !parseU64(w[5], 1, 1 << 20, cpus) || (w[6] != "0" && w[6] != "1"))
+      malformed(str("rank ", i));
+    info.nodeId = table[place].nodeId;
+    info.hostId = table[place].hostId;
+    info.tcpHost = table[place].tcpHost;
+    info.pid = static_cast<int>(pid);
+    info.tcpPort = static_cast<int>(port);
+    info.cpus = static_cast<int>(cpus);
+    info.verbs = w[6] == "1";
+    r.ranks.push_back(std::move(info));
+  }
+  return r;
+}
+
+Roster planGroup(const Config& leaderCfg, const std::vector<RankInfo>& infos) {
+  checkAlgorithmSettings(infos);
+  checkShmLayouts(infos);
+  const Topology topo = Topology::build(0, infos);
+  Roster r;
+  r.ranks = infos;
+  r.network = chooseNetwork(leaderCfg, infos, topo);
+  r.forceNetwork = leaderCfg.forceNetwork;
+  r.channels = groupChannels(leaderCfg, infos, topo);
+  return r;
+}
+
+Roster exchangeRoster(Bootstrap& bs, Bootstrap& root, const Incarnation& inc, int rank, int size,
+                      const RankInfo& me, const Config& cfg, std::chrono::steady_clock::time_point deadline,
+                      std::chrono::milliseconds timeout) {
+  bs.add(joinedKey(inc.generation), 1);
+  bs.set(infoKey(rank), me.encode());
+  const std::string what = str("roce process group init on rank ", rank);
+  if (rank == 0) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back(infoKey(r));
+    Roster roster;
+    try {
+      auto values = waitForKeys(bs, keys, deadline, timeout, what,
+                                [](size_t r) { return str("rank ", r, " (it has not joined the group)"); },
+                                [&] { probeForReplacedRanks(bs, root, inc, size); });
+      std::vector<RankInfo> infos;
+      for (int r = 0; r < size; ++r) infos.push_back(RankInfo::decode(values[r], r));
+      roster = planGroup(cfg, infos);
+    } catch (const Error& e) {
+      // Every rank raises the same verdict instead of waiting for a roster.
+      bs.set(kRosterKey, str(kErrorTag, " ", static_cast<int>(e.kind()), "\n", e.what()));
+      throw;
+    }
+    bs.set(kRosterKey, roster.encode());
+    return roster;
+  }
+  auto probeLeader = [&] {
+    if (std::string moved = replacedRanks(root, inc, {0}); !moved.empty())
+      throwComm(str("this group cannot form: ", moved, ". Rank 0 was restarted or re-created the group after this "
+                    "rank joined; call init_process_group/new_group again on every rank"));
+  };
+  // On a timeout, say whom rank 0 still waits for (store look-ups only then).
+  auto blame = [&](size_t) {
+    std::string missing;
+    for (int r = 0; r < size && missing.size() < 2000; ++r)
+      if (!bs.check(infoKey(r))) missing += str(missing.empty() ? "" : ", ", "rank ", r);
+    return missing.empty() ? std::string("rank 0 (it gathers the ranks' information)")
+                           : str("rank 0, which still waits for ", missing, " (not joined the group yet)");
+  };
+  const std::string text = waitForKeys(bs, {kRosterKey}, deadline, timeout, what, blame, probeLeader)[0];
+  if (text.rfind(kErrorTag, 0) == 0) {
+    const size_t nl = text.find('\n');
+    uint64_t kind = 0;
+    const std::string msg = nl == std::string::npos ? text : text.substr(nl + 1);
+    if (!parseU64(text.substr(6, nl == std::string::npos ? 0 : nl - 6), 0, 3, kind)) malformed("error record");
+    throw Error(static_cast<ErrorKind>(kind), msg);
+  }
+  Roster roster = Roster::decode(text, size);
+  if (roster.ranks[rank].nonce != me.nonce || roster.ranks[rank].pid != me.pid)
+    throwComm(str("rank 0 formed this group with another process in rank ", rank, "'s place (pid ",
+                  roster.ranks[rank].pid, ", this process is ", me.pid, "): two processes claim rank ", rank,
+                  "; check the launcher's RANK assignment"));
+  return roster;
+}
+
+}  // namespace roce
