@@ -1,0 +1,154 @@
+// The stream-aware block cache; the rules are in block_cache.h.
+
+#include "block_cache.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+namespace testdev {
+namespace {
+
+// Sizes that differ a little share blocks, as in CUDA's allocator.
+constexpr size_t kRound = 512;
+// c10's CPU alignment: the kernels run by CPU code vectorize on it.
+constexpr size_t kAlignment = 64;
+
+size_t rounded(size_t nbytes) {
+  return (nbytes + kRound - 1) / kRound * kRound;
+}
+
+} // namespace
+
+void* BlockCache::allocate(size_t nbytes, Queue* owner) {
+  const size_t size = rounded(nbytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  collect_finished();
+  void* ptr = nullptr;
+  auto it = free_.find({owner, size});
+  if (it != free_.end() && !it->second.empty()) {
+    // Most recently freed first, so a test knows which block comes back.
+    ptr = it->second.back();
+    it->second.pop_back();
+    ++reused_blocks_;
+  } else {
+    ptr = std::aligned_alloc(kAlignment, size);
+    TORCH_CHECK(ptr != nullptr, "testdev: out of host memory (", size, " B)");
+    ++fresh_blocks_;
+  }
+  ++allocations_;
+  live_.emplace(ptr, Block{size, owner, {}});
+  bytes_in_use_ += size;
+  peak_bytes_in_use_ = std::max(peak_bytes_in_use_, bytes_in_use_);
+  return ptr;
+}
+
+void BlockCache::free(void* ptr) {
+  if (ptr == nullptr) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(ptr);
+  TORCH_INTERNAL_ASSERT(it != live_.end(), "testdev: freeing unknown block");
+  Block block = std::move(it->second);
+  live_.erase(it);
+  bytes_in_use_ -= block.size;
+  if (block.users.empty()) {
+    make_reusable(ptr, block);
+    return;
+  }
+  Pending pending{ptr, block, {}};
+  for (Queue* user : block.users) {
+    pending.waits.emplace_back(user, user->last_ticket());
+  }
+  if (block.owner != nullptr) {
+    pending.waits.emplace_back(block.owner, block.owner->last_ticket());
+  }
+  pending_.push_back(std::move(pending));
+}
+
+void BlockCache::make_reusable(void* ptr, const Block& block) {
+  // Poisoning in the owner's order keeps the owner's own queued readers
+  // correct; the block is on the free list before anyone can queue more.
+  const size_t size = block.size;
+  if (block.owner != nullptr) {
+    block.owner->enqueue([ptr, size] { std::memset(ptr, kPoison, size); });
+  } else {
+    std::memset(ptr, kPoison, size);
+  }
+  free_[{block.owner, size}].push_back(ptr);
+}
+
+void BlockCache::collect_finished() {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    const bool finished = std::all_of(
+        it->waits.begin(), it->waits.end(), [](const auto& wait) {
+          return wait.first->reached(wait.second);
+        });
+    if (finished) {
+      make_reusable(it->ptr, it->block);
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool BlockCache::owns(const void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return live_.count(ptr) != 0;
+}
+
+bool BlockCache::record_stream(const void* ptr, Queue& stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) {
+    return false;
+  }
+  Block& block = it->second;
+  if (&stream != block.owner &&
+      std::find(block.users.begin(), block.users.end(), &stream) ==
+          block.users.end()) {
+    block.users.push_back(&stream);
+  }
+  return true;
+}
+
+void BlockCache::release_cached() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  collect_finished();
+  for (const auto& [key, ptrs] : free_) {
+    for (void* ptr : ptrs) {
+      std::free(ptr);
+    }
+  }
+  free_.clear();
+}
+
+std::map<std::string, int64_t> BlockCache::counters() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  collect_finished();
+  int64_t cached = 0;
+  for (const auto& [key, ptrs] : free_) {
+    cached += static_cast<int64_t>(ptrs.size());
+  }
+  return {
+      {"allocations", allocations_},
+      {"fresh_blocks", fresh_blocks_},
+      {"reused_blocks", reused_blocks_},
+      {"bytes_in_use", bytes_in_use_},
+      {"peak_bytes_in_use", peak_bytes_in_use_},
+      {"pending_blocks", static_cast<int64_t>(pending_.size())},
+      {"cached_blocks", cached},
+  };
+}
+
+void BlockCache::reset_counters() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  allocations_ = fresh_blocks_ = reused_blocks_ = 0;
+  peak_bytes_in_use_ = bytes_in_use_;
+}
+
+} // namespace testdev

@@ -1,0 +1,71 @@
+#pragma once
+// A cache of host memory blocks that follows the stream rules of CUDA's
+// caching allocator, shared by the device allocator and the host ("pinned")
+// allocator.
+
+#include "testdev.h"
+
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace testdev {
+
+// Rules, as in CUDA:
+// - a block allocated for a stream (its owner) goes back to that stream's
+//   free list at once when freed: later work on the owner is ordered after
+//   everything queued before the free, so only that stream may reuse it;
+// - a block some other stream was recorded on (record_stream) waits until
+//   every such stream, and the owner, has finished the work queued at free
+//   time; only then is it reusable;
+// - blocks without an owner (pinned host memory) are reusable by anyone.
+// Freed bytes are overwritten with kPoison, in stream order for the owner,
+// so that a stream still reading a block it did not record sees garbage.
+class BlockCache {
+ public:
+  static constexpr unsigned char kPoison = 0xA5;
+
+  void* allocate(size_t nbytes, Queue* owner);
+  void free(void* ptr);
+  bool owns(const void* ptr);
+  // False if `ptr` is not a live block of this cache.
+  bool record_stream(const void* ptr, Queue& stream);
+  // Frees the reusable blocks; the caller ensures no queued task uses them.
+  void release_cached();
+  std::map<std::string, int64_t> counters();
+  void reset_counters();
+
+ private:
+  struct Block {
+    size_t size;
+    Queue* owner;
+    std::vector<Queue*> users; // recorded streams other than the owner
+  };
+  // A freed block and, per stream that must finish first, its last ticket.
+  struct Pending {
+    void* ptr;
+    Block block;
+    std::vector<std::pair<Queue*, uint64_t>> waits;
+  };
+  using FreeKey = std::pair<Queue*, size_t>; // owner, size
+
+  void make_reusable(void* ptr, const Block& block);
+  void collect_finished();
+
+  std::mutex mutex_;
+  std::unordered_map<const void*, Block> live_;
+  std::map<FreeKey, std::vector<void*>> free_;
+  std::vector<Pending> pending_;
+
+  int64_t allocations_ = 0; // allocate() calls for a non-zero size
+  int64_t fresh_blocks_ = 0; // of those, served by new memory
+  int64_t reused_blocks_ = 0; // of those, served from the cache
+  int64_t bytes_in_use_ = 0; // rounded sizes of live blocks
+  int64_t peak_bytes_in_use_ = 0;
+};
+
+} // namespace testdev

@@ -1,0 +1,95 @@
+#pragma once
+// Declarations shared by the test device's sources. What the device models
+// (and what it does not) is described in __init__.py.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/Stream.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace testdev {
+
+// "testdev:1 stream 3". Streams and devices are named through str(), not
+// c10's operator<<: that crashed on the GPU machines (torch 2.11) when given
+// an ostream made in this extension, which had its own libstdc++ copy.
+inline std::string describe(const c10::Stream& stream) {
+  return stream.device().str() + " stream " + std::to_string(stream.id());
+}
+
+// One stream: a FIFO of host functions that a worker thread of its own runs
+// in order, so work on different streams overlaps like on a GPU. Tasks are
+// numbered by tickets 1, 2, ...; reached(t) means task t and every task
+// before it have finished. An event is just a (queue, ticket) pair.
+class Queue {
+ public:
+  explicit Queue(c10::Stream stream) : stream_(stream) {}
+
+  c10::Stream stream() const {
+    return stream_;
+  }
+
+  // Returns the task's ticket. The worker thread starts with the first task,
+  // so streams that are never used cost no thread.
+  uint64_t enqueue(std::function<void()> task);
+  // Makes this stream stop, at this point of its order, until `other` has
+  // reached `ticket` (cudaStreamWaitEvent).
+  void enqueue_wait(Queue& other, uint64_t ticket);
+  // The ticket of the latest task: reaching it means "idle as of now".
+  uint64_t last_ticket();
+  bool reached(uint64_t ticket) const;
+  // Blocks the calling thread until `ticket` is reached.
+  void wait(uint64_t ticket);
+  // Waits for all work queued so far, then reports (once) the first error a
+  // task raised since the last synchronize, the way CUDA reports a failed
+  // kernel at the next synchronizing call.
+  void synchronize();
+
+ private:
+  void run();
+
+  const c10::Stream stream_;
+  std::mutex mutex_;
+  std::condition_variable work_added_;
+  std::condition_variable work_done_;
+  std::deque<std::function<void()>> tasks_;
+  uint64_t enqueued_ = 0;
+  std::atomic<uint64_t> completed_{0};
+  bool worker_started_ = false;
+  std::string error_;
+};
+
+// --- devices and streams (device.cpp)
+c10::DeviceIndex device_count();
+c10::DeviceIndex current_device();
+Queue& queue_of(const c10::Stream& stream);
+Queue& current_queue(c10::DeviceIndex device);
+void synchronize_device(c10::DeviceIndex device);
+
+// --- memory (allocators.cpp)
+// recordStream: `stream` uses the device memory behind `data`, so the block
+// is not reused before the work `stream` has queued at free time finished.
+void record_stream(const c10::DataPtr& data, const c10::Stream& stream);
+// True for memory handed out by the host ("pinned") allocator.
+bool is_pinned(const void* ptr);
+std::map<std::string, int64_t> device_counters();
+std::map<std::string, int64_t> host_counters();
+void reset_counters();
+// Synchronizes every device first: queued tasks may still touch cached blocks.
+void empty_cache();
+
+// --- kernels (kernels.cpp)
+// A CPU tensor over the same host memory and geometry as the device tensor
+// `t`: what a kernel "running on the device" reads and writes.
+at::Tensor cpu_alias(const at::Tensor& t);
+// Extra time every host<->device copy spends on its stream before copying.
+void set_copy_delay_ms(double ms);
+
+} // namespace testdev
