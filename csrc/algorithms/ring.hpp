@@ -21,7 +21,8 @@ class HelperThread;
 
 // Scratch indices of channels 1.. of a channelled ring (channel 0 uses the
 // pass's default, 0): kScratchChannel + k - 1. Below it: reduce/reduce-scatter
-// copies (1), recursive (2), hierarchical phases (3, 4).
+// copies (1), recursive and tree (2: never at the same time), hierarchical
+// phases (3, 4).
 constexpr int kScratchChannel = 5;
 // Tag of channel k of the collective with tag `tag`: derived, not drawn from
 // the sequence, so ranks that split one call differently (hier's shards differ
