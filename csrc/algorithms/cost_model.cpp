@@ -95,11 +95,11 @@ TreePlan bestTree(const CostConstants& k, const Shape& s, double bytes) {
       const double fill = inside * (2 * hop(k, s, true, 2 * c, 1) + 2 * c * k.gamma) +
                           (depth - inside) * (2 * hop(k, s, false, 2 * c, 1) + 2 * c * k.gamma);
       // Then one chunk per tree and step, at the busiest rank's and port's rate.
-      double perStep = kTreeChunksPerRank * c * k.shmBeta;
-      if (net)
-        perStep = std::max({kTreeChunksPerRank * c * k.netBeta,
-                            (s.perMachine > 1 ? kTreeChunksPerMachine : kTreeChunksPerRank) * c * s.nicSharers * k.nicBeta,
-                            s.perMachine > 1 ? perStep : 0.0});
+      const double inMachine = kTreeChunksPerRank * c * k.shmBeta;
+      const int portChunks = s.perMachine > 1 ? kTreeChunksPerMachine : kTreeChunksPerRank;
+      const double perStep = !net ? inMachine
+                                  : std::max({kTreeChunksPerRank * c * k.netBeta, portChunks * c * s.nicSharers * k.nicBeta,
+                                              s.perMachine > 1 ? inMachine : 0.0});
       const double t = fill + (chunks - 1) * (streamAlpha + std::max(perStep, 2 * c * k.gamma));
       if (t < best.seconds) best = {t, chunks};
     }
