@@ -26,7 +26,7 @@ namespace roce::detail {
 
 namespace {
 
-// Scratch buffers of the overlapped allreduce's concurrent ring passes (0-2
+// Scratch buffers of the overlapped allreduce's concurrent passes (0-2
 // belong to the other algorithms).
 constexpr int kScratchInMachine = 3, kScratchAcross = 4;
 
