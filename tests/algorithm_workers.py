@@ -14,16 +14,21 @@ import roce_pg
 from .harness import thread_names
 from .reference import DTYPES, TOLERANCE, Checker, applicable_ops, inputs_for, make_input, make_op, reduce_reference
 
-ALGOS = ["auto", "ring", "rd", "rabenseifner", "hier"]
-# "ring3ch": the ring with ROCE_PG_NCHANNELS=3; "hier2ch": hier with 2 (the
-# others leave it on auto).
-CHANNELS = {"ring3ch": ("ring", "3"), "hier2ch": ("hier", "2")}
+ALGOS = ["auto", "ring", "rd", "rabenseifner", "hier", "tree"]
+# Variants: "ring3ch" is the ring with ROCE_PG_NCHANNELS=3, "hier2ch" hier
+# with 2 (the others leave it on auto); "hiertree" is hier with the double
+# binary tree among the machines (the cost model never picks it on 2 or 3
+# machines), in sequence and overlapped with the in-machine phases.
+VARIANTS = {"ring3ch": {"ROCE_PG_ALGO_ALLREDUCE": "ring", "ROCE_PG_NCHANNELS": "3"},
+            "hier2ch": {"ROCE_PG_ALGO_ALLREDUCE": "hier", "ROCE_PG_NCHANNELS": "2"},
+            "hiertree": {"ROCE_PG_ALGO_ALLREDUCE": "hier", "ROCE_PG_ALGO_ALLREDUCE_ACROSS": "tree"}}
+CHANNELS = ("ring3ch", "hier2ch")
 # The allgather algorithm tested alongside each allreduce algorithm.
 ALLGATHER_FOR = {"auto": "auto", "ring": "ring", "rd": "bruck", "rabenseifner": "bruck", "hier": "hier",
-                 "ring3ch": "ring", "hier2ch": "hier"}
+                 "tree": "auto", "ring3ch": "ring", "hier2ch": "hier", "hiertree": "hier"}
 # And the reduce-scatter algorithm.
 REDUCE_SCATTER_FOR = {"auto": "auto", "ring": "ring", "rd": "auto", "rabenseifner": "auto", "hier": "hier",
-                      "ring3ch": "ring", "hier2ch": "hier"}
+                      "tree": "auto", "ring3ch": "ring", "hier2ch": "hier", "hiertree": "hier"}
 # Channelled ring allreduce (8 KiB per channel at the test's ring threshold):
 # 3 channels of a few KiB, 2 channels of float64, and 3 channels of many
 # 4 KiB chunks each; uneven slices and segments throughout.
@@ -157,14 +162,24 @@ def _traffic(group, numel, coll="all_reduce"):
     return c
 
 
-def run(rank, world, port, groups, algos=ALGOS, traffic=None, timing=False, mismatch=None):
+def _set_algorithm(algo):
+    os.environ.update({"ROCE_PG_ALGO_ALLREDUCE": algo, "ROCE_PG_NCHANNELS": "0",
+                       "ROCE_PG_ALGO_ALLREDUCE_ACROSS": "auto", **VARIANTS.get(algo, {})})
+
+
+def run(rank, world, port, groups, algos=ALGOS, traffic=None, timing=False, mismatch=None, only=None,
+        regimes=None, plans=None):
     """groups: {label: list of global ranks}; traffic: {label: [numel, ...]}
-    whose per-algorithm counters are returned for the parent to check."""
+    whose per-algorithm counters are returned for the parent to check;
+    only: {algo: [label, ...]} runs those algorithms on those groups only;
+    regimes: see _auto_regimes; plans: see _plans (rank 0 returns them)."""
     ck = Checker(rank)
     counters = {}
     for label, members in groups.items():
         for algo in algos:
-            os.environ["ROCE_PG_ALGO_ALLREDUCE"], os.environ["ROCE_PG_NCHANNELS"] = CHANNELS.get(algo, (algo, "0"))
+            if only and algo in only and label not in only[algo]:
+                continue
+            _set_algorithm(algo)
             os.environ["ROCE_PG_ALGO_ALLGATHER"] = ALLGATHER_FOR[algo]
             os.environ["ROCE_PG_ALGO_REDUCE_SCATTER"] = REDUCE_SCATTER_FOR[algo]
             group = dist.new_group(members, backend="roce")
@@ -200,6 +215,10 @@ def run(rank, world, port, groups, algos=ALGOS, traffic=None, timing=False, mism
         _check_settings_mismatch(ck, rank, mismatch)
     out = ck.result()
     out["counters"] = counters
+    if regimes:
+        out["regimes"] = _auto_regimes(rank, groups, regimes)
+    if plans and rank == 0:
+        out["plans"] = _plans(plans)
     return out
 
 
@@ -236,3 +255,70 @@ def _check_settings_mismatch(ck, rank, members):
         ck.checks += 1
         if not error or "ROCE_PG_NCHANNELS=2" not in error or "ROCE_PG_NCHANNELS=auto" not in error:
             ck.failures.append(f"rank {rank}: mismatched ROCE_PG_NCHANNELS: {error!r}")
+
+
+# The allreduce settings that decide auto's choice; the regimes below start
+# from none of them set (the test's thresholds and chunk would decide instead).
+MODEL_SETTINGS = ("ROCE_PG_ALGO_RD_MAX_BYTES", "ROCE_PG_ALGO_RING_MIN_BYTES", "ROCE_PG_ALGO_HIER_MIN_BYTES",
+                  "ROCE_PG_CHUNK_BYTES",
+                  "ROCE_PG_ALGO_NET_ALPHA_US", "ROCE_PG_ALGO_NET_GBPS", "ROCE_PG_ALGO_NIC_GBPS",
+                  "ROCE_PG_ALGO_SHM_ALPHA_US", "ROCE_PG_ALGO_SHM_GBPS", "ROCE_PG_ALGO_REDUCE_GBPS")
+
+
+class _ModelSettingsCleared:
+    """None of MODEL_SETTINGS set inside; restored afterwards."""
+
+    def __enter__(self):
+        self.saved = {k: os.environ.pop(k) for k in MODEL_SETTINGS if k in os.environ}
+
+    def __exit__(self, *exc):
+        for k in MODEL_SETTINGS:
+            os.environ.pop(k, None)
+        os.environ.update(self.saved)
+
+
+def _plans(cases):
+    """cases: [(ranks, machines, per machine or 0, bytes, {variable: value})]:
+    what auto picks for each (no group needed: the model is a pure function)."""
+    out = []
+    with _ModelSettingsCleared():
+        for ranks, machines, per_machine, nbytes, env in cases:
+            os.environ.update(env)
+            out.append(roce_pg._C._allreduce_plan(ranks, machines, per_machine, nbytes))
+            for k in env:
+                del os.environ[k]
+    return out
+
+
+def _auto_regimes(rank, groups, regimes):
+    """regimes: [(label, group label, shape (ranks, machines, per machine or 0),
+    numel, {variable: value})]. For each, the cost model's prediction for that
+    shape (roce_pg._C._allreduce_plan), and this rank's counters of one
+    float32 allreduce of numel in a group on auto and in one forced to the
+    predicted algorithm: the parent checks that the two match rank by rank."""
+    out = {}
+    with _ModelSettingsCleared():
+        for name, label, shape, numel, env in regimes:
+            out[name] = _regime(rank, groups[label], shape, numel, env)
+    _set_algorithm("auto")
+    return out
+
+
+def _regime(rank, members, shape, numel, env):
+    os.environ.update(env)
+    result = {"plan": roce_pg._C._allreduce_plan(*shape, numel * 4)}
+    plan = result["plan"]
+    for kind, algo in (("auto", "auto"), ("forced", plan["algo"])):
+        _set_algorithm(algo)
+        if kind == "forced" and plan["across"]:
+            os.environ["ROCE_PG_ALGO_ALLREDUCE_ACROSS"] = plan["across"]
+        group = dist.new_group(members, backend="roce")
+        if rank in members:
+            result[kind] = {k: v for k, v in _traffic(group, numel).items()
+                            if k in ("sends", "bytes_sent_net", "bytes_sent_shm")}
+        dist.barrier()
+        if rank in members:
+            dist.destroy_process_group(group)
+    for k in env:
+        del os.environ[k]
+    return result

@@ -19,7 +19,8 @@ struct Topology;
 
 // In place. The algorithm is chosen per call (select.hpp): shared memory when
 // the whole group is on one machine, else recursive doubling, Rabenseifner,
-// hierarchical or ring by size and topology, or the one ROCE_PG_ALGO* forces.
+// ring, double binary tree or hierarchical by a cost model of size and
+// topology, or the one ROCE_PG_ALGO* forces.
 void allreduce(Communicator& c, void* data, size_t count, DataType t, Reduction red);
 // Result lands in `data` on `root` only; other ranks' `data` is left untouched.
 void reduce(Communicator& c, void* data, size_t count, DataType t, Reduction red, int root);

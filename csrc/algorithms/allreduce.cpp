@@ -12,6 +12,7 @@
 #include "recursive.hpp"
 #include "ring.hpp"
 #include "select.hpp"
+#include "tree.hpp"
 
 namespace roce {
 
@@ -68,6 +69,7 @@ void allreduce(Communicator& c, void* data, size_t count, DataType t, Reduction 
     case Algo::Rd: recursiveDoublingAllreduce(c, all, tag, data, count, t, op); break;
     case Algo::Rabenseifner: rabenseifnerAllreduce(c, all, tag, data, count, t, op); break;
     case Algo::Hier: detail::hierAllreduce(c, tag, data, count, t, op); break;
+    case Algo::Tree: treeAllreduce(c, all, tag, data, count, t, op, treeChunksFor(c, count * elementSize(t), false)); break;
     default: detail::ringAllreduce(c, all.ranks, tag, data, count, t, op); break;
   }
   if (red.op == ReduceOp::Avg) divideBy(t, data, count, c.size());

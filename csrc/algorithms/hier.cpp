@@ -11,7 +11,7 @@
 //   reduce-scatter  (N-1)/N * n/L    (flat ring: up to (p-1)/p * n)
 //   allgather       (N-1)/N * n/L    (flat ring: up to (p-1)/p * n)
 #include <algorithm>
-#include <optional>
+#include <memory>
 
 #include "../comm/communicator.hpp"
 #include "../common/bytes.hpp"
@@ -20,18 +20,20 @@
 #include "recursive.hpp"
 #include "ring.hpp"
 #include "select.hpp"
+#include "tree.hpp"
 
 namespace roce::detail {
 
 namespace {
 
-// Scratch buffers of the overlapped allreduce's concurrent ring passes (0-2
+// Scratch buffers of the overlapped allreduce's concurrent passes (0-2
 // belong to the other algorithms).
 constexpr int kScratchInMachine = 3, kScratchAcross = 4;
-constexpr int kMaxPieces = 4;
 
 // The three phases one after another over the whole vector; the allreduce
-// across machines picks rd / Rabenseifner / ring by the shard's size.
+// across machines is the one the cost model picks for the shard (select.hpp).
+// Teams of different local indices may pick differently (their shards can
+// differ by an element): they never exchange messages with each other.
 void hierAllreduceInSequence(Communicator& c, uint64_t tag, void* data, size_t count, DataType t, ReduceOp op) {
   const Topology& topo = c.topology();
   const size_t esz = elementSize(t);
@@ -40,9 +42,10 @@ void hierAllreduceInSequence(Communicator& c, uint64_t tag, void* data, size_t c
   ringReduceScatter(c, topo.localRanks, tag, data, shards, t, op);
   char* shard = static_cast<char*>(data) + shards.offset[topo.localIndex] * esz;
   const size_t n = shards.count[topo.localIndex];
-  switch (chooseFlatAllreduce(c, n * esz, across)) {
+  switch (chooseAcross(c, n * esz, false)) {
     case Algo::Rd: recursiveDoublingAllreduce(c, across, tag, shard, n, t, op); break;
     case Algo::Rabenseifner: rabenseifnerAllreduce(c, across, tag, shard, n, t, op); break;
+    case Algo::Tree: treeAllreduce(c, across, tag, shard, n, t, op, treeChunksFor(c, n * esz, true)); break;
     default: ringAllreduce(c, across.ranks, tag, shard, n, t, op); break;
   }
   ringAllgather(c, topo.localRanks, tag, data, shards, esz);
@@ -50,11 +53,11 @@ void hierAllreduceInSequence(Communicator& c, uint64_t tag, void* data, size_t c
 
 // Large vectors: cut into pieces and overlapped, so the network is busy
 // while the machine's ranks reduce-scatter the next piece and allgather the
-// previous one. Piece k moves through three ring passes (in-machine
-// reduce-scatter, ring allreduce of this rank's shard across machines,
-// in-machine allgather); one pass per phase is active at a time and all of
-// them advance in one wait. Each (piece, phase) has its own tag, so the
-// in-machine passes of two pieces sharing the same neighbours never mix.
+// previous one. Piece k moves through three passes (in-machine ring
+// reduce-scatter, ring or tree allreduce of this rank's shard across
+// machines, in-machine ring allgather); one pass per phase is active at a time
+// and all of them advance in one wait. Each (piece, phase) has its own tag, so
+// the in-machine passes of two pieces sharing the same neighbours never mix.
 void hierAllreduceOverlapped(Communicator& c, void* data, size_t count, DataType t, ReduceOp op, int pieces) {
   const Topology& topo = c.topology();
   const size_t esz = elementSize(t);
@@ -69,19 +72,28 @@ void hierAllreduceOverlapped(Communicator& c, void* data, size_t count, DataType
   for (int i = 0; i < 3 * pieces; ++i) tags.push_back(c.nextCollectiveTag());
   char* base = static_cast<char*>(data);
   const Team across(topo.sameLocalIndex, c.rank());
-  (void)chooseFlatAllreduce(c, shards[0].count[topo.localIndex] * esz, across);  // logs the choice (ring here)
+  // One choice for all pieces: the first piece's shard is the largest, and
+  // the team's members all see the same sizes.
+  const size_t pieceShard = shards[0].count[topo.localIndex];
+  const bool tree = chooseAcross(c, pieceShard * esz, true) == Algo::Tree;
+  const int treeChunks = tree ? treeChunksFor(c, pieceShard * esz, true) : 0;
 
-  std::optional<RingPass> phase[3];
+  std::unique_ptr<Pass> phase[3];
   int begun[3] = {0, 0, 0}, done[3] = {0, 0, 0};
   auto begin = [&](int p, int k) {
     const RingSegments& sh = shards[k];
+    char* shard = base + sh.offset[topo.localIndex] * esz;
+    const size_t n = sh.count[topo.localIndex];
     if (p == 0)
-      phase[0].emplace(c, topo.localRanks, tags[3 * k], data, sh, t, op, true, false, kScratchInMachine);
+      phase[0] = std::make_unique<RingPass>(c, topo.localRanks, tags[3 * k], data, sh, t, op, true, false,
+                                            kScratchInMachine);
+    else if (p == 1 && tree)
+      phase[1] = std::make_unique<TreePass>(c, across, tags[3 * k + 1], shard, n, t, op, treeChunks, kScratchAcross);
     else if (p == 1)
-      phase[1].emplace(c, topo.sameLocalIndex, tags[3 * k + 1], base + sh.offset[topo.localIndex] * esz,
-                       RingSegments::even(sh.count[topo.localIndex], topo.numNodes), t, op, true, true, kScratchAcross);
+      phase[1] = std::make_unique<RingPass>(c, topo.sameLocalIndex, tags[3 * k + 1], shard,
+                                            RingSegments::even(n, topo.numNodes), t, op, true, true, kScratchAcross);
     else
-      phase[2].emplace(c, topo.localRanks, tags[3 * k + 2], data, sh, t, op, false, true);
+      phase[2] = std::make_unique<RingPass>(c, topo.localRanks, tags[3 * k + 2], data, sh, t, op, false, true);
     phase[p]->start();
     ++begun[p];
   };
@@ -107,12 +119,9 @@ void hierAllreduceOverlapped(Communicator& c, void* data, size_t count, DataType
 }  // namespace
 
 void hierAllreduce(Communicator& c, uint64_t tag, void* data, size_t count, DataType t, ReduceOp op) {
-  const Config& cfg = c.config();
-  const size_t shardBytes = count * elementSize(t) / c.topology().localRanks.size();
-  // Pieces whose shards are at least ROCE_PG_ALGO_RING_MIN_BYTES (the ring is
-  // then the right algorithm across) and two chunks (so each pass pipelines).
-  const size_t minPiece = std::max<size_t>({cfg.ringMinBytes, 2 * cfg.chunkBytes, 1});
-  const int pieces = static_cast<int>(std::min<size_t>(kMaxPieces, shardBytes / minPiece));
+  // Pieces whose shards are at least ROCE_PG_ALGO_RING_MIN_BYTES and two
+  // chunks, so each pass pipelines (the cost model estimates the same cut).
+  const int pieces = hierPiecesFor(c, count * elementSize(t) / c.topology().localRanks.size());
   if (pieces >= 2) return hierAllreduceOverlapped(c, data, count, t, op, pieces);
   hierAllreduceInSequence(c, tag, data, count, t, op);
 }

@@ -150,14 +150,6 @@ void RingPass::start() {
   if (steps_ > 1) postRecvs(1);
 }
 
-bool RingPass::finished(std::vector<Request*>& reqs) {
-  for (Request* r : reqs) {
-    if (!r->done) return false;
-    if (r->failed()) c_.wait(*r);  // throws, with the communicator's context
-  }
-  return true;
-}
-
 bool RingPass::advance() {
   if (!started_) start();
   if (n_ == 1 || steps_ == 0) return true;
@@ -167,8 +159,7 @@ bool RingPass::advance() {
     std::vector<Request*>& recvs = recvs_[step_];
     if (chunk_ < recvs.size()) {
       Request* r = recvs[chunk_];
-      if (!r->done) return false;
-      if (r->failed()) c_.wait(*r);
+      if (!finished(c_, r)) return false;
       const size_t at = chunk_ * chunkElems_, n = r->len / esz_;
       const int seg = recvSeg(step_);
       if (isRs(step_) && !reduced(seg, at, n)) return false;
@@ -180,7 +171,7 @@ bool RingPass::advance() {
     chunk_ = 0;
   }
   for (auto& s : sends_)
-    if (!finished(s)) return false;
+    if (!finished(c_, s)) return false;
   return true;
 }
 

@@ -12,6 +12,7 @@
 
 #include "../common/dtype.hpp"
 #include "../transport/transport.hpp"
+#include "pass.hpp"
 
 namespace roce {
 
@@ -20,7 +21,8 @@ class HelperThread;
 
 // Scratch indices of channels 1.. of a channelled ring (channel 0 uses the
 // pass's default, 0): kScratchChannel + k - 1. Below it: reduce/reduce-scatter
-// copies (1), recursive (2), hierarchical phases (3, 4).
+// copies (1), recursive and tree (2: never at the same time), hierarchical
+// phases (3, 4).
 constexpr int kScratchChannel = 5;
 // Tag of channel k of the collective with tag `tag`: derived, not drawn from
 // the sequence, so ranks that split one call differently (hier's shards differ
@@ -59,18 +61,18 @@ struct RingSegments {
 // while the helper works on a chunk. The destructor waits for a running
 // reduction, so a pass that unwinds never leaves a helper writing into freed
 // memory.
-class RingPass {
+class RingPass : public Pass {
  public:
   RingPass(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data, RingSegments segs, DataType t,
            ReduceOp op, bool reduceScatter, bool allgather, int scratchIndex = 0);
-  ~RingPass();
+  ~RingPass() override;
   RingPass(const RingPass&) = delete;
   RingPass& operator=(const RingPass&) = delete;
   void asChannel(int channel, HelperThread* helper);
-  void start();
+  void start() override;
   // Reduces and forwards whatever has landed; true once every receive has
   // been processed and every send has finished. Throws on a failed request.
-  bool advance();
+  bool advance() override;
   void run();
 
  private:
@@ -81,7 +83,6 @@ class RingPass {
   void postSend(int g, int seg, size_t at, size_t n);
   bool canPostRecvs(int g) const;
   void postRecvs(int g);
-  bool finished(std::vector<Request*>& reqs);
   // Reduces the landed chunk into the tensor; false while a helper still works on it.
   bool reduced(int seg, size_t at, size_t n);
   struct ReduceJob {

@@ -1,9 +1,13 @@
 #include "select.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <string>
+#include <type_traits>
 
 #include "../comm/communicator.hpp"
 #include "../common/log.hpp"
+#include "cost_model.hpp"
 
 namespace roce {
 namespace {
@@ -13,14 +17,20 @@ const char* kKindNames[] = {"allreduce", "allreduce across machines (inside hier
                             "reduce_scatter", "reduce"};
 
 // Logs the first use of each (kind, algorithm) at INFO, on the group's rank 0.
-// After that a choice costs one bit test: nothing is formatted per call.
-Algo announce(Communicator& c, Kind kind, Algo a, size_t bytes, const char* why) {
+// After that a choice costs one bit test: nothing is formatted per call (the
+// reason is a string or a callable that builds one, called only here).
+template <class Why>
+Algo announce(Communicator& c, Kind kind, Algo a, size_t bytes, Why&& why) {
   const uint32_t bit = 1u << static_cast<int>(a);
   if (c.algoLogged[kind] & bit) return a;
   c.algoLogged[kind] |= bit;
-  if (c.rank() == 0)
+  if (c.rank() == 0) {
+    std::string reason;
+    if constexpr (std::is_invocable_v<Why>) reason = why();
+    else reason = why;
     ROCE_INFO(kKindNames[kind], " uses ", algoName(a), " (first at ", bytes, " bytes per rank, ", c.size(),
-              " ranks on ", c.topology().numNodes, " machine(s)): ", why);
+              " ranks on ", c.topology().numNodes, " machine(s)): ", reason);
+  }
   return a;
 }
 
@@ -29,13 +39,18 @@ Algo byName(const std::string& s) {
   if (s == "hier") return Algo::Hier;
   if (s == "rd") return Algo::Rd;
   if (s == "bruck") return Algo::Bruck;
+  if (s == "tree") return Algo::Tree;
   return Algo::Rabenseifner;  // config.cpp admits nothing else
 }
 
-Algo flatBySize(const Config& cfg, size_t bytes) {
-  if (bytes <= cfg.rdMaxBytes) return Algo::Rd;
-  if (bytes < cfg.ringMinBytes) return Algo::Rabenseifner;
-  return Algo::Ring;
+// "auto: ..." for the log: the variable that decided, or the model's estimates.
+std::string explain(const Choice& ch) {
+  if (ch.decidedBy) return str("auto: decided by ", ch.decidedBy);
+  std::string s = "auto: cost model (estimates";
+  for (int i = 0; i < kCandidates; ++i)
+    if (!std::isnan(ch.estimate[i])) s += str(" ", candidateName(i), " ", ch.estimate[i] * 1e6, " us");
+  if (ch.algo == Algo::Hier) s += str("; among the machines: ", algoName(ch.across));
+  return s + ")";
 }
 
 }  // namespace
@@ -49,6 +64,7 @@ const char* algoName(Algo a) {
     case Algo::Rabenseifner: return "rabenseifner";
     case Algo::Bruck: return "bruck";
     case Algo::Tree: return "tree";
+    case Algo::Binomial: return "binomial";
     case Algo::Chain: return "chain";
     case Algo::Allreduce: return "allreduce";
     case Algo::RsGather: return "reduce_scatter+gather";
@@ -66,6 +82,23 @@ bool hierApplies(const Communicator& c) {
   return t.numNodes > 1 && t.localRanks.size() > 1 && t.evenNodes;
 }
 
+Shape groupShape(const Communicator& c) {
+  const Topology& t = c.topology();
+  size_t perMachine = t.localRanks.size();  // per call: no loop over the machines where they are even
+  if (!t.evenNodes)
+    for (const auto& ranks : t.nodeRanks) perMachine = std::max(perMachine, ranks.size());
+  return Shape::group(t.size, t.numNodes, static_cast<int>(perMachine), t.evenNodes, c.config().forceNetwork);
+}
+
+int treeChunksFor(const Communicator& c, size_t bytes, bool acrossMachines) {
+  const Shape g = groupShape(c);
+  return treeChunks(CostConstants(c.config()), acrossMachines ? g.acrossMachines() : g, bytes);
+}
+
+int hierPiecesFor(const Communicator& c, size_t shardBytes) {
+  return hierPieces(CostConstants(c.config()), shardBytes);
+}
+
 Algo chooseAllreduce(Communicator& c, size_t bytes) {
   const Config& cfg = c.config();
   if (cfg.algoAllreduce != "auto") {
@@ -74,26 +107,23 @@ Algo chooseAllreduce(Communicator& c, size_t bytes) {
     // local index i is reduced among the i-th ranks of all machines). The
     // documented fallback is the flat choice, not an error: one variable can
     // then be set for a whole job whose subgroups differ.
-    if (forced == Algo::Hier && !c.topology().evenNodes)
-      return announce(c, kAllreduce, flatBySize(cfg, bytes), bytes,
-                      "ROCE_PG_ALGO_ALLREDUCE=hier does not apply (machines have different numbers of ranks), "
-                      "fallback to the size-based flat choice");
+    if (forced == Algo::Hier && !c.topology().evenNodes) {
+      const Choice ch = planAllreduce(cfg, groupShape(c), bytes);  // hier does not apply: a flat choice
+      return announce(c, kAllreduce, ch.algo, bytes, [&] {
+        return "ROCE_PG_ALGO_ALLREDUCE=hier does not apply (machines have different numbers of ranks), "
+               "fallback to the flat choice of " + explain(ch);
+      });
+    }
     return announce(c, kAllreduce, forced, bytes, "forced by ROCE_PG_ALGO_ALLREDUCE / ROCE_PG_ALGO");
   }
   if (c.nodeShm()) return announce(c, kAllreduce, Algo::Shm, bytes, "auto: the whole group shares one machine's memory");
-  if (bytes <= cfg.rdMaxBytes)
-    return announce(c, kAllreduce, Algo::Rd, bytes, "auto: at most ROCE_PG_ALGO_RD_MAX_BYTES");
-  if (hierApplies(c) && bytes >= cfg.hierMinBytes)
-    return announce(c, kAllreduce, Algo::Hier, bytes,
-                    "auto: several machines with the same number of ranks, at least ROCE_PG_ALGO_HIER_MIN_BYTES");
-  if (bytes < cfg.ringMinBytes)
-    return announce(c, kAllreduce, Algo::Rabenseifner, bytes, "auto: below ROCE_PG_ALGO_RING_MIN_BYTES");
-  return announce(c, kAllreduce, Algo::Ring, bytes, "auto: at least ROCE_PG_ALGO_RING_MIN_BYTES");
+  const Choice ch = planAllreduce(cfg, groupShape(c), bytes);
+  return announce(c, kAllreduce, ch.algo, bytes, [&] { return explain(ch); });
 }
 
-Algo chooseFlatAllreduce(Communicator& c, size_t bytes, const Team& team) {
-  (void)team;
-  return announce(c, kAllreduceAcross, flatBySize(c.config(), bytes), bytes, "auto, by the shard's size");
+Algo chooseAcross(Communicator& c, size_t bytes, bool overlapped) {
+  const Choice ch = planAcross(c.config(), groupShape(c), bytes, overlapped);
+  return announce(c, kAllreduceAcross, ch.algo, bytes, [&] { return explain(ch); });
 }
 
 namespace {
@@ -146,7 +176,7 @@ Algo chooseReduce(Communicator& c, size_t bytes) {
 Algo chooseBroadcast(Communicator& c, size_t bytes) {
   if (c.size() > 2 && bytes >= c.config().ringMinBytes)
     return announce(c, kBroadcast, Algo::Chain, bytes, "at least ROCE_PG_ALGO_RING_MIN_BYTES");
-  return announce(c, kBroadcast, Algo::Tree, bytes, "below ROCE_PG_ALGO_RING_MIN_BYTES");
+  return announce(c, kBroadcast, Algo::Binomial, bytes, "below ROCE_PG_ALGO_RING_MIN_BYTES");
 }
 
 }  // namespace roce

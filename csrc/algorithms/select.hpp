@@ -1,7 +1,7 @@
 // Which algorithm a collective uses: forced by ROCE_PG_ALGO* or chosen by
-// "auto" from the message size, the group size and the ranks per machine
-// (the table is in docs/ARCHITECTURE.md, the measurements behind it in
-// docs/PERFORMANCE.md).
+// "auto". The allreduce's auto evaluates a cost model per call
+// (cost_model.hpp; the table and worked examples are in docs/ALGORITHMS.md);
+// the other collectives pick by size thresholds (docs/ARCHITECTURE.md).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -11,14 +11,26 @@
 namespace roce {
 
 class Communicator;
+struct Shape;
 
-enum class Algo : uint8_t { Shm, Ring, Hier, Rd, Rabenseifner, Bruck, Tree, Chain, Allreduce, RsGather };
+// Tree: the pipelined double binary tree allreduce (tree.cpp); Binomial and
+// Chain: the broadcast's shapes.
+enum class Algo : uint8_t { Shm, Ring, Hier, Rd, Rabenseifner, Bruck, Tree, Binomial, Chain, Allreduce, RsGather };
 const char* algoName(Algo a);
 
 // For allreduce (and reduce, built on it) of `bytes` per rank over the whole group.
 Algo chooseAllreduce(Communicator& c, size_t bytes);
-// For an allreduce among `team` inside the hierarchical algorithm (never Shm or Hier).
-Algo chooseFlatAllreduce(Communicator& c, size_t bytes, const Team& team);
+// For hier's allreduce of a shard of `bytes` among the machines: Rd,
+// Rabenseifner, Ring or Tree; only Ring or Tree when `overlapped` (hier's
+// phases advancing together on pieces need passes that do not block).
+Algo chooseAcross(Communicator& c, size_t bytes, bool overlapped);
+// The group as the cost model sees it (ranks, machines, ranks per machine).
+Shape groupShape(const Communicator& c);
+// Chunks per half for the tree allreduce of `bytes` per rank among the whole
+// group, or (acrossMachines) among hier's team of one rank per machine.
+int treeChunksFor(const Communicator& c, size_t bytes, bool acrossMachines);
+// Pieces of hier's overlapped allreduce for shards of `shardBytes` (< 2: in sequence).
+int hierPiecesFor(const Communicator& c, size_t shardBytes);
 // For allgather of `totalBytes` of output per rank: Bruck, Hier or Ring.
 Algo chooseAllgather(Communicator& c, size_t totalBytes);
 // For reduce-scatter of `totalBytes` of input per rank: Hier or Ring.
@@ -27,7 +39,7 @@ Algo chooseReduceScatter(Communicator& c, size_t totalBytes);
 // reduce-scatter, then the segments to the root) for large messages.
 Algo chooseReduce(Communicator& c, size_t bytes);
 
-// For broadcast of `bytes`: binomial Tree, or pipelined Chain for large messages.
+// For broadcast of `bytes`: Binomial tree, or pipelined Chain for large messages.
 Algo chooseBroadcast(Communicator& c, size_t bytes);
 
 // Channels for a ring allreduce of `bytes` per rank: up to the group's

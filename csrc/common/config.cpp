@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cctype>
+#include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <initializer_list>
@@ -33,6 +34,24 @@ long long envInt(const char* name, long long def, long long lo, long long hi) {
   if (!end || *end != '\0' || x < lo || x > hi)
     throwInvalid(str(name, "='", v, "' is not an integer in [", lo, ", ", hi, "]"));
   return x;
+}
+
+double envDouble(const char* name, double def, double lo, double hi) {
+  const char* v = env(name);
+  if (!v) return def;
+  char* end = nullptr;
+  const double x = std::strtod(v, &end);
+  if (!end || *end != '\0' || !(x >= lo && x <= hi))
+    throwInvalid(str(name, "='", v, "' is not a number in [", lo, ", ", hi, "]"));
+  return x;
+}
+
+// The shortest text that reads back as exactly `x`: two ranks whose values
+// differ in the last bit must not print the same settings.
+std::string exact(double x) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), x);
+  return std::string(buf, r.ptr);
 }
 
 size_t floorPow2(size_t x) { return x ? std::bit_floor(x) : 0; }
@@ -70,14 +89,25 @@ Config Config::fromEnv() {
     for (char ch : c.simNode) ok &= std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_';
     if (!ok) throwInvalid(str("ROCE_PG_SIM_NODE='", c.simNode, "': use up to 64 letters, digits, '-' or '_'"));
   }
-  c.algoAllreduce = oneOf("ROCE_PG_ALGO_ALLREDUCE", oneOf("ROCE_PG_ALGO", "auto", {"auto", "ring", "hier", "rd", "rabenseifner"}),
-                          {"auto", "ring", "hier", "rd", "rabenseifner"});
+  c.algoAllreduce = oneOf("ROCE_PG_ALGO_ALLREDUCE",
+                          oneOf("ROCE_PG_ALGO", "auto", {"auto", "ring", "hier", "rd", "rabenseifner", "tree"}),
+                          {"auto", "ring", "hier", "rd", "rabenseifner", "tree"});
+  c.algoAllreduceAcross = oneOf("ROCE_PG_ALGO_ALLREDUCE_ACROSS", "auto", {"auto", "rd", "rabenseifner", "ring", "tree"});
   c.connect = oneOf("ROCE_PG_CONNECT", "lazy", {"lazy", "eager"});
   c.algoAllgather = oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "ring", "bruck", "hier"});
   c.algoReduceScatter = oneOf("ROCE_PG_ALGO_REDUCE_SCATTER", "auto", {"auto", "ring", "hier"});
   c.rdMaxBytes = envInt("ROCE_PG_ALGO_RD_MAX_BYTES", c.rdMaxBytes, 0, 1ll << 40);
   c.ringMinBytes = envInt("ROCE_PG_ALGO_RING_MIN_BYTES", c.ringMinBytes, 0, 1ll << 40);
   c.hierMinBytes = envInt("ROCE_PG_ALGO_HIER_MIN_BYTES", c.hierMinBytes, 0, 1ll << 40);
+  c.rdMaxBytesSet = env("ROCE_PG_ALGO_RD_MAX_BYTES") != nullptr;
+  c.ringMinBytesSet = env("ROCE_PG_ALGO_RING_MIN_BYTES") != nullptr;
+  c.hierMinBytesSet = env("ROCE_PG_ALGO_HIER_MIN_BYTES") != nullptr;
+  c.netAlphaUs = envDouble("ROCE_PG_ALGO_NET_ALPHA_US", c.netAlphaUs, 0, 1e6);
+  c.netGBps = envDouble("ROCE_PG_ALGO_NET_GBPS", c.netGBps, 1e-6, 1e6);
+  c.nicGBps = envDouble("ROCE_PG_ALGO_NIC_GBPS", c.nicGBps, 1e-6, 1e6);
+  c.shmAlphaUs = envDouble("ROCE_PG_ALGO_SHM_ALPHA_US", c.shmAlphaUs, 0, 1e6);
+  c.shmGBps = envDouble("ROCE_PG_ALGO_SHM_GBPS", c.shmGBps, 1e-6, 1e6);
+  c.reduceGBps = envDouble("ROCE_PG_ALGO_REDUCE_GBPS", c.reduceGBps, 1e-6, 1e6);
   c.bruckMaxBytes = envInt("ROCE_PG_ALGO_BRUCK_MAX_BYTES", c.bruckMaxBytes, 0, 1ll << 40);
   if (const char* v = env("ROCE_PG_NET_TRANSPORT")) c.netTransport = v;
   if (c.netTransport != "auto" && c.netTransport != "tcp" && c.netTransport != "verbs")
@@ -176,18 +206,31 @@ const std::string& testFault() {
 }
 
 std::string Config::algorithmSettings() const {
-  return str("ROCE_PG_ALGO_ALLREDUCE=", algoAllreduce, " ROCE_PG_ALGO_ALLGATHER=", algoAllgather,
-             " ROCE_PG_ALGO_REDUCE_SCATTER=", algoReduceScatter, " ROCE_PG_ALGO_RD_MAX_BYTES=", rdMaxBytes,
-             " ROCE_PG_ALGO_RING_MIN_BYTES=", ringMinBytes, " ROCE_PG_ALGO_HIER_MIN_BYTES=", hierMinBytes,
-             " ROCE_PG_ALGO_BRUCK_MAX_BYTES=", bruckMaxBytes, " ROCE_PG_CHUNK_BYTES=", chunkBytes,
-             " ROCE_PG_NCHANNELS=", nChannels == 0 ? std::string("auto") : std::to_string(nChannels));
+  // A threshold left unset leaves its rows to the cost model, which one set to
+  // the default value does not: "auto" and the value differ here too.
+  auto threshold = [](bool set, size_t v) { return set ? std::to_string(v) : std::string("auto"); };
+  return str("ROCE_PG_ALGO_ALLREDUCE=", algoAllreduce, " ROCE_PG_ALGO_ALLREDUCE_ACROSS=", algoAllreduceAcross,
+             " ROCE_PG_ALGO_ALLGATHER=", algoAllgather,
+             " ROCE_PG_ALGO_REDUCE_SCATTER=", algoReduceScatter,
+             " ROCE_PG_ALGO_RD_MAX_BYTES=", threshold(rdMaxBytesSet, rdMaxBytes),
+             " ROCE_PG_ALGO_RING_MIN_BYTES=", threshold(ringMinBytesSet, ringMinBytes),
+             " ROCE_PG_ALGO_HIER_MIN_BYTES=", threshold(hierMinBytesSet, hierMinBytes),
+             " ROCE_PG_ALGO_BRUCK_MAX_BYTES=", bruckMaxBytes, " ROCE_PG_ALGO_NET_ALPHA_US=", exact(netAlphaUs),
+             " ROCE_PG_ALGO_NET_GBPS=", exact(netGBps), " ROCE_PG_ALGO_NIC_GBPS=", exact(nicGBps),
+             " ROCE_PG_ALGO_SHM_ALPHA_US=", exact(shmAlphaUs), " ROCE_PG_ALGO_SHM_GBPS=", exact(shmGBps),
+             " ROCE_PG_ALGO_REDUCE_GBPS=", exact(reduceGBps), " ROCE_PG_CHUNK_BYTES=", chunkBytes,
+             " ROCE_PG_NCHANNELS=", nChannels == 0 ? std::string("auto") : std::to_string(nChannels),
+             " ROCE_PG_FORCE_NETWORK=", forceNetwork ? 1 : 0);
 }
 
 std::string Config::describe() const {
   return str("force_network=", forceNetwork, " sim_ranks_per_node=", simRanksPerNode,
              simNode.empty() ? "" : str(" sim_node=", simNode), " algo_allreduce=", algoAllreduce,
+             " algo_allreduce_across=", algoAllreduceAcross,
              " algo_allgather=", algoAllgather, " algo_reduce_scatter=", algoReduceScatter, " rd_max_bytes=", rdMaxBytes, " ring_min_bytes=", ringMinBytes,
-             " hier_min_bytes=", hierMinBytes, " bruck_max_bytes=", bruckMaxBytes,
+             " hier_min_bytes=", hierMinBytes, " bruck_max_bytes=", bruckMaxBytes, " net_alpha_us=", netAlphaUs,
+             " net_gbps=", netGBps, " nic_gbps=", nicGBps, " shm_alpha_us=", shmAlphaUs, " shm_gbps=", shmGBps,
+             " reduce_gbps=", reduceGBps,
              " net_transport=", netTransport, " connect=", connect, " chunk_bytes=", chunkBytes, " nchannels=", nChannels,
              " shm_slot_bytes=", shmSlotBytes, " shm_chunk_bytes=", shmChunkBytes, " shm_oneshot_max_bytes=", shmOneShotMaxBytes,
              " inline_max_bytes=", inlineMaxBytes, " sync_inline_max_bytes=", syncInlineMaxBytes, " spin_us=", spinUs, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,

@@ -15,14 +15,29 @@ struct Config {
   // "machine"); overrides simRanksPerNode, so uneven machines can be tested.
   std::string simNode;                   // ROCE_PG_SIM_NODE
   // Algorithm selection (csrc/algorithms/select.cpp): "auto" or a forced name.
-  std::string algoAllreduce = "auto";    // ROCE_PG_ALGO_ALLREDUCE, else ROCE_PG_ALGO: auto|ring|hier|rd|rabenseifner
+  std::string algoAllreduce = "auto";    // ROCE_PG_ALGO_ALLREDUCE, else ROCE_PG_ALGO: auto|ring|hier|rd|rabenseifner|tree
+  // hier's allreduce among the machines (auto: the cost model). rd and
+  // rabenseifner cannot overlap hier's phases: forcing them runs hier in sequence.
+  std::string algoAllreduceAcross = "auto";  // ROCE_PG_ALGO_ALLREDUCE_ACROSS: auto|rd|rabenseifner|ring|tree
   std::string algoAllgather = "auto";    // ROCE_PG_ALGO_ALLGATHER: auto|ring|bruck|hier
   std::string algoReduceScatter = "auto";  // ROCE_PG_ALGO_REDUCE_SCATTER: auto|ring|hier
-  // Thresholds of "auto", in bytes per rank (allgather: output bytes).
+  // Thresholds, in bytes per rank (allgather: output bytes). The allreduce
+  // ones override the cost model below where set (*Set; docs/ALGORITHMS.md,
+  // "Precedence"); the values also size the ring's channels and hier's pieces,
+  // and pick the other collectives' algorithms.
   size_t rdMaxBytes = 64u << 10;         // ROCE_PG_ALGO_RD_MAX_BYTES: recursive doubling up to here
   size_t ringMinBytes = 1u << 20;        // ROCE_PG_ALGO_RING_MIN_BYTES: ring from here (Rabenseifner between)
   size_t hierMinBytes = 64u << 10;       // ROCE_PG_ALGO_HIER_MIN_BYTES: hierarchical from here (several ranks per machine)
   size_t bruckMaxBytes = 64u << 10;      // ROCE_PG_ALGO_BRUCK_MAX_BYTES: Bruck allgather up to here
+  bool rdMaxBytesSet = false, ringMinBytesSet = false, hierMinBytesSet = false;
+  // Cost model of the auto allreduce (csrc/algorithms/cost_model.cpp): per
+  // message and per byte, across machines and inside one, and the reduction.
+  double netAlphaUs = 10;                // ROCE_PG_ALGO_NET_ALPHA_US: one message across machines
+  double netGBps = 6.25;                 // ROCE_PG_ALGO_NET_GBPS: GB/s one rank's network traffic gets
+  double nicGBps = 12.5;                 // ROCE_PG_ALGO_NIC_GBPS: GB/s of one machine's port (100 Gb/s)
+  double shmAlphaUs = 1;                 // ROCE_PG_ALGO_SHM_ALPHA_US: one message inside a machine
+  double shmGBps = 10;                   // ROCE_PG_ALGO_SHM_GBPS: GB/s between ranks of a machine
+  double reduceGBps = 8;                 // ROCE_PG_ALGO_REDUCE_GBPS: GB/s one rank reduces (output bytes)
   // Network transport between machines: "auto" (verbs when every rank has a
   // usable RDMA port, else an error for groups spanning machines), "verbs" or "tcp".
   std::string netTransport = "auto";     // ROCE_PG_NET_TRANSPORT
@@ -96,7 +111,8 @@ struct Config {
   static int channelsAuto(int cpus, int localRanks);
   std::string describe() const;
   // The settings every rank of a group must share for the algorithms to pair
-  // up their messages (ROCE_PG_ALGO*, thresholds, ROCE_PG_CHUNK_BYTES).
+  // up their messages (ROCE_PG_ALGO*, thresholds, cost model constants,
+  // ROCE_PG_CHUNK_BYTES, ROCE_PG_NCHANNELS, ROCE_PG_FORCE_NETWORK).
   std::string algorithmSettings() const;
 };
 

@@ -1,11 +1,15 @@
 // Python module roce_pg._C: the backend class and its creator, plus a probe of
 // the RDMA devices libibverbs sees.
+#include <cmath>
+#include <stdexcept>
+
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include "../algorithms/cost_model.hpp"
 #include "../transport/verbs/device_probe.hpp"
 #include "backend.hpp"
 #include "process_group.hpp"
@@ -48,6 +52,29 @@ PYBIND11_MODULE(_C, m) {
              return c10::make_intrusive<roce::RoceProcessGroup>(store, rank, size);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"));
+  // What the auto allreduce would pick for `bytes` per rank on a group of
+  // `ranks` spread over `machines` with `per_machine` ranks each (0: the
+  // machines are uneven, at most ceil(ranks / machines) each), with the
+  // ROCE_PG_ALGO_* settings of this process's environment. For the docs'
+  // tables and the tests (docs/ALGORITHMS.md); no group needed.
+  m.def("_allreduce_plan", [](int ranks, int machines, int perMachine, size_t bytes) {
+    if (ranks < 1 || machines < 1 || machines > ranks || perMachine < 0 || perMachine * machines > ranks)
+      throw std::invalid_argument("_allreduce_plan: need 1 <= machines <= ranks and per_machine * machines <= ranks");
+    const roce::Config cfg = roce::Config::fromEnv();
+    const bool even = perMachine > 0 && perMachine * machines == ranks;
+    const int most = even ? perMachine : (ranks + machines - 1) / machines;
+    const roce::Shape shape = roce::Shape::group(ranks, machines, most, even, cfg.forceNetwork);
+    const roce::Choice ch = roce::planAllreduce(cfg, shape, bytes);
+    py::dict d, estimates;
+    d["algo"] = roce::algoName(ch.algo);
+    d["across"] = ch.algo == roce::Algo::Hier ? py::object(py::str(roce::algoName(ch.across))) : py::none();
+    d["decided_by"] = ch.decidedBy ? py::object(py::str(ch.decidedBy)) : py::none();
+    for (int i = 0; i < roce::kCandidates; ++i)
+      if (!std::isnan(ch.estimate[i])) estimates[roce::candidateName(i)] = ch.estimate[i] * 1e6;
+    d["estimates_us"] = estimates;
+    d["tree_chunks"] = roce::treeChunks(roce::CostConstants(cfg), shape, bytes);
+    return d;
+  }, py::arg("ranks"), py::arg("machines"), py::arg("per_machine"), py::arg("bytes"));
   m.def("rdma_ports", [] {
     py::list out;
     for (const auto& p : roce::probeRdmaPorts()) {

@@ -1,0 +1,298 @@
+// Alpha-beta-gamma estimates per allreduce algorithm (docs/ALGORITHMS.md
+// derives each line). Conventions: n bytes per rank, p ranks on N machines of
+// at most L ranks, in node-sorted order, so that partners at distance < L (XOR
+// partners, ring neighbours, the lower tree levels) share a machine. A message
+// across machines costs netAlpha plus its bytes at the slower of one rank's
+// network rate and the machine's port divided among the ranks of the machine
+// sending at that moment; a message inside a machine costs shmAlpha plus its
+// bytes at the shared-memory rate. Pipelined algorithms (ring, tree) overlap a
+// chunk's reduction with the next chunk's transfer; recursive doubling and
+// Rabenseifner reduce between rounds.
+#include "cost_model.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+
+namespace roce {
+namespace {
+
+constexpr double kNotApplicable = std::numeric_limits<double>::quiet_NaN();
+// The tree's smallest chunk: below it, per-message costs outweigh any overlap.
+constexpr size_t kTreeMinChunk = 4096;
+// Per tree step (one chunk of each tree), a rank that is interior in one tree
+// and a leaf in the other sends 3 + 1 chunks and receives as many; over the
+// node-sorted order each machine's port carries 6 (worked out in
+// docs/ALGORITHMS.md, "Peers").
+constexpr int kTreeChunksPerRank = 4, kTreeChunksPerMachine = 6;
+// hier's overlapped form cuts the vector into at most this many pieces.
+constexpr int kMaxHierPieces = 4;
+
+int ceilLog2(int x) { return x <= 1 ? 0 : std::bit_width(static_cast<unsigned>(x - 1)); }
+int floorLog2(int x) { return std::bit_width(static_cast<unsigned>(std::max(1, x))) - 1; }
+
+// Seconds per byte across machines while `concurrent` ranks of every machine send.
+double netBeta(const CostConstants& k, const Shape& s, int concurrent) {
+  return std::max(k.netBeta, concurrent * s.nicSharers * k.nicBeta);
+}
+
+double hop(const CostConstants& k, const Shape& s, bool inside, double bytes, int concurrent) {
+  return inside ? k.shmAlpha + bytes * k.shmBeta : k.netAlpha + bytes * netBeta(k, s, concurrent);
+}
+
+// Of `levels` rounds whose partner distance doubles from 1 in node-sorted
+// order, how many stay inside a machine.
+int insideLevels(const Shape& s, int levels) {
+  return s.machines == 1 ? levels : std::min(levels, floorLog2(s.perMachine));
+}
+
+// Non-powers of two: the first 2r positions pair up and one of each pair
+// hands its vector over and gets the result back (recursive.cpp).
+double foldCost(const CostConstants& k, const Shape& s, double n) {
+  if (std::has_single_bit(static_cast<unsigned>(s.ranks))) return 0;
+  const bool inside = s.machines == 1 || s.perMachine >= 2;
+  return 2 * hop(k, s, inside, n, 1) + n * k.gamma;
+}
+
+// The reduce-scatter and allgather halves of the pipelined ring.
+void ringHalves(const CostConstants& k, const Shape& s, double n, double& rs, double& ag) {
+  const int p = s.ranks;
+  const double seg = n / p, chunk = std::min<double>(seg, static_cast<double>(k.chunkBytes));
+  double latency, beta;
+  if (s.machines > 1) {
+    // A segment's path crosses N machine boundaries per lap; only the ranks at
+    // a boundary use the network, one per machine.
+    latency = (s.machines - 1) * k.netAlpha + (p - s.machines) * k.shmAlpha;
+    beta = std::max(netBeta(k, s, 1), s.perMachine > 1 ? k.shmBeta : 0.0);
+  } else {
+    latency = (p - 1) * k.shmAlpha;
+    beta = k.shmBeta;
+  }
+  // Per reduce-scatter step: transfer and reduction overlap chunk by chunk.
+  rs = latency + (p - 1) * (seg * std::max(beta, k.gamma) + chunk * std::min(beta, k.gamma));
+  ag = latency + (p - 1) * seg * beta;
+}
+
+struct TreePlan {
+  double seconds = 0;
+  int chunks = 1;
+};
+
+TreePlan bestTree(const CostConstants& k, const Shape& s, double bytes) {
+  TreePlan best;
+  const int depth = ceilLog2(s.ranks), inside = insideLevels(s, depth);
+  const double half = std::ceil(bytes / 2);
+  if (depth == 0 || half <= 0) return best;
+  const bool net = s.machines > 1;
+  const double streamAlpha = net ? k.netAlpha : k.shmAlpha;
+  best.seconds = std::numeric_limits<double>::infinity();
+  for (int chunks = 1;; chunks *= 2) {
+    const double c = std::ceil(half / chunks);
+    if (c <= static_cast<double>(k.chunkBytes) || c <= kTreeMinChunk) {
+      // The first chunk climbs `depth` levels (a parent receives and reduces
+      // two chunks) and comes back down (a parent sends two).
+      const double fill = inside * (2 * hop(k, s, true, 2 * c, 1) + 2 * c * k.gamma) +
+                          (depth - inside) * (2 * hop(k, s, false, 2 * c, 1) + 2 * c * k.gamma);
+      // Then one chunk per tree and step, at the busiest rank's and port's rate.
+      const double inMachine = kTreeChunksPerRank * c * k.shmBeta;
+      const int portChunks = s.perMachine > 1 ? kTreeChunksPerMachine : kTreeChunksPerRank;
+      const double perStep = !net ? inMachine
+                                  : std::max({kTreeChunksPerRank * c * k.netBeta, portChunks * c * s.nicSharers * k.nicBeta,
+                                              s.perMachine > 1 ? inMachine : 0.0});
+      const double t = fill + (chunks - 1) * (streamAlpha + std::max(perStep, 2 * c * k.gamma));
+      if (t < best.seconds) best = {t, chunks};
+    }
+    if (c <= kTreeMinChunk) break;
+  }
+  return best;
+}
+
+double costFlat(const CostConstants& k, const Shape& s, double bytes, Algo a) {
+  switch (a) {
+    case Algo::Rd: return costRecursiveDoubling(k, s, bytes);
+    case Algo::Rabenseifner: return costRabenseifner(k, s, bytes);
+    case Algo::Ring: return costRing(k, s, bytes);
+    case Algo::Tree: return costTree(k, s, bytes);
+    default: return kNotApplicable;
+  }
+}
+
+constexpr Algo kCandidateAlgo[kCandidates] = {Algo::Rd, Algo::Rabenseifner, Algo::Ring, Algo::Tree, Algo::Hier};
+
+// The first threshold row that holds among `allowed` candidates, or -1.
+// Rows in order: rd up to ROCE_PG_ALGO_RD_MAX_BYTES, hier from
+// ROCE_PG_ALGO_HIER_MIN_BYTES, the ring from ROCE_PG_ALGO_RING_MIN_BYTES
+// (only where the model could not pick hier: the old table reached the ring
+// row only where hier did not apply or ROCE_PG_ALGO_HIER_MIN_BYTES said no).
+int thresholdRow(const Config& cfg, const bool allowed[kCandidates], size_t bytes, const char*& name) {
+  if (allowed[kRd] && cfg.rdMaxBytesSet && bytes <= cfg.rdMaxBytes) {
+    name = "ROCE_PG_ALGO_RD_MAX_BYTES";
+    return kRd;
+  }
+  if (allowed[kHier] && cfg.hierMinBytesSet && bytes >= cfg.hierMinBytes) {
+    name = "ROCE_PG_ALGO_HIER_MIN_BYTES";
+    return kHier;
+  }
+  const bool modelMayPickHier = allowed[kHier] && !cfg.hierMinBytesSet;
+  if (allowed[kRing] && !modelMayPickHier && cfg.ringMinBytesSet && bytes >= cfg.ringMinBytes) {
+    name = "ROCE_PG_ALGO_RING_MIN_BYTES";
+    return kRing;
+  }
+  return -1;
+}
+
+// A set threshold also takes its algorithm out of the model's hands on the
+// other side of it: ROCE_PG_ALGO_RD_MAX_BYTES=8K means "rd up to 8 KiB, never
+// above", as the table of fixed thresholds did.
+void dropThresholded(const Config& cfg, bool allowed[kCandidates]) {
+  if (cfg.rdMaxBytesSet) allowed[kRd] = false;
+  if (cfg.hierMinBytesSet) allowed[kHier] = false;
+  if (cfg.ringMinBytesSet) allowed[kRing] = false;
+}
+
+// Threshold rows first, then the cheapest estimate (ties: the earlier candidate).
+template <class Estimate>
+Choice pick(const Config& cfg, bool allowed[kCandidates], size_t bytes, Estimate&& estimate) {
+  Choice ch;
+  ch.estimate.fill(kNotApplicable);
+  const int row = thresholdRow(cfg, allowed, bytes, ch.decidedBy);
+  if (row >= 0) {
+    ch.algo = kCandidateAlgo[row];
+    return ch;
+  }
+  dropThresholded(cfg, allowed);
+  int best = -1;
+  for (int i = 0; i < kCandidates; ++i) {
+    if (!allowed[i]) continue;
+    ch.estimate[i] = estimate(i);
+    if (!std::isnan(ch.estimate[i]) && (best < 0 || ch.estimate[i] < ch.estimate[best])) best = i;
+  }
+  ch.algo = kCandidateAlgo[best < 0 ? kRabenseifner : best];  // Rabenseifner always applies
+  return ch;
+}
+
+}  // namespace
+
+Shape Shape::group(int ranks, int machines, int perMachine, bool even, bool forceNetwork) {
+  Shape s;
+  s.ranks = ranks;
+  s.machines = forceNetwork ? ranks : machines;
+  s.perMachine = forceNetwork ? 1 : perMachine;
+  s.even = forceNetwork || even;
+  return s;
+}
+
+Shape Shape::acrossMachines() const {
+  Shape s;
+  s.ranks = s.machines = machines;
+  s.nicSharers = perMachine * nicSharers;
+  return s;
+}
+
+CostConstants::CostConstants(const Config& cfg)
+    : netAlpha(cfg.netAlphaUs * 1e-6), netBeta(1 / (cfg.netGBps * 1e9)), nicBeta(1 / (cfg.nicGBps * 1e9)),
+      shmAlpha(cfg.shmAlphaUs * 1e-6), shmBeta(1 / (cfg.shmGBps * 1e9)), gamma(1 / (cfg.reduceGBps * 1e9)),
+      chunkBytes(cfg.chunkBytes), ringMinBytes(cfg.ringMinBytes),
+      acrossMayOverlap(cfg.algoAllreduceAcross != "rd" && cfg.algoAllreduceAcross != "rabenseifner") {}
+
+double costRecursiveDoubling(const CostConstants& k, const Shape& s, double n) {
+  const int rounds = floorLog2(s.ranks), inside = insideLevels(s, rounds);
+  // Every rank exchanges the whole vector each round: all L ranks of a machine cross at once.
+  return foldCost(k, s, n) + inside * (hop(k, s, true, n, s.perMachine) + n * k.gamma) +
+         (rounds - inside) * (hop(k, s, false, n, s.perMachine) + n * k.gamma);
+}
+
+double costRabenseifner(const CostConstants& k, const Shape& s, double n) {
+  const int rounds = floorLog2(s.ranks), across = rounds - insideLevels(s, rounds);
+  double t = foldCost(k, s, n);
+  // Round j of the halving moves n / 2^j to the partner at distance p2 / 2^j:
+  // the first `across` rounds (the largest pieces) leave the machine; the
+  // allgather retraces them.
+  for (int j = 1; j <= rounds; ++j) {
+    const double piece = std::ldexp(n, -j);
+    t += 2 * hop(k, s, j > across, piece, s.perMachine) + piece * k.gamma;
+  }
+  return t;
+}
+
+double costRing(const CostConstants& k, const Shape& s, double n) {
+  double rs, ag;
+  ringHalves(k, s, n, rs, ag);
+  return rs + ag;
+}
+
+double costTree(const CostConstants& k, const Shape& s, double n) { return bestTree(k, s, n).seconds; }
+
+int treeChunks(const CostConstants& k, const Shape& s, size_t bytes) {
+  return bestTree(k, s, static_cast<double>(bytes)).chunks;
+}
+
+int hierPieces(const CostConstants& k, size_t shardBytes) {
+  if (!k.acrossMayOverlap) return 1;
+  // Pieces whose shards are at least ROCE_PG_ALGO_RING_MIN_BYTES and two
+  // chunks, so each of the three concurrent passes pipelines.
+  const size_t minPiece = std::max<size_t>({k.ringMinBytes, 2 * k.chunkBytes, 1});
+  return static_cast<int>(std::min<size_t>(kMaxHierPieces, shardBytes / minPiece));
+}
+
+double costHier(const CostConstants& k, const Shape& s, double n, Algo across) {
+  if (!s.hierApplies()) return kNotApplicable;
+  const Shape inMachine = Shape::group(s.perMachine, 1, s.perMachine, true, false);
+  const Shape team = s.acrossMachines();
+  const int pieces = hierPieces(k, static_cast<size_t>(n / s.perMachine));
+  double rs, ag;
+  if (pieces < 2) {
+    ringHalves(k, inMachine, n, rs, ag);
+    return rs + costFlat(k, team, n / s.perMachine, across) + ag;
+  }
+  if (across != Algo::Ring && across != Algo::Tree) return kNotApplicable;
+  // Three phases on different pieces at once: the slowest sets the pace.
+  const double piece = n / pieces;
+  ringHalves(k, inMachine, piece, rs, ag);
+  const double x = costFlat(k, team, piece / s.perMachine, across);
+  return rs + x + ag + (pieces - 1) * std::max({rs, x, ag});
+}
+
+const char* candidateName(int candidate) { return algoName(kCandidateAlgo[candidate]); }
+
+Choice planAcross(const Config& cfg, const Shape& group, size_t shardBytes, bool overlapped) {
+  if (cfg.algoAllreduceAcross != "auto") {
+    Choice forced;
+    forced.estimate.fill(kNotApplicable);
+    forced.decidedBy = "ROCE_PG_ALGO_ALLREDUCE_ACROSS";
+    for (int i = 0; i < kCandidates; ++i)
+      if (cfg.algoAllreduceAcross == candidateName(i)) forced.algo = kCandidateAlgo[i];
+    return forced;
+  }
+  const CostConstants k(cfg);
+  const Shape team = group.acrossMachines();
+  bool allowed[kCandidates] = {!overlapped, !overlapped, true, true, false};
+  return pick(cfg, allowed, shardBytes,
+              [&](int i) { return costFlat(k, team, static_cast<double>(shardBytes), kCandidateAlgo[i]); });
+}
+
+Choice planAllreduce(const Config& cfg, const Shape& group, size_t bytes) {
+  const CostConstants k(cfg);
+  bool allowed[kCandidates] = {true, true, true, true, group.hierApplies()};
+  // hier as hier.cpp will run it: with the algorithm it will pick among the
+  // machines for its shard (worked out only when hier is considered).
+  bool acrossKnown = false;
+  Algo across = Algo::Rd;
+  auto acrossForShard = [&] {
+    if (!acrossKnown) {
+      const size_t shard = bytes / group.perMachine;
+      across = planAcross(cfg, group, shard, hierPieces(k, shard) >= 2).algo;
+      acrossKnown = true;
+    }
+    return across;
+  };
+  Choice ch = pick(cfg, allowed, bytes, [&](int i) {
+    if (kCandidateAlgo[i] == Algo::Hier) return costHier(k, group, static_cast<double>(bytes), acrossForShard());
+    return costFlat(k, group, static_cast<double>(bytes), kCandidateAlgo[i]);
+  });
+  if (ch.algo == Algo::Hier) ch.across = acrossForShard();
+  return ch;
+}
+
+}  // namespace roce
