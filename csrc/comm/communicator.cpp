@@ -133,9 +133,9 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
     // The listener stays open for the group's life: peers connect when they
     // first need this rank.
     connections_ = std::make_unique<ConnectionManager>(
-        rank, endpoints_, hostNames_, me.nonce, std::move(listener_), std::move(acceptor),
+        rank, net, endpoints_, hostNames_, me.nonce, std::move(listener_), std::move(acceptor),
         [this](int peer, UniqueFd fd) { route(peer)->adoptConnection(peer, fd.release()); },
-        [this](int peer, const std::string& why) { route(peer)->failPeer(peer, why); });
+        [this](int peer, const std::string& why) { route(peer)->failPeer(peer, why); }, counters_);
     if (cfg_.connect == "eager") connectAll(viaNet, deadline);
   }
   acceptor.reset();

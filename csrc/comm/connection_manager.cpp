@@ -36,17 +36,20 @@ struct ConnectionManager::Dial {
   std::string lastError;
 };
 
-ConnectionManager::ConnectionManager(int rank, const std::vector<TcpEndpoint>& endpoints,
+ConnectionManager::ConnectionManager(int rank, std::string transport, const std::vector<TcpEndpoint>& endpoints,
                                      const std::vector<std::string>& hostNames, uint64_t nonce, std::unique_ptr<TcpListener> listener,
-                                     std::unique_ptr<TcpAcceptor> acceptor, Connected connected, Failed failed)
+                                     std::unique_ptr<TcpAcceptor> acceptor, Connected connected, Failed failed,
+                                     Counters& counters)
     : rank_(rank),
+      transport_(std::move(transport)),
       endpoints_(endpoints),
       hostNames_(hostNames),
       nonce_(nonce),
       listener_(std::move(listener)),
       acceptor_(std::move(acceptor)),
       onConnected_(std::move(connected)),
-      onFailed_(std::move(failed)) {}
+      onFailed_(std::move(failed)),
+      counters_(counters) {}
 
 ConnectionManager::~ConnectionManager() = default;
 
@@ -68,6 +71,7 @@ void ConnectionManager::accepted(int peer, UniqueFd fd) {
   tuneSocket(fd.get());
   connected_.insert(peer);
   awaiting_.erase(peer);
+  Counters::add(counters_.connections, 1);
   onConnected_(peer, std::move(fd));
 }
 
@@ -112,7 +116,7 @@ bool ConnectionManager::advanceDial(int peer, Dial& d, Clock::time_point now) {
         // open for the group's life: a refusal means the peer is gone.
         const std::string why =
             str("rank ", peer, " (host ", hostNames_.at(peer), ", ", endpoints_.at(peer).host, ":",
-                endpoints_.at(peer).port, ") refused a connection from rank ", rank_,
+                endpoints_.at(peer).port, ") refused the ", transport_, " connection from rank ", rank_,
                 ": its process exited or destroyed the process group");
         dials_.erase(peer);  // `d` is gone from here on
         onFailed_(peer, why);
@@ -173,7 +177,7 @@ std::string ConnectionManager::status(int peer) const {
   if (connected_.count(peer)) return "";
   if (auto it = dials_.find(peer); it != dials_.end()) {
     const Dial& d = *it->second;
-    return str("the tcp connection from rank ", rank_, " to rank ", peer, " (host ", hostNames_.at(peer), ", ",
+    return str("the ", transport_, " connection from rank ", rank_, " to rank ", peer, " (host ", hostNames_.at(peer), ", ",
                endpoints_.at(peer).host, ":", endpoints_.at(peer).port, ") is not established after ",
                secondsSince(d.since), " s and ", d.attempts, " attempt(s)",
                d.lastError.empty() ? std::string() : str("; last error: ", d.lastError),

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "../common/backoff.hpp"
+#include "../common/counters.hpp"
 #include "../transport/tcp/tcp_connect.hpp"
 
 namespace roce {
@@ -41,10 +42,11 @@ class ConnectionManager {
   // `peer` cannot be reached: its listener refused (the process exited or left the group).
   using Failed = std::function<void(int peer, const std::string& why)>;
 
-  // `endpoints` and `hostNames` (per group rank) must outlive the manager.
-  ConnectionManager(int rank, const std::vector<TcpEndpoint>& endpoints, const std::vector<std::string>& hostNames,
-                    uint64_t nonce, std::unique_ptr<TcpListener> listener, std::unique_ptr<TcpAcceptor> acceptor,
-                    Connected connected, Failed failed);
+  // `endpoints` and `hostNames` (per group rank) must outlive the manager;
+  // `transport` ("tcp", "verbs") is what the connections serve, for messages.
+  ConnectionManager(int rank, std::string transport, const std::vector<TcpEndpoint>& endpoints,
+                    const std::vector<std::string>& hostNames, uint64_t nonce, std::unique_ptr<TcpListener> listener, std::unique_ptr<TcpAcceptor> acceptor,
+                    Connected connected, Failed failed, Counters& counters);
   ~ConnectionManager();
 
   // Starts connecting to `peer` unless connected or under way (cheap to repeat).
@@ -69,6 +71,7 @@ class ConnectionManager {
   void accepted(int peer, UniqueFd fd);
 
   const int rank_;
+  const std::string transport_;
   const std::vector<TcpEndpoint>& endpoints_;
   const std::vector<std::string>& hostNames_;
   const uint64_t nonce_;
@@ -76,6 +79,7 @@ class ConnectionManager {
   std::unique_ptr<TcpAcceptor> acceptor_;
   Connected onConnected_;
   Failed onFailed_;
+  Counters& counters_;
   std::unordered_map<int, std::unique_ptr<Dial>> dials_;  // by peer, while connecting
   std::unordered_map<int, Clock::time_point> awaiting_;   // our dial was superseded: theirs will come
   std::unordered_set<int> connected_;

@@ -19,8 +19,11 @@ struct Counters {
   std::atomic<uint64_t> bytesZeroCopy{0}; // payload bytes the NIC moved straight from/into user buffers (verbs)
   std::atomic<uint64_t> registrations{0}; // ibv_reg_mr calls of the verbs registration cache
   std::atomic<uint64_t> eagerSends{0};    // verbs messages sent eagerly (no RTR round trip)
-  // A gauge, not reset: memory registrations the verbs cache holds right now.
-  std::atomic<uint64_t> cachedMrs{0};
+  // Gauges, not reset:
+  std::atomic<uint64_t> cachedMrs{0};        // memory registrations the verbs cache holds right now
+  std::atomic<uint64_t> connections{0};      // network peers connected (TCP socket, or verbs queue pairs)
+  std::atomic<uint64_t> registeredBytes{0};  // bytes the verbs transport registered for its own buffers
+                                             // (landing and staging pools, control rings; not user tensors)
 
   static void add(std::atomic<uint64_t>& c, uint64_t n) { c.fetch_add(n, std::memory_order_relaxed); }
   void reset() {

@@ -43,6 +43,8 @@ PYBIND11_MODULE(_C, m) {
              d["registrations"] = get(c.registrations);
              d["eager_sends"] = get(c.eagerSends);
              d["cached_mrs"] = get(c.cachedMrs);
+             d["connections"] = get(c.connections);
+             d["registered_bytes"] = get(c.registeredBytes);
              return d;
            })
       .def("_reset_counters", [](roce::RoceBackend& b) { b.counters().reset(); });

@@ -1,0 +1,95 @@
+"""Rank-side bodies of tests/test_connections.py: which network peers a rank
+connects to, and when (connections on demand, issue 19). Every rank is its own
+simulated machine over TCP, so every peer is a network peer."""
+import os
+
+import torch
+import torch.distributed as dist
+
+import roce_pg
+
+from .api_workers import expect_error
+
+
+def _connections():
+    return roce_pg.counters()["connections"]
+
+
+def _fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _store_barrier(name, world):
+    """A barrier through the store only: counts read before it are not
+    disturbed by faster ranks that dial this one for the next phase."""
+    import time
+    store = dist.distributed_c10d._get_default_store()
+    store.add(name, 1)
+    while store.add(name, 0) < world:
+        time.sleep(0.005)
+
+
+def on_demand(rank, world, port):
+    """Connections follow the peers the algorithms talk to; exact data throughout."""
+    out = {"after_init": _connections(), "fds_after_init": _fds()}
+    _store_barrier("init", world)
+    # A 2-element allreduce on 6 ranks: recursive doubling with the fold
+    # (ranks 0..3 pair up, then XOR partners among the 4 survivors).
+    t = torch.full((2,), float(rank + 1), dtype=torch.float64)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((2,), float(sum(range(1, world + 1))), dtype=torch.float64))
+    out["after_small_allreduce"] = _connections()
+    _store_barrier("allreduce", world)
+    # Point to point between ranks that are no partners of each other: rank 0 -> 3.
+    if rank in (0, 3):
+        buf = torch.arange(1000, dtype=torch.int64) * (7 if rank == 0 else 0)
+        if rank == 0:
+            dist.send(buf, 3)
+        else:
+            dist.recv(buf, 0)
+            assert torch.equal(buf, torch.arange(1000, dtype=torch.int64) * 7)
+    out["after_p2p"] = _connections()
+    _store_barrier("p2p", world)
+    # Both ends start at once: every pair exchanges with isend/irecv in both
+    # directions, so each pair's two dials race; exactly one connection survives.
+    reqs, got = [], {}
+    for peer in range(world):
+        if peer == rank:
+            continue
+        got[peer] = torch.empty(256, dtype=torch.int64)
+        reqs.append(dist.isend(torch.full((256,), rank * 100 + peer, dtype=torch.int64), peer))
+        reqs.append(dist.irecv(got[peer], peer))
+    for r in reqs:
+        r.wait()
+    for peer, g in got.items():
+        assert torch.equal(g, torch.full((256,), peer * 100 + rank, dtype=torch.int64)), (peer, g[:4])
+    out["after_all_pairs"] = _connections()
+    out["fds_after_all_pairs"] = _fds()
+    dist.barrier()
+    return out
+
+
+def eager(rank, world, port):
+    return {"after_init": _connections()}
+
+
+def peer_left(rank, world, port):
+    """A rank sends to a peer that has destroyed its group: the connection is
+    refused, and the error names both ranks and the transport."""
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 1:
+        dist.destroy_process_group()
+        store.set("left", "1")
+        store.wait(["checked"])
+        dist.init_process_group("roce", store=dist.PrefixStore("again", store), rank=rank, world_size=world)
+        return {}
+    store.wait(["left"])
+    if rank == 0:
+        msg = expect_error(lambda: dist.send(torch.ones(8), 1), "rank 1", "rank 0", "refused")
+        store.set("checked", "1")
+    else:
+        store.wait(["checked"])
+        msg = ""
+    dist.destroy_process_group()
+    dist.init_process_group("roce", store=dist.PrefixStore("again", store), rank=rank, world_size=world)
+    return {"msg": msg}
