@@ -33,13 +33,15 @@ from . import _doctor_sysfs as sysfs
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 _SEVERITY = {OK: 0, WARN: 1, FAIL: 2}
-DEFAULT_SLOTS, DEFAULT_CHUNK = 8, 1 << 20
+DEFAULT_SLOTS, DEFAULT_POOL, DEFAULT_SLOT = 8, 16 << 20, 64 << 10
+MAX_AUTO_CHANNELS = 4  # Config::channelsAuto's upper bound
 SHOW_GIDS = "`show_gids` (Mellanox OFED) or scripts/softroce/show_gids.sh, or `ibv_devinfo -v`"
 
 # ROCE_PG_* integers and their accepted ranges (csrc/common/config.cpp).
 INT_SETTINGS = {
     "ROCE_PG_IB_TC": (0, 255), "ROCE_PG_IB_SL": (0, 15), "ROCE_PG_IB_TIMEOUT": (1, 31),
     "ROCE_PG_IB_RETRY_CNT": (0, 7), "ROCE_PG_IB_QPS_PER_CONNECTION": (1, 16), "ROCE_PG_IB_SLOTS": (2, 256),
+    "ROCE_PG_IB_POOL_BYTES": (64 << 10, 1 << 36), "ROCE_PG_IB_SLOT_BYTES": (256, 1 << 30),
     "ROCE_PG_CHUNK_BYTES": (4096, 1 << 30),
     "ROCE_PG_ALGO_RD_MAX_BYTES": (0, 1 << 40), "ROCE_PG_ALGO_RING_MIN_BYTES": (0, 1 << 40),
     "ROCE_PG_ALGO_HIER_MIN_BYTES": (0, 1 << 40), "ROCE_PG_ALGO_BRUCK_MAX_BYTES": (0, 1 << 40),
@@ -125,14 +127,30 @@ class Machine:
         return sysfs.choose_port(self.ports, self.get("ROCE_PG_IB_HCA"), idx,
                                  (self.verbs or {}).get("order"))
 
-    def bytes_per_peer(self) -> int:
-        def setting(name, default, lo, hi):
-            try:
-                return sysfs.parse_env_int(self.get(name), lo, hi) if self.get(name) else default
-            except ValueError:
-                return default
-        return 2 * setting("ROCE_PG_IB_SLOTS", DEFAULT_SLOTS, 2, 256) * \
-            setting("ROCE_PG_CHUNK_BYTES", DEFAULT_CHUNK, 4096, 1 << 30)
+    def _setting(self, name, default, lo, hi):
+        try:
+            return sysfs.parse_env_int(self.get(name), lo, hi) if self.get(name) else default
+        except ValueError:
+            return default
+
+    def registered_bytes(self, peers: int) -> int:
+        """Bytes the verbs transport registers per rank once connected to `peers`
+        peers: the landing pool, the staging pool (a quarter of it) and each
+        peer's control rings. Mirrors verbsRegisteredBytes in
+        csrc/transport/verbs/verbs_connect.cpp (tests/test_doctor.py checks that
+        they agree); with ROCE_PG_NCHANNELS unset it assumes the most channels
+        (4 queue pairs per peer), since auto depends on the job's layout."""
+        pool = self._setting("ROCE_PG_IB_POOL_BYTES", DEFAULT_POOL, 64 << 10, 1 << 36)
+        slot = self._setting("ROCE_PG_IB_SLOT_BYTES", DEFAULT_SLOT, 256, 1 << 30)
+        cap = self._setting("ROCE_PG_IB_SLOTS", DEFAULT_SLOTS, 2, 256)
+        qps = max(self._setting("ROCE_PG_IB_QPS_PER_CONNECTION", 1, 1, 16),
+                  self._setting("ROCE_PG_NCHANNELS", MAX_AUTO_CHANNELS, 1, 8))
+        stride = (64 + slot + 63) & ~63
+        page = lambda n: (n + 4095) & ~4095  # noqa: E731
+        landing = page(pool // stride * stride)
+        staging = page(max(pool // 4, 2 * stride) // stride * stride)
+        per_peer = qps * ((cap + 32 + 4) + max(128, 2 * cap + 64)) * 64
+        return landing + staging + peers * per_peer
 
 
 def check_host(m: Machine) -> Row:
@@ -467,27 +485,29 @@ def check_settings(m: Machine) -> Row:
 
 def check_memlock(m: Machine, remote_peers: Optional[int] = None) -> Row:
     limits = sysfs.memlock_limits(m.root)
-    per_peer = m.bytes_per_peer()
     if limits is None:
         return Row("memlock", WARN, "cannot read the locked-memory limit", "")
     soft, hard = limits
     peers = max(1, remote_peers or 1)
-    need = per_peer * peers
-    how = (f"RDMA registers {fmt_bytes(per_peer)} per remote peer (2 x ROCE_PG_IB_SLOTS x ROCE_PG_CHUNK_BYTES)")
+    transport = m.registered_bytes(peers)
+    how = (f"RDMA registers {fmt_bytes(transport)} per rank with {peers} connected peer{'s' if peers > 1 else ''} "
+           f"(ROCE_PG_IB_POOL_BYTES + a quarter of it + {fmt_bytes(m.registered_bytes(1) - m.registered_bytes(0))} "
+           f"per peer), and zero-copy registrations take up to half of the limit")
     if soft == sysfs.UNLIMITED:
         return Row("memlock", OK, f"ulimit -l unlimited; {how}")
+    need = transport + min(1 << 30, soft // 2)  # the zero-copy cache sizes itself to half the limit
     detail = f"ulimit -l {soft >> 10} (soft {fmt_bytes(soft)}, hard {fmt_bytes(hard)}); {how}"
     if soft >= need:
-        return Row("memlock", OK, detail + f": enough for {soft // per_peer} remote peers")
-    if hard == sysfs.UNLIMITED or hard >= need:
+        return Row("memlock", OK, detail)
+    if hard == sysfs.UNLIMITED or hard >= 2 * transport:
         fix = (f"`ulimit -l unlimited` (the hard limit, {fmt_bytes(hard)}, allows it) in the shell or launcher "
                f"that starts the job; containers: docker run --ulimit memlock=-1; systemd: LimitMEMLOCK=infinity")
     else:
         fix = ("raise the hard limit: /etc/security/limits.d/rdma.conf with `* soft memlock unlimited` and "
                "`* hard memlock unlimited` (then log in again); containers: docker run --ulimit memlock=-1; "
-               "systemd: LimitMEMLOCK=infinity; or lower ROCE_PG_IB_SLOTS / ROCE_PG_CHUNK_BYTES")
-    short = (f"too small for {peers} remote peer{'s' if peers > 1 else ''} ({fmt_bytes(need)}): "
-             f"ibv_reg_mr / ibv_create_cq fail with ENOMEM")
+               "systemd: LimitMEMLOCK=infinity; or lower ROCE_PG_IB_POOL_BYTES")
+    short = (f"too small for {peers} connected peer{'s' if peers > 1 else ''} ({fmt_bytes(transport)} + the zero-copy "
+             f"cache): ibv_reg_mr / ibv_create_cq fail with ENOMEM")
     if sysfs.has_cap_ipc_lock(m.root):
         return Row("memlock", WARN, detail + f": {short} for any user or container without CAP_IPC_LOCK "
                                              f"(this process has it, so the kernel does not enforce the limit here)",

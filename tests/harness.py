@@ -170,4 +170,5 @@ LAYOUTS = {
     "verbs2": (2, {"ROCE_PG_FORCE_NETWORK": "1", "ROCE_PG_NET_TRANSPORT": "verbs"}),
     "verbs3": (3, {"ROCE_PG_FORCE_NETWORK": "1", "ROCE_PG_NET_TRANSPORT": "verbs"}),
     "verbs4": (4, {"ROCE_PG_FORCE_NETWORK": "1", "ROCE_PG_NET_TRANSPORT": "verbs"}),
+    "verbs8": (8, {"ROCE_PG_FORCE_NETWORK": "1", "ROCE_PG_NET_TRANSPORT": "verbs"}),
 }

@@ -196,12 +196,33 @@ def test_low_memlock_is_reported_with_the_fix(tmp_path, soft, hard, cap, status,
         assert "CAP_IPC_LOCK" in row.detail
 
 
-def test_memlock_need_follows_the_settings_and_peers(tmp_path):
+def test_memlock_need_follows_the_pool_not_the_peers(tmp_path):
+    # Defaults: 16 MiB landing + 4 MiB staging + ~44 KiB per peer (4 queue
+    # pairs), and half the limit for the zero-copy cache.
     make_tree(tmp_path, memlock=(48 << 20, 48 << 20))
-    assert rows_of(tmp_path)["memlock"].status == doctor.OK                     # 16 MiB per peer
-    assert rows_of(tmp_path, remote_peers=7)["memlock"].status == doctor.FAIL  # 112 MiB
-    env = {"ROCE_PG_IB_SLOTS": "2", "ROCE_PG_CHUNK_BYTES": "256K"}             # 1 MiB per peer
-    assert rows_of(tmp_path, env, remote_peers=7)["memlock"].status == doctor.OK
+    assert rows_of(tmp_path)["memlock"].status == doctor.OK
+    assert rows_of(tmp_path, remote_peers=63)["memlock"].status == doctor.OK     # 8 machines x 8: a few MiB more
+    assert rows_of(tmp_path, remote_peers=1023)["memlock"].status == doctor.FAIL  # +43 MiB of control rings
+    env = {"ROCE_PG_IB_POOL_BYTES": "64M"}
+    assert rows_of(tmp_path, env)["memlock"].status == doctor.FAIL
+    env = {"ROCE_PG_NCHANNELS": "1"}  # one queue pair per peer: 11 KiB each, 2.7 MiB for 255
+    assert rows_of(tmp_path, env, remote_peers=255)["memlock"].status == doctor.OK
+
+
+def test_memlock_formula_matches_the_transport():
+    """The doctor's formula (Python, runs without the extension) and the
+    transport's (C++) must not drift apart."""
+    from unittest import mock
+
+    import roce_pg
+
+    for env in ({}, {"ROCE_PG_IB_POOL_BYTES": "1M", "ROCE_PG_IB_SLOT_BYTES": "16K", "ROCE_PG_IB_SLOTS": "3"},
+                {"ROCE_PG_IB_SLOTS": "64", "ROCE_PG_IB_QPS_PER_CONNECTION": "4"}):
+        env = {"ROCE_PG_NCHANNELS": "2", **env}
+        machine = doctor.Machine("/", env, verbs=False)
+        with mock.patch.dict(os.environ, env):  # the extension reads the process environment
+            for peers in (0, 1, 7, 1023):
+                assert machine.registered_bytes(peers) == roce_pg._C.verbs_registered_bytes(peers), (env, peers)
 
 
 # ---- other findings -------------------------------------------------------------------

@@ -8,7 +8,8 @@ VMs (the host kernel has no RDMA support; see scripts/softroce/README.md).
   chunk size (also with 4 QPs per connection and non-default slot counts),
   subgroups, timeouts, abort, the size-mismatch NACK; kill -9 of a rank during
   a large allreduce; 10,000 mixed collectives and 50 group re-creations without
-  growth of RSS, fds, MRs or QPs;
+  growth of RSS, fds, MRs or QPs; 8 ranks with a small pool whose connections,
+  queue pairs and registered bytes follow the peers their algorithm talks to;
   verbs zero copy (1 MiB chunks): every collective kind exact below and above
   the 64 KiB threshold, no byte copied and nothing registered in steady state,
   freed-and-reallocated tensors, eviction under a tiny registration cache,
@@ -170,6 +171,20 @@ def test_point_to_point_objects_and_large_messages_over_verbs(one_vm):
     for name in ("big_qps4_slots3/verbs3", "big_qps2_slots64/verbs2"):
         g = _group(one_vm, name)
         assert all(r["checks"] == 16 for r in g["results"]), (name, g["results"])
+
+
+def test_eight_ranks_over_verbs_connect_only_the_peers_they_talk_to(one_vm):
+    """Issue 19 on real verbs: a rank's connections, queue pairs and registered
+    bytes follow its algorithm's peers (recursive doubling on 8 ranks: 3 XOR
+    partners; a ring group: 2 neighbours), and the pool is registered only at
+    the first connection, with exactly the formula's bytes."""
+    g = _group(one_vm, "scale/verbs8")
+    for rank, r in enumerate(g["results"]):
+        assert r["at_init"]["connections"] == 0 and r["at_init"]["registered_bytes"] == 0, (rank, r["at_init"])
+        assert r["qps_at_init"] == 0, (rank, r)
+        assert r["rd_connections"] == 3 and r["rd_qps"] == 3, (rank, r)
+        assert r["rd_registered"] == r["formula_3_peers"], (rank, r)
+        assert r["ring_connections"] == 2 and r["all_qps"] == 5, (rank, r)
 
 
 def test_subgroups_over_verbs_release_their_resources(one_vm):

@@ -189,6 +189,13 @@ class Communicator {
   uint32_t algoLogged[8] = {};
 
  private:
+  // How often a long wait runs the slow checks (transports' peer checks).
+  static constexpr auto kSlowCheckEvery = std::chrono::milliseconds(200);
+  // A peer's death is acted on this long after it was noticed, so that data it
+  // sent just before exiting (still in flight on another socket) is consumed
+  // first and a wait that can complete does.
+  static constexpr auto kPeerFailureGrace = std::chrono::milliseconds(300);
+
   Transport* route(int peer) const;
   void startOperation();  // counts the operation; refuses it on a broken group
   void slowChecks();

@@ -120,6 +120,8 @@ Config Config::fromEnv() {
   c.ibRetryCnt = static_cast<int>(envInt("ROCE_PG_IB_RETRY_CNT", 7, 0, 7));
   c.ibQpsPerConnection = static_cast<int>(envInt("ROCE_PG_IB_QPS_PER_CONNECTION", 1, 1, 16));
   c.ibSlots = static_cast<int>(envInt("ROCE_PG_IB_SLOTS", 8, 2, 256));
+  c.ibPoolBytes = envInt("ROCE_PG_IB_POOL_BYTES", c.ibPoolBytes, 64 << 10, 1ll << 36);
+  c.ibSlotBytes = envInt("ROCE_PG_IB_SLOT_BYTES", c.ibSlotBytes, 256, 1ll << 30);
   c.ibEagerMaxBytes = envInt("ROCE_PG_IB_EAGER_MAX_BYTES", c.ibEagerMaxBytes, 0, 1ll << 30);
   c.ibZeroCopyMinBytes = envInt("ROCE_PG_IB_ZERO_COPY_MIN_BYTES", c.ibZeroCopyMinBytes, 0, 1ll << 40);
   c.ibRegCacheBytes = envInt("ROCE_PG_IB_REG_CACHE_BYTES", 0, 0, 1ll << 50);
@@ -235,7 +237,7 @@ std::string Config::describe() const {
              " shm_slot_bytes=", shmSlotBytes, " shm_chunk_bytes=", shmChunkBytes, " shm_oneshot_max_bytes=", shmOneShotMaxBytes,
              " inline_max_bytes=", inlineMaxBytes, " sync_inline_max_bytes=", syncInlineMaxBytes, " spin_us=", spinUs, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
              " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,
-             " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots, " ib_eager_max_bytes=", ibEagerMaxBytes, " ib_zero_copy_min_bytes=", ibZeroCopyMinBytes,
+             " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots, " ib_pool_bytes=", ibPoolBytes, " ib_slot_bytes=", ibSlotBytes, " ib_eager_max_bytes=", ibEagerMaxBytes, " ib_zero_copy_min_bytes=", ibZeroCopyMinBytes,
              " ib_reg_cache_bytes=", ibRegCacheBytes,
              " heartbeat_timeout_ms=", heartbeatTimeoutMs);
 }

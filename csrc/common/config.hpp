@@ -85,7 +85,13 @@ struct Config {
   int ibTimeout = 18;                    // ROCE_PG_IB_TIMEOUT: 4.096 us * 2^t per retry
   int ibRetryCnt = 7;                    // ROCE_PG_IB_RETRY_CNT
   int ibQpsPerConnection = 1;            // ROCE_PG_IB_QPS_PER_CONNECTION
-  int ibSlots = 8;                       // ROCE_PG_IB_SLOTS: landing slots per peer (chunks in flight)
+  int ibSlots = 8;                       // ROCE_PG_IB_SLOTS: landing slots a peer may hold at once (chunks in flight)
+  // One landing pool per rank that every peer writes into (slots are granted
+  // per message; see csrc/transport/verbs/verbs_transport.hpp), plus a staging
+  // pool of a quarter of it: registered bytes per rank do not grow with the
+  // number of peers.
+  size_t ibPoolBytes = 16u << 20;        // ROCE_PG_IB_POOL_BYTES
+  size_t ibSlotBytes = 64u << 10;        // ROCE_PG_IB_SLOT_BYTES: payload per landing/staging slot
   // Verbs sends up to this size go eagerly: written into a landing slot of the
   // receiver at once, without waiting for its RTR (one trip instead of three).
   size_t ibEagerMaxBytes = 16 << 10;     // ROCE_PG_IB_EAGER_MAX_BYTES (0: off; capped by ROCE_PG_CHUNK_BYTES)

@@ -11,6 +11,7 @@
 
 #include "../algorithms/cost_model.hpp"
 #include "../transport/verbs/device_probe.hpp"
+#include "../transport/verbs/verbs_transport.hpp"
 #include "backend.hpp"
 #include "process_group.hpp"
 
@@ -77,6 +78,9 @@ PYBIND11_MODULE(_C, m) {
     d["tree_chunks"] = roce::treeChunks(roce::CostConstants(cfg), shape, bytes);
     return d;
   }, py::arg("ranks"), py::arg("machines"), py::arg("per_machine"), py::arg("bytes"));
+  // The verbs transport's registered bytes per rank for `peers` connected
+  // peers with the ROCE_PG_* settings of this process (the doctor mirrors it).
+  m.def("verbs_registered_bytes", [](int peers) { return roce::verbsRegisteredBytes(roce::Config::fromEnv(), peers); });
   m.def("rdma_ports", [] {
     py::list out;
     for (const auto& p : roce::probeRdmaPorts()) {

@@ -19,13 +19,15 @@ Phases (argv after the report path; default: all of them):
           copied and nothing registered in steady state; freed-and-reallocated
           tensors; eviction under a 3 MiB ROCE_PG_IB_REG_CACHE_BYTES; 4 QPs with
           3 slots; 3 channels (ROCE_PG_NCHANNELS) on 3 ranks; the size-mismatch NACK and kill -9 during a zero-copy allreduce
+  scale   8 ranks with a small pool (issue 19): connections, queue pairs and
+          registered bytes follow the peers an algorithm talks to
 
 Every group's rxe sent-packet delta is recorded with the least the group must
 have put on the wire, so a silent fall-back to TCP fails. The JSON report
 (argv[1]) is rewritten after every group: a run stopped by its time limit
 still tells how far it got.
 
-    python -m tests.softroce.guest_suite OUT.json [matrix] [api] [faults] [zerocopy]
+    python -m tests.softroce.guest_suite OUT.json [matrix] [api] [faults] [scale] [zerocopy]
 """
 import json
 import os
@@ -97,6 +99,14 @@ def groups(phases):
         g["recreate/verbs2"] = _group("verbs2", "tests.fault_workers.recreate_group", proof=False, init=False,
                                       kwargs={"cycles": 50, "rdma": True}, min_packets=50 * 4099 * 4 // MTU,
                                       deadline_s=600)
+    if "scale" in phases:
+        # 8 ranks on verbs with a small pool (256 KiB landing, 4 KiB slots): per-rank
+        # resources follow the peers each rank talks to. Every rank sends the
+        # 1 MiB rd allreduce 3 times (lg 8 exchanges), which the packets prove.
+        g["scale/verbs8"] = _group("verbs8", "tests.softroce.verbs_workers.verbs_at_scale", proof=False,
+                                   env={"ROCE_PG_ALGO_ALLREDUCE": "rd", "ROCE_PG_IB_POOL_BYTES": "256K",
+                                        "ROCE_PG_IB_SLOT_BYTES": "4K", "ROCE_PG_NCHANNELS": "1"},
+                                   min_packets=8 * 3 * (1 << 20) // MTU, deadline_s=900)
     if "zerocopy" in phases:
         zc = "tests.softroce.zero_copy_workers."
         g["zerocopy_exact/verbs2"] = _group("verbs2", zc + "exactness", env=DEFAULT_CHUNK)
@@ -141,7 +151,7 @@ def run_one(spec):
 
 def main():
     out = sys.argv[1]
-    phases = sys.argv[2:] or ["matrix", "api", "faults", "zerocopy"]
+    phases = sys.argv[2:] or ["matrix", "api", "faults", "scale", "zerocopy"]
     report = {"phases": phases, "kernel": platform.release(), "rdma_before": rdma_resources(), "groups": {}}
     t_start = time.time()
     for name, spec in groups(phases).items():

@@ -184,3 +184,53 @@ def port_down(rank, world, port, host, victim, netdev, scratch, ranks_per_node=2
         res["destroy"] = f"{type(e).__name__}: {str(e)[:300]}"
     res["destroy_s"] = round(time.monotonic() - t0, 3)
     return res
+
+
+def _qps_of_this_process():
+    """Queue pairs this process owns, from `rdma res show qp` (netlink). Its
+    "pid" is the id of the thread that created the QP (the progress thread,
+    or a caller running a collective inline), so match every thread's id."""
+    tids = set(os.listdir("/proc/self/task"))
+    out = subprocess.run(["rdma", "res", "show", "qp"], capture_output=True, text=True, timeout=30).stdout
+    count = 0
+    for line in out.splitlines():
+        words = line.split()
+        pid = words[words.index("pid") + 1] if "pid" in words[:-1] else None
+        count += pid in tids
+    return count
+
+
+def _store_barrier(name, world):
+    store = dist.distributed_c10d._get_default_store()
+    store.add(name, 1)
+    while store.add(name, 0) < world:
+        time.sleep(0.01)
+
+
+def verbs_at_scale(rank, world, port, big_numel=(1 << 20) // 8):
+    """Eight ranks over verbs with a small pool (issue 19): a rank connects to
+    the peers its algorithm talks to and to no other (no queue pair, no
+    registered byte for them), and registers the formula's bytes."""
+    import roce_pg
+
+    out = {"at_init": dict(roce_pg.counters()), "qps_at_init": _qps_of_this_process()}
+    _store_barrier("init", world)
+    # Recursive doubling (forced for this group) on 8 ranks: XOR partners 1, 2, 4.
+    for numel in (8, big_numel):  # the large one proves the bytes went over rxe
+        t = torch.arange(numel, dtype=torch.int64) * (rank + 1)
+        dist.all_reduce(t)
+        assert torch.equal(t, torch.arange(numel, dtype=torch.int64) * (world * (world + 1) // 2)), numel
+    c = roce_pg.counters()
+    out.update(rd_connections=c["connections"], rd_registered=c["registered_bytes"], rd_qps=_qps_of_this_process(),
+               formula_3_peers=roce_pg._C.verbs_registered_bytes(3))
+    _store_barrier("rd", world)
+    # A second group whose allreduce is the ring: ring neighbours only.
+    os.environ["ROCE_PG_ALGO_ALLREDUCE"] = "ring"
+    ring = dist.new_group(list(range(world)))
+    t = torch.full((4096,), rank + 1, dtype=torch.int64)
+    dist.all_reduce(t, group=ring)
+    assert torch.equal(t, torch.full((4096,), world * (world + 1) // 2, dtype=torch.int64))
+    out.update(ring_connections=roce_pg.counters(ring)["connections"], all_qps=_qps_of_this_process())
+    dist.barrier(group=ring)
+    dist.destroy_process_group(ring)
+    return out

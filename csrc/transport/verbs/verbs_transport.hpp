@@ -36,7 +36,22 @@
 //   and its RTR arrived, failing on a size mismatch as a rendezvous send does.
 //   Inline sends (IBV_SEND_INLINE) carry control messages and chunks of up to
 //   the granted inline size (asked: 256 bytes) without a DMA read.
-// Memory: staging and landing slots and control buffers are registered once.
+// Memory (issue 19: per rank, independent of the world size): one landing
+// pool that every peer writes into and one staging pool that copied chunks go
+// out from, registered once per group at the first connection
+// (ROCE_PG_IB_POOL_BYTES, slots of ROCE_PG_IB_SLOT_BYTES); per connected peer
+// only its queue pairs and their control rings. Landing slots are granted:
+// a peer writes only into slots it was given (CREDIT names the slot) - two at
+// connection while the pool has more than a reserve free (so small messages
+// go eagerly), more when a receive posted for it needs them (up to
+// ROCE_PG_IB_SLOTS at a time), and a consumed slot goes back to the pool
+// unless its peer still needs it. An eager send that holds no credit goes as
+// a rendezvous instead, so a peer never waits for slots nobody will return.
+// No shared receive queue: eRDMA has none.
+// Connections: a peer's queue pairs are set up when the ConnectionManager
+// hands over a TCP socket to it; the two ranks exchange endpoints over it
+// (verbs_endpoint.hpp), and requests posted meanwhile wait. The socket stays
+// open: its EOF says the peer left.
 // User buffers are registered through RegCache, whose entries keep their
 // allocation alive (see reg_cache.hpp): a tensor freed and reallocated at the
 // same address is a different allocation, never a stale registration. A
@@ -46,30 +61,34 @@
 // when a wait has been idle for ROCE_PG_SPIN_US it blocks on the CQ's
 // completion channel instead (prepareWait).
 #pragma once
-#include <chrono>
-#include <deque>
-#include <list>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "../transport.hpp"
+#include "cq_set.hpp"
 #include "reg_cache.hpp"
+#include "slot_pool.hpp"
 #include "verbs_device.hpp"
+#include "verbs_peer.hpp"
 
 namespace roce {
 
-class Bootstrap;
 struct Config;
+namespace verbs {
+struct Endpoint;
+}
+
+// Bytes the verbs transport registers per rank with `cfg` once connected to
+// `peers` peers (landing pool + staging pool + each peer's control rings),
+// assuming the device grants the queue depths asked for. The formula the
+// README states, the doctor's memlock check uses, and tests/scale projects.
+size_t verbsRegisteredBytes(const Config& cfg, int peers);
 
 class VerbsTransport : public Transport {
  public:
-  // Collective over the peers with serve[peer]: exchanges queue-pair endpoints
-  // through the store and brings every queue pair to RTS.
-  VerbsTransport(int rank, std::shared_ptr<VerbsDevice> dev, const Config& cfg, Bootstrap& bs,
-                 const std::vector<bool>& serve, std::chrono::steady_clock::time_point deadline,
-                 std::chrono::milliseconds timeout);
+  // Serves peers whose connections arrive through adoptConnection.
+  VerbsTransport(int rank, int size, std::shared_ptr<VerbsDevice> dev, const Config& cfg);
   ~VerbsTransport() override;
   const char* name() const override { return "verbs"; }
   void postSend(Request* r) override;
@@ -78,62 +97,84 @@ class VerbsTransport : public Transport {
   bool hasUnmatched(int peer, uint64_t tag) override;
   std::string checkPeers() override;
   void failAll(const std::string& why) override;
-  void failPeer(int peer, const std::string& why) override { killPeer(peer, why); }
+  void failPeer(int peer, const std::string& why) override;
   bool prepareWait(std::vector<pollfd>& fds, bool anySource) override;
   void afterWait() override;
-
-  struct Ctrl;
-  struct Qp;
-  struct Peer;
-  struct Arrival;
+  bool needsConnection(int peer) const override;
+  void adoptConnection(int peer, int fd) override;
 
  private:
-  void setUpPeer(int peer);
-  void connectPeer(int peer, const std::string& remote);
+  using Peer = verbs::Peer;
+  using Qp = verbs::Qp;
+  using ActiveSend = verbs::ActiveSend;
+  using Ctrl = verbs::Ctrl;
+
+  // ---- connections (verbs_connect.cpp) ----
+  Peer& peerOf(int p);  // the peer's state, created (unconnected) on first use
+  void ensurePools();
+  void setUpQueuePairs(int p, Peer& peer);
+  bool advanceHandshake(int p, Peer& peer);
+  void connectQueuePairs(int p, Peer& peer, const verbs::Endpoint& e);
+  void becameReady(int p, Peer& peer);
+  void releasePeerResources(Peer& peer);
+  // ---- posting and matching (verbs_transport.cpp) ----
   void postRecvBuffer(int peer, int qp, int index);
   void queueCtrl(int peer, const Ctrl& msg);
   bool flushCtrl(int peer);
   void postCtrl(int peer, Ctrl msg);
+  uint32_t takeRingEntry(Qp& q);
   bool flushAnnouncements(int peer);
   bool streamSends(int peer);
-  void postChunk(int peer, Qp& q, struct ActiveSend& as, const struct SlotHeader& h, const char* payload);
-  void announce(int peer, uint64_t tag, Arrival a, const char* eagerData = nullptr);
+  void postChunk(int peer, Qp& q, ActiveSend& as, const verbs::SlotHeader& h, const char* payload);
+  void announce(int peer, uint64_t tag, verbs::Arrival a, const char* eagerData = nullptr);
   void deliverEager(int peer, uint32_t id, const char* data, uint64_t len);
-  size_t eagerLimit(const Peer& p) const;
+  size_t eagerLimit() const { return std::min(eagerMax_, slotBytes_); }
+  void matchSend(int peer, Request* r, const Ctrl& rtr);
+  void matchEager(int peer, ActiveSend& as, const Ctrl& rtr);
+  void toRendezvous(int peer, ActiveSend& as);
+  void finishSend(int peer, ActiveSend& as);
+  RegCache::Entry* registerUserBuffer(const Request& r);
+  uint64_t zeroCopyPiece(uint64_t len, int qps) const;
+  // ---- landing slots granted to peers (verbs_grants.cpp) ----
+  int need(const Peer& peer) const;
+  void grantTo(int peer, Peer& state);
+  void grantNeeded(int peer);
+  void landingConsumed(int peer, uint32_t slot);
+  void serveNeedy();
+  // ---- completions (verbs_completions.cpp) ----
+  bool pollCompletions();
   void onCompletion(const struct ibv_wc& wc);
   void onCtrl(int peer, const Ctrl& msg);
   void onData(int peer, uint32_t slot, uint32_t byteLen);
-  int ctrlRecvs() const;
-  void matchSend(int peer, Request* r, const Ctrl& rtr);
-  void matchEager(int peer, struct ActiveSend& as, const Ctrl& rtr);
-  void finishSend(int peer, struct ActiveSend& as);
-  RegCache::Entry* registerUserBuffer(const Request& r);
-  uint64_t zeroCopyPiece(uint64_t len, int qps) const;
   void retire(Qp& q);
   void killPeer(int peer, const std::string& why);
   std::string failureText(int peer, const struct ibv_wc& wc) const;
-  size_t chunkFor(const Peer& p) const;
 
   int rank_;
   std::shared_ptr<VerbsDevice> dev_;
-  int qpsPerPeer_, slots_, sqDepth_, rqDepth_;
-  size_t slotBytes_;   // payload bytes per slot (this side)
+  int qpsPerPeer_, cap_, sqDepth_, rqDepth_;
+  size_t slotBytes_;   // payload bytes per landing/staging slot
   size_t stride_;      // header + payload, 64-byte aligned
+  size_t poolBytes_;   // ROCE_PG_IB_POOL_BYTES: the landing pool
   int tc_, sl_, timeout_, retryCnt_;
   size_t maxMsg_;           // port max_msg_sz: no work request is larger
   size_t zeroCopyMin_;      // ROCE_PG_IB_ZERO_COPY_MIN_BYTES (0: off)
   size_t eagerMax_;         // ROCE_PG_IB_EAGER_MAX_BYTES (0: off)
-  struct CqDeleter { void operator()(struct ibv_cq* cq) const; };
-  struct ChannelDeleter { void operator()(struct ibv_comp_channel* ch) const; };
-  // The CQ's completion channel: idle waits block on its descriptor instead of
-  // busy-polling (null if the device offers none: then they keep polling).
-  std::unique_ptr<struct ibv_comp_channel, ChannelDeleter> channel_;  // outlives cq_
-  bool armed_ = false;  // a notification was requested and no event consumed since
-  // Declared before peers_: destroyed after their queue pairs, so no MR goes
-  // while a queue pair could still use it.
+  // Declared before peers_: destroyed after their queue pairs, so no MR or CQ
+  // goes while a queue pair could still use it.
   std::unique_ptr<RegCache> regCache_;
-  std::unique_ptr<struct ibv_cq, CqDeleter> cq_;  // declared before peers_: destroyed after their queue pairs
-  std::vector<std::unique_ptr<Peer>> peers_;  // null for peers not served
+  std::unique_ptr<CqSet> cqs_;
+  std::unique_ptr<SlotPool> landing_, staging_;
+  std::vector<int> landingOwner_;  // per landing slot: the peer it is granted to, -1 while in the pool
+  struct StagingUse {
+    int peer = -1;
+    ActiveSend* send = nullptr;
+  };
+  std::vector<StagingUse> stagingOwner_;  // per staging slot in flight
+  std::vector<std::unique_ptr<Peer>> peers_;  // null for peers never talked to
+  std::vector<int> live_;                     // peers with state, for iteration
+  std::vector<int> needy_;                    // peers waiting for landing grants
+  bool armed_ = false;  // notifications requested, no event consumed since
 };
 
 }  // namespace roce

@@ -1,0 +1,200 @@
+// How a Communicator forms: incarnation, roster, lifelines to the ring
+// neighbours, shared memory with the ranks of this machine, the network
+// transport (its connections made on demand, or all at once with
+// ROCE_PG_CONNECT=eager). See docs/ARCHITECTURE.md, "How a group forms".
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+
+#include "../common/error.hpp"
+#include "../common/log.hpp"
+#include "../transport/shm/node_shm.hpp"
+#include "../transport/shm/shm_transport.hpp"
+#include "../transport/tcp/tcp_connect.hpp"
+#include "../transport/tcp/tcp_transport.hpp"
+#include "../transport/verbs/device_probe.hpp"
+#include "../transport/verbs/verbs_transport.hpp"
+#include "communicator.hpp"
+#include "connection_manager.hpp"
+#include "lifeline.hpp"
+#include "roster.hpp"
+
+namespace roce {
+
+namespace {
+
+uint64_t randomNonce() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+}  // namespace
+
+Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int size, int globalRank,
+                           std::chrono::milliseconds timeout)
+    : cfg_(cfg), timeout_(timeout) {
+  const auto deadline = Clock::now() + timeout_;
+  const Incarnation inc = joinIncarnation(store, rank);
+  ScopedBootstrap bs(store, inc.prefix());
+  RankInfo me;
+  me.hostId = localHostId();
+  me.nodeId = !cfg_.simNode.empty()       ? str("sim-node-", cfg_.simNode, "@", me.hostId)
+              : cfg_.simRanksPerNode > 0 ? str("sim-node-", globalRank / cfg_.simRanksPerNode, "@", me.hostId)
+                                         : me.hostId;
+  me.pid = getpid();
+  me.nonce = randomNonce();
+  me.shmRingBytes = cfg_.shmRingBytes;
+  me.shmSlotBytes = cfg_.shmSlotBytes;
+  me.algorithms = cfg_.algorithmSettings();
+  me.cpus = Config::usableCpus();
+  std::shared_ptr<VerbsDevice> verbsDev;
+  if (size > 1) {
+    listener_ = std::make_unique<TcpListener>();
+    me.tcpHost = tcpAdvertiseAddress(cfg_);
+    me.tcpPort = listener_->port();
+    if (cfg_.netTransport != "tcp") {
+      // Open the RDMA port now, so the leader can tell whether every rank has one.
+      if (auto choice = chooseVerbsPort(cfg_, me.noVerbsWhy)) {
+        try {
+          verbsDev = std::make_shared<VerbsDevice>(*choice, cfg_);
+        } catch (const Error& e) {
+          me.noVerbsWhy = e.what();
+        }
+      }
+      me.verbs = verbsDev != nullptr;
+    } else {
+      me.noVerbsWhy = "ROCE_PG_NET_TRANSPORT=tcp";
+    }
+  }
+  const Roster roster = exchangeRoster(bs, store, inc, rank, size, me, cfg_, deadline, timeout_);
+  const std::vector<RankInfo>& infos = roster.ranks;
+  topo_ = Topology::build(rank, infos);
+  for (const auto& info : infos) hostNames_.push_back(info.hostName());
+  cfg_.nChannels = roster.channels;
+  cfg_.forceNetwork = roster.forceNetwork;
+  // While waiting for a peer during setup: has it been replaced by a newer process?
+  auto probe = [&](int peer) {
+    return [&store, &inc, peer] {
+      if (std::string moved = replacedRanks(store, inc, {peer}); !moved.empty())
+        throwComm(str("this group cannot form: ", moved, ". That process was restarted or re-created the group "
+                      "after this formation began; call init_process_group/new_group again on every rank"));
+    };
+  };
+
+  endpoints_.resize(size);
+  std::vector<uint64_t> nonces;
+  for (int r = 0; r < size; ++r) {
+    endpoints_[r] = {infos[r].hostId == me.hostId ? "127.0.0.1" : infos[r].tcpHost, infos[r].tcpPort};
+    nonces.push_back(infos[r].nonce);
+  }
+  std::unique_ptr<TcpAcceptor> acceptor;
+  if (size > 1) {
+    acceptor = std::make_unique<TcpAcceptor>(*listener_, rank, nonces);
+    connectLifelines(*acceptor, endpoints_, me.nonce, deadline, probe);
+  }
+
+  routes_.assign(size, nullptr);
+  const bool useShm = !cfg_.forceNetwork && topo_.localRanks.size() > 1;
+  if (useShm) {
+    nodeShm_ = std::make_unique<NodeShm>(bs, topo_.localRanks, topo_.localIndex, cfg_.shmRingBytes,
+                                         cfg_.shmSlotBytes, deadline, timeout_);
+    transports_.push_back(std::make_unique<ShmTransport>(rank, size, *nodeShm_, topo_.localRanks));
+    for (int r : topo_.localRanks)
+      if (r != rank) routes_[r] = transports_.back().get();
+  }
+  // Peers not served by shared memory go over the network.
+  std::vector<bool> viaNet(size, false);
+  bool anyNet = false;
+  for (int r = 0; r < size; ++r) {
+    if (r == rank || routes_[r]) continue;
+    viaNet[r] = anyNet = true;
+  }
+  const std::string& net = roster.network;
+  if (anyNet && net == "verbs") {
+    transports_.push_back(std::make_unique<VerbsTransport>(rank, size, verbsDev, cfg_));
+  } else if (anyNet) {
+    transports_.push_back(std::make_unique<TcpTransport>(rank, size, hostNames_));
+  }
+  for (int r = 0; r < size; ++r)
+    if (viaNet[r]) routes_[r] = transports_.back().get();
+  viaShm_.assign(size, false);
+  for (int r = 0; r < size; ++r) viaShm_[r] = routes_[r] && !viaNet[r];
+  for (auto& t : transports_) t->setCounters(&counters_);
+  if (anyNet) {
+    // The listener stays open for the group's life: peers connect when they
+    // first need this rank (TCP: the socket carries the data; verbs: it
+    // carries the queue-pair handshake).
+    connections_ = std::make_unique<ConnectionManager>(
+        rank, net, endpoints_, hostNames_, me.nonce, std::move(listener_), std::move(acceptor),
+        [this](int peer, UniqueFd fd) { route(peer)->adoptConnection(peer, fd.release()); },
+        [this](int peer, const std::string& why) { route(peer)->failPeer(peer, why); }, counters_);
+    if (cfg_.connect == "eager") connectAll(viaNet, deadline);
+  }
+  acceptor.reset();
+  listener_.reset();
+
+  if (logLevel() >= LogLevel::Info && rank == 0) {
+    std::string rdma;
+    for (const auto& p : probeRdmaPorts())
+      rdma += str(rdma.empty() ? "" : ", ", p.device, ":", p.port, " ", p.state, " ", p.linkLayer, " mtu ", p.activeMtu);
+    ROCE_INFO("group of ", size, " ranks on ", topo_.numNodes, " node(s); rank 0 has ",
+              topo_.localRanks.size(), " local rank(s); shared memory ", useShm ? "on" : "off",
+              "; network transport ", anyNet ? net : "none",
+              net == "verbs" && verbsDev ? str(" (", verbsDev->describe(), ")") : "", "; RDMA ports seen: ",
+              rdma.empty() ? "none" : rdma, "; ", cfg_.describe());
+  }
+}
+
+void Communicator::connectLifelines(TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& eps, uint64_t nonce,
+                                    Clock::time_point deadline,
+                                    const std::function<std::function<void()>(int)>& probe) {
+  // The ring neighbours (one of them for two ranks); the lower rank of a pair dials.
+  const auto& order = topo_.ringOrder;
+  const int n = topo_.size;
+  const int pos = topo_.ringIndexOf[rank()];
+  std::vector<int> neighbours{order[(pos + 1) % n]};
+  if (n > 2) neighbours.push_back(order[(pos + n - 1) % n]);
+  std::vector<Lifeline::Link> links;
+  try {
+    for (int peer : neighbours)
+      if (peer > rank())
+        links.push_back({peer, hostNames_[peer], dialRank(eps[peer], LinkKind::Lifeline, rank(), peer, nonce, deadline, probe(peer)).release()});
+    for (int peer : neighbours)
+      if (peer < rank())
+        links.push_back({peer, hostNames_[peer], acceptor.take(LinkKind::Lifeline, peer, deadline, "lifeline setup", probe(peer)).release()});
+  } catch (...) {
+    for (auto& l : links) close(l.fd);
+    throw;
+  }
+  for (auto& l : links) tuneSocket(l.fd);
+  lifeline_ = std::make_unique<Lifeline>(rank(), hostNames_[rank()], std::move(links), cfg_.heartbeatTimeoutMs,
+                                         [this](const std::string& why) { onPeerFailure(why); });
+}
+
+void Communicator::connectAll(const std::vector<bool>& viaNet, Clock::time_point deadline) {
+  // ROCE_PG_CONNECT=eager: the full mesh at init. The lower rank of each pair
+  // dials (no ties to resolve); everyone waits until all its peers are in.
+  std::vector<int> peers;
+  for (int r = 0; r < size(); ++r)
+    if (viaNet[r]) peers.push_back(r);
+  for (int r : peers)
+    if (r > rank()) connections_->want(r);
+  std::vector<pollfd> fds;
+  for (;;) {
+    connectionsReady_ = true;
+    progress();  // the connections, and the transports' handshakes over them
+    auto missing = std::find_if(peers.begin(), peers.end(), [&](int r) { return route(r)->needsConnection(r); });
+    if (missing == peers.end()) return;
+    if (Clock::now() >= deadline)
+      throwTimeout(str("connecting rank ", rank(), " to every peer (ROCE_PG_CONNECT=eager) timed out after ",
+                       timeout_.count(), " ms: ", connections_->status(*missing)));
+    if (peerFailed_.load()) throwIfPeerFailed("connecting every peer (ROCE_PG_CONNECT=eager)");
+    fds.clear();
+    connections_->addPollFds(fds);
+    poll(fds.data(), fds.size(), 100);
+  }
+}
+
+}  // namespace roce

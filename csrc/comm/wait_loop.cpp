@@ -1,0 +1,200 @@
+// THE wait loop of the group's progress thread: progress every transport and
+// the connections; when nothing moves, spin briefly, then block on the
+// descriptors that announce progress (or back off where none can); and the
+// checks every wait makes (deadline, abort, peers reported dead).
+#include <poll.h>
+
+#include <cerrno>
+
+#include "../common/error.hpp"
+#include "../common/spin.hpp"
+#include "communicator.hpp"
+#include "connection_manager.hpp"
+
+namespace roce {
+
+void Communicator::checkDeadline(const std::function<std::string()>& waitingFor) {
+  if (abortRequested_.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> g(abortMu_);
+    throw Error(ErrorKind::Aborted, str("roce: ", opName(), " on rank ", rank(), " was aborted: ", abortReason_));
+  }
+  if (peerFailed_.load(std::memory_order_relaxed)) throwIfPeerFailed(opName());  // names only when needed
+  if (Clock::now() >= deadline_) {
+    auto total = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count();
+    throwTimeout(str(opName(), " on rank ", rank(), " timed out (group timeout ", total, " ms) waiting for ",
+                     waitingFor(), ". That rank may have crashed, hung, or called a different "
+                     "collective (every rank must issue the same collectives in the same order)"));
+  }
+}
+
+void Communicator::throwIfPeerFailed(const std::string& what) {
+  if (!peerFailed_.load(std::memory_order_relaxed)) return;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> g(abortMu_);
+    if (Clock::now() - peerFailedAt_ >= kPeerFailureGrace) why = peerFailure_;
+  }
+  if (!why.empty()) throwComm(str(what, " on rank ", rank(), " stopped: ", why));
+}
+
+void Communicator::checkHealth() {
+  throwIfPeerFailed("point-to-point operation");
+  if (Clock::now() - lastSlowCheck_ > kSlowCheckEvery) {
+    lastSlowCheck_ = Clock::now();
+    opWhat_ = nullptr;
+    opName_ = "point-to-point operation";
+    slowChecks();
+  }
+}
+
+void Communicator::checkTaskDeadline(const std::string& what, Clock::time_point deadline,
+                                     std::chrono::milliseconds timeout) {
+  if (Clock::now() < deadline) return;
+  auto total = timeout.count();
+  throwTimeout(str(what, " on rank ", rank(), " timed out (timeout ", total, " ms) waiting for its peer. "
+                   "That rank may have crashed, hung, or not posted the matching send/receive"));
+}
+
+void Communicator::slowChecks() {
+  // A dead connection fails the requests that use it, and so the waits on them;
+  // it does not fail operations that no longer need that peer. A rank that
+  // left gracefully (destroyed the group after its last message) closes its
+  // connections while others may still finish with third ranks; a rank that
+  // died is reported by the lifelines (csrc/comm/lifeline.hpp) to everyone.
+  for (auto& t : transports_) t->checkPeers();
+}
+
+void Communicator::waitUntil(const std::function<bool()>& done, const std::function<std::string()>& waitingFor,
+                             const std::function<void()>& block) {
+  IdleWait idle;
+  uint64_t rounds = 0;
+  for (;;) {
+    helperEventsSeen_ = helperEvents_.load(std::memory_order_acquire);  // before done() looks at the helpers
+    if (done()) break;
+    bool slow = false;  // this round waited long enough for the slow checks
+    if (progress()) {
+      idle.moved();
+    } else if (block) {
+      block();
+      slow = true;
+    } else {
+      slow = idleRound(idle);
+      if (slow && idleHook) idleHook();  // async work may have finished meanwhile
+    }
+    checkDeadline(waitingFor);
+    if ((++rounds & 63) == 0 && idleHook) idleHook();
+    if (slow && Clock::now() - lastSlowCheck_ > kSlowCheckEvery) {
+      lastSlowCheck_ = Clock::now();
+      slowChecks();
+    }
+  }
+}
+
+bool Communicator::idleRound(IdleWait& w, const std::function<bool()>& interrupt) {
+  if (!w.idle) {
+    w.idle = true;
+    w.since = Clock::now();
+    return false;
+  }
+  if (Clock::now() - w.since < std::chrono::microseconds(cfg_.spinUs)) {
+    cpuRelax();
+    return false;
+  }
+  switch (blockUntilActivity(interrupt)) {
+    case Blocked::Moved:  // the re-check found work: the next idle stretch spins again
+      w.moved();
+      return false;
+    case Blocked::Slept:
+      return true;
+    case Blocked::Cannot:
+      break;
+  }
+  // Pending shared-memory traffic, which no descriptor announces: the spin
+  // budget is spent, so yield, then sleep briefly (a spinning rank would take
+  // the core from the local peer it waits for).
+  w.backoff.skipSpins();
+  w.backoff.pause();
+  return w.backoff.sleeping();
+}
+
+Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool()>& interrupt) {
+  if (!wakeup_.valid()) return Blocked::Cannot;
+  waitFds_.clear();
+  waitFds_.push_back(pollfd{wakeup_.fd(), POLLIN, 0});
+  for (auto& t : transports_)
+    if (!t->prepareWait(waitFds_, !anySource_.empty())) return Blocked::Cannot;
+  if (connections_) connections_->addPollFds(waitFds_);
+  wakeup_.announce();
+  // What arrived before the transports armed their notifications raises no
+  // event: look once more. Then the conditions a waker sets.
+  const uint64_t helperEvents = helperEvents_.load(std::memory_order_acquire);
+  const bool helperFinished = helperEvents != helperEventsSeen_;
+  helperEventsSeen_ = helperEvents;  // a later wait blocks unless another job ends
+  if (helperFinished || progress() || abortRequested_.load() || (interrupt && interrupt())) {
+    wakeup_.withdraw();
+    return Blocked::Moved;
+  }
+  // Sleep no later than the deadline and the next slow check (lifelines, the
+  // abort notice, dead peers). While a reported peer death is in its grace
+  // period, look again soon.
+  const auto now = Clock::now();
+  auto until = std::min(deadline_, std::max(lastSlowCheck_ + kSlowCheckEvery, now));
+  if (peerFailed_.load()) until = std::min(until, now + std::chrono::milliseconds(10));
+  for (auto& t : transports_)
+    if (t->hasSilentPeers()) until = std::min(until, now + std::chrono::milliseconds(1));
+  const timespec ts = toTimespec(until - now);
+  Counters::add(counters_.blockedWaits, 1);
+  int rc = ppoll(waitFds_.data(), waitFds_.size(), &ts, nullptr);
+  wakeup_.withdraw();
+  if (rc < 0 && errno != EINTR) return Blocked::Cannot;  // cannot block here: poll instead
+  for (auto& t : transports_) t->afterWait();
+  connectionsReady_ = true;  // a peer may have dialed: look at the sockets at once
+  return Blocked::Slept;
+}
+
+void Communicator::announceIdle() {
+  // Under the engine's lock: an inline operation may change connections_
+  // while waitIdle() blocks. A descriptor it closes meanwhile only makes the
+  // poll return early.
+  idleFds_.clear();
+  idleFds_.push_back(pollfd{idleWakeup_.fd(), POLLIN, 0});
+  if (connections_) connections_->addPollFds(idleFds_);
+  idleWakeup_.announce();
+}
+
+void Communicator::waitIdle() {
+  // Bounded, so a lost wake-up costs a second, not a hang.
+  const timespec ts = toTimespec(std::chrono::seconds(1));
+  ppoll(idleFds_.data(), idleFds_.size(), &ts, nullptr);
+  idleWakeup_.withdraw();
+}
+
+void Communicator::serveConnections() {
+  if (connections_) connections_->progress(/*now=*/true);
+}
+
+void Communicator::waitAll(Request* const* reqs, size_t n) {
+  auto failedOrDone = [&] {
+    bool all = true;
+    for (size_t i = 0; i < n; ++i) {
+      if (!reqs[i]->done) all = false;
+      else if (reqs[i]->failed()) throwFailure(reqs[i]->error);
+    }
+    return all;
+  };
+  waitUntil(failedOrDone, [&] {
+    for (size_t i = 0; i < n; ++i)
+      if (!reqs[i]->done) {
+        const int peer = reqs[i]->peer;
+        std::string connection;
+        if (peer >= 0 && connections_ && route(peer)->needsConnection(peer))
+          connection = str(" (", connections_->status(peer), ")");
+        return str("rank ", peer < 0 ? std::string("<any>") : std::to_string(peer),
+                   reqs[i]->kind == Request::Kind::Send ? " to receive " : " to send ", reqs[i]->len, " bytes",
+                   connection);
+      }
+    return std::string("peers");
+  });
+}
+
+}  // namespace roce

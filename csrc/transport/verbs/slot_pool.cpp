@@ -1,0 +1,51 @@
+#include "slot_pool.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "../../common/error.hpp"
+#include "verbs_device.hpp"
+
+namespace roce {
+
+SlotPool::SlotPool(VerbsDevice& dev, size_t bytes, size_t stride, int access, const char* what, Counters* counters)
+    : stride_(stride), counters_(counters) {
+  count_ = static_cast<uint32_t>(bytes / stride);
+  if (count_ < 2)
+    throwInvalid(str("the verbs ", what, " of ", bytes, " bytes holds fewer than two slots of ", stride,
+                     " bytes: raise ROCE_PG_IB_POOL_BYTES or lower ROCE_PG_IB_SLOT_BYTES"));
+  const size_t len = (static_cast<size_t>(count_) * stride + 4095) & ~size_t(4095);
+  base_ = static_cast<char*>(std::aligned_alloc(4096, len));
+  if (!base_) throwComm(str("out of memory allocating the ", len, "-byte verbs ", what));
+  std::memset(base_, 0, len);  // touch the pages before they are pinned
+  try {
+    mr_ = dev.registerMemory(base_, len, access, what);
+  } catch (...) {
+    std::free(base_);
+    throw;
+  }
+  for (uint32_t s = count_; s-- > 0;) free_.push_back(s);
+  inFree_.assign(count_, true);
+  if (counters_) Counters::add(counters_->registeredBytes, len);
+}
+
+SlotPool::~SlotPool() {
+  if (counters_) counters_->registeredBytes.fetch_sub(mr_->length, std::memory_order_relaxed);
+  ibv_dereg_mr(mr_);
+  std::free(base_);
+}
+
+uint32_t SlotPool::take() {
+  const uint32_t s = free_.back();
+  free_.pop_back();
+  inFree_[s] = false;
+  return s;
+}
+
+void SlotPool::give(uint32_t slot) {
+  if (inFree_[slot]) return;
+  inFree_[slot] = true;
+  free_.push_back(slot);
+}
+
+}  // namespace roce

@@ -1,0 +1,50 @@
+// A registered region cut into fixed-size slots, shared by every peer of a
+// rank (issue 19: registered memory per rank independent of the world size).
+// The verbs transport has two: the landing pool, which peers write chunks
+// into (remote write; slots are granted to peers, see verbs_transport.hpp),
+// and the staging pool, which copied chunks are sent from.
+#pragma once
+#include <infiniband/verbs.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../../common/counters.hpp"
+
+namespace roce {
+
+class VerbsDevice;
+
+class SlotPool {
+ public:
+  // `counters` (may be null) tracks the registered bytes; `what` names the pool in errors.
+  SlotPool(VerbsDevice& dev, size_t bytes, size_t stride, int access, const char* what, Counters* counters);
+  ~SlotPool();
+  SlotPool(const SlotPool&) = delete;
+  SlotPool& operator=(const SlotPool&) = delete;
+
+  uint32_t count() const { return count_; }
+  size_t stride() const { return stride_; }
+  size_t bytes() const { return static_cast<size_t>(count_) * stride_; }
+  char* slot(uint32_t i) const { return base_ + static_cast<size_t>(i) * stride_; }
+  uint64_t address() const { return reinterpret_cast<uint64_t>(base_); }
+  uint32_t lkey() const { return mr_->lkey; }
+  uint32_t rkey() const { return mr_->rkey; }
+
+  size_t available() const { return free_.size(); }
+  uint32_t take();             // requires available() > 0
+  void give(uint32_t slot);    // a slot taken before; double gives are ignored
+  bool isFree(uint32_t slot) const { return inFree_[slot]; }
+
+ private:
+  char* base_ = nullptr;
+  ibv_mr* mr_ = nullptr;
+  uint32_t count_ = 0;
+  size_t stride_ = 0;
+  std::vector<uint32_t> free_;
+  std::vector<bool> inFree_;
+  Counters* counters_;
+};
+
+}  // namespace roce

@@ -1,0 +1,358 @@
+// Progress: completions from the CQs (control messages, landed chunks, sends
+// that finished), connections being set up, queued work that may now go;
+// idle waits on the completion channel; and what happens when a peer fails.
+#include <arpa/inet.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "../../common/error.hpp"
+#include "verbs_transport.hpp"
+
+namespace roce {
+
+using namespace verbs;
+
+void VerbsTransport::retire(Qp& q) {
+  if (q.covers.empty()) return;
+  q.posted -= q.covers.front();
+  q.covers.pop_front();
+}
+
+std::string VerbsTransport::failureText(int p, const ibv_wc& wc) const {
+  const Peer& peer = *peers_[p];
+  std::string hint;
+  if (wc.status == IBV_WC_RETRY_EXC_ERR)
+    hint = " The peer never acknowledged although the TCP connection reached it: usually a wrong GID index "
+           "(set ROCE_PG_IB_GID_INDEX to the RoCE v2 GID of the interface the peers can reach; `show_gids`), "
+           "a VLAN/routing problem, or an MTU mismatch along the path.";
+  else if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR)
+    hint = " The peer had no receive posted for too long (it may be stuck or gone).";
+  else if (wc.status == IBV_WC_REM_ACCESS_ERR || wc.status == IBV_WC_LOC_PROT_ERR)
+    hint = " A memory registration was rejected (mixed roce_pg versions across ranks?).";
+  return str("RDMA transfer with rank ", p, " failed: ", ibv_wc_status_str(wc.status), " (status ", wc.status,
+             ", vendor error 0x", std::hex, wc.vendor_err, std::dec, ") on ", dev_->describe(), "; remote GID ",
+             peer.remoteGid, ", remote QPN ", peer.remoteQpn0, ", path MTU ", peer.mtu, ".", hint);
+}
+
+void VerbsTransport::onCompletion(const ibv_wc& wc) {
+  const int p = wrPeer(wc.wr_id);
+  if (p < 0 || p >= static_cast<int>(peers_.size()) || !peers_[p]) return;
+  Peer& peer = *peers_[p];
+  if (!peer.deadReason.empty()) return;  // flushed or late work of a failed peer: nothing refers to it
+  if (wc.status != IBV_WC_SUCCESS) {
+    // Only wr_id, status, qp_num and vendor_err are valid here.
+    return killPeer(p, failureText(p, wc));
+  }
+  auto sent = [&](ActiveSend* as) {
+    if (as && ++as->done == as->chunks && (as->recvId != 0 || as->matched)) finishSend(p, *as);
+  };
+  switch (wrKind(wc.wr_id)) {
+    case kWrCtrl:
+      retire(peer.qps[wrQp(wc.wr_id)]);
+      break;
+    case kWrZeroCopy:  // never signaled: nothing to do on success
+      break;
+    case kWrData: {
+      retire(peer.qps[wrQp(wc.wr_id)]);
+      const uint32_t slot = wrIndex(wc.wr_id);
+      ActiveSend* as = stagingOwner_[slot].send;
+      stagingOwner_[slot] = {};
+      staging_->give(slot);
+      sent(as);
+      break;
+    }
+    case kWrHeader: {
+      Qp& q = peer.qps[wrQp(wc.wr_id)];
+      retire(q);
+      ActiveSend* as = q.headerOwner[wrIndex(wc.wr_id)];
+      q.headerOwner[wrIndex(wc.wr_id)] = nullptr;
+      sent(as);
+      break;
+    }
+    case kWrRecv: {
+      const int q = wrQp(wc.wr_id);
+      const uint32_t index = wrIndex(wc.wr_id);
+      const bool data = wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM;
+      if (data) {
+        onData(p, ntohl(wc.imm_data), wc.byte_len);
+      } else if (wc.byte_len != sizeof(Ctrl)) {
+        return killPeer(p, str("rank ", p, " sent a ", wc.byte_len, "-byte control message (expected ", sizeof(Ctrl),
+                               "; mixed roce_pg versions across ranks?)"));
+      } else {
+        Ctrl msg;
+        std::memcpy(&msg, peer.ctrlMem + (static_cast<size_t>(q) * rqDepth_ + index) * kCtrlBytes, sizeof(msg));
+        onCtrl(p, msg);
+      }
+      if (!peer.deadReason.empty()) break;
+      postRecvBuffer(p, q, static_cast<int>(index));
+      if (!data) peer.ctrlToReturn++;  // this receive is posted again: the sender may use it
+      break;
+    }
+  }
+}
+
+void VerbsTransport::onCtrl(int p, const Ctrl& msg) {
+  Peer& peer = *peers_[p];
+  if (msg.credits > static_cast<uint32_t>(peer.ctrlCreditsMax - peer.ctrlCredits))
+    return killPeer(p, str("rank ", p, " returned more control credits than it was given (",
+                           msg.credits, "): corrupted control message"));
+  peer.ctrlCredits += static_cast<int>(msg.credits);
+  switch (msg.type) {
+    case kAck:
+      break;
+    case kRts:
+      announce(p, msg.tag, Arrival{false, msg.len, {}});
+      break;
+    case kRtr: {
+      auto it = peer.sendsWaiting.find(msg.tag);
+      if (it != peer.sendsWaiting.end() && !it->second.empty()) {
+        const Peer::WaitingSend w = it->second.front();
+        it->second.pop_front();
+        if (it->second.empty()) peer.sendsWaiting.erase(it);
+        if (w.eager) matchEager(p, *w.eager, msg);
+        else matchSend(p, w.r, msg);
+      } else {
+        peer.rtrsWaiting[msg.tag].push_back(msg);
+      }
+      break;
+    }
+    case kCredit:
+      if (msg.id >= peer.remoteIsFree.size() || peer.remoteIsFree[msg.id])
+        return killPeer(p, str("rank ", p, " granted landing slot ", msg.id, " which ",
+                               msg.id >= peer.remoteIsFree.size() ? "it does not have" : "was granted already",
+                               " (corrupted control message)"));
+      peer.remoteIsFree[msg.id] = true;
+      peer.remoteFree.push_back(msg.id);
+      break;
+    case kNack: {
+      auto it = peer.recvs.find(msg.id);
+      if (it == peer.recvs.end()) break;
+      Request* r = it->second.r;
+      regCache_->release(it->second.zc);  // the sender never wrote into it
+      peer.recvs.erase(it);
+      r->fail(str("rank ", rank_, " expected a message of ", r->len, " bytes from rank ", p, " but rank ", p,
+                  " sent ", msg.len, " bytes: every rank must pass tensors of the same size and dtype to this operation"));
+      break;
+    }
+    default:
+      killPeer(p, str("unknown control message ", msg.type, " from rank ", p, " (mixed roce_pg versions?)"));
+  }
+}
+
+void VerbsTransport::onData(int p, uint32_t slot, uint32_t byteLen) {
+  Peer& peer = *peers_[p];
+  // Everything here comes from the peer: the slot from the immediate, the rest
+  // from the header it wrote. Any inconsistency fails the peer; nothing is
+  // copied and the receive cannot complete with a hole.
+  if (slot >= landing_->count() || landingOwner_[slot] != p)
+    return killPeer(p, str("rank ", p, " wrote to landing slot ", slot, " of ", landing_->count(),
+                           ", which is not granted to it (corrupted immediate)"));
+  // byte_len of a WRITE_WITH_IMM is what the peer wrote; 0 means the provider does not report it.
+  if (byteLen != 0 && (byteLen < sizeof(SlotHeader) || byteLen > stride_))
+    return killPeer(p, str("rank ", p, " wrote ", byteLen, " bytes into a landing slot of ", stride_));
+  const char* src = landing_->slot(slot);
+  SlotHeader h;
+  std::memcpy(&h, src, sizeof(h));
+  if (h.flags & kSlotEager) {
+    if (h.flags != kSlotEager || h.recvId != 0 || h.offset != 0 || h.len > slotBytes_ ||
+        (byteLen != 0 && h.len != byteLen - sizeof(SlotHeader)))
+      return killPeer(p, str("rank ", p, " sent an inconsistent eager message (length ", h.len, ", ", byteLen,
+                             " bytes written, flags ", h.flags, "): corrupted slot header"));
+    announce(p, h.tag, Arrival{true, h.len, {}}, src + sizeof(h));
+    landingConsumed(p, slot);
+    return;
+  }
+  auto it = h.recvId <= UINT32_MAX ? peer.recvs.find(static_cast<uint32_t>(h.recvId)) : peer.recvs.end();
+  if (it == peer.recvs.end())
+    return killPeer(p, str("rank ", p, " sent a chunk for receive ", h.recvId, ", which rank ", rank_,
+                           " has not posted (corrupted slot header)"));
+  auto& st = it->second;
+  const bool zc = h.flags & kSlotZeroCopy;
+  if (st.mode == 0) {  // zero copy was offered: the first chunk says what the sender chose
+    st.mode = zc ? 2 : 1;
+    const uint64_t step = zc ? st.piece : slotBytes_;
+    st.expected = std::max<uint64_t>(1, (st.r->len + step - 1) / step);
+    st.seen.assign(st.expected, false);
+  }
+  if ((st.mode == 2) != zc || (h.flags & ~kSlotZeroCopy))
+    return killPeer(p, str("rank ", p, " sent a chunk in ", zc ? "zero-copy" : "copy", " mode for a receive in the other "
+                           "mode (flags ", h.flags, "; corrupted slot header or mixed roce_pg versions)"));
+  const uint64_t chunk = zc ? st.piece : slotBytes_;
+  const uint64_t index = h.offset / chunk;
+  const uint64_t expectLen = st.r->len > h.offset ? std::min(chunk, st.r->len - h.offset) : 0;
+  // In zero-copy mode only the header was written into the slot.
+  const uint64_t inSlot = zc ? 0 : h.len;
+  const bool ok = h.offset % chunk == 0 && index < st.expected && !st.seen[index] && h.len == expectLen &&
+                  (byteLen == 0 || inSlot == byteLen - sizeof(SlotHeader));
+  if (!ok)
+    return killPeer(p, str("rank ", p, " sent an inconsistent chunk for a ", st.r->len, "-byte receive (offset ",
+                           h.offset, ", length ", h.len, ", ", byteLen, " bytes written, chunk size ", chunk,
+                           st.seen.size() > index && st.seen[index] ? ", already received" : "",
+                           "): corrupted slot header"));
+  st.seen[index] = true;
+  if (!zc) {
+    if (h.len) std::memcpy(static_cast<char*>(st.r->buf) + h.offset, src + sizeof(h), h.len);
+    countCopied(h.len);
+  }
+  if (++st.got == st.expected) {
+    regCache_->release(st.zc);
+    st.r->done = true;
+    peer.recvs.erase(it);
+  }
+  landingConsumed(p, slot);
+}
+
+bool VerbsTransport::pollCompletions() {
+  if (!cqs_) return false;
+  bool moved = false;
+  ibv_wc wcs[32];
+  for (;;) {
+    const int n = cqs_->poll(wcs, 32);
+    if (n < 0) {
+      failAll(str("ibv_poll_cq failed on ", dev_->describe()));
+      return true;
+    }
+    for (int i = 0; i < n; ++i) {
+      try {
+        onCompletion(wcs[i]);
+      } catch (const std::exception& e) {
+        // Re-posting a receive or a control message failed: the queue pair is
+        // unusable, so is the peer; nothing may escape the progress thread.
+        const int p = wrPeer(wcs[i].wr_id);
+        if (p >= 0 && p < static_cast<int>(peers_.size()) && peers_[p]) killPeer(p, e.what());
+      }
+    }
+    moved |= n > 0;
+    if (n < 32) break;
+  }
+  return moved;
+}
+
+bool VerbsTransport::progress() {
+  bool moved = pollCompletions();
+  for (int p : live_) {
+    Peer& peer = *peers_[p];
+    if (!peer.deadReason.empty() || peer.phase == Peer::Phase::Unconnected) continue;
+    try {
+      if (!peer.ready()) {
+        moved |= advanceHandshake(p, peer);
+        if (!peer.ready()) continue;
+      }
+      moved |= flushCtrl(p);
+      moved |= flushAnnouncements(p);
+      moved |= streamSends(p);
+    } catch (const std::exception& e) {
+      killPeer(p, e.what());
+      moved = true;
+    }
+  }
+  return moved;
+}
+
+bool VerbsTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
+  (void)anySource;  // every arrival is a completion, announced like the rest
+  // Connections being set up are announced by their sockets.
+  for (int p : live_) {
+    const Peer& peer = *peers_[p];
+    if (peer.deadReason.empty() && peer.sock >= 0 && !peer.ready())
+      fds.push_back(pollfd{peer.sock, static_cast<short>(POLLIN | (peer.outbuf.empty() ? 0 : POLLOUT)), 0});
+  }
+  if (!cqs_) return true;  // nothing connected: only sockets to watch
+  // Every other event is a completion: the peer's control messages and
+  // chunks (receives), and the send completions that free queue slots.
+  if (!cqs_->arm() || cqs_->channelFd() < 0) return false;
+  armed_ = true;
+  fds.push_back(pollfd{cqs_->channelFd(), POLLIN, 0});
+  return true;
+}
+
+void VerbsTransport::afterWait() {
+  if (!armed_) return;
+  cqs_->consumeEvents();
+  armed_ = false;
+}
+
+std::string VerbsTransport::checkPeers() {
+  if (std::string e = dev_->asyncError(); !e.empty()) {
+    failAll(e);
+    return e;
+  }
+  // A peer that left closes its side channel: EOF. What it sent before is in
+  // the CQs already (its writes completed before it closed), so take that
+  // first, then fail what still waits for it.
+  pollCompletions();
+  for (int p : live_) {
+    Peer& peer = *peers_[p];
+    if (!peer.deadReason.empty() || !peer.ready()) continue;
+    char c;
+    const ssize_t n = recv(peer.sock, &c, 1, MSG_DONTWAIT | MSG_PEEK);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+      killPeer(p, str("rank ", p, " closed its verbs connection to rank ", rank_, " (", n == 0 ? "EOF" : std::strerror(errno),
+                      "): it exited or destroyed the process group"));
+  }
+  for (int p : live_)
+    if (!peers_[p]->deadReason.empty()) return peers_[p]->deadReason;
+  return {};
+}
+
+void VerbsTransport::failPeer(int p, const std::string& why) { killPeer(p, why); }
+
+void VerbsTransport::killPeer(int p, const std::string& why) {
+  Peer& peer = peerOf(p);
+  if (peer.deadReason.empty()) {
+    peer.deadReason = why;
+    // Stop the NIC from touching this peer's buffers any further; the flushed
+    // work requests complete with errors that onCompletion ignores.
+    for (auto& q : peer.qps) {
+      ibv_qp_attr a{};
+      a.qp_state = IBV_QPS_ERR;
+      ibv_modify_qp(q.qp, &a, IBV_QP_STATE);
+      std::fill(q.headerOwner.begin(), q.headerOwner.end(), nullptr);
+    }
+    // Its queue pairs are in the error state: the shared pools' slots it held
+    // can serve the other peers.
+    if (landing_) {
+      for (uint32_t s = 0; s < landingOwner_.size(); ++s)
+        if (landingOwner_[s] == p) {
+          landingOwner_[s] = -1;
+          landing_->give(s);
+        }
+      for (uint32_t s = 0; s < stagingOwner_.size(); ++s)
+        if (stagingOwner_[s].peer == p) {
+          stagingOwner_[s] = {};
+          staging_->give(s);
+        }
+    }
+    peer.granted = 0;
+  }
+  for (auto& [tag, q] : peer.sendsWaiting)
+    for (const Peer::WaitingSend& w : q)
+      if (!w.eager) w.r->fail(why);  // eager sends are in `active`, failed below
+  peer.sendsWaiting.clear();
+  peer.announcements.clear();
+  peer.arrivals.clear();
+  peer.unannounced.clear();
+  // The queue pairs are in the error state (above): the NIC no longer reads or
+  // writes these buffers, so their registrations may be reused or dropped.
+  for (auto& as : peer.active) {
+    regCache_->release(as.zc);
+    as.r->fail(why);
+  }
+  peer.active.clear();
+  for (auto& [id, st] : peer.recvs) {
+    regCache_->release(st.zc);
+    st.r->fail(why);
+  }
+  peer.recvs.clear();
+  peer.ctrlQueue.clear();
+  if (landing_) serveNeedy();
+}
+
+void VerbsTransport::failAll(const std::string& why) {
+  for (int p : live_) killPeer(p, why);
+}
+
+}  // namespace roce

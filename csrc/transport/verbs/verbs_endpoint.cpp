@@ -1,0 +1,88 @@
+#include "verbs_endpoint.hpp"
+
+#include <sstream>
+
+#include "../../common/error.hpp"
+#include "../../common/parse.hpp"
+#include "verbs_wire.hpp"
+
+namespace roce::verbs {
+namespace {
+
+std::string hex(const void* p, size_t n) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t b = static_cast<const uint8_t*>(p)[i];
+    s += d[b >> 4];
+    s += d[b & 15];
+  }
+  return s;
+}
+
+bool unhex(const std::string& s, void* p, size_t n) {
+  if (s.size() != 2 * n) return false;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const int hi = nibble(s[2 * i]), lo = nibble(s[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(hi << 4 | lo);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string Endpoint::encode() const {
+  std::ostringstream os;
+  os << qpns.size();
+  for (uint32_t q : qpns) os << " " << q;
+  os << " " << psn << " " << lid << " " << hex(gid.raw, 16) << " " << mtu << " " << landing << " " << rkey << " "
+     << slots << " " << slotBytes << " " << stride << " " << ctrlRecvs << " " << grants.size();
+  for (uint32_t g : grants) os << " " << g;
+  return os.str();
+}
+
+Endpoint Endpoint::parse(const std::string& text, int peer, int expectQps, int self) {
+  std::istringstream in(text);
+  auto fail = [&](const std::string& what) -> Endpoint {
+    throwComm(str("rank ", peer, " sent an invalid verbs endpoint (", what,
+                  "): mixed roce_pg versions across ranks, or something else answered on its port"));
+  };
+  auto next = [&](uint64_t lo, uint64_t hi, const char* what) -> uint64_t {
+    std::string tok;
+    uint64_t v = 0;
+    if (!(in >> tok) || !parseU64(tok, 0, UINT64_MAX, v)) fail(str(what, " missing or not a number"));
+    if (v < lo || v > hi) fail(str(what, "=", v, " outside [", lo, ", ", hi, "]"));
+    return v;
+  };
+  Endpoint e;
+  const auto nq = static_cast<int>(next(1, 16, "queue pair count"));
+  if (nq != expectQps)
+    throwInvalid(str("rank ", peer, " uses ", nq, " queue pairs per connection but rank ", self, " uses ",
+                     expectQps, " (the larger of ROCE_PG_IB_QPS_PER_CONNECTION and the channel count): set the same "
+                     "ROCE_PG_IB_QPS_PER_CONNECTION on every rank"));
+  for (int q = 0; q < nq; ++q) e.qpns.push_back(static_cast<uint32_t>(next(1, 0xffffff, "QPN")));
+  e.psn = static_cast<uint32_t>(next(0, 0xffffff, "PSN"));
+  e.lid = static_cast<uint32_t>(next(0, 0xffff, "LID"));
+  std::string gidHex;
+  if (!(in >> gidHex) || !unhex(gidHex, e.gid.raw, 16)) fail("GID");
+  e.mtu = static_cast<int>(next(IBV_MTU_256, IBV_MTU_4096, "MTU"));
+  e.landing = next(1, UINT64_MAX, "landing address");
+  e.rkey = static_cast<uint32_t>(next(0, UINT32_MAX, "rkey"));
+  e.slots = static_cast<uint32_t>(next(2, 1u << 24, "slot count"));
+  e.slotBytes = next(1, 1ull << 30, "slot size");
+  e.stride = next(sizeof(SlotHeader) + e.slotBytes, 1ull << 31, "slot stride");
+  if (e.stride % 64) fail("slot stride not 64-byte aligned");
+  e.ctrlRecvs = static_cast<uint32_t>(next(kCtrlReserve + 4, 1 << 20, "control receive count"));
+  const auto grants = next(0, 1024, "grant count");
+  for (uint64_t i = 0; i < grants; ++i) e.grants.push_back(static_cast<uint32_t>(next(0, e.slots - 1, "granted slot")));
+  return e;
+}
+
+}  // namespace roce::verbs

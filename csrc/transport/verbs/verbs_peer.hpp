@@ -1,0 +1,125 @@
+// The verbs transport's state per connected peer and per message in flight.
+// Internal to csrc/transport/verbs/ (the transport's .cpp files share it).
+#pragma once
+#include <infiniband/verbs.h>
+
+#include <deque>
+#include <list>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "../transport.hpp"
+#include "reg_cache.hpp"
+#include "verbs_wire.hpp"
+
+namespace roce::verbs {
+
+struct ActiveSend {
+  Request* r;
+  uint32_t recvId;  // 0: eager (posted from the announcement queue, not by streamSends)
+  uint64_t chunks, posted = 0, done = 0;
+  // Eager only: the receive's RTR arrived (kept: a send that then finds no
+  // landing credit goes as a rendezvous to that receive); the size mismatch
+  // it revealed, if any.
+  bool matched = false;
+  Ctrl rtr{};
+  std::string mismatch;
+  // Zero copy (zc non-null): pieces of `piece` bytes go to remoteAddr/rkey.
+  RegCache::Entry* zc = nullptr;
+  uint64_t piece = 0, remoteAddr = 0;
+  uint32_t rkey = 0;
+};
+
+struct Qp {
+  ibv_qp* qp = nullptr;
+  int posted = 0;             // send WRs not yet known complete
+  int unsignaled = 0;         // send WRs since the last signaled one
+  std::deque<int> covers;     // per signaled WR in flight: WRs it retires
+  uint64_t ringNext = 0;      // next entry of this queue pair's send ring (control, zero-copy headers)
+  std::vector<ActiveSend*> headerOwner;  // per send-ring entry: the zero-copy send its header ends
+  uint32_t maxInline = 0;     // bytes a send may carry inline (IBV_SEND_INLINE); 0: none
+};
+
+struct Arrival {
+  bool eager;
+  uint64_t len;
+  std::vector<char> data;  // eager payload, when no receive was waiting
+};
+
+struct Peer {
+  // Connection: no socket yet -> handshake over the socket (endpoints) ->
+  // our queue pairs are ready, waiting for the peer's -> ready (data flows).
+  enum class Phase { Unconnected, Handshake, AwaitReady, Ready };
+  Phase phase = Phase::Unconnected;
+  int sock = -1;            // the side channel (ConnectionManager's socket); kept to see the peer leave
+  std::string inbuf, outbuf;
+  std::vector<Qp> qps;
+  std::string deadReason;
+  std::string remoteGid;
+  uint32_t remoteQpn0 = 0;
+  uint32_t localPsn = 0;  // our send PSN, published to the peer as its receive PSN
+  int mtu = 0;
+  // Control memory registered for this peer: per queue pair a receive ring
+  // (rq entries) and a send ring (sq entries) of 64-byte buffers.
+  char* ctrlMem = nullptr;
+  ibv_mr* ctrlMr = nullptr;
+  size_t ctrlBytes = 0;
+  // The peer's landing pool, and the slots of it we may write (its credits).
+  uint64_t remoteLanding = 0;
+  uint32_t remoteRkey = 0;
+  size_t remoteSlotBytes = 0, remoteStride = 0;
+  std::deque<uint32_t> remoteFree;
+  std::vector<bool> remoteIsFree;  // per remote slot: in remoteFree (a duplicate CREDIT is an error)
+  // Our landing slots this peer holds: granted and not yet consumed.
+  int granted = 0;
+  // Control-message flow control: SENDs on QP 0 each consume one of the peer's
+  // posted receives, so we send only while we hold credits for them (no RNR).
+  int ctrlCredits = 0;
+  int ctrlCreditsMax = 0;
+  uint32_t ctrlToReturn = 0;  // our control receives re-posted, not yet reported
+  // Sender side matching: per tag, sends in posting order still waiting for
+  // their receive's RTR (the k-th RTR belongs to the k-th send). An eager send
+  // waits too, although its data may be gone already: the RTR carries the
+  // receive's size, and the send completes (or fails on a size mismatch, as a
+  // rendezvous send does) only once both its write and the RTR are in.
+  struct WaitingSend {
+    Request* r;
+    ActiveSend* eager;  // non-null for an eager send (in `active`)
+  };
+  std::unordered_map<uint64_t, std::deque<WaitingSend>> sendsWaiting;
+  std::unordered_map<uint64_t, std::deque<Ctrl>> rtrsWaiting;
+  std::list<ActiveSend> active;
+  // What announces each send to the receiver, in posting order on QP 0: an
+  // RTS for a rendezvous send, the data itself for an eager one. The receiver
+  // pairs these with its receives per tag in the same order, so they must not
+  // overtake each other (other control messages may pass them).
+  struct Announcement {
+    Ctrl rts;
+    ActiveSend* eager = nullptr;  // non-null: the eager send to write (in `active`)
+  };
+  std::deque<Announcement> announcements;
+  // Receiver side.
+  struct RecvState {
+    Request* r;
+    uint64_t expected;          // chunks (pieces in zero-copy mode); 0 until the mode is known
+    uint64_t got;
+    std::vector<bool> seen;     // per chunk: a duplicate would complete the receive with a hole
+    RegCache::Entry* zc = nullptr;  // zero copy offered: the receive buffer's registration
+    uint64_t piece = 0;             // zero-copy piece size announced in the RTR
+    int mode = 0;                   // 0: not yet known (zero copy offered), 1: copy, 2: zero copy
+  };
+  std::unordered_map<uint32_t, RecvState> recvs;
+  // Pairing per tag, k-th announcement with k-th receive: what arrived with no
+  // receive posted yet (an RTS, or an eager message copied out of its landing
+  // slot), and receives posted with no announcement yet.
+  std::unordered_map<uint64_t, std::deque<Arrival>> arrivals;
+  std::unordered_map<uint64_t, std::deque<uint32_t>> unannounced;
+  uint32_t nextRecvId = 1;
+  std::deque<Ctrl> ctrlQueue;
+  uint32_t nextQp = 0;
+
+  bool ready() const { return phase == Phase::Ready && deadReason.empty(); }
+};
+
+}  // namespace roce::verbs

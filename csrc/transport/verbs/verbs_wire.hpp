@@ -1,0 +1,65 @@
+// What two verbs ranks write to each other: control messages (64-byte SENDs
+// on queue pair 0), the 64-byte header that ends every data chunk in a landing
+// slot, and how work-request ids name what completed. See verbs_transport.hpp
+// for the protocol these carry.
+#pragma once
+#include <cstdint>
+
+namespace roce::verbs {
+
+// kAck only returns control credits (when there is nothing else to carry them).
+enum CtrlType : uint32_t { kRts = 1, kRtr = 2, kCredit = 3, kNack = 4, kAck = 5 };
+
+struct Ctrl {
+  uint32_t type;
+  uint32_t id;       // RTR/NACK: receive id; CREDIT: the landing slot granted
+  uint64_t tag;
+  uint64_t len;      // RTS/RTR: message size; NACK: the sender's size
+  uint32_t credits;  // control receives the sender re-posted since its last message
+  uint32_t rkey;     // RTR with addr: rkey of the receive buffer
+  uint64_t addr;     // RTR: receive buffer for zero copy; 0: copy through landing slots
+  uint64_t piece;    // RTR with addr: bytes per RDMA write; the receiver counts pieces of this size
+  uint64_t pad[2];
+};
+static_assert(sizeof(Ctrl) == 64);
+
+// Written into a landing slot by the WRITE_WITH_IMM that completes a chunk.
+constexpr uint64_t kSlotZeroCopy = 1;  // the payload went straight into the receive buffer
+constexpr uint64_t kSlotEager = 2;     // a whole small message sent without waiting for an RTR (recvId 0)
+struct SlotHeader {
+  uint64_t recvId;
+  uint64_t offset;
+  uint64_t len;
+  uint64_t flags;
+  uint64_t tag;     // eager: the message's tag (the receiver pairs it with a receive)
+  uint64_t pad[3];
+};
+static_assert(sizeof(SlotHeader) == 64);
+
+constexpr int kCtrlBytes = 64;  // one receive buffer / one entry of a send ring
+// Inline bytes asked of each queue pair: a slot header and up to 192 bytes of payload.
+constexpr uint32_t kInlineWant = 256;
+// Control credits kept back for kAck, so that two ranks that have used up
+// their credits can always return each other's.
+constexpr int kCtrlReserve = 2;
+// Control receives each side keeps posted beyond the data chunks' (the
+// control flow-control window).
+constexpr int kCtrlRecvs = 32;
+
+// wr_id: kind | peer | qp | index.
+//   kWrCtrl      a control SEND (index: send-ring entry)
+//   kWrData      a copied chunk (index: staging slot)
+//   kWrHeader    the header after a zero-copy piece (index: send-ring entry)
+//   kWrZeroCopy  an unsignaled payload write; completes only with an error
+//   kWrRecv      a receive buffer (index: its position in the receive ring)
+enum WrKind : uint64_t { kWrCtrl = 1, kWrData = 2, kWrRecv = 3, kWrZeroCopy = 4, kWrHeader = 5 };
+inline uint64_t wrId(WrKind k, int peer, int qp, uint32_t index) {
+  return (static_cast<uint64_t>(k) << 56) | (static_cast<uint64_t>(peer & 0xffffff) << 32) |
+         (static_cast<uint64_t>(qp & 0xff) << 24) | (index & 0xffffff);
+}
+inline WrKind wrKind(uint64_t id) { return static_cast<WrKind>(id >> 56); }
+inline int wrPeer(uint64_t id) { return static_cast<int>((id >> 32) & 0xffffff); }
+inline int wrQp(uint64_t id) { return static_cast<int>((id >> 24) & 0xff); }
+inline uint32_t wrIndex(uint64_t id) { return static_cast<uint32_t>(id & 0xffffff); }
+
+}  // namespace roce::verbs
