@@ -1,4 +1,4 @@
-// How a Communicator forms: incarnation, roster, lifelines to the ring
+// How a Communicator forms: joining the group's leader (join.hpp), the roster, lifelines to the ring
 // neighbours, shared memory with the ranks of this machine, the network
 // transport (its connections made on demand, or all at once with
 // ROCE_PG_CONNECT=eager). See docs/ARCHITECTURE.md, "How a group forms".
@@ -19,6 +19,7 @@
 #include "communicator.hpp"
 #include "connection_manager.hpp"
 #include "lifeline.hpp"
+#include "join.hpp"
 #include "roster.hpp"
 
 namespace roce {
@@ -36,8 +37,6 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
                            std::chrono::milliseconds timeout)
     : cfg_(cfg), timeout_(timeout) {
   const auto deadline = Clock::now() + timeout_;
-  const Incarnation inc = joinIncarnation(store, rank);
-  ScopedBootstrap bs(store, inc.prefix());
   RankInfo me;
   me.hostId = localHostId();
   me.nodeId = !cfg_.simNode.empty()       ? str("sim-node-", cfg_.simNode, "@", me.hostId)
@@ -68,21 +67,16 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
       me.noVerbsWhy = "ROCE_PG_NET_TRANSPORT=tcp";
     }
   }
-  const Roster roster = exchangeRoster(bs, store, inc, rank, size, me, cfg_, deadline, timeout_);
+  // A group of one needs nobody and touches no store key.
+  const Joined joined = size > 1 ? joinGroup(store, *listener_, rank, size, me, cfg_, deadline, timeout_)
+                                 : Joined{planGroup(cfg_, {me}), ""};
+  const Roster& roster = joined.roster;
+  ScopedBootstrap bs(store, str("roce/", joined.incarnation, "/"));  // this incarnation's keys
   const std::vector<RankInfo>& infos = roster.ranks;
   topo_ = Topology::build(rank, infos);
   for (const auto& info : infos) hostNames_.push_back(info.hostName());
   cfg_.nChannels = roster.channels;
   cfg_.forceNetwork = roster.forceNetwork;
-  // While waiting for a peer during setup: has it been replaced by a newer process?
-  auto probe = [&](int peer) {
-    return [&store, &inc, peer] {
-      if (std::string moved = replacedRanks(store, inc, {peer}); !moved.empty())
-        throwComm(str("this group cannot form: ", moved, ". That process was restarted or re-created the group "
-                      "after this formation began; call init_process_group/new_group again on every rank"));
-    };
-  };
-
   endpoints_.resize(size);
   std::vector<uint64_t> nonces;
   for (int r = 0; r < size; ++r) {
@@ -92,6 +86,17 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
   std::unique_ptr<TcpAcceptor> acceptor;
   if (size > 1) {
     acceptor = std::make_unique<TcpAcceptor>(*listener_, rank, nonces);
+    // While waiting for a neighbour's lifeline: every rank's listener was open
+    // before it joined, so one that refuses connections means that rank is
+    // gone (it exited after joining), and waiting longer cannot help.
+    auto probe = [this](int peer) {
+      return [this, peer] {
+        if (refusesConnections(endpoints_[peer]))
+          throwComm(str("rank ", peer, " (host ", hostNames_[peer], ", ", endpoints_[peer].host, ":",
+                        endpoints_[peer].port, ") is gone: its listener refuses connections. It exited after "
+                        "joining the group; see that rank's log"));
+      };
+    };
     connectLifelines(*acceptor, endpoints_, me.nonce, deadline, probe);
   }
 

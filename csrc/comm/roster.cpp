@@ -5,7 +5,6 @@
 #include <sstream>
 #include <tuple>
 
-#include "../common/bootstrap.hpp"
 #include "../common/config.hpp"
 #include "../common/error.hpp"
 #include "../common/parse.hpp"
@@ -14,10 +13,7 @@
 namespace roce {
 namespace {
 
-constexpr const char* kRosterKey = "roster";
-constexpr const char* kErrorTag = "error";
-// Missing ranks whose incarnation the leader looks up after a slow slice.
-constexpr size_t kProbeRanks = 64;
+constexpr const char* kErrorTag = "error";  // see join.cpp's errorRecord
 
 // Roster fields are separated by tabs and newlines: keep them out of strings
 // that come from the environment (hostnames, ROCE_PG_SIM_NODE is checked).
@@ -26,9 +22,6 @@ std::string field(std::string s) {
     if (ch == '\t' || ch == '\n') ch = '_';
   return s;
 }
-
-std::string infoKey(int r) { return str("info/", r); }
-std::string joinedKey(int64_t generation) { return str("joined/", generation); }
 
 [[noreturn]] void malformed(const std::string& what) {
   throwComm(str("the group's roster published by rank 0 is malformed (", what,
@@ -90,19 +83,6 @@ std::string chooseNetwork(const Config& cfg, const std::vector<RankInfo>& infos,
                    " but not every rank has a usable RDMA port:", lacking,
                    "\nFix the RDMA setup (ibv_devinfo should show an ACTIVE port), or set ROCE_PG_NET_TRANSPORT=tcp "
                    "on every rank to use TCP between machines"));
-}
-
-// The leader, after a slice without every rank's info: if some rank already
-// joined a later incarnation, name the missing ones that did (their process
-// was replaced: this formation cannot complete).
-void probeForReplacedRanks(Bootstrap& bs, Bootstrap& root, const Incarnation& inc, int size) {
-  if (bs.add(joinedKey(inc.generation + 1), 0) == 0) return;
-  std::vector<int> missing;
-  for (int r = 0; r < size && missing.size() < kProbeRanks; ++r)
-    if (!bs.check(infoKey(r))) missing.push_back(r);
-  if (std::string moved = replacedRanks(root, inc, missing); !moved.empty())
-    throwComm(str("this group cannot form: ", moved, ". Those processes were restarted (or re-created the group) "
-                  "after this formation began; call init_process_group/new_group again on every rank"));
 }
 
 }  // namespace
@@ -190,58 +170,14 @@ Roster planGroup(const Config& leaderCfg, const std::vector<RankInfo>& infos) {
   return r;
 }
 
-Roster exchangeRoster(Bootstrap& bs, Bootstrap& root, const Incarnation& inc, int rank, int size,
-                      const RankInfo& me, const Config& cfg, std::chrono::steady_clock::time_point deadline,
-                      std::chrono::milliseconds timeout) {
-  bs.add(joinedKey(inc.generation), 1);
-  bs.set(infoKey(rank), me.encode());
-  const std::string what = str("roce process group init on rank ", rank);
-  if (rank == 0) {
-    std::vector<std::string> keys;
-    for (int r = 0; r < size; ++r) keys.push_back(infoKey(r));
-    Roster roster;
-    try {
-      auto values = waitForKeys(bs, keys, deadline, timeout, what,
-                                [](size_t r) { return str("rank ", r, " (it has not joined the group)"); },
-                                [&] { probeForReplacedRanks(bs, root, inc, size); });
-      std::vector<RankInfo> infos;
-      for (int r = 0; r < size; ++r) infos.push_back(RankInfo::decode(values[r], r));
-      roster = planGroup(cfg, infos);
-    } catch (const Error& e) {
-      // Every rank raises the same verdict instead of waiting for a roster.
-      bs.set(kRosterKey, str(kErrorTag, " ", static_cast<int>(e.kind()), "\n", e.what()));
-      throw;
-    }
-    bs.set(kRosterKey, roster.encode());
-    return roster;
-  }
-  auto probeLeader = [&] {
-    if (std::string moved = replacedRanks(root, inc, {0}); !moved.empty())
-      throwComm(str("this group cannot form: ", moved, ". Rank 0 was restarted or re-created the group after this "
-                    "rank joined; call init_process_group/new_group again on every rank"));
-  };
-  // On a timeout, say whom rank 0 still waits for (store look-ups only then).
-  auto blame = [&](size_t) {
-    std::string missing;
-    for (int r = 0; r < size && missing.size() < 2000; ++r)
-      if (!bs.check(infoKey(r))) missing += str(missing.empty() ? "" : ", ", "rank ", r);
-    return missing.empty() ? std::string("rank 0 (it gathers the ranks' information)")
-                           : str("rank 0, which still waits for ", missing, " (not joined the group yet)");
-  };
-  const std::string text = waitForKeys(bs, {kRosterKey}, deadline, timeout, what, blame, probeLeader)[0];
+Roster Roster::decodeOrThrow(const std::string& text, int size) {
   if (text.rfind(kErrorTag, 0) == 0) {
     const size_t nl = text.find('\n');
     uint64_t kind = 0;
-    const std::string msg = nl == std::string::npos ? text : text.substr(nl + 1);
-    if (!parseU64(text.substr(6, nl == std::string::npos ? 0 : nl - 6), 0, 3, kind)) malformed("error record");
-    throw Error(static_cast<ErrorKind>(kind), msg);
+    if (nl == std::string::npos || !parseU64(text.substr(6, nl - 6), 0, 3, kind)) malformed("error record");
+    throw Error(static_cast<ErrorKind>(kind), text.substr(nl + 1));
   }
-  Roster roster = Roster::decode(text, size);
-  if (roster.ranks[rank].nonce != me.nonce || roster.ranks[rank].pid != me.pid)
-    throwComm(str("rank 0 formed this group with another process in rank ", rank, "'s place (pid ",
-                  roster.ranks[rank].pid, ", this process is ", me.pid, "): two processes claim rank ", rank,
-                  "; check the launcher's RANK assignment"));
-  return roster;
+  return decode(text, size);
 }
 
 }  // namespace roce

@@ -163,6 +163,15 @@ int connectResult(int fd) {
   return err;
 }
 
+bool refusesConnections(const TcpEndpoint& ep) {
+  UniqueFd fd = startDial(ep, -1);
+  pollfd p{fd.get(), POLLOUT, 0};
+  if (poll(&p, 1, 200) <= 0) return false;
+  // Connected (closed at once: the acceptor sees EOF before a hello and drops
+  // it) or failed: only a refusal says there is no listener.
+  return connectResult(fd.get()) == ECONNREFUSED;
+}
+
 bool sendHello(int fd, LinkKind kind, int self, int peer, uint64_t selfNonce) {
   Hello h{kHelloMagic, kHelloVersion, static_cast<uint16_t>(kind), self, peer, selfNonce};
   return send(fd, &h, sizeof(h), MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(h));

@@ -72,6 +72,9 @@ int connectResult(int fd);
 // fit an empty socket buffer. False if the other end is already gone.
 bool sendHello(int fd, LinkKind kind, int self, int peer, uint64_t selfNonce);
 bool sendReply(int fd, HelloReply reply);
+// Whether nothing listens at `ep` any more (the connection is refused within
+// a short bound; anything else, a timeout included, counts as "maybe alive").
+bool refusesConnections(const TcpEndpoint& ep);
 // The acceptor's reply once all of it arrived; nullopt while it has not.
 // Throws (naming `peer`) if the connection closed or the reply is garbage.
 std::optional<HelloReply> readReply(int fd, int peer);

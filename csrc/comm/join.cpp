@@ -1,0 +1,280 @@
+#include "join.hpp"
+
+#include <arpa/inet.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "../common/backoff.hpp"
+#include "../common/bootstrap.hpp"
+#include "../common/config.hpp"
+#include "../common/error.hpp"
+#include "../common/parse.hpp"
+#include "../transport/tcp/tcp_connect.hpp"
+#include "../transport/tcp/tcp_transport.hpp"
+
+namespace roce {
+namespace {
+
+constexpr const char* kLeaderKey = "roce/leader";
+constexpr uint32_t kJoinMagic = 0x4a4f494e;  // "JOIN"
+constexpr uint16_t kJoinVersion = 1;
+constexpr uint32_t kMaxInfoBytes = 64 * 1024;
+enum Reply : char { kAccepted = 'A', kStale = 'S' };
+
+struct JoinHeader {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t reserved;
+  int32_t rank;
+  uint32_t infoLen;
+  uint64_t leaderNonce;  // the record the joiner read: proves it is this incarnation's
+};
+static_assert(sizeof(JoinHeader) == 24);
+
+// A joiner that connected but does not finish its message within this long
+// is dropped (the leader never waits on one connection).
+constexpr auto kJoinMessageDeadline = std::chrono::seconds(30);
+// How long a joiner waits for the leader to answer before trying again.
+constexpr auto kReplyWait = std::chrono::seconds(5);
+constexpr auto kConnectAttempt = std::chrono::seconds(2);
+// How often the leader says whom it still waits for (for the others' timeout messages).
+constexpr auto kProgressEvery = std::chrono::seconds(2);
+
+std::string hex64(uint64_t v) {
+  std::ostringstream os;
+  os << std::hex << v;
+  return os.str();
+}
+
+std::string rosterKey(const std::string& inc) { return str("roce/", inc, "/roster"); }
+std::string waitingKey(const std::string& inc) { return str("roce/", inc, "/waiting"); }
+
+std::string errorRecord(const Error& e) { return str("error ", static_cast<int>(e.kind()), "\n", e.what()); }
+
+long long msLeft(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
+}
+
+// ---- the leader ---------------------------------------------------------------
+
+struct LeaderRecord {
+  std::string hostId, tcpHost;
+  int port = 0;
+  uint64_t nonce = 0;
+  int pid = 0;
+  std::string encode() const { return str(hostId, "\t", tcpHost, "\t", port, "\t", nonce, "\t", pid); }
+  static bool decode(const std::string& s, LeaderRecord& out) {
+    std::istringstream in(s);
+    std::string port, nonce, pid;
+    uint64_t v = 0;
+    if (!std::getline(in, out.hostId, '\t') || !std::getline(in, out.tcpHost, '\t') || !std::getline(in, port, '\t') ||
+        !std::getline(in, nonce, '\t') || !std::getline(in, pid))
+      return false;
+    if (!parseU64(port, 1, 65535, v)) return false;
+    out.port = static_cast<int>(v);
+    if (!parseU64(pid, 1, INT32_MAX, v)) return false;
+    out.pid = static_cast<int>(v);
+    return parseU64(nonce, 0, UINT64_MAX, out.nonce);
+  }
+};
+
+// One joiner's connection to the leader, read without blocking.
+struct Pending {
+  UniqueFd fd;
+  std::string buf;
+  Clock::time_point since = Clock::now();
+};
+
+// Takes what `p` sent: true when it is done with (joined, stale or garbage).
+bool takeJoin(Pending& p, const RankInfo& me, int size, std::vector<RankInfo>& infos, std::vector<bool>& have) {
+  char tmp[4096];
+  for (;;) {
+    const ssize_t n = recv(p.fd.get(), tmp, sizeof(tmp), MSG_DONTWAIT);
+    if (n > 0) {
+      p.buf.append(tmp, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
+    return true;  // closed before finishing: not a joiner (or it gave up)
+  }
+  if (p.buf.size() < sizeof(JoinHeader)) return Clock::now() - p.since > kJoinMessageDeadline;
+  JoinHeader h;
+  std::memcpy(&h, p.buf.data(), sizeof(h));
+  if (h.magic != kJoinMagic || h.version != kJoinVersion || h.rank <= 0 || h.rank >= size || h.infoLen > kMaxInfoBytes)
+    return true;  // not one of ours (or another roce_pg version): dropped quietly
+  if (h.leaderNonce != me.nonce) {
+    // It read an earlier incarnation's record that named this same address.
+    const char r = kStale;
+    (void)!send(p.fd.get(), &r, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    return true;
+  }
+  if (p.buf.size() < sizeof(h) + h.infoLen) return Clock::now() - p.since > kJoinMessageDeadline;
+  // The latest joiner of a rank wins: an earlier process that joined and then
+  // died was replaced; if both live, the earlier one finds another process in
+  // its roster entry and fails (exchangeRoster's own-entry check).
+  infos[h.rank] = RankInfo::decode(p.buf.substr(sizeof(h), h.infoLen), h.rank);
+  have[h.rank] = true;
+  const char r = kAccepted;
+  (void)!send(p.fd.get(), &r, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  return true;
+}
+
+std::vector<RankInfo> gatherAtLeader(Bootstrap& store, TcpListener& listener, int size, const RankInfo& me,
+                                     const std::string& inc, Clock::time_point deadline,
+                                     std::chrono::milliseconds timeout) {
+  std::vector<RankInfo> infos(size);
+  std::vector<bool> have(size, false);
+  infos[0] = me;
+  have[0] = true;
+  std::vector<Pending> pending;
+  std::vector<pollfd> fds;
+  auto missing = [&] {
+    std::string m;
+    for (int r = 0; r < size && m.size() < 2000; ++r)
+      if (!have[r]) m += str(m.empty() ? "" : ", ", "rank ", r);
+    return m;
+  };
+  Clock::time_point nextProgress = Clock::now() + kProgressEvery;
+  while (std::find(have.begin(), have.end(), false) != have.end()) {
+    if (Clock::now() >= deadline)
+      throwTimeout(str("roce process group init on rank 0 timed out after ", timeout.count(), " ms; still waiting for ",
+                       missing(), " (not joined the group). Check that every rank started and reached the same "
+                       "call, or raise the timeout of init_process_group/new_group"));
+    if (Clock::now() >= nextProgress) {
+      store.set(waitingKey(inc), missing());  // the others name these in their own timeout messages
+      nextProgress = Clock::now() + kProgressEvery;
+    }
+    fds.assign(1, pollfd{listener.fd(), POLLIN, 0});
+    for (auto& p : pending) fds.push_back(pollfd{p.fd.get(), POLLIN, 0});
+    poll(fds.data(), fds.size(), static_cast<int>(std::clamp(msLeft(deadline), 1LL, 100LL)));
+    for (;;) {
+      const int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) break;
+      pending.push_back(Pending{UniqueFd(fd)});
+    }
+    pending.erase(std::remove_if(pending.begin(), pending.end(),
+                                 [&](Pending& p) { return takeJoin(p, me, size, infos, have); }),
+                  pending.end());
+  }
+  return infos;
+}
+
+// ---- the other ranks ------------------------------------------------------------
+
+enum class Attempt { Joined, Stale, Retry };
+
+// Blocking, bounded: connect to the leader `rec`, send the join, read the answer.
+Attempt tryJoin(const LeaderRecord& rec, const RankInfo& me, int rank, const std::string& infoText,
+                std::string& why) {
+  const TcpEndpoint ep{rec.hostId == me.hostId ? "127.0.0.1" : rec.tcpHost, rec.port};
+  UniqueFd fd = startDial(ep, 0);
+  pollfd p{fd.get(), POLLOUT, 0};
+  if (poll(&p, 1, static_cast<int>(std::chrono::milliseconds(kConnectAttempt).count())) <= 0) {
+    why = "the connection to rank 0 timed out";
+    return Attempt::Retry;
+  }
+  if (const int err = connectResult(fd.get()); err != 0) {
+    why = str("rank 0's address ", ep.host, ":", ep.port, ": ", std::strerror(err));
+    // Refused: no listener there, so the record is an earlier incarnation's.
+    return err == ECONNREFUSED ? Attempt::Stale : Attempt::Retry;
+  }
+  setNonBlocking(fd.get(), false);
+  timeval tv{static_cast<time_t>(std::chrono::seconds(kReplyWait).count()), 0};
+  setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  JoinHeader h{kJoinMagic, kJoinVersion, 0, rank, static_cast<uint32_t>(infoText.size()), rec.nonce};
+  std::string msg(reinterpret_cast<const char*>(&h), sizeof(h));
+  msg += infoText;
+  if (send(fd.get(), msg.data(), msg.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(msg.size())) {
+    why = "rank 0 closed the connection";
+    return Attempt::Retry;
+  }
+  char reply = 0;
+  const ssize_t n = recv(fd.get(), &reply, 1, 0);
+  if (n == 1 && reply == kAccepted) return Attempt::Joined;
+  if (n == 1 && reply == kStale) {
+    why = "an earlier incarnation's rank 0 record";
+    return Attempt::Stale;
+  }
+  why = n == 0 ? "rank 0 closed the connection without answering" : "rank 0 did not answer";
+  return n == 0 ? Attempt::Stale : Attempt::Retry;
+}
+
+LeaderRecord joinLeader(Bootstrap& store, const RankInfo& me, int rank, Clock::time_point deadline,
+                        std::chrono::milliseconds timeout) {
+  const std::string infoText = me.encode();
+  const std::string what = str("roce process group init on rank ", rank);
+  auto describe = [](size_t) { return std::string("rank 0 (it publishes the group's address)"); };
+  std::string text = waitForKeys(store, {kLeaderKey}, deadline, timeout, what, describe)[0];
+  std::string stale;  // a record known to be an earlier incarnation's
+  auto sleep = std::chrono::milliseconds(10);
+  std::string why;
+  for (;;) {
+    LeaderRecord rec;
+    if (text != stale) {
+      if (!LeaderRecord::decode(text, rec))
+        throwComm(str("rank 0 published a malformed address record '", text.substr(0, 200), "' (mixed roce_pg versions "
+                      "across ranks, or another program writing this group's store keys)"));
+      const Attempt a = tryJoin(rec, me, rank, infoText, why);
+      if (a == Attempt::Joined) return rec;
+      if (a == Attempt::Stale) stale = text;
+    }
+    if (Clock::now() >= deadline)
+      throwTimeout(str(what, " timed out after ", timeout.count(), " ms joining rank 0 (", why,
+                       "). Check that rank 0 started and reached the same call, or raise the timeout of "
+                       "init_process_group/new_group"));
+    // Wait for a newer record (or retry a busy leader), backing off: every
+    // rank may be polling this one key while rank 0 is still starting.
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, std::chrono::milliseconds(500));
+    text = store.multiGet({kLeaderKey})[0];
+  }
+}
+
+}  // namespace
+
+Joined joinGroup(Bootstrap& store, TcpListener& listener, int rank, int size, const RankInfo& me, const Config& cfg,
+                 Clock::time_point deadline, std::chrono::milliseconds timeout) {
+  Joined j;
+  if (rank == 0) {
+    j.incarnation = hex64(me.nonce);
+    store.set(kLeaderKey, LeaderRecord{me.hostId, me.tcpHost, me.tcpPort, me.nonce, me.pid}.encode());
+    try {
+      j.roster = planGroup(cfg, gatherAtLeader(store, listener, size, me, j.incarnation, deadline, timeout));
+    } catch (const Error& e) {
+      store.set(rosterKey(j.incarnation), errorRecord(e));  // every rank raises the same verdict
+      throw;
+    }
+    store.set(rosterKey(j.incarnation), j.roster.encode());
+    return j;
+  }
+  const LeaderRecord leader = joinLeader(store, me, rank, deadline, timeout);
+  j.incarnation = hex64(leader.nonce);
+  // The leader publishes a verdict even when it times out itself: allow it a
+  // moment past our own deadline, so this rank reports its reason.
+  const std::string what = str("roce process group init on rank ", rank);
+  auto blame = [&](size_t) {
+    const std::string waiting = store.check(waitingKey(j.incarnation))
+                                    ? store.multiGet({waitingKey(j.incarnation)})[0]
+                                    : std::string();
+    return waiting.empty() ? std::string("rank 0 (it checks every rank's information)")
+                           : str("rank 0, which still waits for ", waiting, " (not joined the group)");
+  };
+  const std::string text =
+      waitForKeys(store, {rosterKey(j.incarnation)}, deadline + std::chrono::seconds(2), timeout, what, blame)[0];
+  j.roster = Roster::decodeOrThrow(text, size);
+  if (j.roster.ranks[rank].nonce != me.nonce || j.roster.ranks[rank].pid != me.pid)
+    throwComm(str("rank 0 formed this group with another process in rank ", rank, "'s place (pid ",
+                  j.roster.ranks[rank].pid, ", this process is ", me.pid, "): two processes claim rank ", rank,
+                  "; check the launcher's RANK assignment"));
+  return j;
+}
+
+}  // namespace roce
