@@ -203,7 +203,10 @@ def counters(group=None):
     buffer directly, counted by the sender), registrations (verbs: ibv_reg_mr
     calls of the registration cache), eager_sends (verbs: messages of at most
     ROCE_PG_IB_EAGER_MAX_BYTES sent without waiting for the receiver's RTR). Monotonic until reset_counters(), except
-    cached_mrs: the memory registrations the verbs cache holds now (a gauge)."""
+    three gauges: cached_mrs (the memory registrations the verbs cache holds now), connections (network peers
+    connected: TCP sockets, or verbs peers with queue pairs; peers are connected when first needed) and
+    registered_bytes (what the verbs transport registered for its own buffers: landing and staging pools and
+    control rings, not user tensors)."""
     return _roce_backend(group)._counters()
 
 

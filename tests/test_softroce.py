@@ -16,7 +16,8 @@ VMs (the host kernel has no RDMA support; see scripts/softroce/README.md).
   4 QPs with 3 slots, the size-mismatch NACK and kill -9 mid-transfer;
 * two VMs joined by a virtual Ethernet link, two ranks each
   (tests/softroce/multinode_job.py): a torchrun-elastic job (collectives and a
-  20-step DDP run compared with Gloo); every allreduce algorithm forced and auto
+  20-step DDP run compared with Gloo); the same launcher restarting every
+  worker after one of them is SIGKILLed (the second attempt trains to the end); every allreduce algorithm forced and auto
   on the 2+2 layout (tests/algorithm_workers.py) with hier's network bytes
   against the ring's from the counters; the collective matrix while netem drops
   1% of the RoCE packets and reorders others (bit-exact results, retransmissions
@@ -358,6 +359,27 @@ def test_two_vms_multinode_torchrun_over_verbs(two_vms):
         for key in ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "barrier", "big_ok"):
             assert res[key] is True, (r, key, res)
         assert res["ddp_moved"] > 1e-3 and res["ddp_diff"] <= 1e-5 and res["ddp_hook_diff"] <= 1e-5, res
+
+
+def test_two_vms_torchrun_restart_after_a_worker_is_killed_over_verbs(two_vms):
+    """Issue 21 on verbs: torchrun (elastic_launch, --max-restarts 1) over two
+    VMs; a worker of the second VM SIGKILLs itself mid-training; the agents
+    restart every worker on the same store and the second attempt trains to
+    the end with exact results (each step is checked inside the workers)."""
+    phases = _phase(two_vms, "elastic")
+    ranks = {}
+    for ph in phases:
+        for res in ph["results"].values():
+            ranks[res["rank"]] = res
+    assert sorted(ranks) == [0, 1, 2, 3], ranks
+    for r, res in ranks.items():
+        assert res["attempt"] == 1 and res["world"] == 4 and res["steps"] == 12, (r, res)
+    killed_at = next(ph["killed_at"] for ph in phases if ph["killed_at"])
+    recovery = min(res["first_allreduce"] for res in ranks.values()) - killed_at
+    print(f"\ntwo VMs, verbs: SIGKILL -> the second attempt's first allreduce: {recovery:.1f} s")
+    assert recovery > 0, recovery
+    # The second attempt's bytes crossed rxe: 12 steps of 400 KB, 3/4 of each per VM at least.
+    assert all(ph["sent_packets"] >= 12 * 3 * 400_000 // 4 // 1024 for ph in phases), [p["sent_packets"] for p in phases]
 
 
 def test_two_vms_every_algorithm_over_verbs_2_plus_2(two_vms):

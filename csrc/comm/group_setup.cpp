@@ -3,9 +3,11 @@
 // transport (its connections made on demand, or all at once with
 // ROCE_PG_CONNECT=eager). See docs/ARCHITECTURE.md, "How a group forms".
 #include <poll.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <mutex>
 #include <random>
 
 #include "../common/error.hpp"
@@ -26,6 +28,20 @@ namespace roce {
 
 namespace {
 
+// One descriptor per connected peer: an alltoall at 1,024 ranks needs more
+// than the common default soft limit (1,024). Raising the soft limit to the
+// hard one is what the limit pair is for; done once per process.
+void raiseDescriptorLimit() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    rlimit rl{};
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &rl);
+    }
+  });
+}
+
 uint64_t randomNonce() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -37,6 +53,7 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
                            std::chrono::milliseconds timeout)
     : cfg_(cfg), timeout_(timeout) {
   const auto deadline = Clock::now() + timeout_;
+  raiseDescriptorLimit();
   RankInfo me;
   me.hostId = localHostId();
   me.nodeId = !cfg_.simNode.empty()       ? str("sim-node-", cfg_.simNode, "@", me.hostId)

@@ -1,13 +1,17 @@
 """Runs inside each of two Soft-RoCE VMs (scripts/softroce/run_two_vms.sh):
 two machines, two ranks per machine. torch is imported once per VM (minutes
 under emulation); every rank is forked from this process. Ranks on one VM talk
-through shared memory, across VMs through the verbs transport on rxe0. Three
+through shared memory, across VMs through the verbs transport on rxe0. Several
 phases in one boot, each reported in OUT_DIR/node<NODE_RANK>.json:
 
   torchrun   launched by torchrun's elastic agent (torch.distributed.launcher.api
              .elastic_launch, the API behind the torchrun command; workers
              forked) with c10d rendezvous over the link: collectives, 20 DDP
              steps compared with Gloo, a counted 8 MiB allreduce
+  elastic    the same launcher with --max-restarts 1: the last rank (node 1)
+             SIGKILLs itself at step 5 of 12 exact allreduces; the agents restart
+             every worker on the same store and the second attempt must finish
+             (issue 21); the time from the kill to its first allreduce is recorded
   algorithms every allreduce algorithm forced and auto (tests/algorithm_workers.py)
              on the 2+2 layout over verbs: ops x dtypes x size classes against
              references, reduce / reduce-scatter / allgather / broadcast, and
@@ -99,6 +103,53 @@ def worker():
     return res
 
 
+# The elastic phase: torchrun's agent restarts every worker after one dies.
+ELASTIC_STEPS, ELASTIC_KILL_STEP, ELASTIC_VICTIM = 12, 5, WORLD - 1  # the victim is on node 1
+ELASTIC_NUMEL = 50_000
+
+
+def elastic_worker(scratch):
+    """Exact int64 allreduces over verbs; in the first attempt the victim
+    SIGKILLs itself mid-training, the survivors' collectives fail, and the
+    agents start a second attempt on the same store, which must run to the end."""
+    import signal
+
+    import torch.distributed as dist
+
+    dist.init_process_group("roce")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    first = None
+    for step in range(ELASTIC_STEPS):
+        if attempt == 0 and rank == ELASTIC_VICTIM and step == ELASTIC_KILL_STEP:
+            with open(os.path.join(scratch, "elastic_kill"), "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        t = torch.arange(ELASTIC_NUMEL, dtype=torch.int64) * (rank + 1) * (step + 1)
+        dist.all_reduce(t)
+        expect = torch.arange(ELASTIC_NUMEL, dtype=torch.int64) * (step + 1) * (world * (world + 1) // 2)
+        assert torch.equal(t, expect), f"rank {rank} step {step}: wrong allreduce result"
+        first = first or time.time()
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"rank": rank, "world": world, "attempt": attempt, "steps": ELASTIC_STEPS, "first_allreduce": first}
+
+
+def phase_elastic(node, master):
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    scratch = os.environ["SOFTROCE_SHARED_DIR"]  # both VMs see it: when the victim died
+    config = LaunchConfig(min_nodes=2, max_nodes=2, nproc_per_node=RANKS_PER_NODE, run_id="softroce-elastic",
+                          rdzv_backend="c10d", rdzv_endpoint=f"{master}:29401", max_restarts=1, start_method="fork",
+                          monitor_interval=1, local_addr=os.environ["NODE_ADDR"],
+                          rdzv_configs={"join_timeout": 900, "is_host": node == 0})
+    before = sent_packets()
+    results = elastic_launch(config, elastic_worker)(scratch)
+    kill_file = os.path.join(scratch, "elastic_kill")
+    killed_at = float(open(kill_file).read()) if os.path.exists(kill_file) else None
+    return {"results": results, "killed_at": killed_at, "sent_packets": sent_packets() - before}
+
+
 def phase_torchrun(node, master):
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -174,12 +225,12 @@ def main():
     out_dir, master = sys.argv[1], sys.argv[2]
     node = int(os.environ["NODE_RANK"])
     netdev = os.environ["SOFTROCE_NETDEV"]
-    phases = os.environ.get("SOFTROCE_PHASES", "torchrun algorithms netem port_down").split()
+    phases = os.environ.get("SOFTROCE_PHASES", "torchrun elastic algorithms netem port_down").split()
     report = {"node": node, "phases": {}}
     path = os.path.join(out_dir, f"node{node}.json")
     ok = True
     for name in phases:
-        fn = {"torchrun": phase_torchrun, "algorithms": phase_algorithms, "netem": phase_netem,
+        fn = {"torchrun": phase_torchrun, "elastic": phase_elastic, "algorithms": phase_algorithms, "netem": phase_netem,
               "port_down": phase_port_down}[name]
         t0 = time.time()
         try:
