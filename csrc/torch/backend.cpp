@@ -33,6 +33,25 @@ std::vector<Staged> slicesOf(const at::Tensor& flat, const std::vector<at::Tenso
   return v;
 }
 
+// OpType values newer than torch 2.11 (the GPU machines' torch), which has
+// only the generic COALESCED for these calls.
+template <class E>
+constexpr auto allgatherIntoTensorCoalesced(int) -> decltype(E::ALLGATHER_INTO_TENSOR_COALESCED) {
+  return E::ALLGATHER_INTO_TENSOR_COALESCED;
+}
+template <class E>
+constexpr E allgatherIntoTensorCoalesced(long) {
+  return E::COALESCED;
+}
+template <class E>
+constexpr auto reduceScatterTensorCoalesced(int) -> decltype(E::REDUCE_SCATTER_TENSOR_COALESCED) {
+  return E::REDUCE_SCATTER_TENSOR_COALESCED;
+}
+template <class E>
+constexpr E reduceScatterTensorCoalesced(long) {
+  return E::COALESCED;
+}
+
 bool onCpu(const std::vector<at::Tensor>& ts) {
   for (const auto& t : ts)
     if (t.defined() && !t.device().is_cpu()) return false;
@@ -234,7 +253,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_into_tensor_coalesced(std:
     outs.push_back(stage(outputs[i], false));
     bytes += ins.back().bytes();
   }
-  return submit(OpType::ALLGATHER_INTO_TENSOR_COALESCED, "allgather_into_tensor_coalesced", outputs, outs,
+  return submit(allgatherIntoTensorCoalesced<OpType>(0), "allgather_into_tensor_coalesced", outputs, outs,
                 [ins, outs](Communicator& c) {
                   for (size_t i = 0; i < ins.size(); ++i) roce::allgather(c, ins[i].data(), outs[i].data(), ins[i].bytes());
                 },
@@ -339,7 +358,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter_tensor_coalesced(std:
     outs.push_back(stage(outputs[i], false));
     bytes += ins.back().bytes();
   }
-  return submit(OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", outputs, outs,
+  return submit(reduceScatterTensorCoalesced<OpType>(0), "reduce_scatter_tensor_coalesced", outputs, outs,
                 [ins, outs, types, reds](Communicator& c) {
                   for (size_t i = 0; i < ins.size(); ++i)
                     roce::reduceScatter(c, ins[i].data(), outs[i].data(), outs[i].host.numel(), types[i], reds[i]);

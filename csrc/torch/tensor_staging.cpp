@@ -90,7 +90,8 @@ Reduction toReduction(const c10d::ReduceOp& op, DataType t) {
     case c10d::ReduceOp::BXOR: r.op = ReduceOp::BXor; break;
     case c10d::ReduceOp::PREMUL_SUM: {
       r.op = ReduceOp::PreMulSum;
-      auto* sup = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      // The older name: torch 2.11 has only it, newer torch keeps it as an alias.
+      auto* sup = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       TORCH_CHECK(sup, "roce: PREMUL_SUM without a factor; build it with torch.distributed._make_nccl_premul_sum");
       r.factor = sup->tensor_factor.defined() ? sup->tensor_factor.item<double>() : sup->double_factor;
       break;
