@@ -101,6 +101,8 @@ Config Config::fromEnv() {
   c.shmOneShotMaxBytes = envInt("ROCE_PG_SHM_ONESHOT_MAX_BYTES", c.shmOneShotMaxBytes, 0, 1ll << 30);
   c.inlineMaxBytes = envInt("ROCE_PG_INLINE_MAX_BYTES", c.inlineMaxBytes, 0, 1ll << 40);
   c.syncInlineMaxBytes = envInt("ROCE_PG_SYNC_INLINE_MAX_BYTES", c.syncInlineMaxBytes, 0, 1ll << 40);
+  c.devicePieceBytes = envInt("ROCE_PG_DEVICE_PIECE_BYTES", c.devicePieceBytes, 4096, 1ll << 40);
+  c.deviceStagingCacheBytes = envInt("ROCE_PG_DEVICE_STAGING_CACHE_BYTES", c.deviceStagingCacheBytes, 0, 1ll << 50);
   c.spinUs = static_cast<int>(envInt("ROCE_PG_SPIN_US", c.spinUs, 0, 1000000));
   // Rings index with a mask: round up to a power of two.
   size_t r = 4096;
@@ -180,7 +182,8 @@ std::string Config::algorithmSettings() const {
              " ROCE_PG_ALGO_REDUCE_SCATTER=", algoReduceScatter, " ROCE_PG_ALGO_RD_MAX_BYTES=", rdMaxBytes,
              " ROCE_PG_ALGO_RING_MIN_BYTES=", ringMinBytes, " ROCE_PG_ALGO_HIER_MIN_BYTES=", hierMinBytes,
              " ROCE_PG_ALGO_BRUCK_MAX_BYTES=", bruckMaxBytes, " ROCE_PG_CHUNK_BYTES=", chunkBytes,
-             " ROCE_PG_NCHANNELS=", nChannels == 0 ? std::string("auto") : std::to_string(nChannels));
+             " ROCE_PG_NCHANNELS=", nChannels == 0 ? std::string("auto") : std::to_string(nChannels),
+             " ROCE_PG_DEVICE_PIECE_BYTES=", devicePieceBytes);
 }
 
 std::string Config::describe() const {
@@ -193,7 +196,8 @@ std::string Config::describe() const {
              " inline_max_bytes=", inlineMaxBytes, " sync_inline_max_bytes=", syncInlineMaxBytes, " spin_us=", spinUs, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
              " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,
              " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots, " ib_eager_max_bytes=", ibEagerMaxBytes, " ib_zero_copy_min_bytes=", ibZeroCopyMinBytes,
-             " ib_reg_cache_bytes=", ibRegCacheBytes,
+             " ib_reg_cache_bytes=", ibRegCacheBytes, " device_piece_bytes=", devicePieceBytes,
+             " device_staging_cache_bytes=", deviceStagingCacheBytes,
              " heartbeat_timeout_ms=", heartbeatTimeoutMs);
 }
 
