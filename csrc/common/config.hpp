@@ -81,10 +81,11 @@ struct Config {
   // device tensors are staged through host memory in pieces of this many bytes,
   // each a collective of its own, so that the host part of piece k overlaps the
   // device-to-host copy of piece k+1 and the copy back of piece k-1. 4 MiB: a
-  // piece's copy (~0.2 ms at PCIe 4 x16 rates) is long against the ~10 us a
-  // piece costs in events and hand-offs, and short enough that filling and
-  // draining the pipeline (one piece each way) is a small part of a DDP bucket
-  // (25 MiB). Every rank must use the same value (it decides the messages).
+  // piece's copy (~0.17 ms at PCIe 4.0 x16 rates) is long against the ~20-50 us
+  // a piece costs the progress thread (events, a collective's own
+  // synchronisation), and filling and draining the pipeline (one piece each
+  // way) stays small against a DDP bucket's copies (25 MiB: ~1 ms each way).
+  // Every rank must use the same value (it decides the messages).
   size_t devicePieceBytes = 4u << 20;    // ROCE_PG_DEVICE_PIECE_BYTES
   // Most bytes of pinned host staging buffers a group keeps for reuse while no
   // operation uses them; beyond it, released buffers go back to the device's
