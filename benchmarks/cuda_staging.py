@@ -39,21 +39,16 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import socket
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # the in-place build of roce_pg
 
+from small_ops import free_port  # noqa: E402  (a sibling benchmark)
+
 WORLD = 2
 MIB = 1 << 20
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def iterations(nbytes):

@@ -15,23 +15,20 @@ namespace {
 using c10d::OpType;
 
 // OpType values newer than torch 2.11 (the GPU machines' torch), which has
-// only the generic COALESCED for these calls.
-template <class E>
-constexpr auto allgatherIntoTensorCoalesced(int) -> decltype(E::ALLGATHER_INTO_TENSOR_COALESCED) {
-  return E::ALLGATHER_INTO_TENSOR_COALESCED;
-}
-template <class E>
-constexpr E allgatherIntoTensorCoalesced(long) {
-  return E::COALESCED;
-}
-template <class E>
-constexpr auto reduceScatterTensorCoalesced(int) -> decltype(E::REDUCE_SCATTER_TENSOR_COALESCED) {
-  return E::REDUCE_SCATTER_TENSOR_COALESCED;
-}
-template <class E>
-constexpr E reduceScatterTensorCoalesced(long) {
-  return E::COALESCED;
-}
+// only the generic COALESCED for these calls: fn<OpType>(0) is OpType::NAME
+// where it exists.
+#define ROCE_NEWER_OPTYPE(fn, NAME)                                                   \
+  template <class E>                                                                  \
+  constexpr auto fn(int) -> decltype(E::NAME) {                                       \
+    return E::NAME;                                                                   \
+  }                                                                                   \
+  template <class E>                                                                  \
+  constexpr E fn(long) {                                                              \
+    return E::COALESCED;                                                              \
+  }
+ROCE_NEWER_OPTYPE(allgatherIntoTensorCoalesced, ALLGATHER_INTO_TENSOR_COALESCED)
+ROCE_NEWER_OPTYPE(reduceScatterTensorCoalesced, REDUCE_SCATTER_TENSOR_COALESCED)
+#undef ROCE_NEWER_OPTYPE
 
 bool onCpu(const std::vector<at::Tensor>& ts) {
   for (const auto& t : ts)
@@ -40,6 +37,19 @@ bool onCpu(const std::vector<at::Tensor>& ts) {
 }
 
 size_t bytesOf(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+// Host buffers for the tensor pairs of a coalesced call (inputs[i] ->
+// outputs[i]), appended to ins and outs; returns the input bytes.
+size_t stagePairs(CallStaging& st, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                  std::vector<at::Tensor>& ins, std::vector<at::Tensor>& outs) {
+  size_t bytes = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ins.push_back(st.input(inputs[i]));
+    outs.push_back(st.output(outputs[i]));
+    bytes += bytesOf(ins.back());
+  }
+  return bytes;
+}
 
 // Element `first` of a host buffer (element-wise bodies work on a piece).
 void* elementAt(const at::Tensor& t, size_t first) {
@@ -153,15 +163,21 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce(std::vector<at::Tensor>& t
   // allreduce_sparse (Gloo reduces sparse tensors in allreduce too).
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) return allreduce_sparse(tensors, opts);
   checkSingle(tensors, "allreduce");
-  const DataType t = reductionType(tensors[0], "allreduce");
-  const Reduction red = toReduction(opts.reduceOp, t);
+  return allreduceInPlace(OpType::ALLREDUCE, "allreduce", tensors, opts.reduceOp, callOf(opts));
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::allreduceInPlace(OpType type, const char* title,
+                                                             std::vector<at::Tensor>& tensors,
+                                                             const c10d::ReduceOp& op, CallOptions call) {
+  const DataType t = reductionType(tensors[0], title);
+  const Reduction red = toReduction(op, t);
   CallStaging st = staging(tensors[0]);
-  const at::Tensor h = st.inPlace(tensors, true, true);
-  return submitElementwise(OpType::ALLREDUCE, "allreduce", tensors, std::move(st), h,
-                           [h, t, red](Communicator& c, size_t first, size_t count) {
-                             roce::allreduce(c, elementAt(h, first), count, t, red);
+  const at::Tensor flat = st.inPlace(tensors, true, true);
+  return submitElementwise(type, title, tensors, std::move(st), flat,
+                           [flat, t, red](Communicator& c, size_t first, size_t count) {
+                             roce::allreduce(c, elementAt(flat, first), count, t, red);
                            },
-                           callOf(opts));
+                           call);
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
@@ -177,15 +193,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_coalesced(std::vector<at::
                                                                 const c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK(!tensors.empty(), "roce: allreduce_coalesced needs at least one tensor");
   for (const auto& x : tensors) checkSameDeviceAndDtype(x, tensors[0], "allreduce_coalesced");
-  const DataType t = reductionType(tensors[0], "allreduce_coalesced");
-  const Reduction red = toReduction(opts.reduceOp, t);
-  CallStaging st = staging(tensors[0]);
-  const at::Tensor flat = st.inPlace(tensors, true, true);
-  return submitElementwise(OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, std::move(st), flat,
-                           [flat, t, red](Communicator& c, size_t first, size_t count) {
-                             roce::allreduce(c, elementAt(flat, first), count, t, red);
-                           },
-                           callOf(opts));
+  return allreduceInPlace(OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, opts.reduceOp, callOf(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
@@ -264,7 +272,6 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_into_tensor_coalesced(std:
               " inputs but ", outputs.size(), " outputs");
   TORCH_CHECK(!inputs.empty(), "roce: allgather_into_tensor_coalesced needs at least one tensor");
   std::vector<at::Tensor> ins, outs;
-  size_t bytes = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkSameDevice(outputs[i], inputs[0], "allgather_into_tensor_coalesced");
     checkSameDeviceAndDtype(outputs[i], inputs[i], "allgather_into_tensor_coalesced");
@@ -272,11 +279,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_into_tensor_coalesced(std:
                 i, " has ", outputs[i].numel(), " elements, expected ", inputs[i].numel() * getSize());
   }
   CallStaging st = staging(inputs[0]);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    ins.push_back(st.input(inputs[i]));
-    outs.push_back(st.output(outputs[i]));
-    bytes += bytesOf(ins.back());
-  }
+  const size_t bytes = stagePairs(st, inputs, outputs, ins, outs);
   return submit(allgatherIntoTensorCoalesced<OpType>(0), "allgather_into_tensor_coalesced", outputs, std::move(st),
                 [ins, outs](Communicator& c) {
                   for (size_t i = 0; i < ins.size(); ++i)
@@ -377,7 +380,6 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter_tensor_coalesced(std:
   std::vector<at::Tensor> ins, outs;
   std::vector<DataType> types;
   std::vector<Reduction> reds;
-  size_t bytes = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkSameDevice(outputs[i], inputs[0], "reduce_scatter_tensor_coalesced");
     checkSameDeviceAndDtype(outputs[i], inputs[i], "reduce_scatter_tensor_coalesced");
@@ -387,11 +389,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter_tensor_coalesced(std:
     reds.push_back(toReduction(opts.reduceOp, types.back()));
   }
   CallStaging st = staging(inputs[0]);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    ins.push_back(st.input(inputs[i]));
-    outs.push_back(st.output(outputs[i]));
-    bytes += bytesOf(ins.back());
-  }
+  const size_t bytes = stagePairs(st, inputs, outputs, ins, outs);
   return submit(reduceScatterTensorCoalesced<OpType>(0), "reduce_scatter_tensor_coalesced", outputs, std::move(st),
                 [ins, outs, types, reds](Communicator& c) {
                   for (size_t i = 0; i < ins.size(); ++i)

@@ -109,6 +109,9 @@ class RoceBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> submitElementwise(c10d::OpType type, const char* title,
                                                    std::vector<at::Tensor> futureValue, CallStaging st,
                                                    const at::Tensor& flat, CollectiveTask::Body body, CallOptions call);
+  // allreduce and allreduce_coalesced: the tensors reduced in place as one flat buffer.
+  c10::intrusive_ptr<c10d::Work> allreduceInPlace(c10d::OpType type, const char* title, std::vector<at::Tensor>& tensors,
+                                                  const c10d::ReduceOp& op, CallOptions call);
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title, std::vector<at::Tensor> futureValue,
                                          CallStaging st, size_t elems, CollectiveTask::Body body, CallOptions call,
                                          size_t bytes);
