@@ -1,7 +1,8 @@
 """roce: a torch.distributed backend over RDMA verbs, shared memory and TCP.
 
 Importing this package registers the backend name ``"roce"`` for CPU and CUDA
-tensors::
+tensors (ROCm's are "cuda" too), and for the PrivateUse1 device once it has
+been renamed (call ``roce_pg.register()`` again after renaming it)::
 
     import roce_pg  # optional on torch >= 2.15 (entry point)
     torch.distributed.init_process_group("roce")
@@ -114,7 +115,8 @@ def _running_doctor():
 if not _running_doctor():
     _load_extension()
 
-__all__ = ["register", "rdma_ports", "build_info", "counters", "reset_counters", "BACKEND_NAME"]
+__all__ = ["register", "rdma_ports", "build_info", "counters", "reset_counters", "device_staging_stats",
+           "BACKEND_NAME"]
 
 BACKEND_NAME = "roce"
 
@@ -168,23 +170,38 @@ def _named_group(backend, opts, template, devices):
     return pg
 
 
+def _device_types():
+    """The device types roce serves: CPU, CUDA, and the PrivateUse1 device (an
+    out-of-tree accelerator) under the name it was given, if it was renamed.
+    Device tensors are staged through host memory with the device-generic
+    stream API (docs/ACCELERATORS.md), which any of them provides."""
+    devices = ["cpu", "cuda"]
+    name = torch._C._get_privateuse1_backend_name()
+    if name != "privateuseone":
+        devices.append(name)
+    return devices
+
+
 def register():
-    """Registers "roce" with torch.distributed; calling it again is harmless."""
+    """Registers "roce" with torch.distributed; calling it again is harmless,
+    and adds the PrivateUse1 device if it was renamed since."""
     if "_C" not in globals():  # under `python -m roce_pg.doctor`: loaded on demand
         _load_extension()
-    if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
+    devices = _device_types()
+    registered = BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {})
+    if registered and set(devices) <= set(dist.Backend.backend_capability.get(BACKEND_NAME, [])):
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=devices)
 
 
-def _roce_backend(group):
+def _roce_backend(group, device="cpu"):
     group = dist.group.WORLD if group is None else group
     if group is None:
         raise RuntimeError("roce_pg.counters: no process group; call torch.distributed.init_process_group('roce') "
                            "first or pass group=")
-    backend = group._get_backend(torch.device("cpu"))
+    backend = group._get_backend(torch.device(device))
     if not isinstance(backend, _C.RoceBackend):
-        raise ValueError(f"roce_pg.counters: this group's CPU backend is {type(backend).__name__}, not roce; "
+        raise ValueError(f"roce_pg.counters: this group's {device} backend is {type(backend).__name__}, not roce; "
                          f"pass a group created with backend='roce'")
     return backend
 
@@ -213,6 +230,18 @@ def counters(group=None):
 def reset_counters(group=None):
     """Sets this rank's counters for `group` to zero (other ranks' are untouched)."""
     _roce_backend(group)._reset_counters()
+
+
+def device_staging_stats(group=None, device="cpu"):
+    """The host buffers through which `group` (default: the world group) stages
+    device tensors, a dict: allocations (buffers taken from the device's host
+    allocator), reuses (calls served from the cache), cached_bytes and blocks
+    (every buffer held now, in use or kept for reuse; bounded by
+    ROCE_PG_DEVICE_STAGING_CACHE_BYTES plus what operations in flight use),
+    pinned (False if a device type had no pinned host allocator and pageable
+    memory was used). `device`: the device type whose backend to ask, for
+    groups where roce serves the accelerator only ("cpu:gloo,cuda:roce")."""
+    return _roce_backend(group, device)._device_staging_stats()
 
 
 def rdma_ports():

@@ -49,10 +49,17 @@ def _store_wait(store, key, count, arrive=True):
         time.sleep(0.05)
 
 
-def _rank_main(rank, world, port, env, target, kwargs, init, queue, host="127.0.0.1", alive=None):
+def _call(target, **kwargs):
+    module, name = target.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)(**kwargs)
+
+
+def _rank_main(rank, world, port, env, target, kwargs, init, queue, host="127.0.0.1", alive=None, prepare=None):
     os.environ.update({k: str(v) for k, v in env.items()})
     alive = world if alive is None else alive  # ranks expected to reach the end
     try:
+        if prepare:
+            _call(prepare)  # before roce_pg registers (e.g. loading a test device)
         import torch.distributed as dist
 
         import roce_pg  # noqa: F401  (registers "roce")
@@ -62,9 +69,7 @@ def _rank_main(rank, world, port, env, target, kwargs, init, queue, host="127.0.
                 "roce", init_method=f"tcp://{host}:{port}", rank=rank, world_size=world,
                 timeout=timedelta(seconds=float(env.get("TEST_PG_TIMEOUT_S", 120))),
             )
-        module, name = target.rsplit(".", 1)
-        fn = getattr(importlib.import_module(module), name)
-        result = fn(rank=rank, world=world, port=port, **kwargs)
+        result = _call(target, rank=rank, world=world, port=port, **kwargs)
         if init and dist.is_initialized():
             # Rank 0 hosts the store: nobody leaves before everyone is done,
             # even when the group under test is broken on purpose.
@@ -81,7 +86,8 @@ def _rank_main(rank, world, port, env, target, kwargs, init, queue, host="127.0.
 
 
 def run_group(target, world, env=None, kwargs=None, init=True, deadline_s=DEFAULT_DEADLINE_S,
-              rank_env=None, start_method="spawn", expect_dead=(), host="127.0.0.1", port=None, ranks=None):
+              rank_env=None, start_method="spawn", expect_dead=(), host="127.0.0.1", port=None, ranks=None,
+              prepare=None):
     """Runs `target` ("module.function") on `world` ranks; returns results by rank.
 
     env applies to every rank, rank_env[r] (optional) to rank r on top of it.
@@ -92,6 +98,8 @@ def run_group(target, world, env=None, kwargs=None, init=True, deadline_s=DEFAUL
     host, port, ranks: for groups spanning machines, the store's address (rank
     0's machine) and the global ranks to start here (default: all); the result
     then lists those ranks only.
+    prepare: "module.function" each rank calls first, before importing roce_pg
+    (tests/test_accelerator.py loads its test device there).
     Raises AssertionError with every failing rank's traceback.
     """
     if start_method not in ("spawn", "fork"):
@@ -113,7 +121,8 @@ def run_group(target, world, env=None, kwargs=None, init=True, deadline_s=DEFAUL
     for r in ranks:
         e = dict(env or {})
         e.update((rank_env or {}).get(r, {}))
-        p = ctx.Process(target=_rank_main, args=(r, world, port, e, target, kwargs or {}, init, queue, host, alive))
+        p = ctx.Process(target=_rank_main,
+                        args=(r, world, port, e, target, kwargs or {}, init, queue, host, alive, prepare))
         p.start()
         procs.append(p)
     by_rank = dict(zip(ranks, procs))

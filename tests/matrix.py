@@ -1,7 +1,9 @@
 """The correctness matrix, executed inside every rank of one spawned group:
 every collective x dtype x applicable reduce op x size, against references
 from tests/reference.py. Returns a Checker result; the pytest side asserts that
-checks ran and nothing failed."""
+checks ran and nothing failed. With `device` (tests/test_accelerator.py) the
+tensors handed to the collectives live on that device; inputs and references
+are still made on the host."""
 import torch
 import torch.distributed as dist
 
@@ -9,32 +11,32 @@ from .reference import (DTYPES, SIZES, Checker, applicable_ops, block_input, inp
                         make_op, reduce_reference)
 
 
-def _reductions(ck, rank, world):
+def _reductions(ck, rank, world, dev, sizes):
     for dtype in DTYPES:
-        for si, numel in enumerate(SIZES):
+        for si, numel in enumerate(sizes):
             for opname in applicable_ops(dtype):
                 tag = f"{dtype} {opname} n={numel}"
                 xs = inputs_for(world, numel, dtype, opname)
                 expected = reduce_reference(xs, opname, dtype)
                 # all_reduce (in place)
-                t = xs[rank].clone()
+                t = xs[rank].to(dev, copy=True)
                 dist.all_reduce(t, op=make_op(opname, dtype))
                 ck.close(f"all_reduce {tag}", t, expected, dtype)
                 # reduce to a root that moves with the size
                 root = si % world
-                t = xs[rank].clone()
+                t = xs[rank].to(dev, copy=True)
                 dist.reduce(t, dst=root, op=make_op(opname, dtype))
                 ck.close(f"reduce(root={root}) {tag}", t, expected if rank == root else xs[rank], dtype)
                 # reduce_scatter_tensor: numel elements per rank; only this rank's
                 # block of every peer's input is needed for the reference
                 mine = torch.cat([block_input(rank, b, numel, dtype, opname) for b in range(world)])
-                out = torch.empty(numel, dtype=dtype)
-                dist.reduce_scatter_tensor(out, mine, op=make_op(opname, dtype))
+                out = torch.empty(numel, dtype=dtype, device=dev)
+                dist.reduce_scatter_tensor(out, mine.to(dev), op=make_op(opname, dtype))
                 blocks = [block_input(k, rank, numel, dtype, opname) for k in range(world)]
                 ck.close(f"reduce_scatter_tensor {tag}", out, reduce_reference(blocks, opname, dtype), dtype)
             make_input.cache_clear()  # keep memory bounded: inputs are per (dtype, size)
         # Non-contiguous tensors are handled: a strided view, its gaps untouched.
-        base = make_input(rank, 2000, dtype, "sum", 7).clone()
+        base = make_input(rank, 2000, dtype, "sum", 7).to(dev, copy=True)
         view = base[::2]
         before_gaps = base[1::2].clone()
         dist.all_reduce(view)
@@ -43,49 +45,49 @@ def _reductions(ck, rank, world):
         ck.same(f"all_reduce non-contiguous gaps {dtype}", base[1::2], before_gaps)
         # reduce_scatter with a list of inputs
         xs = inputs_for(world, 1000 * world, dtype, "SUM", salt=2)
-        out = torch.empty(1000, dtype=dtype)
-        dist.reduce_scatter(out, list(xs[rank].clone().chunk(world)))
+        out = torch.empty(1000, dtype=dtype, device=dev)
+        dist.reduce_scatter(out, list(xs[rank].to(dev, copy=True).chunk(world)))
         ck.close(f"reduce_scatter(list) {dtype}", out, reduce_reference(xs, "SUM", dtype)[rank * 1000:(rank + 1) * 1000], dtype)
 
 
-def _data_movement(ck, rank, world):
+def _data_movement(ck, rank, world, dev, sizes):
     for dtype in DTYPES:
-        for si, numel in enumerate(SIZES):
+        for si, numel in enumerate(sizes):
             tag = f"{dtype} n={numel}"
             xs = [make_input(r, numel, dtype, "wide", 3) for r in range(world)]
             root = (si + 1) % world
-            t = xs[rank].clone() if rank == root else torch.zeros(numel, dtype=dtype)
+            t = xs[rank].to(dev, copy=True) if rank == root else torch.zeros(numel, dtype=dtype, device=dev)
             dist.broadcast(t, src=root)
             ck.same(f"broadcast(root={root}) {tag}", t, xs[root])
 
-            out = torch.empty(numel * world, dtype=dtype)
-            dist.all_gather_into_tensor(out, xs[rank])
+            out = torch.empty(numel * world, dtype=dtype, device=dev)
+            dist.all_gather_into_tensor(out, xs[rank].to(dev))
             ck.same(f"all_gather_into_tensor {tag}", out, torch.cat(xs))
-            outs = [torch.empty(numel, dtype=dtype) for _ in range(world)]
-            dist.all_gather(outs, xs[rank])
+            outs = [torch.empty(numel, dtype=dtype, device=dev) for _ in range(world)]
+            dist.all_gather(outs, xs[rank].to(dev))
             ck.same(f"all_gather {tag}", torch.cat(outs), torch.cat(xs))
 
-            gl = [torch.empty(numel, dtype=dtype) for _ in range(world)] if rank == root else None
-            dist.gather(xs[rank], gather_list=gl, dst=root)
+            gl = [torch.empty(numel, dtype=dtype, device=dev) for _ in range(world)] if rank == root else None
+            dist.gather(xs[rank].to(dev), gather_list=gl, dst=root)
             if rank == root:
                 ck.same(f"gather(root={root}) {tag}", torch.cat(gl), torch.cat(xs))
-            out = torch.empty(numel, dtype=dtype)
+            out = torch.empty(numel, dtype=dtype, device=dev)
             sl = [make_input(root, numel, dtype, "wide", 10 + r) for r in range(world)]
-            dist.scatter(out, scatter_list=sl if rank == root else None, src=root)
+            dist.scatter(out, scatter_list=[x.to(dev) for x in sl] if rank == root else None, src=root)
             ck.same(f"scatter(root={root}) {tag}", out, sl[rank])
 
             # all_to_all_single, even split: block r of rank k's input goes to rank r
             ins = [make_input(k, numel * world, dtype, "wide", 4) for k in range(world)]
-            out = torch.empty(numel * world, dtype=dtype)
-            dist.all_to_all_single(out, ins[rank])
+            out = torch.empty(numel * world, dtype=dtype, device=dev)
+            dist.all_to_all_single(out, ins[rank].to(dev))
             exp = torch.cat([ins[k][rank * numel:(rank + 1) * numel] for k in range(world)])
             ck.same(f"all_to_all_single {tag}", out, exp)
         # uneven splits: rank k sends (k + r + 1) * 3 rows of 5 to rank r
         rows = lambda k, r: (k + r + 1) * 3  # noqa: E731
         ins = [make_input(k, 5 * sum(rows(k, r) for r in range(world)), dtype, "wide", 5).view(-1, 5)
                for k in range(world)]
-        out = torch.empty(sum(rows(k, rank) for k in range(world)), 5, dtype=dtype)
-        dist.all_to_all_single(out, ins[rank], output_split_sizes=[rows(k, rank) for k in range(world)],
+        out = torch.empty(sum(rows(k, rank) for k in range(world)), 5, dtype=dtype, device=dev)
+        dist.all_to_all_single(out, ins[rank].to(dev), output_split_sizes=[rows(k, rank) for k in range(world)],
                                input_split_sizes=[rows(rank, r) for r in range(world)])
         parts = []
         for k in range(world):
@@ -94,41 +96,41 @@ def _data_movement(ck, rank, world):
         ck.same(f"all_to_all_single(uneven) {dtype}", out, torch.cat(parts))
         # all_to_all with lists
         ins = [[make_input(k, 10 + r, dtype, "wide", 6) for r in range(world)] for k in range(world)]
-        outs = [torch.empty(10 + rank, dtype=dtype) for _ in range(world)]
-        dist.all_to_all(outs, ins[rank])
+        outs = [torch.empty(10 + rank, dtype=dtype, device=dev) for _ in range(world)]
+        dist.all_to_all(outs, [x.to(dev) for x in ins[rank]])
         ck.same(f"all_to_all(list) {dtype}", torch.cat(outs), torch.cat([ins[k][rank] for k in range(world)]))
 
 
-def _coalesced_and_barrier(ck, rank, world):
+def _coalesced_and_barrier(ck, rank, world, dev):
     for dtype in (torch.float32, torch.int64):
         a = [make_input(k, 100, dtype, "sum", 8) for k in range(world)]
         b = [make_input(k, 33, dtype, "sum", 9) for k in range(world)]
-        ta, tb = a[rank].clone(), b[rank].clone()
+        ta, tb = a[rank].to(dev, copy=True), b[rank].to(dev, copy=True)
         work = dist.all_reduce_coalesced([ta, tb], async_op=True)
         work.wait()
         ck.close(f"all_reduce_coalesced {dtype} a", ta, reduce_reference(a, "SUM", dtype), dtype)
         ck.close(f"all_reduce_coalesced {dtype} b", tb, reduce_reference(b, "SUM", dtype), dtype)
     # Coalesced tensor variants, called on the backend (torch only coalesces
     # for backends that ask for it).
-    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    backend = dist.group.WORLD._get_backend(dev)
     sizes = [5, 1000, 3]
     for dtype in (torch.float32, torch.int32):
         ins = {k: [make_input(k, n, dtype, "sum", 30 + i) for i, n in enumerate(sizes)] for k in range(world)}
-        outs = [torch.empty(n * world, dtype=dtype) for n in sizes]
-        backend.all_gather_single_coalesced(outs, [x.clone() for x in ins[rank]]).wait()
+        outs = [torch.empty(n * world, dtype=dtype, device=dev) for n in sizes]
+        backend.all_gather_single_coalesced(outs, [x.to(dev, copy=True) for x in ins[rank]]).wait()
         for i in range(len(sizes)):
             ck.same(f"allgather_into_tensor_coalesced {dtype} #{i}", outs[i], torch.cat([ins[k][i] for k in range(world)]))
         # torch's layout: output_lists[r][i] receives rank r's input i
-        lists = [[torch.empty(n, dtype=dtype) for n in sizes] for _ in range(world)]
-        backend.allgather_coalesced(lists, [x.clone() for x in ins[rank]]).wait()
+        lists = [[torch.empty(n, dtype=dtype, device=dev) for n in sizes] for _ in range(world)]
+        backend.allgather_coalesced(lists, [x.to(dev, copy=True) for x in ins[rank]]).wait()
         for i in range(len(sizes)):
             ck.same(f"allgather_coalesced {dtype} #{i}", torch.cat([lists[k][i] for k in range(world)]),
                     torch.cat([ins[k][i] for k in range(world)]))
         big = {k: [make_input(k, n * world, dtype, "sum", 40 + i) for i, n in enumerate(sizes)] for k in range(world)}
-        outs = [torch.empty(n, dtype=dtype) for n in sizes]
+        outs = [torch.empty(n, dtype=dtype, device=dev) for n in sizes]
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = dist.ReduceOp.SUM
-        backend.reduce_scatter_single_coalesced(outs, [x.clone() for x in big[rank]], opts).wait()
+        backend.reduce_scatter_single_coalesced(outs, [x.to(dev, copy=True) for x in big[rank]], opts).wait()
         for i, n in enumerate(sizes):
             expected = reduce_reference([big[k][i][rank * n:(rank + 1) * n] for k in range(world)], "SUM", dtype)
             ck.close(f"reduce_scatter_tensor_coalesced {dtype} #{i}", outs[i], expected, dtype)
@@ -137,12 +139,13 @@ def _coalesced_and_barrier(ck, rank, world):
     ck.checks += 1
 
 
-def run(rank, world, port, parts=("reductions", "data_movement", "coalesced")):
+def run(rank, world, port, parts=("reductions", "data_movement", "coalesced"), device="cpu", sizes=SIZES):
     ck = Checker(rank)
+    dev = torch.device(device)
     if "reductions" in parts:
-        _reductions(ck, rank, world)
+        _reductions(ck, rank, world, dev, sizes)
     if "data_movement" in parts:
-        _data_movement(ck, rank, world)
+        _data_movement(ck, rank, world, dev, sizes)
     if "coalesced" in parts:
-        _coalesced_and_barrier(ck, rank, world)
+        _coalesced_and_barrier(ck, rank, world, dev)
     return ck.result()

@@ -156,6 +156,7 @@ class Checker:
 
     def close(self, what, got, expected, dtype):
         self.checks += 1
+        got, expected = got.cpu(), expected.cpu()  # device results (tests/test_accelerator.py) compare on the host
         try:
             if dtype.is_floating_point or dtype.is_complex:
                 atol, rtol = TOLERANCE[dtype]

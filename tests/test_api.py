@@ -19,7 +19,8 @@ def test_registration_is_idempotent():
     roce_pg.register()
     assert "roce" in dist.Backend.backend_list
     assert dist.Backend("roce") == "roce"
-    assert set(dist.Backend.backend_capability["roce"]) == {"cpu", "cuda"}
+    # (plus a renamed PrivateUse1 device, if a test loaded one in this process)
+    assert {"cpu", "cuda"} <= set(dist.Backend.backend_capability["roce"])
     assert isinstance(roce_pg.rdma_ports(), list)  # libibverbs linked; no device needed
 
 

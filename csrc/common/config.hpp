@@ -98,6 +98,21 @@ struct Config {
   size_t ibZeroCopyMinBytes = 64 << 10;  // ROCE_PG_IB_ZERO_COPY_MIN_BYTES: RDMA straight from/into tensors
                                          // from this size on (0: never, always copy through staging)
   size_t ibRegCacheBytes = 0;            // ROCE_PG_IB_REG_CACHE_BYTES: registration cache limit (0: auto)
+  // Accelerator tensors (docs/ACCELERATORS.md). Element-wise collectives on
+  // device tensors are staged through host memory in pieces of this many bytes,
+  // each a collective of its own, so that the host part of piece k overlaps the
+  // device-to-host copy of piece k+1 and the copy back of piece k-1. 4 MiB: a
+  // piece's copy (~0.17 ms at PCIe 4.0 x16 rates) is long against the ~20-50 us
+  // a piece costs the progress thread (events, a collective's own
+  // synchronisation), and filling and draining the pipeline (one piece each
+  // way) stays small against a DDP bucket's copies (25 MiB: ~1 ms each way).
+  // Every rank must use the same value (it decides the messages).
+  size_t devicePieceBytes = 4u << 20;    // ROCE_PG_DEVICE_PIECE_BYTES
+  // Most bytes of pinned host staging buffers a group keeps for reuse while no
+  // operation uses them; beyond it, released buffers go back to the device's
+  // host allocator once their copies are done. 512 MiB: twenty DDP buckets, or
+  // a few FSDP all-gathers, without a pinned allocation per call.
+  size_t deviceStagingCacheBytes = 512u << 20;  // ROCE_PG_DEVICE_STAGING_CACHE_BYTES
   // How long shutdown() lets queued work finish before failing it.
   int shutdownGraceMs = 5000;            // ROCE_PG_SHUTDOWN_GRACE_MS
   // A ring neighbour that sends no heartbeat on its lifeline for this long is

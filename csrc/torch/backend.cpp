@@ -14,24 +14,21 @@ namespace {
 
 using c10d::OpType;
 
-// Concatenates tensors (any device, any layout) into one contiguous host buffer.
-at::Tensor flatHost(const std::vector<at::Tensor>& ts) {
-  at::NoGradGuard noGrad;
-  std::vector<at::Tensor> flat;
-  for (const auto& t : ts) flat.push_back(t.reshape({-1}).to(at::kCPU));
-  return at::cat(flat).contiguous();
-}
-
-// Output tensors that receive consecutive slices of one host buffer.
-std::vector<Staged> slicesOf(const at::Tensor& flat, const std::vector<at::Tensor>& outs) {
-  std::vector<Staged> v;
-  int64_t at = 0;
-  for (const auto& o : outs) {
-    v.push_back({o, flat.narrow(0, at, o.numel()), true});
-    at += o.numel();
+// OpType values newer than torch 2.11 (the GPU machines' torch), which has
+// only the generic COALESCED for these calls: fn<OpType>(0) is OpType::NAME
+// where it exists.
+#define ROCE_NEWER_OPTYPE(fn, NAME)                                                   \
+  template <class E>                                                                  \
+  constexpr auto fn(int) -> decltype(E::NAME) {                                       \
+    return E::NAME;                                                                   \
+  }                                                                                   \
+  template <class E>                                                                  \
+  constexpr E fn(long) {                                                              \
+    return E::COALESCED;                                                              \
   }
-  return v;
-}
+ROCE_NEWER_OPTYPE(allgatherIntoTensorCoalesced, ALLGATHER_INTO_TENSOR_COALESCED)
+ROCE_NEWER_OPTYPE(reduceScatterTensorCoalesced, REDUCE_SCATTER_TENSOR_COALESCED)
+#undef ROCE_NEWER_OPTYPE
 
 bool onCpu(const std::vector<at::Tensor>& ts) {
   for (const auto& t : ts)
@@ -39,8 +36,24 @@ bool onCpu(const std::vector<at::Tensor>& ts) {
   return true;
 }
 
-at::Tensor emptyHost(int64_t numel, const at::Tensor& like) {
-  return at::empty({numel}, like.options().device(at::kCPU));
+size_t bytesOf(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+// Host buffers for the tensor pairs of a coalesced call (inputs[i] ->
+// outputs[i]), appended to ins and outs; returns the input bytes.
+size_t stagePairs(CallStaging& st, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                  std::vector<at::Tensor>& ins, std::vector<at::Tensor>& outs) {
+  size_t bytes = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ins.push_back(st.input(inputs[i]));
+    outs.push_back(st.output(outputs[i]));
+    bytes += bytesOf(ins.back());
+  }
+  return bytes;
+}
+
+// Element `first` of a host buffer (element-wise bodies work on a piece).
+void* elementAt(const at::Tensor& t, size_t first) {
+  return static_cast<char*>(t.data_ptr()) + first * t.element_size();
 }
 
 void checkList(const std::vector<at::Tensor>& list, const at::Tensor& like, size_t expected, const char* op,
@@ -61,6 +74,7 @@ RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     : c10d::Backend(rank, size), timeout_(timeout), store_(store) {
   try {
     cfg_ = Config::fromEnv();
+    pinned_ = std::make_shared<PinnedCache>(cfg_.deviceStagingCacheBytes);
     StoreBootstrap bs(store);
     auto comm = std::make_unique<Communicator>(bs, cfg_, rank, size, globalRank, timeout);
     engine_ = std::make_unique<Engine>(std::move(comm));
@@ -83,9 +97,31 @@ std::chrono::milliseconds RoceBackend::effective(std::chrono::milliseconds t) co
 
 std::string RoceBackend::describe(const char* title, size_t bytes) { return label(title, bytes).text(); }
 
+CallStaging RoceBackend::staging(const at::Tensor& like) {
+  if (like.device().is_cpu()) return CallStaging();
+  return CallStaging(std::make_shared<DeviceStaging>(lanes_.of(like.device()), pinned_));
+}
+
 c10::intrusive_ptr<c10d::Work> RoceBackend::submit(OpType type, const char* title, std::vector<at::Tensor> futureValue,
-                                                   std::vector<Staged> outputs, CollectiveTask::Body body,
+                                                   CallStaging st, std::function<void(Communicator&)> body,
                                                    CallOptions call, size_t bytes) {
+  if (st.device) st.device->start(/*pieceElems=*/0, 0);
+  return enqueue(type, title, std::move(futureValue), std::move(st), 0,
+                 [body = std::move(body)](Communicator& c, size_t, size_t) { body(c); }, call, bytes);
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::submitElementwise(OpType type, const char* title,
+                                                              std::vector<at::Tensor> futureValue, CallStaging st,
+                                                              const at::Tensor& flat, CollectiveTask::Body body,
+                                                              CallOptions call) {
+  const size_t n = flat.numel(), elementSize = flat.element_size();
+  if (st.device) st.device->start(std::max<int64_t>(1, cfg_.devicePieceBytes / elementSize), n);
+  return enqueue(type, title, std::move(futureValue), std::move(st), n, std::move(body), call, n * elementSize);
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* title, std::vector<at::Tensor> futureValue,
+                                                    CallStaging st, size_t elems, CollectiveTask::Body body,
+                                                    CallOptions call, size_t bytes) {
   ++collectives_;
   // Small CPU collectives skip the progress thread when it is idle: no
   // hand-off, and the Work is returned already completed. Always for a
@@ -93,9 +129,11 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::submit(OpType type, const char* titl
   // timeout); for an asynchronous one only when ROCE_PG_INLINE_MAX_BYTES asks,
   // since the call then blocks until its peers arrive.
   const size_t inlineMax = call.asyncOp ? cfg_.inlineMaxBytes : std::max(cfg_.inlineMaxBytes, cfg_.syncInlineMaxBytes);
-  const bool inlinable = inlineMax > 0 && bytes <= inlineMax && onCpu(futureValue);
+  // Never device tensors: their copies are asynchronous, the progress thread
+  // waits for them.
+  const bool inlinable = inlineMax > 0 && bytes <= inlineMax && !st.device && onCpu(futureValue);
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, std::move(futureValue));
-  auto task = std::make_shared<CollectiveTask>(work, label(title, bytes), std::move(outputs), std::move(body));
+  auto task = std::make_shared<CollectiveTask>(work, label(title, bytes), std::move(st), elems, std::move(body));
   task->timeout = effective(call.timeout);
   if (inlinable && engine_->runInline(*task)) {
     Counters::add(counters().inlineOps, 1);
@@ -110,10 +148,13 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::broadcast(std::vector<at::Tensor>& t
   checkSingle(tensors, "broadcast");
   checkRank(opts.rootRank, getSize(), "root", "broadcast");
   const int root = static_cast<int>(opts.rootRank);
-  Staged s = stage(tensors[0], getRank() == root);
-  s.copyBack = s.copyBack && getRank() != root;
-  return submit(OpType::BROADCAST, "broadcast", tensors, {s},
-                [s, root](Communicator& c) { roce::broadcast(c, s.data(), s.bytes(), root); }, callOf(opts), s.bytes());
+  CallStaging st = staging(tensors[0]);
+  const at::Tensor h = st.inPlace(tensors, /*read=*/getRank() == root, /*write=*/getRank() != root);
+  return submitElementwise(OpType::BROADCAST, "broadcast", tensors, std::move(st), h,
+                           [h, root](Communicator& c, size_t first, size_t count) {
+                             roce::broadcast(c, elementAt(h, first), count * h.element_size(), root);
+                           },
+                           callOf(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -122,19 +163,28 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce(std::vector<at::Tensor>& t
   // allreduce_sparse (Gloo reduces sparse tensors in allreduce too).
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) return allreduce_sparse(tensors, opts);
   checkSingle(tensors, "allreduce");
-  const DataType t = reductionType(tensors[0], "allreduce");
-  const Reduction red = toReduction(opts.reduceOp, t);
-  Staged s = stage(tensors[0], true);
-  const size_t n = s.host.numel();
-  return submit(OpType::ALLREDUCE, "allreduce", tensors, {s},
-                [s, n, t, red](Communicator& c) { roce::allreduce(c, s.data(), n, t, red); }, callOf(opts), s.bytes());
+  return allreduceInPlace(OpType::ALLREDUCE, "allreduce", tensors, opts.reduceOp, callOf(opts));
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::allreduceInPlace(OpType type, const char* title,
+                                                             std::vector<at::Tensor>& tensors,
+                                                             const c10d::ReduceOp& op, CallOptions call) {
+  const DataType t = reductionType(tensors[0], title);
+  const Reduction red = toReduction(op, t);
+  CallStaging st = staging(tensors[0]);
+  const at::Tensor flat = st.inPlace(tensors, true, true);
+  return submitElementwise(type, title, tensors, std::move(st), flat,
+                           [flat, t, red](Communicator& c, size_t first, size_t count) {
+                             roce::allreduce(c, elementAt(flat, first), count, t, red);
+                           },
+                           call);
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                              const c10d::AllreduceOptions& opts) {
   checkSparseAllreduce(tensors, opts);
   const at::Tensor t = tensors[0];
-  return submit(OpType::ALLREDUCE, "allreduce (sparse)", tensors, {},
+  return submit(OpType::ALLREDUCE, "allreduce (sparse)", tensors, CallStaging(),
                 [t](Communicator& c) { sparseAllreduceSum(c, t); }, callOf(opts),
                 static_cast<size_t>(t._values().numel()) * t._values().element_size());
 }
@@ -143,13 +193,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_coalesced(std::vector<at::
                                                                 const c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK(!tensors.empty(), "roce: allreduce_coalesced needs at least one tensor");
   for (const auto& x : tensors) checkSameDeviceAndDtype(x, tensors[0], "allreduce_coalesced");
-  const DataType t = reductionType(tensors[0], "allreduce_coalesced");
-  const Reduction red = toReduction(opts.reduceOp, t);
-  at::Tensor flat = flatHost(tensors);
-  const size_t n = flat.numel();
-  return submit(OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, slicesOf(flat, tensors),
-                [flat, n, t, red](Communicator& c) { roce::allreduce(c, flat.data_ptr(), n, t, red); }, callOf(opts),
-                n * flat.element_size());
+  return allreduceInPlace(OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, opts.reduceOp, callOf(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
@@ -158,12 +202,13 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce(std::vector<at::Tensor>& tens
   const int root = static_cast<int>(opts.rootRank);
   const DataType t = reductionType(tensors[0], "reduce");
   const Reduction red = toReduction(opts.reduceOp, t);
-  Staged s = stage(tensors[0], true);
-  s.copyBack = s.copyBack && getRank() == root;
-  const size_t n = s.host.numel();
-  return submit(OpType::REDUCE, "reduce", tensors, {s},
-                [s, n, t, red, root](Communicator& c) { roce::reduce(c, s.data(), n, t, red, root); }, callOf(opts),
-                s.bytes());
+  CallStaging st = staging(tensors[0]);
+  const at::Tensor h = st.inPlace(tensors, /*read=*/true, /*write=*/getRank() == root);
+  return submitElementwise(OpType::REDUCE, "reduce", tensors, std::move(st), h,
+                           [h, t, red, root](Communicator& c, size_t first, size_t count) {
+                             roce::reduce(c, elementAt(h, first), count, t, red, root);
+                           },
+                           callOf(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -171,11 +216,11 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather(std::vector<std::vector<at
   checkSingle(inputs, "allgather");
   TORCH_CHECK(outputs.size() == 1, "roce: allgather takes one list of output tensors, got ", outputs.size());
   checkList(outputs[0], inputs[0], getSize(), "allgather", "output");
-  Staged in = stage(inputs[0], true);
-  at::Tensor flat = emptyHost(in.host.numel() * getSize(), in.host);
-  return submit(OpType::ALLGATHER, "allgather", outputs[0], slicesOf(flat, outputs[0]),
-                [in, flat](Communicator& c) { roce::allgather(c, in.data(), flat.data_ptr(), in.bytes()); },
-                callOf(opts), in.bytes());
+  CallStaging st = staging(inputs[0]);
+  const at::Tensor in = st.input(inputs[0]), flat = st.outputs(outputs[0]);
+  return submit(OpType::ALLGATHER, "allgather", outputs[0], std::move(st),
+                [in, flat](Communicator& c) { roce::allgather(c, in.data_ptr(), flat.data_ptr(), bytesOf(in)); },
+                callOf(opts), bytesOf(in));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -183,10 +228,11 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::_allgather_base(at::Tensor& output, 
   checkSameDeviceAndDtype(output, input, "all_gather_into_tensor");
   TORCH_CHECK(output.numel() == input.numel() * getSize(), "roce: all_gather_into_tensor: output has ", output.numel(),
               " elements, expected world size (", getSize(), ") x input (", input.numel(), ")");
-  Staged in = stage(input, true), out = stage(output, false);
-  return submit(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, {out},
-                [in, out](Communicator& c) { roce::allgather(c, in.data(), out.data(), in.bytes()); }, callOf(opts),
-                in.bytes());
+  CallStaging st = staging(input);
+  const at::Tensor in = st.input(input), out = st.output(output);
+  return submit(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, std::move(st),
+                [in, out](Communicator& c) { roce::allgather(c, in.data_ptr(), out.data_ptr(), bytesOf(in)); },
+                callOf(opts), bytesOf(in));
 }
 
 // outputLists[r][i] receives rank r's inputs[i] (torch's all_gather_coalesced).
@@ -211,10 +257,10 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_coalesced(std::vector<std:
       all.push_back(outputLists[r][i]);
     }
   }
-  at::Tensor in = flatHost(inputs);
-  at::Tensor flat = emptyHost(in.numel() * getSize(), in);
-  const size_t bytes = in.numel() * in.element_size();
-  return submit(OpType::ALLGATHER_COALESCED, op, all, slicesOf(flat, all),
+  CallStaging st = staging(inputs[0]);
+  const at::Tensor in = st.inputs(inputs), flat = st.outputs(all);
+  const size_t bytes = bytesOf(in);
+  return submit(OpType::ALLGATHER_COALESCED, op, all, std::move(st),
                 [in, flat, bytes](Communicator& c) { roce::allgather(c, in.data_ptr(), flat.data_ptr(), bytes); },
                 callOf(opts), bytes);
 }
@@ -224,19 +270,20 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_into_tensor_coalesced(std:
                                                                             const c10d::AllgatherOptions& opts) {
   TORCH_CHECK(outputs.size() == inputs.size(), "roce: allgather_into_tensor_coalesced: ", inputs.size(),
               " inputs but ", outputs.size(), " outputs");
-  std::vector<Staged> ins, outs;
-  size_t bytes = 0;
+  TORCH_CHECK(!inputs.empty(), "roce: allgather_into_tensor_coalesced needs at least one tensor");
+  std::vector<at::Tensor> ins, outs;
   for (size_t i = 0; i < inputs.size(); ++i) {
+    checkSameDevice(outputs[i], inputs[0], "allgather_into_tensor_coalesced");
     checkSameDeviceAndDtype(outputs[i], inputs[i], "allgather_into_tensor_coalesced");
     TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * getSize(), "roce: allgather_into_tensor_coalesced: output ",
                 i, " has ", outputs[i].numel(), " elements, expected ", inputs[i].numel() * getSize());
-    ins.push_back(stage(inputs[i], true));
-    outs.push_back(stage(outputs[i], false));
-    bytes += ins.back().bytes();
   }
-  return submit(OpType::ALLGATHER_INTO_TENSOR_COALESCED, "allgather_into_tensor_coalesced", outputs, outs,
+  CallStaging st = staging(inputs[0]);
+  const size_t bytes = stagePairs(st, inputs, outputs, ins, outs);
+  return submit(allgatherIntoTensorCoalesced<OpType>(0), "allgather_into_tensor_coalesced", outputs, std::move(st),
                 [ins, outs](Communicator& c) {
-                  for (size_t i = 0; i < ins.size(); ++i) roce::allgather(c, ins[i].data(), outs[i].data(), ins[i].bytes());
+                  for (size_t i = 0; i < ins.size(); ++i)
+                    roce::allgather(c, ins[i].data_ptr(), outs[i].data_ptr(), bytesOf(ins[i]));
                 },
                 callOf(opts), bytes);
 }
@@ -246,25 +293,23 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::gather(std::vector<std::vector<at::T
   checkSingle(inputs, "gather");
   checkRank(opts.rootRank, getSize(), "root", "gather");
   const int root = static_cast<int>(opts.rootRank);
-  Staged in = stage(inputs[0], true);
-  at::Tensor flat;
-  std::vector<Staged> outs;
   std::vector<at::Tensor> value;
   if (getRank() == root) {
     TORCH_CHECK(outputs.size() == 1, "roce: gather: the root passes one list of output tensors, got ", outputs.size());
     checkList(outputs[0], inputs[0], getSize(), "gather", "output");
-    flat = emptyHost(in.host.numel() * getSize(), in.host);
-    outs = slicesOf(flat, outputs[0]);
     value = outputs[0];
   } else {
     TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
                 "roce: gather: only the root (rank ", root, ") may pass output tensors");
   }
-  return submit(OpType::GATHER, "gather", value, outs,
+  CallStaging st = staging(inputs[0]);
+  const at::Tensor in = st.input(inputs[0]);
+  const at::Tensor flat = value.empty() ? at::Tensor() : st.outputs(value);
+  return submit(OpType::GATHER, "gather", value, std::move(st),
                 [in, flat, root](Communicator& c) {
-                  roce::gather(c, in.data(), flat.defined() ? flat.data_ptr() : nullptr, in.bytes(), root);
+                  roce::gather(c, in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, bytesOf(in), root);
                 },
-                callOf(opts), in.bytes());
+                callOf(opts), bytesOf(in));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -273,21 +318,22 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::scatter(std::vector<at::Tensor>& out
   checkSingle(outputs, "scatter");
   checkRank(opts.rootRank, getSize(), "root", "scatter");
   const int root = static_cast<int>(opts.rootRank);
-  at::Tensor flat;
-  if (getRank() == root) {
+  const bool isRoot = getRank() == root;
+  if (isRoot) {
     TORCH_CHECK(inputs.size() == 1, "roce: scatter: the root passes one list of input tensors, got ", inputs.size());
     checkList(inputs[0], outputs[0], getSize(), "scatter", "input");
-    flat = flatHost(inputs[0]);
   } else {
     TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
                 "roce: scatter: only the root (rank ", root, ") may pass input tensors");
   }
-  Staged out = stage(outputs[0], false);
-  return submit(OpType::SCATTER, "scatter", outputs, {out},
+  CallStaging st = staging(outputs[0]);
+  const at::Tensor flat = isRoot ? st.inputs(inputs[0]) : at::Tensor();
+  const at::Tensor out = st.output(outputs[0]);
+  return submit(OpType::SCATTER, "scatter", outputs, std::move(st),
                 [out, flat, root](Communicator& c) {
-                  roce::scatter(c, flat.defined() ? flat.data_ptr() : nullptr, out.data(), out.bytes(), root);
+                  roce::scatter(c, flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(), bytesOf(out), root);
                 },
-                callOf(opts), out.bytes());
+                callOf(opts), bytesOf(out));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -298,12 +344,14 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter(std::vector<at::Tenso
   checkList(inputs[0], outputs[0], getSize(), "reduce_scatter", "input");
   const DataType t = reductionType(outputs[0], "reduce_scatter");
   const Reduction red = toReduction(opts.reduceOp, t);
-  at::Tensor flat = flatHost(inputs[0]);
-  Staged out = stage(outputs[0], false);
-  const size_t n = out.host.numel();
-  return submit(OpType::REDUCE_SCATTER, "reduce_scatter", outputs, {out},
-                [flat, out, n, t, red](Communicator& c) { roce::reduceScatter(c, flat.data_ptr(), out.data(), n, t, red); },
-                callOf(opts), flat.numel() * flat.element_size());
+  CallStaging st = staging(outputs[0]);
+  const at::Tensor flat = st.inputs(inputs[0]), out = st.output(outputs[0]);
+  const size_t n = out.numel();
+  return submit(OpType::REDUCE_SCATTER, "reduce_scatter", outputs, std::move(st),
+                [flat, out, n, t, red](Communicator& c) {
+                  roce::reduceScatter(c, flat.data_ptr(), out.data_ptr(), n, t, red);
+                },
+                callOf(opts), bytesOf(flat));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -313,11 +361,14 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::_reduce_scatter_base(at::Tensor& out
               " elements, expected world size (", getSize(), ") x output (", output.numel(), ")");
   const DataType t = reductionType(output, "reduce_scatter_tensor");
   const Reduction red = toReduction(opts.reduceOp, t);
-  Staged in = stage(input, true), out = stage(output, false);
-  const size_t n = out.host.numel();
-  return submit(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, {out},
-                [in, out, n, t, red](Communicator& c) { roce::reduceScatter(c, in.data(), out.data(), n, t, red); },
-                callOf(opts), in.bytes());
+  CallStaging st = staging(input);
+  const at::Tensor in = st.input(input), out = st.output(output);
+  const size_t n = out.numel();
+  return submit(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, std::move(st),
+                [in, out, n, t, red](Communicator& c) {
+                  roce::reduceScatter(c, in.data_ptr(), out.data_ptr(), n, t, red);
+                },
+                callOf(opts), bytesOf(in));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -325,24 +376,24 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter_tensor_coalesced(std:
                                                                             const c10d::ReduceScatterOptions& opts) {
   TORCH_CHECK(outputs.size() == inputs.size(), "roce: reduce_scatter_tensor_coalesced: ", inputs.size(),
               " inputs but ", outputs.size(), " outputs");
-  std::vector<Staged> ins, outs;
+  TORCH_CHECK(!inputs.empty(), "roce: reduce_scatter_tensor_coalesced needs at least one tensor");
+  std::vector<at::Tensor> ins, outs;
   std::vector<DataType> types;
   std::vector<Reduction> reds;
-  size_t bytes = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
+    checkSameDevice(outputs[i], inputs[0], "reduce_scatter_tensor_coalesced");
     checkSameDeviceAndDtype(outputs[i], inputs[i], "reduce_scatter_tensor_coalesced");
     TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * getSize(), "roce: reduce_scatter_tensor_coalesced: input ",
                 i, " has ", inputs[i].numel(), " elements, expected ", outputs[i].numel() * getSize());
     types.push_back(reductionType(outputs[i], "reduce_scatter_tensor_coalesced"));
     reds.push_back(toReduction(opts.reduceOp, types.back()));
-    ins.push_back(stage(inputs[i], true));
-    outs.push_back(stage(outputs[i], false));
-    bytes += ins.back().bytes();
   }
-  return submit(OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", outputs, outs,
+  CallStaging st = staging(inputs[0]);
+  const size_t bytes = stagePairs(st, inputs, outputs, ins, outs);
+  return submit(reduceScatterTensorCoalesced<OpType>(0), "reduce_scatter_tensor_coalesced", outputs, std::move(st),
                 [ins, outs, types, reds](Communicator& c) {
                   for (size_t i = 0; i < ins.size(); ++i)
-                    roce::reduceScatter(c, ins[i].data(), outs[i].data(), outs[i].host.numel(), types[i], reds[i]);
+                    roce::reduceScatter(c, ins[i].data_ptr(), outs[i].data_ptr(), outs[i].numel(), types[i], reds[i]);
                 },
                 callOf(opts), bytes);
 }
@@ -385,10 +436,13 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall_base(at::Tensor& output, at
   const int me = getRank();
   TORCH_CHECK(sendBytes[me] == recvBytes[me], "roce: all_to_all_single: rank ", me, " sends ", sendBytes[me],
               " bytes to itself but expects to receive ", recvBytes[me]);
-  Staged in = stage(input, true), out = stage(output, false);
-  return submit(OpType::ALLTOALL_BASE, "all_to_all_single", {output}, {out},
-                [=](Communicator& c) { roce::alltoallv(c, in.data(), sendBytes, sendOff, out.data(), recvBytes, recvOff); },
-                callOf(opts), in.bytes());
+  CallStaging st = staging(input);
+  const at::Tensor in = st.input(input), out = st.output(output);
+  return submit(OpType::ALLTOALL_BASE, "all_to_all_single", {output}, std::move(st),
+                [=](Communicator& c) {
+                  roce::alltoallv(c, in.data_ptr(), sendBytes, sendOff, out.data_ptr(), recvBytes, recvOff);
+                },
+                callOf(opts), bytesOf(in));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
@@ -414,19 +468,18 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall(std::vector<at::Tensor>& ou
   const int me = getRank();
   TORCH_CHECK(sendBytes[me] == recvBytes[me], "roce: all_to_all: input and output tensor ", me,
               " (this rank's own block) differ in size");
-  at::Tensor flatIn = flatHost(inputs);
-  int64_t total = 0;
-  for (auto& t : outputs) total += t.numel();
-  at::Tensor flatOut = emptyHost(total, inputs[0]);
-  return submit(OpType::ALLTOALL, "all_to_all", outputs, slicesOf(flatOut, outputs),
+  CallStaging st = staging(inputs[0]);
+  const at::Tensor flatIn = st.inputs(inputs), flatOut = st.outputs(outputs);
+  return submit(OpType::ALLTOALL, "all_to_all", outputs, std::move(st),
                 [=](Communicator& c) {
                   roce::alltoallv(c, flatIn.data_ptr(), sendBytes, sendOff, flatOut.data_ptr(), recvBytes, recvOff);
                 },
-                callOf(opts), flatIn.numel() * flatIn.element_size());
+                callOf(opts), bytesOf(flatIn));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::barrier(const c10d::BarrierOptions& opts) {
-  return submit(OpType::BARRIER, "barrier", {}, {}, [](Communicator& c) { roce::barrier(c); }, callOf(opts), 0);
+  return submit(OpType::BARRIER, "barrier", {}, CallStaging(), [](Communicator& c) { roce::barrier(c); }, callOf(opts),
+                0);
 }
 
 void RoceBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
@@ -445,14 +498,15 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char
     TORCH_CHECK(peer != getRank(), "roce: ", title, ": rank ", getRank(), " cannot ", sending ? "send to" : "receive from",
                 " itself");
   }
-  Staged s = stage(tensors[0], sending);
-  s.copyBack = s.copyBack && !sending;
+  CallStaging st = staging(tensors[0]);
+  const at::Tensor host = sending ? st.input(tensors[0]) : st.output(tensors[0]);
+  if (st.device) st.device->start(/*pieceElems=*/0, 0);
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, tensors);
   auto task = std::make_shared<PointToPointTask>(
       work,
-      str(describe(title, s.bytes()), peer >= 0 ? str(sending ? " to rank " : " from rank ", peer) : " from any rank",
+      str(describe(title, bytesOf(host)), peer >= 0 ? str(sending ? " to rank " : " from rank ", peer) : " from any rank",
           " with tag ", tag),
-      s, sending ? Request::Kind::Send : Request::Kind::Recv, peer, Communicator::p2pTag(tag));
+      std::move(st), host, sending ? Request::Kind::Send : Request::Kind::Recv, peer, Communicator::p2pTag(tag));
   task->timeout = timeout_;
   engine_->enqueue(std::move(task));
   return work;

@@ -1,16 +1,20 @@
 // The c10d::Backend for "roce": checks arguments on the caller's thread (a bad
 // call raises at once and leaves the group usable), stages tensors into host
-// buffers, and queues a Task on the group's progress engine.
+// buffers (device tensors asynchronously, on the group's copy streams:
+// device_staging.hpp), and queues a Task on the group's progress engine.
 #pragma once
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 
 #include "../common/config.hpp"
 #include "../common/counters.hpp"
 #include "../engine/engine.hpp"
+#include "device_staging.hpp"
+#include "pinned_cache.hpp"
 #include "work.hpp"
 
 namespace roce {
@@ -49,6 +53,8 @@ class RoceBackend : public c10d::Backend {
   void abort() override;
   // Traffic counters of this group (roce_pg.counters()); any thread.
   Counters& counters();
+  // The pinned staging buffers of device collectives (tests, benchmarks).
+  PinnedCache::Stats deviceStagingStats() const { return pinned_->stats(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
@@ -92,9 +98,23 @@ class RoceBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
  private:
+  // Host buffers for a call whose tensors are on like's device.
+  CallStaging staging(const at::Tensor& like);
+  // A collective that runs once on its staged buffers.
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, const char* title, std::vector<at::Tensor> futureValue,
-                                        std::vector<Staged> outputs, CollectiveTask::Body body,
-                                        CallOptions call, size_t bytes);
+                                        CallStaging st, std::function<void(Communicator&)> body, CallOptions call,
+                                        size_t bytes);
+  // An element-wise collective on `flat` (allreduce, broadcast, reduce):
+  // device tensors run in pieces of ROCE_PG_DEVICE_PIECE_BYTES.
+  c10::intrusive_ptr<c10d::Work> submitElementwise(c10d::OpType type, const char* title,
+                                                   std::vector<at::Tensor> futureValue, CallStaging st,
+                                                   const at::Tensor& flat, CollectiveTask::Body body, CallOptions call);
+  // allreduce and allreduce_coalesced: the tensors reduced in place as one flat buffer.
+  c10::intrusive_ptr<c10d::Work> allreduceInPlace(c10d::OpType type, const char* title, std::vector<at::Tensor>& tensors,
+                                                  const c10d::ReduceOp& op, CallOptions call);
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title, std::vector<at::Tensor> futureValue,
+                                         CallStaging st, size_t elems, CollectiveTask::Body body, CallOptions call,
+                                         size_t bytes);
   c10::intrusive_ptr<c10d::Work> pointToPoint(c10d::OpType type, const char* title, std::vector<at::Tensor>& tensors,
                                               int peer, int tag);
   std::chrono::milliseconds effective(std::chrono::milliseconds t) const;
@@ -105,7 +125,9 @@ class RoceBackend : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;     // the group's store, for monitoredBarrier
   uint64_t monitoredBarriers_ = 0;             // calls so far; the same count on every rank
-  std::unique_ptr<Engine> engine_;
+  DeviceLanes lanes_;                     // copy streams per device
+  std::shared_ptr<PinnedCache> pinned_;   // staging buffers of device tensors
+  std::unique_ptr<Engine> engine_;        // after the two above: its tasks use them
   std::atomic<uint64_t> seq_{0};          // every operation, for messages
   std::atomic<uint64_t> collectives_{0};  // collectives only
 };

@@ -48,7 +48,18 @@ PYBIND11_MODULE(_C, m) {
              d["registered_bytes"] = get(c.registeredBytes);
              return d;
            })
-      .def("_reset_counters", [](roce::RoceBackend& b) { b.counters().reset(); });
+      .def("_reset_counters", [](roce::RoceBackend& b) { b.counters().reset(); })
+      .def("_device_staging_stats", [](const roce::RoceBackend& b) {
+        // The pinned staging buffers of device collectives (docs/ACCELERATORS.md).
+        const auto s = b.deviceStagingStats();
+        py::dict d;
+        d["allocations"] = s.allocations;
+        d["reuses"] = s.reuses;
+        d["cached_bytes"] = s.cachedBytes;
+        d["blocks"] = s.blocks;
+        d["pinned"] = s.pinned;
+        return d;
+      });
   py::class_<roce::RoceProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<roce::RoceProcessGroup>>(
       m, "RoceProcessGroup")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {

@@ -1,22 +1,48 @@
 #include "tensor_staging.hpp"
 
-#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include "../common/error.hpp"
 
 namespace roce {
+namespace {
+
+// Concatenates CPU tensors (any layout) into one contiguous host buffer.
+at::Tensor flatHost(const std::vector<at::Tensor>& ts) {
+  at::NoGradGuard noGrad;
+  std::vector<at::Tensor> flat;
+  for (const auto& t : ts) flat.push_back(t.reshape({-1}));
+  return at::cat(flat).contiguous();
+}
+
+// Output tensors that receive consecutive slices of one host buffer.
+std::vector<Staged> slicesOf(const at::Tensor& flat, const std::vector<at::Tensor>& outs) {
+  std::vector<Staged> v;
+  int64_t at = 0;
+  for (const auto& o : outs) {
+    v.push_back({o, flat.narrow(0, at, o.numel()), true});
+    at += o.numel();
+  }
+  return v;
+}
+
+int64_t totalNumel(const std::vector<at::Tensor>& ts) {
+  int64_t n = 0;
+  for (const auto& t : ts) n += t.numel();
+  return n;
+}
+
+}  // namespace
 
 void Staged::finish() const {
   if (!copyBack) return;
   at::NoGradGuard noGrad;
-  c10::OptionalDeviceGuard guard(user.device());
-  // Synchronous host-to-device copy for CUDA: the data is in place when the
-  // Work completes.
   user.copy_(host.view(user.sizes()));
 }
 
 Staged stage(const at::Tensor& t, bool readable) {
+  TORCH_INTERNAL_ASSERT(t.device().is_cpu(), "roce: stage() is for CPU tensors; device tensors go through DeviceStaging");
   at::NoGradGuard noGrad;
   Staged s;
   s.user = t;
@@ -30,12 +56,72 @@ Staged stage(const at::Tensor& t, bool readable) {
   return s;
 }
 
+at::Tensor CallStaging::input(const at::Tensor& t) {
+  if (!device) return stage(t, true).host;
+  at::Tensor host = device->hostBuffer(t.numel(), t.scalar_type());
+  device->add(t, host.view(t.sizes()), /*read=*/true, /*write=*/false);
+  return host;
+}
+
+at::Tensor CallStaging::output(const at::Tensor& t) {
+  if (!device) {
+    cpuOutputs.push_back(stage(t, false));
+    return cpuOutputs.back().host;
+  }
+  at::Tensor host = device->hostBuffer(t.numel(), t.scalar_type());
+  device->add(t, host.view(t.sizes()), /*read=*/false, /*write=*/true);
+  return host;
+}
+
+at::Tensor CallStaging::inputs(const std::vector<at::Tensor>& ts) {
+  TORCH_INTERNAL_ASSERT(!ts.empty());
+  return device ? inPlace(ts, true, false) : flatHost(ts);
+}
+
+at::Tensor CallStaging::outputs(const std::vector<at::Tensor>& ts) {
+  if (!device) {
+    TORCH_INTERNAL_ASSERT(!ts.empty());
+    at::Tensor flat = at::empty({totalNumel(ts)}, ts[0].options().device(at::kCPU));
+    for (auto& s : slicesOf(flat, ts)) cpuOutputs.push_back(s);
+    return flat;
+  }
+  return inPlace(ts, false, true);
+}
+
+at::Tensor CallStaging::inPlace(const std::vector<at::Tensor>& ts, bool read, bool write) {
+  TORCH_INTERNAL_ASSERT(!ts.empty());
+  if (!device) {
+    if (ts.size() == 1) {
+      Staged s = stage(ts[0], read);
+      s.copyBack = s.copyBack && write;
+      cpuOutputs.push_back(s);
+      return s.host;
+    }
+    at::Tensor flat = flatHost(ts);
+    if (write)
+      for (auto& s : slicesOf(flat, ts)) cpuOutputs.push_back(s);
+    return flat;
+  }
+  at::Tensor flat = device->hostBuffer(totalNumel(ts), ts[0].scalar_type());
+  int64_t at = 0;
+  for (const auto& t : ts) {
+    device->add(t, flat.narrow(0, at, t.numel()).view(t.sizes()), read, write, at);
+    at += t.numel();
+  }
+  return flat;
+}
+
 void checkTensor(const at::Tensor& t, const char* op) {
   TORCH_CHECK(t.defined(), "roce: ", op, ": got an undefined tensor");
   TORCH_CHECK(t.layout() == at::kStrided, "roce: ", op, ": ", t.layout(),
               " tensors are not supported (only dense strided tensors); convert with .to_dense()");
-  TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "roce: ", op, ": tensors on ", t.device(),
-              " are not supported (cpu and cuda only)");
+  // Device tensors are staged through the device-generic stream API, which
+  // any device with a registered DeviceGuardImpl provides; meta tensors have
+  // no data to send.
+  const c10::DeviceType type = t.device().type();
+  TORCH_CHECK(type == c10::DeviceType::CPU || (type != c10::DeviceType::Meta && c10::impl::hasDeviceGuardImpl(type)),
+              "roce: ", op, ": tensors on ", t.device(),
+              " are not supported (CPU tensors, or tensors of a device with streams: CUDA, ROCm, a PrivateUse1 device)");
 }
 
 void checkSingle(const std::vector<at::Tensor>& ts, const char* op) {
@@ -43,12 +129,16 @@ void checkSingle(const std::vector<at::Tensor>& ts, const char* op) {
   checkTensor(ts[0], op);
 }
 
-void checkSameDeviceAndDtype(const at::Tensor& a, const at::Tensor& b, const char* op) {
+void checkSameDevice(const at::Tensor& a, const at::Tensor& b, const char* op) {
   TORCH_CHECK(a.defined() && b.defined(), "roce: ", op, ": got an undefined tensor");
   TORCH_CHECK(a.device() == b.device(), "roce: ", op, ": tensors on different devices (", a.device(),
               " and ", b.device(), "); pass all tensors of one call on the same device");
   checkTensor(a, op);
   checkTensor(b, op);
+}
+
+void checkSameDeviceAndDtype(const at::Tensor& a, const at::Tensor& b, const char* op) {
+  checkSameDevice(a, b, op);
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), "roce: ", op, ": tensors of different dtypes (",
               a.scalar_type(), " and ", b.scalar_type(), ")");
 }
@@ -90,7 +180,8 @@ Reduction toReduction(const c10d::ReduceOp& op, DataType t) {
     case c10d::ReduceOp::BXOR: r.op = ReduceOp::BXor; break;
     case c10d::ReduceOp::PREMUL_SUM: {
       r.op = ReduceOp::PreMulSum;
-      auto* sup = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      // The older name: torch 2.11 has only it, newer torch keeps it as an alias.
+      auto* sup = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       TORCH_CHECK(sup, "roce: PREMUL_SUM without a factor; build it with torch.distributed._make_nccl_premul_sum");
       r.factor = sup->tensor_factor.defined() ? sup->tensor_factor.item<double>() : sup->double_factor;
       break;

@@ -1,13 +1,17 @@
 // Turning the tensors a c10d call receives into the contiguous host buffers the
-// algorithms work on, and back. CPU contiguous tensors are used in place; CUDA
-// or non-contiguous tensors are staged through a contiguous host copy.
+// algorithms work on, and back. CPU contiguous tensors are used in place;
+// non-contiguous CPU tensors go through a contiguous host copy; device tensors
+// through pinned host buffers filled and drained on the group's copy streams
+// (device_staging.hpp).
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <memory>
 #include <vector>
 
 #include "../common/dtype.hpp"
+#include "device_staging.hpp"
 
 namespace roce {
 
@@ -18,16 +22,48 @@ struct Staged {
 
   void* data() const { return host.data_ptr(); }
   size_t bytes() const { return host.numel() * host.element_size(); }
-  // Runs on the progress thread once the operation succeeded.
+  // Runs on the progress thread once the operation succeeded (CPU tensors;
+  // device tensors are copied back by DeviceStaging).
   void finish() const;
 };
 
 // readable: the algorithm reads the current contents (inputs, in-place ops).
+// CPU tensors only.
 Staged stage(const at::Tensor& t, bool readable);
 
-// Argument checks that raise c10::Error naming the operation.
+// The host buffers of one call, the same calls for CPU and device tensors:
+// each returns the contiguous host tensor the algorithm works on. CPU: as
+// stage() above; cpuOutputs lists the buffers results land in (zero-copy
+// transports may register them), and the task writes back those that are
+// copies once the operation succeeded. Device: pinned buffers, copied in and
+// back asynchronously by `device`.
+class CallStaging {
+ public:
+  CallStaging() = default;  // CPU tensors
+  explicit CallStaging(std::shared_ptr<DeviceStaging> device) : device(std::move(device)) {}
+
+  // Holds t's contents.
+  at::Tensor input(const at::Tensor& t);
+  // Holds the contents of ts one after another.
+  at::Tensor inputs(const std::vector<at::Tensor>& ts);
+  // Copied into t when the operation ends.
+  at::Tensor output(const at::Tensor& t);
+  // Consecutive slices copied into ts when the operation ends.
+  at::Tensor outputs(const std::vector<at::Tensor>& ts);
+  // Element-wise operations on ts in place, as one flat buffer: read: holds
+  // their contents; write: copied back. On devices, pieces of it are copied
+  // in and back as the operation proceeds (DeviceStaging::start).
+  at::Tensor inPlace(const std::vector<at::Tensor>& ts, bool read, bool write);
+
+  std::vector<Staged> cpuOutputs;
+  std::shared_ptr<DeviceStaging> device;  // null for CPU tensors
+};
+
+// Argument checks that raise c10::Error naming the operation. Tensors may be
+// on the CPU or on any device with streams (CUDA, ROCm, PrivateUse1, ...).
 void checkTensor(const at::Tensor& t, const char* op);
 void checkSingle(const std::vector<at::Tensor>& ts, const char* op);
+void checkSameDevice(const at::Tensor& a, const at::Tensor& b, const char* op);
 void checkSameDeviceAndDtype(const at::Tensor& a, const at::Tensor& b, const char* op);
 void checkRank(int64_t r, int size, const char* what, const char* op);
 

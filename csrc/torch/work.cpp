@@ -1,6 +1,8 @@
 #include "work.hpp"
 
 #include <ATen/core/jit_type.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 #include "../comm/communicator.hpp"
@@ -9,10 +11,11 @@
 namespace roce {
 namespace {
 
-std::vector<c10::Device> cudaDevicesOf(const std::vector<at::Tensor>& ts) {
+// The devices (not the CPU) the future's value lives on.
+std::vector<c10::Device> devicesOf(const std::vector<at::Tensor>& ts) {
   std::vector<c10::Device> out;
   for (const auto& t : ts)
-    if (t.defined() && t.is_cuda() && std::find(out.begin(), out.end(), t.device()) == out.end())
+    if (t.defined() && !t.is_cpu() && std::find(out.begin(), out.end(), t.device()) == out.end())
       out.push_back(t.device());
   return out;
 }
@@ -57,7 +60,7 @@ RoceWork::RoceWork(c10d::OpType type, int rank, const char* title, std::vector<a
     : c10d::Work(rank, type, title), outputs_(std::move(outputs)), rank_(rank), title_(title) {
   // The type is the same for every Work: built once, not per operation.
   static const c10::TypePtr kTensorList = c10::ListType::create(c10::TensorType::get());
-  future_ = c10::make_intrusive<c10::ivalue::Future>(kTensorList, cudaDevicesOf(outputs_));
+  future_ = c10::make_intrusive<c10::ivalue::Future>(kTensorList, devicesOf(outputs_));
 }
 
 void RoceWork::complete(std::exception_ptr error) {
@@ -69,6 +72,33 @@ void RoceWork::complete(std::exception_ptr error) {
     future_->markCompleted(c10::IValue(outputs_));
     finish();
   }
+}
+
+void RoceWork::completeOnDevice(std::exception_ptr error, std::shared_ptr<c10::Event> end, c10::Stream results) {
+  {
+    std::lock_guard<std::mutex> g(endMu_);
+    end_ = std::move(end);
+  }
+  c10::StreamGuard onResults(results);
+  complete(error);
+}
+
+std::shared_ptr<c10::Event> RoceWork::endEvent() const {
+  std::lock_guard<std::mutex> g(endMu_);
+  return end_;
+}
+
+void RoceWork::synchronize() {
+  if (auto end = endEvent()) {
+    c10::impl::VirtualGuardImpl impl(end->device_type());
+    end->block(impl.getStream(end->device()));
+  }
+}
+
+bool RoceWork::isCompleted() {
+  if (!c10d::Work::isCompleted()) return false;
+  auto end = endEvent();
+  return !end || end->query();
 }
 
 bool RoceWork::wait(std::chrono::milliseconds timeout) {
@@ -89,32 +119,68 @@ int RoceWork::sourceRank() const {
 
 std::string OpLabel::text() const { return str(title, " #", seq, " (", bytes, " bytes)"); }
 
+void completeWork(RoceWork& work, CallStaging& staging, std::exception_ptr error) {
+  if (!staging.device) {
+    work.complete(error);
+    return;
+  }
+  std::shared_ptr<c10::Event> end;
+  try {
+    end = staging.device->finish();
+  } catch (...) {
+    if (!error) error = std::current_exception();  // a device error: report it rather than hang a waiter
+  }
+  if (end) work.completeOnDevice(error, std::move(end), staging.device->resultStream());
+  else work.complete(error);
+}
+
 bool CollectiveTask::start(Communicator& c) {
   std::vector<BufferOwner> owners;
-  for (const auto& s : outputs_)
-    if (BufferOwner o = ownerOf(s.host, c.config().ibZeroCopyMinBytes)) owners.push_back(std::move(o));
+  auto own = [&](const at::Tensor& host) {
+    if (BufferOwner o = ownerOf(host, c.config().ibZeroCopyMinBytes)) owners.push_back(std::move(o));
+  };
+  DeviceStaging* device = staging_.device.get();
+  if (device) {
+    for (const auto& h : device->hostTensors()) own(h);
+  } else {
+    for (const auto& s : staging_.cpuOutputs) own(s.host);
+  }
   {
     auto scope = c.useBufferOwners(std::move(owners));
-    body_(c);
+    if (!device) {
+      body_(c, 0, elems_);
+    } else {
+      // Piece k's host part runs while k+1 is still copied in and k-1's
+      // results travel back.
+      for (size_t k = 0; k < device->pieces(); ++k) {
+        device->awaitPiece(k, c);
+        body_(c, device->pieceFirst(k), device->pieceCount(k));
+        device->copyBack(k);
+      }
+    }
   }
-  for (const auto& s : outputs_) s.finish();
+  for (const auto& s : staging_.cpuOutputs) s.finish();
   return true;
 }
 
-void CollectiveTask::complete(std::exception_ptr error) { work_->complete(error); }
+void CollectiveTask::complete(std::exception_ptr error) { completeWork(*work_, staging_, error); }
 
-PointToPointTask::PointToPointTask(c10::intrusive_ptr<RoceWork> work, std::string what, Staged buffer,
-                                   Request::Kind kind, int peer, uint64_t tag)
-    : work_(std::move(work)), what_(std::move(what)), buffer_(std::move(buffer)) {
+PointToPointTask::PointToPointTask(c10::intrusive_ptr<RoceWork> work, std::string what, CallStaging staging,
+                                   at::Tensor host, Request::Kind kind, int peer, uint64_t tag)
+    : work_(std::move(work)), what_(std::move(what)), staging_(std::move(staging)), host_(std::move(host)) {
   req_.kind = kind;
   req_.peer = peer;
   req_.tag = tag;
-  req_.buf = buffer_.data();
-  req_.len = buffer_.bytes();
+  req_.buf = host_.data_ptr();
+  req_.len = host_.numel() * host_.element_size();
 }
 
 bool PointToPointTask::start(Communicator& c) {
-  req_.owner = ownerOf(buffer_.host, c.config().ibZeroCopyMinBytes);
+  req_.owner = ownerOf(host_, c.config().ibZeroCopyMinBytes);
+  // A send from a device first waits for its copy to the host, as a
+  // collective would (an idle engine blocks on descriptors, which a device
+  // event does not have, so polling it from poll() could sleep through it).
+  if (staging_.device) staging_.device->awaitPiece(0, c);
   if (req_.peer < 0) c.postRecvAnySource(req_);
   else c.post(req_);
   return poll(c);
@@ -125,11 +191,12 @@ bool PointToPointTask::poll(Communicator&) {
   if (req_.failed()) throwComm(str(what_, " failed: ", req_.error));
   if (req_.kind == Request::Kind::Recv) {
     work_->setSourceRank(req_.peer);
-    buffer_.finish();
+    if (staging_.device) staging_.device->copyBack(0);
+    for (const auto& s : staging_.cpuOutputs) s.finish();
   }
   return true;
 }
 
-void PointToPointTask::complete(std::exception_ptr error) { work_->complete(error); }
+void PointToPointTask::complete(std::exception_ptr error) { completeWork(*work_, staging_, error); }
 
 }  // namespace roce

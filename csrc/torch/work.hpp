@@ -2,9 +2,12 @@
 #pragma once
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
+#include <c10/core/Event.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "../engine/engine.hpp"
@@ -17,18 +20,37 @@ class RoceWork : public c10d::Work {
  public:
   RoceWork(c10d::OpType type, int rank, const char* title, std::vector<at::Tensor> outputs);
 
-  // The future's value is the list of output tensors (what DDP's comm hooks read).
+  // The future's value is the list of output tensors (what DDP's comm hooks
+  // read). For device tensors it is created with their device, so wait() and
+  // then() on it order the caller's streams after the copies back.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
+  // Blocks until the host part is done (the network part runs on the CPU);
+  // for device tensors it then makes the caller's current stream wait for the
+  // copies back (synchronize()), without waiting for the device itself.
   bool wait(std::chrono::milliseconds timeout) override;
+  // Device tensors: the caller's current stream waits for the copies back.
+  void synchronize() override;
+  // The host part is done and, for device tensors, so are the copies back.
+  bool isCompleted() override;
   int sourceRank() const override;
 
   // Called once from the progress thread.
   void complete(std::exception_ptr error);
+  // The same for device tensors: `end` follows the last copy back, which runs
+  // on `results`; the future completes with that stream current, so that the
+  // events it records for its waiters and callbacks follow the copies.
+  void completeOnDevice(std::exception_ptr error, std::shared_ptr<c10::Event> end, c10::Stream results);
   void setSourceRank(int r) { sourceRank_ = r; }
 
  private:
+  std::shared_ptr<c10::Event> endEvent() const;
+
   std::vector<at::Tensor> outputs_;
+  // Set before the Work completes; its own mutex, because c10d::Work::wait
+  // calls synchronize() holding mutex_.
+  mutable std::mutex endMu_;
+  std::shared_ptr<c10::Event> end_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int rank_;
   std::string title_;
@@ -45,12 +67,16 @@ struct OpLabel {
 };
 
 // A collective: runs `body` on the progress thread (or inline on the caller's,
-// Engine::runInline), then copies staged outputs back.
+// Engine::runInline), then copies staged outputs back. body(c, first, count)
+// works on elements [first, first + count) of the call's buffers: once on all
+// `elems` of them, or for element-wise collectives on device tensors once per
+// piece as the pieces arrive in host memory (DeviceStaging), each piece a
+// collective of its own.
 class CollectiveTask : public Task {
  public:
-  using Body = std::function<void(Communicator&)>;
-  CollectiveTask(c10::intrusive_ptr<RoceWork> work, OpLabel what, std::vector<Staged> outputs, Body body)
-      : work_(std::move(work)), what_(what), outputs_(std::move(outputs)), body_(std::move(body)) {}
+  using Body = std::function<void(Communicator&, size_t first, size_t count)>;
+  CollectiveTask(c10::intrusive_ptr<RoceWork> work, OpLabel what, CallStaging staging, size_t elems, Body body)
+      : work_(std::move(work)), what_(what), staging_(std::move(staging)), elems_(elems), body_(std::move(body)) {}
   bool start(Communicator& c) override;
   void complete(std::exception_ptr error) override;
   std::string describe() const override { return what_.text(); }
@@ -58,15 +84,18 @@ class CollectiveTask : public Task {
  private:
   c10::intrusive_ptr<RoceWork> work_;
   OpLabel what_;
-  std::vector<Staged> outputs_;
+  CallStaging staging_;
+  size_t elems_;
   Body body_;
 };
 
-// send / recv / recv from any source: posts one request, then is polled.
+// send / recv / recv from any source: posts one request, then is polled. A
+// send from a device tensor posts once its copy to the host is done; a
+// receive into one queues its copy back when the data is in.
 class PointToPointTask : public Task {
  public:
-  PointToPointTask(c10::intrusive_ptr<RoceWork> work, std::string what, Staged buffer, Request::Kind kind,
-                   int peer, uint64_t tag);
+  PointToPointTask(c10::intrusive_ptr<RoceWork> work, std::string what, CallStaging staging, at::Tensor host,
+                   Request::Kind kind, int peer, uint64_t tag);
   bool start(Communicator& c) override;
   bool poll(Communicator& c) override;
   void complete(std::exception_ptr error) override;
@@ -75,9 +104,13 @@ class PointToPointTask : public Task {
  private:
   c10::intrusive_ptr<RoceWork> work_;
   std::string what_;
-  Staged buffer_;
+  CallStaging staging_;
+  at::Tensor host_;
   Request req_;
 };
+
+// Completes `work` for a task whose tensors were staged by `staging`.
+void completeWork(RoceWork& work, CallStaging& staging, std::exception_ptr error);
 
 // Rethrows roce errors as c10::DistBackendError (torch.distributed.DistBackendError).
 std::exception_ptr toTorchError(std::exception_ptr e);

@@ -1,0 +1,163 @@
+#include "device_staging.hpp"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "../comm/communicator.hpp"
+#include "../common/error.hpp"
+#include "../common/log.hpp"
+
+namespace roce {
+
+DeviceLane DeviceLanes::of(c10::Device device) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (const auto& l : lanes_)
+    if (l.device() == device) return l;
+  // Pool streams, as ProcessGroupGloo's device path and c10::ivalue::Future
+  // use: created once per device and process, shared round robin.
+  c10::impl::VirtualGuardImpl impl(device.type());
+  lanes_.push_back(DeviceLane{impl.getStreamFromGlobalPool(device), impl.getStreamFromGlobalPool(device)});
+  return lanes_.back();
+}
+
+DeviceStaging::DeviceStaging(DeviceLane lane, std::shared_ptr<PinnedCache> cache)
+    : lane_(lane), cache_(std::move(cache)) {
+  // Everything queued on the caller's stream so far (the kernels producing
+  // the inputs, earlier readers of the outputs) comes before our copies.
+  const c10::Device device = lane_.device();
+  c10::impl::VirtualGuardImpl impl(device.type());
+  c10::Event issued(device.type());
+  issued.record(impl.getStream(device));
+  issued.block(lane_.toHost);
+  issued.block(lane_.toDevice);
+}
+
+DeviceStaging::~DeviceStaging() {
+  if (end_ || (blocks_.empty() && segments_.empty())) return;
+  try {
+    finish();
+  } catch (const std::exception& e) {
+    ROCE_WARN("roce: releasing the staging buffers of a device operation failed: ", e.what());
+  }
+}
+
+at::Tensor DeviceStaging::hostBuffer(int64_t numel, at::ScalarType dtype) {
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  if (bytes == 0) return at::empty({numel}, at::TensorOptions().dtype(dtype));
+  blocks_.push_back(cache_->acquire(bytes, lane_.device()));
+  at::Tensor t = PinnedCache::view(blocks_.back(), numel, dtype);
+  hostTensors_.push_back(t);
+  return t;
+}
+
+void DeviceStaging::add(const at::Tensor& user, const at::Tensor& host, bool read, bool write, int64_t offset) {
+  if (user.numel() == 0 || !(read || write)) return;
+  // The caching allocator must not hand this memory to anyone else before the
+  // copy streams are done with it, even if the caller frees the tensor now.
+  c10::impl::VirtualGuardImpl impl(lane_.device().type());
+  const c10::DataPtr& data = user.storage().data_ptr();
+  if (read) impl.recordDataPtrOnStream(data, lane_.toHost);
+  if (write) impl.recordDataPtrOnStream(data, lane_.toDevice);
+  segments_.push_back(Segment{user, host, read, write, offset, user.is_contiguous()});
+}
+
+void DeviceStaging::start(int64_t pieceElems, int64_t totalElems) {
+  if (pieceElems <= 0) {
+    pieces_.push_back(Piece{0, totalElems, nullptr});
+  } else {
+    const int64_t n = std::max<int64_t>(1, (totalElems + pieceElems - 1) / pieceElems);
+    for (int64_t k = 0; k < n; ++k)
+      pieces_.push_back(Piece{k * pieceElems, std::min(pieceElems, totalElems - k * pieceElems), nullptr});
+  }
+  at::NoGradGuard noGrad;
+  c10::StreamGuard guard(lane_.toHost);
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    bool queued = false;
+    for (auto& s : segments_)
+      if (s.read) queued = copy(s, pieces_[k], /*toHost=*/true, k + 1 == pieces_.size()) || queued;
+    if (queued) {
+      pieces_[k].ready = std::make_shared<c10::Event>(lane_.device().type());
+      pieces_[k].ready->record(lane_.toHost);
+    }
+  }
+}
+
+bool DeviceStaging::copy(Segment& s, const Piece& p, bool toHost, bool lastPiece) {
+  const int64_t end = s.offset + s.user.numel();
+  const int64_t pieceEnd = p.first + p.count;
+  if (!s.divisible || pieces_.size() == 1) {
+    // Whole: in with the first piece it overlaps, back with the one holding
+    // its last element (the earlier ones are done by then).
+    if (toHost) {
+      if (s.copiedIn || !(pieces_.size() == 1 || (p.first < end && s.offset < pieceEnd))) return false;
+      s.copiedIn = true;
+      s.host.copy_(s.user, /*non_blocking=*/true);
+    } else {
+      if (!(pieces_.size() == 1 || lastPiece || (p.first < end && end <= pieceEnd))) return false;
+      s.user.copy_(s.host, /*non_blocking=*/true);
+    }
+    return true;
+  }
+  const int64_t lo = std::max(p.first, s.offset), hi = std::min(pieceEnd, end);
+  if (lo >= hi) return false;
+  at::Tensor dev = s.user.view(-1).narrow(0, lo - s.offset, hi - lo);
+  at::Tensor host = s.host.view(-1).narrow(0, lo - s.offset, hi - lo);
+  if (toHost) host.copy_(dev, /*non_blocking=*/true);
+  else dev.copy_(host, /*non_blocking=*/true);
+  return true;
+}
+
+bool DeviceStaging::ready(size_t k) const { return !pieces_[k].ready || pieces_[k].ready->query(); }
+
+void DeviceStaging::awaitPiece(size_t k, Communicator& c) {
+  if (ready(k)) return;
+  // Device events give no descriptor to block on: poll, sleeping a little
+  // longer each time (20 us to 0.5 ms), which costs no core that another rank
+  // on this machine needs and adds at most 0.5 ms to a long copy.
+  auto nap = std::chrono::microseconds(20);
+  c.waitUntil([&] { return ready(k); },
+              [&] {
+                return str("the copy of piece ", k + 1, " of ", pieces_.size(), " from ", lane_.device().str(),
+                           " to host memory, which follows the kernels queued on the caller's stream before "
+                           "the collective");
+              },
+              [&] {
+                std::this_thread::sleep_for(nap);
+                nap = std::min(nap * 2, std::chrono::microseconds(500));
+              });
+}
+
+void DeviceStaging::copyBack(size_t k) {
+  at::NoGradGuard noGrad;
+  c10::StreamGuard guard(lane_.toDevice);
+  for (auto& s : segments_)
+    if (s.write) copy(s, pieces_[k], /*toHost=*/false, k + 1 == pieces_.size());
+}
+
+std::shared_ptr<c10::Event> DeviceStaging::finish() {
+  if (end_) return end_;
+  const c10::DeviceType type = lane_.device().type();
+  // E on the results' stream, after it waited for the last copy to the host:
+  // on success the host saw those finish already, but a failed or aborted
+  // operation may end with copies still queued.
+  c10::Event copiedOut(type);
+  copiedOut.record(lane_.toHost);
+  copiedOut.block(lane_.toDevice);
+  auto end = std::make_shared<c10::Event>(type);
+  end->record(lane_.toDevice);
+  end_ = end;
+  cache_->release(blocks_, end_);
+  blocks_.clear();
+  // Dropping the tensors now is safe: their memory was recorded on the
+  // streams that still use it (add()).
+  segments_.clear();
+  hostTensors_.clear();
+  return end_;
+}
+
+}  // namespace roce

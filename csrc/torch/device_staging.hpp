@@ -1,0 +1,130 @@
+// Collectives on accelerator tensors (CUDA, ROCm, any PrivateUse1 device),
+// through the device-generic c10 API only (c10::impl::VirtualGuardImpl,
+// c10::Stream, c10::Event, c10::StreamGuard): no CUDA header, so one source
+// serves every device type. The design and its reasons are in
+// docs/ACCELERATORS.md; in short:
+//
+//  caller's thread (constructor, add, start): an event on the caller's current
+//    stream S; the group's two copy streams for the device wait for it; the
+//    device-to-host copies into pinned buffers are queued on the first one,
+//    in pieces for element-wise collectives, each piece followed by an event.
+//    Nothing here waits for the device.
+//  progress thread (awaitPiece, copyBack, finish): polls each piece's event
+//    (never blocking on the device: ranks may outnumber cores, and deadlines,
+//    abort and peer failures must still be noticed), runs the host algorithm
+//    on the piece, queues the copies of its results back on the second stream,
+//    and at the end records the event E that the Work hands to the caller's
+//    stream in wait().
+//
+// Lifetimes: every device tensor a copy touches is recorded with the device's
+// caching allocator on the copying stream (recordDataPtrOnStream), and kept
+// referenced until finish(), after the last copy was queued; so a caller that
+// drops a tensor right after an asynchronous collective cannot see its memory
+// reused while a copy stream still reads or writes it.
+#pragma once
+#include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "pinned_cache.hpp"
+
+namespace roce {
+
+class Communicator;
+
+// The streams a group copies on for one device: `toHost` carries the copies
+// into host memory, `toDevice` the results back. Two streams, so that piece
+// k-1's results travel back while piece k+1 is still being copied out (the
+// two directions of the link run at once; one stream would serialize them).
+struct DeviceLane {
+  c10::Stream toHost;
+  c10::Stream toDevice;
+  c10::Device device() const { return toHost.device(); }
+};
+
+// The lanes of one group, by device; made on first use (from the device's
+// stream pool) and kept for the group's life. Thread-safe.
+class DeviceLanes {
+ public:
+  DeviceLane of(c10::Device device);
+
+ private:
+  std::mutex mu_;
+  std::vector<DeviceLane> lanes_;
+};
+
+// One call's copies between device tensors and host staging buffers.
+class DeviceStaging {
+ public:
+  DeviceStaging(DeviceLane lane, std::shared_ptr<PinnedCache> cache);
+  ~DeviceStaging();  // finish() if nobody did (the task was never run)
+  DeviceStaging(const DeviceStaging&) = delete;
+  DeviceStaging& operator=(const DeviceStaging&) = delete;
+
+  // --- caller's thread, before start() ---------------------------------------
+  // A contiguous host buffer of `numel` elements from the group's pinned cache.
+  at::Tensor hostBuffer(int64_t numel, at::ScalarType dtype);
+  // `host` (contiguous, user's shape) stages `user`: read: copied from the
+  // device before the operation; write: copied back after it. `offset`
+  // places it in the element range that pieces cut (element-wise
+  // collectives: its position in the flat host buffer). A tensor that is not
+  // contiguous is copied whole, with the first piece it overlaps (in) or the
+  // last (back).
+  void add(const at::Tensor& user, const at::Tensor& host, bool read, bool write, int64_t offset = 0);
+  // Queues the copies to the host. pieceElems > 0: pieces of that many
+  // elements over [0, totalElems) (at least one); 0: one piece, everything.
+  void start(int64_t pieceElems, int64_t totalElems);
+
+  // --- progress thread -------------------------------------------------------
+  size_t pieces() const { return pieces_.size(); }
+  int64_t pieceFirst(size_t k) const { return pieces_[k].first; }
+  int64_t pieceCount(size_t k) const { return pieces_[k].count; }
+  // True once piece k's copies to the host are done (no copy: at once).
+  bool ready(size_t k) const;
+  // Waits for ready(k) through the Communicator's wait loop (deadline, abort,
+  // peer failures), sleeping briefly between polls.
+  void awaitPiece(size_t k, Communicator& c);
+  // Queues the copies of piece k's results back to the device.
+  void copyBack(size_t k);
+  // Records the end event E (after every copy of the call, on both streams),
+  // returns the host buffers to the cache for reuse after E and drops the
+  // tensors. Idempotent; returns E.
+  std::shared_ptr<c10::Event> finish();
+
+  // The stream the results arrive on (the Work completes its future there).
+  c10::Stream resultStream() const { return lane_.toDevice; }
+  // The host buffers, for zero-copy transports (BufferOwner).
+  const std::vector<at::Tensor>& hostTensors() const { return hostTensors_; }
+
+ private:
+  struct Segment {
+    at::Tensor user, host;
+    bool read, write;
+    int64_t offset;
+    bool divisible;        // contiguous: copied piece by piece
+    bool copiedIn = false;  // whole copies: done already
+  };
+  struct Piece {
+    int64_t first, count;
+    std::shared_ptr<c10::Event> ready;  // null: nothing to wait for
+  };
+  // Queues the copies of `s` that piece `p` covers, in the direction given;
+  // returns whether it queued any.
+  bool copy(Segment& s, const Piece& p, bool toHost, bool lastPiece);
+
+  DeviceLane lane_;
+  std::shared_ptr<PinnedCache> cache_;
+  std::vector<PinnedCache::BlockPtr> blocks_;
+  std::vector<at::Tensor> hostTensors_;
+  std::vector<Segment> segments_;
+  std::vector<Piece> pieces_;
+  std::shared_ptr<c10::Event> end_;
+};
+
+}  // namespace roce

@@ -1,0 +1,415 @@
+"""Rank functions for tests/test_accelerator.py: collectives on accelerator
+tensors (the test device "testdev", or CUDA on a GPU machine), run inside
+spawned groups. Values are checked against host references (tests/reference.py)
+and collected, not asserted, so that a wrong value on one rank never leaves
+the others waiting in a collective; timings come back to the test."""
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from .reference import Checker
+
+SLOW_MS = 300  # a producer kernel that is still running when the collective is issued
+QUICK_S = 0.1  # "did not wait for it": far below SLOW_MS
+
+
+def load_testdev():
+    """run_group(prepare=...): the device must exist before roce_pg registers."""
+    from tests import testdev
+
+    testdev.load()
+
+
+class Accel:
+    """What the tests need of a device type, for testdev and CUDA alike."""
+
+    def __init__(self, kind, rank):
+        self.kind = kind
+        count = torch.accelerator.device_count() if kind != "cuda" else torch.cuda.device_count()
+        self.device = torch.device(kind, rank % count)
+        torch.accelerator.set_device_index(self.device.index)
+        self._cycles_per_ms = None
+        if kind == "testdev":
+            from tests import testdev
+
+            self.testdev = testdev
+
+    def stream(self):
+        return torch.Stream(device=self.device)
+
+    def current_stream(self):
+        return torch.accelerator.current_stream(self.device)
+
+    def synchronize(self):
+        torch.accelerator.synchronize(self.device)
+
+    def busy(self, ms):
+        """Keeps the current stream busy for about `ms` (a slow kernel)."""
+        if self.kind == "testdev":
+            self.testdev.sleep_on_stream(ms)
+        else:
+            torch.cuda._sleep(int(ms * self.cuda_cycles_per_ms()))
+
+    def slow_fill_(self, t, value, ms=SLOW_MS):
+        self.busy(ms)
+        return t.fill_(value)
+
+    def cuda_cycles_per_ms(self):
+        if self._cycles_per_ms is None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(10_000_000)
+            end.record()
+            end.synchronize()
+            self._cycles_per_ms = 10_000_000 / start.elapsed_time(end)
+        return self._cycles_per_ms
+
+    def copy_delay(self, ms):
+        """testdev only: every host<->device copy first sleeps `ms` on its stream."""
+        self.testdev.set_copy_delay_ms(ms)
+
+
+def _timed(fn):
+    start = time.monotonic()
+    result = fn()
+    return time.monotonic() - start, result
+
+
+# --- every collective, op and dtype ------------------------------------------
+
+
+def matrix(rank, world, port, kind):
+    """tests/matrix.py on device tensors, plus point-to-point."""
+    from . import matrix as cpu_matrix
+
+    acc = Accel(kind, rank)
+    # ROCE_PG_DEVICE_PIECE_BYTES is 4096 in this group: the larger sizes run in
+    # several pieces, with a partial last one.
+    result = cpu_matrix.run(rank, world, port, device=str(acc.device), sizes=[0, 1, 7, 1000, 4099])
+    ck = Checker(rank)
+    ck.checks, ck.failures = result["checks"], result["failures"]
+    _point_to_point(ck, acc, rank, world)
+    return ck.result()
+
+
+def _point_to_point(ck, acc, rank, world):
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    for n in (0, 5, 3000):
+        mine = torch.arange(n, dtype=torch.float64, device=acc.device) + 1000 * rank
+        got = torch.empty(n, dtype=torch.float64, device=acc.device)
+        ops = [dist.P2POp(dist.isend, mine, nxt), dist.P2POp(dist.irecv, got, prev)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        ck.same(f"send/recv ring n={n}", got, torch.arange(n, dtype=torch.float64) + 1000 * prev)
+    if world >= 2 and rank < 2:
+        t = torch.full((17,), 5 + rank, dtype=torch.int32, device=acc.device)
+        if rank == 0:
+            dist.send(t, 1, tag=3)
+        else:
+            dist.recv(t, 0, tag=3)
+        ck.same("send/recv with tag", t, torch.full((17,), 5, dtype=torch.int32))
+
+
+# --- stream semantics ----------------------------------------------------------
+
+
+def streams(rank, world, port, kind, tmp):
+    """Ordering, completion, side streams, lifetimes, layouts, futures and DDP on
+    one group; then CPU work (objects, barrier, DCP) in the same group."""
+    acc = Accel(kind, rank)
+    ck = Checker(rank)
+    report = {}
+    report.update(_producer_still_running(ck, acc, world))
+    report.update(_side_streams(ck, acc, rank, world))
+    _non_contiguous(ck, acc, rank, world)
+    if kind == "testdev":
+        report.update(_wait_does_not_wait_for_the_copy_back(ck, acc, world))
+        report.update(_pieces_overlap(acc, world))
+        report.update(_freed_right_after_issue(ck, acc, world))
+    report["ddp"] = _ddp(acc, rank, world)
+    _cpu_work_in_the_same_group(ck, rank, world, tmp)
+    report.update(ck.result())
+    return report
+
+
+def _expected_sum(world, n, dtype=torch.float32):
+    return torch.full((n,), float(world * (world + 1) // 2), dtype=dtype)
+
+
+def _producer_still_running(ck, acc, world):
+    """The collective follows the kernel that produces its input, which is still
+    running when the collective is issued; issuing does not wait for it."""
+    x = torch.empty(1 << 16, device=acc.device)
+    acc.slow_fill_(x, float(dist.get_rank() + 1))
+    issue_s, work = _timed(lambda: dist.all_reduce(x, async_op=True))
+    producer_running = not acc.current_stream().query()
+    work.wait()
+    ck.same("all_reduce after a slow producer", x, _expected_sum(world, 1 << 16))
+    return {"issue_s": issue_s, "producer_running_after_issue": producer_running}
+
+
+def _wait_does_not_wait_for_the_copy_back(ck, acc, world):
+    """wait() returns once the host part is done; the copy back is still
+    running (slow copies), and a consumer queued on the current stream after
+    wait() still reads the result. The same through the future's then()."""
+    acc.copy_delay(SLOW_MS)
+    try:
+        n = 4096
+        x = torch.full((n,), float(dist.get_rank() + 1), device=acc.device)
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        copy_back_running = not work.is_completed()
+        enqueue_s, y = _timed(lambda: x * 2)  # a consumer on the current stream, no host synchronisation
+        work.synchronize()  # the same stream wait, again: harmless
+        ck.same("consumer after wait()", y, _expected_sum(world, n) * 2)
+        acc.synchronize()
+        completed_after_sync = work.is_completed()
+
+        x = torch.full((n,), float(dist.get_rank() + 1), device=acc.device)
+        fut = dist.all_reduce(x, async_op=True).get_future().then(lambda f: f.value()[0] * 3)
+        ck.same("future.then() after the copy back", fut.wait(), _expected_sum(world, n) * 3)
+    finally:
+        acc.copy_delay(0)
+    return {"copy_back_running_after_wait": copy_back_running, "consumer_enqueue_s": enqueue_s,
+            "completed_after_sync": completed_after_sync}
+
+
+def _pieces_overlap(acc, world):
+    """Element-wise collectives move in pieces (4096 bytes here): with every
+    copy taking 60 ms, 6 pieces copied out and back one after the other would
+    take 12 x 60 ms; pipelined, the copies back run beside the copies out."""
+    delay_ms, pieces = 60, 6
+    x = torch.full((pieces * 1024,), float(dist.get_rank() + 1), device=acc.device)
+    acc.synchronize()
+    dist.barrier()
+    acc.copy_delay(delay_ms)
+    try:
+        took, _ = _timed(lambda: (dist.all_reduce(x), acc.synchronize()))
+    finally:
+        acc.copy_delay(0)
+    ok = bool(torch.equal(x.cpu(), _expected_sum(world, pieces * 1024)))
+    return {"pieces_s": took, "pieces_serial_s": 2 * pieces * delay_ms / 1000, "pieces_ok": ok}
+
+
+def _freed_right_after_issue(ck, acc, world):
+    """The caller drops the tensor (and the Work) right after an asynchronous
+    collective and allocates again on the same stream. The copy back into the
+    freed memory is still queued (slow copies): without recordStream on the
+    copy stream, the caching allocator would hand that memory to the new
+    tensor and the late copy would overwrite it."""
+    counters = acc.testdev.counters
+    n = 1 << 14
+    acc.synchronize()
+    acc.copy_delay(SLOW_MS)
+    try:
+        x = torch.full((n,), float(dist.get_rank() + 1), device=acc.device)
+        in_use = counters()["device"]["bytes_in_use"]
+        dist.all_reduce(x, async_op=True)
+        del x
+        # The progress thread holds the tensor until its last copy is queued.
+        deadline = time.monotonic() + 10
+        while counters()["device"]["bytes_in_use"] >= in_use and time.monotonic() < deadline:
+            time.sleep(0.001)
+        freed = counters()["device"]["bytes_in_use"] < in_use
+        fresh = torch.full((n,), 7.0, device=acc.device)
+        acc.synchronize()  # every stream, the late copy included
+        ck.same("tensor allocated after the collective's tensor was freed", fresh, torch.full((n,), 7.0))
+    finally:
+        acc.copy_delay(0)
+    return {"freed_before_copy_back": freed}
+
+
+def _side_streams(ck, acc, rank, world):
+    """FSDP2's pattern: all-gather and reduce-scatter issued on a side stream
+    (after a producer on that stream) with async_op=True; the main stream then
+    waits through work.wait() and reads the result."""
+    n = 1 << 12
+    side = acc.stream()
+    if acc.kind == "testdev":
+        acc.copy_delay(50)  # a missing stream wait would read the outputs early
+    try:
+        with side:
+            shard = torch.empty(n, device=acc.device)
+            acc.slow_fill_(shard, float(rank + 1))
+            gathered = torch.empty(world * n, device=acc.device)
+            issue_s, ag = _timed(lambda: dist.all_gather_into_tensor(gathered, shard, async_op=True))
+            grads = torch.empty(world * n, device=acc.device)
+            acc.slow_fill_(grads, float(rank + 1), ms=50)
+            reduced = torch.empty(n, device=acc.device)
+            rs = dist.reduce_scatter_tensor(reduced, grads, op=dist.ReduceOp.AVG, async_op=True)
+        ag.wait()
+        rs.wait()
+        # Consumers on the main stream, which only the waits ordered after the collectives.
+        ck.same("all_gather_into_tensor on a side stream",
+                gathered + 0, torch.cat([torch.full((n,), float(r + 1)) for r in range(world)]))
+        ck.same("reduce_scatter_tensor(AVG) on a side stream", reduced * 1,
+                torch.full((n,), (world + 1) / 2, dtype=torch.float32))
+    finally:
+        if acc.kind == "testdev":
+            acc.copy_delay(0)
+    return {"side_issue_s": issue_s}
+
+
+def _non_contiguous(ck, acc, rank, world):
+    dev = acc.device
+    # all_gather into the columns of a matrix
+    n = 1000
+    m = torch.zeros(n, world, device=dev)
+    x = torch.arange(n, dtype=torch.float32, device=dev) + 10000 * rank
+    dist.all_gather([m[:, r] for r in range(world)], x)
+    ck.same("all_gather into column views", m,
+            torch.stack([torch.arange(n, dtype=torch.float32) + 10000 * r for r in range(world)], dim=1))
+    # reduce_scatter into one column; the other column keeps its values
+    pair = torch.full((n, 2), -1.0, device=dev)
+    ins = [torch.full((n,), float(rank + 1 + r), device=dev) for r in range(world)]
+    dist.reduce_scatter(pair[:, 0], ins)
+    expected = torch.full((n, 2), -1.0)
+    expected[:, 0] = float(sum(k + 1 + rank for k in range(world)))
+    ck.same("reduce_scatter into a column view", pair, expected)
+    # broadcast into a transposed tensor
+    t = (torch.arange(35, dtype=torch.int64, device=dev).view(5, 7) * (rank + 1)).t()
+    dist.broadcast(t, src=0)
+    ck.same("broadcast into a transposed tensor", t, torch.arange(35, dtype=torch.int64).view(5, 7).t())
+    # coalesced allreduce mixing contiguous and strided tensors across piece
+    # boundaries (4096-byte pieces = 1024 float32)
+    a = torch.full((3000,), float(rank + 1), device=dev)
+    base = torch.full((2000, 2), float(rank + 1), device=dev)
+    b = base[:, 1]
+    c = torch.arange(1500, dtype=torch.float32, device=dev) * (rank + 1)
+    dist.all_reduce_coalesced([a, b, c])
+    total = float(world * (world + 1) // 2)
+    ck.same("all_reduce_coalesced contiguous", a, torch.full((3000,), total))
+    ck.same("all_reduce_coalesced strided", base[:, 1], torch.full((2000,), total))
+    ck.same("all_reduce_coalesced strided gaps", base[:, 0], torch.full((2000,), float(rank + 1)))
+    ck.same("all_reduce_coalesced after a strided one", c, torch.arange(1500, dtype=torch.float32) * total)
+
+
+def _ddp(acc, rank, world):
+    """DDP on device parameters, with a comm hook chained on the Work's future
+    (fut.then), against the same training on the host with Gloo."""
+    from .ddp_workers import _batches, _model, _future_hook
+
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def train(model, group, device, hook=None):
+        ddp = DDP(model.to(device), process_group=group, bucket_cap_mb=0.01)
+        if hook is not None:
+            ddp.register_comm_hook(None, hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        for x, y in _batches(rank):
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x.to(device)), y.to(device)).backward()
+            opt.step()
+        return [p.detach().cpu() for p in ddp.module.parameters()]
+
+    gloo = dist.new_group(backend="gloo")
+    ref = train(_model(), gloo, torch.device("cpu"))
+    plain = train(_model(), None, acc.device)
+    hooked = train(_model(), None, acc.device, hook=_future_hook)
+    diff = max((a - b).abs().max().item() for a, b in zip(plain, ref))
+    diff_hook = max((a - b).abs().max().item() for a, b in zip(hooked, ref))
+    dist.destroy_process_group(gloo)
+    return {"diff": diff, "diff_hook": diff_hook}
+
+
+def _cpu_work_in_the_same_group(ck, rank, world, tmp):
+    """Object collectives, barrier and DCP run on CPU tensors in the group that
+    ran the device collectives above."""
+    import torch.distributed.checkpoint as dcp
+
+    objs = [None] * world
+    dist.all_gather_object(objs, {"rank": rank})
+    ck.checks += 1
+    if objs != [{"rank": r} for r in range(world)]:
+        ck.failures.append(f"rank {rank}: all_gather_object: {objs}")
+    lst = [f"from {rank}"]
+    dist.broadcast_object_list(lst, src=0)
+    ck.checks += 1
+    if lst != ["from 0"]:
+        ck.failures.append(f"rank {rank}: broadcast_object_list: {lst}")
+    dist.barrier()
+    # Replicated (the same on every rank): DCP saves one copy.
+    state = {"w": torch.arange(10.0), "step": torch.tensor(7)}
+    path = os.path.join(tmp, "dcp")
+    dcp.save(state, checkpoint_id=path)
+    loaded = {"w": torch.zeros(10), "step": torch.tensor(-1)}
+    dcp.load(loaded, checkpoint_id=path)
+    ck.same("DCP round trip", loaded["w"], state["w"])
+
+
+# --- one group for CPU and device tensors --------------------------------------
+
+
+def forms(rank, world, port, kind, tmp):
+    """Backend strings and device_id, each in a process group of its own (file
+    stores in `tmp`); registration of a device renamed after import."""
+    import roce_pg
+
+    report = {}
+    if kind == "testdev":
+        before = list(dist.Backend.backend_capability["roce"])
+        load_testdev()
+        roce_pg.register()  # the device was renamed after roce_pg registered
+        report["registered"] = (before, list(dist.Backend.backend_capability["roce"]))
+    acc = Accel(kind, rank)
+    ck = Checker(rank)
+    forms = [f"cpu:roce,{kind}:roce", f"cpu:gloo,{kind}:roce"]
+    if kind == "cuda" and dist.is_nccl_available() and torch.cuda.device_count() >= world:
+        forms.append("cpu:roce,cuda:nccl")  # NCCL wants a GPU of its own per rank
+    backends = {}
+    for i, backend in enumerate(forms):
+        dist.init_process_group(backend, init_method=f"file://{tmp}/store{i}", rank=rank, world_size=world)
+        pg = dist.group.WORLD
+        backends[backend] = [type(pg._get_backend(torch.device(d))).__name__ for d in ("cpu", kind)]
+        _both_devices(ck, acc, rank, world, backend)
+        dist.destroy_process_group()
+    report["backends"] = backends
+
+    # device_id=: a bound device, and a subgroup of it; a small staging cache
+    # that a loop of differently sized calls must not grow past its bound.
+    os.environ["ROCE_PG_DEVICE_STAGING_CACHE_BYTES"] = str(1 << 20)
+    dist.init_process_group("roce", init_method=f"file://{tmp}/store_bound", rank=rank, world_size=world,
+                            device_id=acc.device)
+    _both_devices(ck, acc, rank, world, "device_id")
+    sub = dist.new_group(list(range(world)))
+    t = torch.ones(3, device=acc.device)
+    dist.all_reduce(t, group=sub)
+    ck.same("subgroup of a group with device_id", t, torch.full((3,), float(world)))
+    report["cache"] = _cache_stays_bounded(ck, acc, world, roce_pg)
+    dist.destroy_process_group()
+    report.update(ck.result())
+    return report
+
+
+def _both_devices(ck, acc, rank, world, what):
+    c = torch.full((4,), float(rank + 1))
+    d = torch.full((4,), float(rank + 1), device=acc.device)
+    dist.all_reduce(c)
+    dist.all_reduce(d)
+    ck.same(f"{what}: CPU all_reduce", c, _expected_sum(world, 4))
+    ck.same(f"{what}: device all_reduce", d, _expected_sum(world, 4))
+    objs = [None] * world
+    dist.all_gather_object(objs, rank)
+    ck.checks += 1
+    if objs != list(range(world)):
+        ck.failures.append(f"rank {rank}: {what}: all_gather_object: {objs}")
+    dist.barrier()
+
+
+def _cache_stays_bounded(ck, acc, world, roce_pg):
+    stats = lambda: roce_pg.device_staging_stats(device=acc.kind)  # noqa: E731
+    sizes = [(k * 7919) % 300_000 + 1000 for k in range(40)]  # 4 KB to 1.2 MB, all different
+    for k, n in enumerate(sizes):
+        x = torch.full((n,), float(k), device=acc.device)
+        dist.all_reduce(x)
+        ck.same(f"all_reduce of {n} elements", x[:3], torch.full((3,), float(k * world)))
+    acc.synchronize()
+    dist.all_reduce(torch.ones(1, device=acc.device))  # releases trim what completed
+    acc.synchronize()
+    after_loop = stats()
+    for _ in range(10):
+        dist.all_reduce(torch.ones(4096, device=acc.device))
+    return {"after_loop": after_loop, "after_repeats": stats()}

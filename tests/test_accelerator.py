@@ -1,0 +1,91 @@
+"""Collectives on accelerator tensors (docs/ACCELERATORS.md), on the test
+device everywhere (tests/testdev: real asynchronous streams, a caching
+allocator that poisons what it frees, slow kernels and slow copies) and on
+CUDA where a GPU is present: the same tests, parametrized by device type.
+
+On a GPU machine: `pytest tests/test_accelerator.py -k cuda` (the testdev
+cases run there too). Each test runs its whole matrix inside one spawned group.
+"""
+import warnings
+
+import pytest
+import torch
+
+from .harness import LAYOUTS, run_group
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+KINDS = ["testdev", "cuda"]
+# Pieces of 4096 bytes, so that the matrix's larger sizes run in several
+# pieces with a partial last one (the default, 4 MiB, would be one piece).
+SMALL_PIECES = {"ROCE_PG_DEVICE_PIECE_BYTES": "4096"}
+
+
+def _group(kind, target, layout="shm2", env=None, **kwargs):
+    if kind == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU here; on a GPU machine run: pytest tests/test_accelerator.py -k cuda")
+    world, layout_env = LAYOUTS[layout]
+    prepare = "tests.accelerator_workers.load_testdev" if kind == "testdev" and kwargs.get("init", True) else None
+    return run_group(f"tests.accelerator_workers.{target}", world, env={**layout_env, **SMALL_PIECES, **(env or {})},
+                     prepare=prepare, **kwargs)
+
+
+def _no_failures(results):
+    failures = [f for r in results for f in r["failures"]]
+    assert not failures, "\n".join(failures[:40])
+
+
+@pytest.mark.parametrize("layout", ["shm2", "shm3", "net2", "net3"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_collective_matrix(kind, layout):
+    results = _group(kind, "matrix", layout, kwargs={"kind": kind})
+    _no_failures(results)
+    assert all(r["checks"] > 1000 for r in results), [r["checks"] for r in results]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stream_semantics(kind, tmp_path):
+    results = _group(kind, "streams", kwargs={"kind": kind, "tmp": str(tmp_path)})
+    _no_failures(results)
+    for r in results:
+        # Issuing a collective neither waits for the kernel producing its
+        # input, which is still running afterwards, nor for anything else.
+        assert r["issue_s"] < 0.1 and r["producer_running_after_issue"], r
+        assert r["side_issue_s"] < 0.1, r
+        # DDP on device parameters, plain and with a comm hook on the future,
+        # trains like DDP on the host with Gloo.
+        assert r["ddp"]["diff"] <= 1e-5 and r["ddp"]["diff_hook"] <= 1e-5, r["ddp"]
+        if kind != "testdev":
+            continue
+        # wait() returned while the copy back was still running; a consumer
+        # queued after it without any host synchronisation read the result.
+        assert r["copy_back_running_after_wait"] and r["completed_after_sync"], r
+        assert r["consumer_enqueue_s"] < 0.1, r
+        # Copies back overlap copies out: well under the serial time.
+        assert r["pieces_ok"] and r["pieces_s"] < 0.85 * r["pieces_serial_s"], r
+        # The lifetime check ran: the freed tensor's memory was released while
+        # its copy back was queued (and the new tensor kept its values).
+        assert r["freed_before_copy_back"], r
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_group_for_cpu_and_device(kind, tmp_path):
+    results = _group(kind, "forms", init=False, kwargs={"kind": kind, "tmp": str(tmp_path)})
+    _no_failures(results)
+    for r in results:
+        if kind == "testdev":
+            before, after = r["registered"]
+            assert "testdev" not in before and "testdev" in after, r["registered"]
+        b = r["backends"]
+        assert b[f"cpu:roce,{kind}:roce"] == ["RoceBackend", "RoceBackend"], b
+        assert b[f"cpu:gloo,{kind}:roce"] == ["ProcessGroupGloo", "RoceBackend"], b
+        if "cpu:roce,cuda:nccl" in b:
+            assert b["cpu:roce,cuda:nccl"] == ["RoceBackend", "ProcessGroupNCCL"], b
+        # 40 calls of different sizes with a 1 MiB cache: what stays cached is
+        # bounded (the limit plus the last call's buffer), and repeated calls
+        # of one size reuse buffers instead of allocating.
+        loop, repeats = r["cache"]["after_loop"], r["cache"]["after_repeats"]
+        assert loop["cached_bytes"] <= (1 << 20) + (1 << 20), r["cache"]
+        assert repeats["allocations"] - loop["allocations"] <= 2, r["cache"]
+        assert repeats["reuses"] - loop["reuses"] >= 8, r["cache"]
+        assert loop["pinned"], r["cache"]
