@@ -144,7 +144,13 @@ if torch is not None:
                 # compiles extensions as C++20 anyway; older torch (2.11 on the GPU
                 # machines) defaults to C++17 unless a -std flag is given, so name it.
                 extra_compile_args={"cxx": ["-std=c++20", "-O3", "-Wall", "-fno-strict-aliasing"] + sanitize},
-                extra_link_args=list(sanitize),
+                # The shared C++ runtime, by name: where a compiler finds only the
+                # static libstdc++ (seen on the GPU machines' image: g++ 13 without
+                # the libstdc++.so link), the extension got a private copy of it
+                # whose iostreams crash on the system library's locale objects
+                # (any `str(...)` of a number segfaulted). Listed before the
+                # driver's own -lstdc++, so the archive contributes nothing.
+                extra_link_args=["-l:libstdc++.so.6"] + list(sanitize),
                 libraries=["ibverbs", "rt"],
             )
         ],

@@ -49,8 +49,9 @@ def _store_wait(store, key, count, arrive=True):
         time.sleep(0.05)
 
 
-def _call(target, **kwargs):
-    module, name = target.rsplit(".", 1)
+def _call(function_path, /, **kwargs):
+    # Positional-only: workers such as verbs_workers.with_proof take their own `target` kwarg.
+    module, name = function_path.rsplit(".", 1)
     return getattr(importlib.import_module(module), name)(**kwargs)
 
 

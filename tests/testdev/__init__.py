@@ -87,6 +87,8 @@ def _build():
             sources=[str(_HERE / source) for source in _SOURCES],
             build_directory=str(_BUILD_DIR),
             extra_cflags=["-O2", "-std=c++20"],
+            # The shared C++ runtime, not a private static copy (see setup.py).
+            extra_ldflags=["-l:libstdc++.so.6"],
         )
 
 
