@@ -98,9 +98,15 @@ RunResult collect(const Options& o, const StoreServer& server, const Supervision
   RunResult r;
   r.reports.resize(o.ranks);
   std::map<std::string, std::vector<int>> stoppedAt;  // stage -> ranks
-  // A failure travels: the rank that saw it first reports it, the others
-  // report that they "stopped" because of it. Show the first kind first.
-  std::vector<std::string> origins, echoes;
+  // A failure travels: the others report that they stopped because of the
+  // rank that saw it first. Show ranks that died first, then first-hand
+  // failures, then the echoes.
+  std::vector<std::string> deaths, origins, echoes;
+  const auto isEcho = [](const std::string& e) {
+    for (const char* mark : {" stopped: ", "first failure reported in the group", "failed earlier"})
+      if (e.find(mark) != std::string::npos) return true;
+    return false;
+  };
   for (int rank = 0; rank < o.ranks; ++rank) {
     if (const std::string* text = server.find("report/" + std::to_string(rank))) r.reports[rank] = RankReport::decode(*text);
     const RankOutcome& out = sup.ranks[rank];
@@ -108,18 +114,20 @@ RunResult collect(const Options& o, const StoreServer& server, const Supervision
       const std::string* stage = server.find("stage/" + std::to_string(rank));
       stoppedAt[stage ? *stage : "before its first step"].push_back(rank);
     } else if (out.kind == RankOutcome::Kind::Signalled) {
-      origins.push_back("rank " + std::to_string(rank) + " was killed by signal " + std::to_string(out.code) + " (" +
+      deaths.push_back("rank " + std::to_string(rank) + " was killed by signal " + std::to_string(out.code) + " (" +
                         strsignal(out.code) + ")");
     } else if (out.code != 0) {
       const bool reported = r.reports[rank] && !r.reports[rank]->error.empty();
       const std::string error = reported ? r.reports[rank]->error : "exited with status " + std::to_string(out.code);
-      (error.find(" stopped: ") == std::string::npos ? origins : echoes)
-          .push_back("rank " + std::to_string(rank) + ": " + error);
+      (isEcho(error) ? echoes : origins).push_back("rank " + std::to_string(rank) + ": " + error);
     }
   }
-  origins.insert(origins.end(), echoes.begin(), echoes.end());
-  for (size_t i = 0; i < origins.size() && i < kErrorsShown; ++i) r.problems.push_back(origins[i]);
-  if (origins.size() > kErrorsShown) r.problems.push_back(std::to_string(origins.size() - kErrorsShown) + " more ranks failed");
+  std::vector<std::string> failures = deaths;
+  failures.insert(failures.end(), origins.begin(), origins.end());
+  failures.insert(failures.end(), echoes.begin(), echoes.end());
+  for (size_t i = 0; i < failures.size() && i < kErrorsShown; ++i) r.problems.push_back(failures[i]);
+  if (failures.size() > kErrorsShown)
+    r.problems.push_back(std::to_string(failures.size() - kErrorsShown) + " more ranks failed");
   for (const auto& [stage, ranks] : stoppedAt)
     r.problems.push_back("ranks " + ranksLabel(ranks) + " were still running when the harness stopped them (" +
                          sup.stoppedBecause + "), at: " + stage);
