@@ -79,6 +79,10 @@ class RankRun {
     const auto t0 = roce::Clock::now();
     auto c = form(cfg_);
     record("init_s", Seconds(roce::Clock::now() - t0).count());
+    // The core's own footprint, before the checks' buffers pass through the heap.
+    const ProcStats atInit = readProcStats();
+    record("rss_init_kib", double(atInit.rssKiB));
+    record("pss_init_kib", double(atInit.pssKiB));
     Checker k(*c, store_, "default", timeout_);
     if (o_.checks != Options::Checks::None) {
       stage("default group: few-peer checks");

@@ -95,6 +95,8 @@ void printSummary(const Options& o, const RunResult& r) {
   std::printf("  %-46s %12s %12s %12s\n", "per rank", "min", "median", "max");
   row(r, "init_s", "init: store barrier -> Communicator (s)");
   row(r, "reinit_max_s", "slowest re-formation of a group (s)");
+  row(r, "rss_init_kib", "RSS right after init (MiB)", 1.0 / 1024);
+  row(r, "pss_init_kib", "PSS right after init (MiB)", 1.0 / 1024);
   row(r, "rss_kib", "RSS (MiB)", 1.0 / 1024);
   row(r, "pss_kib", "PSS (MiB)", 1.0 / 1024);
   row(r, "shm_segment_kib", "own shared-memory segment (MiB)", 1.0 / 1024);
