@@ -61,12 +61,18 @@ class RankRun {
 
   void record(const std::string& name, double value) { report_.metrics[name] = value; }
 
-  // Descriptors and threads at their highest over the run's measuring points.
-  void notePeaks(const ProcStats& s) {
-    auto& fds = report_.metrics["fds_peak"];
-    auto& threads = report_.metrics["threads_peak"];
-    fds = std::max(fds, double(s.fds));
-    threads = std::max(threads, double(s.threads));
+  // Descriptors, threads and `c`'s connections (with the verbs memory they
+  // would take) at their highest over the run's measuring points; one group
+  // exists at a time.
+  void notePeaks(roce::Communicator& c) {
+    const ProcStats s = readProcStats();
+    const auto connections = c.counters().connections.load();
+    for (auto [name, value] : {std::pair{"fds_peak", double(s.fds)}, {"threads_peak", double(s.threads)},
+                               {"connections_peak", double(connections)},
+                               {"verbs_bytes_peak", double(projectedVerbsBytes(c.config(), int(connections)))}}) {
+      auto& peak = report_.metrics[name];
+      peak = std::max(peak, value);
+    }
   }
 
   // The default settings' group: init time, every collective's checks, and
@@ -97,14 +103,14 @@ class RankRun {
     record("threads", s.threads);
     record("connections", double(connections));
     record("verbs_bytes", double(projectedVerbsBytes(c->config(), static_cast<int>(connections))));
-    notePeaks(s);
+    notePeaks(*c);
     if (o_.checks == Options::Checks::Full) {
       stage("default group: all-peer checks");
       checkAllPeerCollectives(k);
       const auto all = c->counters().connections.load();
       record("connections_all_peers", double(all));
       record("verbs_bytes_all_peers", double(projectedVerbsBytes(c->config(), static_cast<int>(all))));
-      notePeaks(readProcStats());
+      notePeaks(*c);
     }
     report_.checksPassed += k.passed();
     leave(c);
@@ -133,7 +139,7 @@ class RankRun {
     }
     if (o_.checks == Options::Checks::None)
       record("connections_allreduce_" + algo, double(c->counters().connections.load()));
-    notePeaks(readProcStats());
+    notePeaks(*c);
     report_.checksPassed += k.passed();
     leave(c);
   }
@@ -152,7 +158,7 @@ class RankRun {
     stage("allgather/reduce_scatter " + algo + ": checks");
     checkAllgatherAndReduceScatter(k);
     record("connections_allgather_" + algo, double(c->counters().connections.load()));
-    notePeaks(readProcStats());
+    notePeaks(*c);
     report_.checksPassed += k.passed();
     leave(c);
   }

@@ -107,6 +107,8 @@ void printSummary(const Options& o, const RunResult& r) {
   row(r, "threads_peak", "threads, peak");
   row(r, "connections", "network connections");
   row(r, "verbs_bytes", "  verbs registered at that count (MiB)", 1 / kMiB);
+  row(r, "connections_peak", "network connections, most in any group");
+  row(r, "verbs_bytes_peak", "  verbs registered at that count (MiB)", 1 / kMiB);
   row(r, "connections_all_peers", "network connections after all-peer collectives");
   row(r, "verbs_bytes_all_peers", "  verbs registered at that count (MiB)", 1 / kMiB);
   for (const auto& algo : o.allreduceAlgos) row(r, "connections_allreduce_" + algo, "connections, allreduce " + algo);
