@@ -197,12 +197,14 @@ def memory_available():
 
 
 def per_rank_bytes(result):
-    """What one rank holds: its PSS at its peak (RSS there, the pages it
-    shares with its machine's ranks split) and its shared-memory segment."""
-    peak = spread(result, "peak_rss_kib")[2] * KIB
-    pss, rss = spread(result, "pss_init_kib")[2], spread(result, "rss_init_kib")[2]
-    shared = max(rss - pss, 0) * KIB  # counted whole in RSS, split in PSS
-    return peak - shared + spread(result, "shm_segment_kib")[2] * KIB
+    """What one rank holds at its peak, on average over the ranks (they peak
+    together, in the same timed allreduce): its peak RSS less the pages it
+    shares with every other rank (the launcher's image: RSS minus PSS right
+    after init), plus its shared-memory segment."""
+    m = result["metrics"]
+    held = [(peak - (rss - pss) + seg) * KIB
+            for peak, rss, pss, seg in zip(m["peak_rss_kib"], m["rss_init_kib"], m["pss_init_kib"], m["shm_segment_kib"])]
+    return statistics.mean(held)
 
 
 def part_b(harness_ranks, time_limit_s):
@@ -215,7 +217,8 @@ def part_b(harness_ranks, time_limit_s):
             need = per_rank_bytes(results[256]) * ranks
             have = memory_available()
             print(f"  {ranks} ranks need about {need / MIB:.0f} MiB ({per_rank_bytes(results[256]) / MIB:.1f} MiB per "
-                  f"rank at its peak at 256 ranks, PSS + own shared-memory segment); {have / MIB:.0f} MiB available")
+                  f"rank at its peak at 256 ranks: private RSS + own shared-memory segment); {have / MIB:.0f} MiB "
+                  f"available")
             if need > MEMORY_SHARE * have:
                 print(f"  not running {ranks} ranks: more than {MEMORY_SHARE:.0%} of the available memory")
                 continue

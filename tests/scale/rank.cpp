@@ -53,8 +53,22 @@ class RankRun {
     return std::make_unique<roce::Communicator>(store_, cfg, rank_, o_.ranks, rank_, timeout_);
   }
 
-  // An orderly exit: the neighbours learn it is no failure.
-  static void leave(std::unique_ptr<roce::Communicator>& c) {
+  // Another group after the first, noting how long forming it took
+  // (repeated formation on one store).
+  std::unique_ptr<roce::Communicator> reform(const roce::Config& cfg, const std::string& name) {
+    stage("forming the " + name + " group");
+    const auto t0 = roce::Clock::now();
+    auto c = form(cfg);
+    auto& slowest = report_.metrics["reinit_max_s"];
+    slowest = std::max(slowest, Seconds(roce::Clock::now() - t0).count());
+    return c;
+  }
+
+  // A group's end: its peaks noted, its checks counted, and an orderly exit
+  // (the neighbours learn it is no failure).
+  void finish(std::unique_ptr<roce::Communicator>& c, const Checker& k) {
+    notePeaks(*c);
+    report_.checksPassed += k.passed();
     c->leaveGracefully();
     c.reset();
   }
@@ -103,28 +117,21 @@ class RankRun {
     record("threads", s.threads);
     record("connections", double(connections));
     record("verbs_bytes", double(projectedVerbsBytes(c->config(), static_cast<int>(connections))));
-    notePeaks(*c);
     if (o_.checks == Options::Checks::Full) {
       stage("default group: all-peer checks");
       checkAllPeerCollectives(k);
       const auto all = c->counters().connections.load();
       record("connections_all_peers", double(all));
       record("verbs_bytes_all_peers", double(projectedVerbsBytes(c->config(), static_cast<int>(all))));
-      notePeaks(*c);
     }
-    report_.checksPassed += k.passed();
-    leave(c);
+    finish(c, k);
   }
 
-  // A group whose allreduce is forced to `algo`: its checks, its timings,
-  // and how long forming it took (repeated formation on one store).
+  // A group whose allreduce is forced to `algo`: its checks and timings.
   void allreduceGroup(const std::string& algo) {
     roce::Config cfg = cfg_;
     cfg.algoAllreduce = algo;
-    stage("forming the allreduce " + algo + " group");
-    const auto t0 = roce::Clock::now();
-    auto c = form(cfg);
-    noteReform(Seconds(roce::Clock::now() - t0).count());
+    auto c = reform(cfg, "allreduce " + algo);
     Checker k(*c, store_, "allreduce " + algo, timeout_);
     if (o_.checks != Options::Checks::None) {
       stage("allreduce " + algo + ": checks");
@@ -139,9 +146,7 @@ class RankRun {
     }
     if (o_.checks == Options::Checks::None)
       record("connections_allreduce_" + algo, double(c->counters().connections.load()));
-    notePeaks(*c);
-    report_.checksPassed += k.passed();
-    leave(c);
+    finish(c, k);
   }
 
   // A group whose allgather and reduce_scatter are forced to `algo` (Bruck
@@ -150,22 +155,12 @@ class RankRun {
     roce::Config cfg = cfg_;
     cfg.algoAllgather = algo;
     if (algo != "bruck") cfg.algoReduceScatter = algo;
-    stage("forming the allgather " + algo + " group");
-    const auto t0 = roce::Clock::now();
-    auto c = form(cfg);
-    noteReform(Seconds(roce::Clock::now() - t0).count());
+    auto c = reform(cfg, "allgather " + algo);
     Checker k(*c, store_, "allgather/reduce_scatter " + algo, timeout_);
     stage("allgather/reduce_scatter " + algo + ": checks");
     checkAllgatherAndReduceScatter(k);
     record("connections_allgather_" + algo, double(c->counters().connections.load()));
-    notePeaks(*c);
-    report_.checksPassed += k.passed();
-    leave(c);
-  }
-
-  void noteReform(double seconds) {
-    auto& slowest = report_.metrics["reinit_max_s"];
-    slowest = std::max(slowest, seconds);
+    finish(c, k);
   }
 
   const Options& o_;
