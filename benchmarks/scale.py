@@ -253,6 +253,11 @@ def print_table(results):
             s = spread(results[n], metric)
             cells.append("-" if s is None else " / ".join(f"{v * scale:.3g}" for v in s))
         print(f"{label:<42}" + "".join(f"{c:>26}" for c in cells))
+    # The store serves every group formation of the run (and the harness's
+    # few keys per rank): its load per rank, over the ranks.
+    for key, label, scale in (("requests", "store requests, per rank", 1),
+                              ("bytes_out", "store bytes sent, per rank (KiB)", 1 / KIB)):
+        print(f"{label:<42}" + "".join(f"{results[n]['store'][key] * scale / n:>26.3g}" for n in ns))
     print("\nallreduce, ms per call (median / max over ranks)")
     for algo in HARNESS_ALGOS.split(","):
         for size in HARNESS_SIZES.split(","):

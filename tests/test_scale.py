@@ -52,7 +52,8 @@ def harness(tmp_path_factory):
                 [BINARY, "--layout", layout, "--checks", "full", "--sizes", "8", "--budget", "1",
                  "--time-limit", str(RUN_LIMIT_S), "--json", str(out)],
                 capture_output=True, text=True, timeout=RUN_LIMIT_S + 30)
-            assert proc.returncode == 0, f"roce_scale --layout {layout} failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+            assert proc.returncode == 0, (f"roce_scale --layout {layout} failed:\n"
+                                          f"{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}")
             runs[layout] = json.loads(out.read_text())
         return runs[layout]
 

@@ -164,7 +164,9 @@ void checkAllgatherAndReduceScatter(Checker& k) {
     const auto in = reductionInput(me, count * n, n);
     std::vector<int64_t> out(count);
     const std::string what = str("reduce_scatter SUM of ", count, "-element blocks");
-    k.run(what, [&] { roce::reduceScatter(k.comm, in.data(), out.data(), count, DataType::Int64, Reduction{ReduceOp::Sum}); });
+    k.run(what, [&] {
+      roce::reduceScatter(k.comm, in.data(), out.data(), count, DataType::Int64, Reduction{ReduceOp::Sum});
+    });
     k.expect(what, out.data(), count, [&](size_t i) { return expectedSum(me * count + i, n); });
   }
 }

@@ -150,6 +150,9 @@ int main(int argc, char** argv) {
   const Supervision sup = superviseRanks(server, pids, limit, kGraceAfterFailure);
   RunResult result = collect(o, server, sup);
   result.notes = std::move(notes);
+  result.storeRequests = server.traffic().requests;
+  result.storeBytesIn = server.traffic().bytesIn;
+  result.storeBytesOut = server.traffic().bytesOut;
   if (o.checks == Options::Checks::Few)
     result.notes.push_back("--checks few: the large reduce, gather, scatter and alltoallv were not run");
   if (o.checks == Options::Checks::None)

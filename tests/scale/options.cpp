@@ -75,7 +75,8 @@ std::vector<int> layout(const std::string& s) {
     const int count = static_cast<int>(number(s.substr(0, x), "machine count", 1, 1 << 16));
     machines.assign(count, static_cast<int>(number(s.substr(x + 1), "ranks per machine", 1, 1 << 16)));
   } else {
-    for (const auto& part : split(s, ',')) machines.push_back(static_cast<int>(number(part, "ranks on a machine", 1, 1 << 16)));
+    for (const auto& part : split(s, ','))
+      machines.push_back(static_cast<int>(number(part, "ranks on a machine", 1, 1 << 16)));
   }
   return machines;
 }

@@ -112,6 +112,8 @@ void StoreServer::handleRequests(Client& c) {
     const uint32_t len = frameLength(c.in.data() + pos);
     if (len > kMaxFrameBytes) throw std::runtime_error("store request over the frame limit");
     if (c.in.size() - pos - kFrameHeaderBytes < len) break;
+    ++traffic_.requests;
+    traffic_.bytesIn += kFrameHeaderBytes + len;
     handle(c, c.in.substr(pos + kFrameHeaderBytes, len));
     pos += kFrameHeaderBytes + len;
   }
@@ -209,6 +211,7 @@ void StoreServer::expireWaits() {
 }
 
 void StoreServer::reply(Client& c, const std::string& frame) {
+  traffic_.bytesOut += frame.size();
   c.out += frame;
   writeTo(c);
 }

@@ -30,6 +30,14 @@ class StoreServer {
   // A key's value, or null: the launcher reads the ranks' reports here.
   const std::string* find(const std::string& key) const;
 
+  // What the ranks asked of the store: group formation's load on it.
+  struct Traffic {
+    uint64_t requests = 0;
+    uint64_t bytesIn = 0;   // request frames
+    uint64_t bytesOut = 0;  // reply frames
+  };
+  const Traffic& traffic() const { return traffic_; }
+
  private:
   struct Client {
     int fd;
@@ -67,6 +75,7 @@ class StoreServer {
   std::unordered_map<std::string, std::vector<uint64_t>> waitingOn_;
   std::multimap<Clock::time_point, uint64_t> deadlines_;
   uint64_t nextWaiter_ = 1;
+  Traffic traffic_;
   std::vector<int> doomed_;  // clients to drop once the current event batch is handled
 };
 

@@ -117,6 +117,9 @@ void printSummary(const Options& o, const RunResult& r) {
               "   verbs: projected from the pool sizes, see verbs_projection.hpp; a group's connections:\n"
               "   after its checks, or with --checks none after its timings)\n",
               o.checks == Options::Checks::None ? "right after init" : "once its few-peer collectives ran");
+  std::printf("\nstore, whole run: %llu requests (%.1f per rank), %.2f MiB received, %.2f MiB sent (%.1f KiB per rank)\n",
+              static_cast<unsigned long long>(r.storeRequests), double(r.storeRequests) / o.ranks,
+              r.storeBytesIn / kMiB, r.storeBytesOut / kMiB, r.storeBytesOut / 1024.0 / o.ranks);
   printTimes(o, r);
   for (const auto& note : r.notes) std::printf("note: %s\n", note.c_str());
   for (const auto& p : r.problems) std::printf("FAILED: %s\n", p.c_str());
@@ -144,7 +147,8 @@ void writeJson(const Options& o, const RunResult& r, const std::string& path) {
   writeStrings(out, o.gatherAlgos);
   out << ", \"checks_passed\": [";
   for (size_t i = 0; i < r.reports.size(); ++i) out << (i ? ", " : "") << (r.reports[i] ? r.reports[i]->checksPassed : 0);
-  out << "], \"errors\": [";
+  out << "], \"store\": {\"requests\": " << r.storeRequests << ", \"bytes_in\": " << r.storeBytesIn
+      << ", \"bytes_out\": " << r.storeBytesOut << "}, \"errors\": [";
   for (size_t i = 0; i < r.reports.size(); ++i) {
     out << (i ? ", " : "");
     if (r.reports[i] && !r.reports[i]->error.empty()) writeString(out, r.reports[i]->error);

@@ -15,6 +15,9 @@ struct RunResult {
   std::vector<std::optional<RankReport>> reports;  // per rank; empty if it reported nothing
   std::vector<std::string> problems;               // why the run failed, one line each
   std::vector<std::string> notes;                  // what was left out, and why
+  // The store's load over the whole run (group formations and the harness's
+  // own few keys per rank: barriers, progress, reports).
+  uint64_t storeRequests = 0, storeBytesIn = 0, storeBytesOut = 0;
   bool ok() const { return problems.empty(); }
 };
 

@@ -32,7 +32,9 @@ double timeAllreduce(Checker& k, size_t bytes, int maxIters, std::chrono::millis
   for (size_t i = 0; i < count; ++i) data[i] = reduceInput(me, i, n);
   const std::string what = roce::str("allreduce MAX of ", count * sizeof(int64_t), " bytes");
   const auto call = [&] {
-    k.run(what, [&] { roce::allreduce(k.comm, data.data(), count, roce::DataType::Int64, roce::Reduction{roce::ReduceOp::Max}); });
+    k.run(what, [&] {
+      roce::allreduce(k.comm, data.data(), count, roce::DataType::Int64, roce::Reduction{roce::ReduceOp::Max});
+    });
   };
   const auto warm = Clock::now();
   call();
