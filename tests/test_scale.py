@@ -108,6 +108,10 @@ def test_per_rank_resources_do_not_grow_with_the_world_size(harness):
     # allgather's output, pass through the heap): no buffer per rank of the
     # world. 48 more ranks may add the roster's and routes' bytes, not 64 KiB each.
     assert _worst(large, "pss_init_kib") <= _worst(small, "pss_init_kib") + 48 * 64
+    # Store round trips per rank: a fixed number per group formed (roster.hpp:
+    # join, publish, roster; the machine's shared-memory names), plus the
+    # harness's own fixed few; none per peer.
+    assert large["store"]["requests"] / large["ranks"] <= small["store"]["requests"] / small["ranks"] + 1
     # Each algorithm's own connections, measured right after its checks.
     for algo in large["allreduce_algos"]:
         metric = f"connections_allreduce_{algo}"
