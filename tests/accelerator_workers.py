@@ -50,7 +50,10 @@ class Accel:
         if self.kind == "testdev":
             self.testdev.sleep_on_stream(ms)
         else:
-            torch.cuda._sleep(int(ms * self.cuda_cycles_per_ms()))
+            # At least 2.5 GHz worth of cycles: no sleep shorter than `ms` on any
+            # GPU clocked below that, whatever the calibration saw (a GPU that
+            # two ranks share time-slices their kernels).
+            torch.cuda._sleep(int(ms * max(self.cuda_cycles_per_ms(), 2.5e6)))
 
     def slow_fill_(self, t, value, ms=SLOW_MS):
         self.busy(ms)
@@ -58,6 +61,10 @@ class Accel:
 
     def cuda_cycles_per_ms(self):
         if self._cycles_per_ms is None:
+            # Once untimed first: the first launch loads the kernel (lazy module
+            # loading), which would count as sleeping and shorten every later sleep.
+            torch.cuda._sleep(1000)
+            torch.cuda.synchronize(self.device)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             torch.cuda._sleep(10_000_000)
@@ -142,12 +149,16 @@ def _producer_still_running(ck, acc, world):
     """The collective follows the kernel that produces its input, which is still
     running when the collective is issued; issuing does not wait for it."""
     x = torch.empty(1 << 16, device=acc.device)
-    acc.slow_fill_(x, float(dist.get_rank() + 1))
+    fill_s, _ = _timed(lambda: acc.slow_fill_(x, float(dist.get_rank() + 1)))
+    diag = {"fill_s": fill_s, "cycles_per_ms": acc._cycles_per_ms,
+            "cuda_stream_busy": acc.kind == "cuda" and not torch.cuda.current_stream().query()}
+    running_before = not acc.current_stream().query()  # tells a short producer from a waiting issue
     issue_s, work = _timed(lambda: dist.all_reduce(x, async_op=True))
     producer_running = not acc.current_stream().query()
     work.wait()
     ck.same("all_reduce after a slow producer", x, _expected_sum(world, 1 << 16))
-    return {"issue_s": issue_s, "producer_running_after_issue": producer_running}
+    return {"issue_s": issue_s, "producer_running_before_issue": running_before,
+            "producer_running_after_issue": producer_running, **diag}
 
 
 def _wait_does_not_wait_for_the_copy_back(ck, acc, world):

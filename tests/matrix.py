@@ -110,14 +110,15 @@ def _coalesced_and_barrier(ck, rank, world, dev):
         work.wait()
         ck.close(f"all_reduce_coalesced {dtype} a", ta, reduce_reference(a, "SUM", dtype), dtype)
         ck.close(f"all_reduce_coalesced {dtype} b", tb, reduce_reference(b, "SUM", dtype), dtype)
-    # Coalesced tensor variants, called on the backend (torch only coalesces
-    # for backends that ask for it).
-    backend = dist.group.WORLD._get_backend(dev)
+    # Coalesced tensor variants, called on the group and the backend (torch only
+    # coalesces for backends that ask for it). The group's *_tensor_coalesced
+    # names exist from torch 2.1 on; the backend's *_single_coalesced ones not in 2.11.
+    group, backend = dist.group.WORLD, dist.group.WORLD._get_backend(dev)
     sizes = [5, 1000, 3]
     for dtype in (torch.float32, torch.int32):
         ins = {k: [make_input(k, n, dtype, "sum", 30 + i) for i, n in enumerate(sizes)] for k in range(world)}
         outs = [torch.empty(n * world, dtype=dtype, device=dev) for n in sizes]
-        backend.all_gather_single_coalesced(outs, [x.to(dev, copy=True) for x in ins[rank]]).wait()
+        group.allgather_into_tensor_coalesced(outs, [x.to(dev, copy=True) for x in ins[rank]]).wait()
         for i in range(len(sizes)):
             ck.same(f"allgather_into_tensor_coalesced {dtype} #{i}", outs[i], torch.cat([ins[k][i] for k in range(world)]))
         # torch's layout: output_lists[r][i] receives rank r's input i
@@ -130,7 +131,7 @@ def _coalesced_and_barrier(ck, rank, world, dev):
         outs = [torch.empty(n, dtype=dtype, device=dev) for n in sizes]
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = dist.ReduceOp.SUM
-        backend.reduce_scatter_single_coalesced(outs, [x.to(dev, copy=True) for x in big[rank]], opts).wait()
+        group.reduce_scatter_tensor_coalesced(outs, [x.to(dev, copy=True) for x in big[rank]], opts).wait()
         for i, n in enumerate(sizes):
             expected = reduce_reference([big[k][i][rank * n:(rank + 1) * n] for k in range(world)], "SUM", dtype)
             ck.close(f"reduce_scatter_tensor_coalesced {dtype} #{i}", outs[i], expected, dtype)
