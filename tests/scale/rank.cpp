@@ -19,7 +19,7 @@
 #include "report.hpp"
 #include "store_client.hpp"
 #include "timing.hpp"
-#include "verbs_projection.hpp"
+#include "../../csrc/transport/verbs/verbs_transport.hpp"  // verbsRegisteredBytes: what these connections would register over verbs
 
 namespace scale {
 namespace {
@@ -83,7 +83,7 @@ class RankRun {
     const auto connections = c.counters().connections.load();
     for (auto [name, value] : {std::pair{"fds_peak", double(s.fds)}, {"threads_peak", double(s.threads)},
                                {"connections_peak", double(connections)},
-                               {"verbs_bytes_peak", double(projectedVerbsBytes(c.config(), int(connections)))}}) {
+                               {"verbs_bytes_peak", double(roce::verbsRegisteredBytes(c.config(), int(connections)))}}) {
       auto& peak = report_.metrics[name];
       peak = std::max(peak, value);
     }
@@ -116,13 +116,13 @@ class RankRun {
     record("fds", s.fds);
     record("threads", s.threads);
     record("connections", double(connections));
-    record("verbs_bytes", double(projectedVerbsBytes(c->config(), static_cast<int>(connections))));
+    record("verbs_bytes", double(roce::verbsRegisteredBytes(c->config(), static_cast<int>(connections))));
     if (o_.checks == Options::Checks::Full) {
       stage("default group: all-peer checks");
       checkAllPeerCollectives(k);
       const auto all = c->counters().connections.load();
       record("connections_all_peers", double(all));
-      record("verbs_bytes_all_peers", double(projectedVerbsBytes(c->config(), static_cast<int>(all))));
+      record("verbs_bytes_all_peers", double(roce::verbsRegisteredBytes(c->config(), static_cast<int>(all))));
     }
     finish(c, k);
   }
