@@ -4,6 +4,8 @@ so that a missing event wait or recordStream in the backend fails a test.
 Timings use sleeps of 300 ms; "waited" bounds leave 50 ms of slack, "did not
 wait" bounds (QUICK_S, SLOW_S + 0.2) 100 ms or more."""
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -304,7 +306,23 @@ def test_ops_used_on_ddp_buckets(device):
     assert torch.equal(out.cpu(), torch.full((3,), 2.0))
 
 
-def test_autograd(device):
-    w = torch.ones(3, device=device, requires_grad=True)
-    (w * torch.arange(3.0, device=device)).sum().backward()
-    assert torch.equal(w.grad.cpu(), torch.arange(3.0))
+_AUTOGRAD = """
+import torch
+from tests import testdev
+testdev.load()
+w = torch.ones(3, device="testdev:0", requires_grad=True)
+(w * torch.arange(3.0, device="testdev:0")).sum().backward()
+assert torch.equal(w.grad.cpu(), torch.arange(3.0)), w.grad
+print("ok")
+"""
+
+
+def test_autograd():
+    # In a fresh process: autograd sizes its per-device queues at the first
+    # backward of a process, so in pytest's process a backward run by an
+    # earlier test, before the device existed, makes this one fail inside
+    # torch (an INTERNAL ASSERT), whatever the device does. Programs load
+    # their device before training, as this one does.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _AUTOGRAD], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout[-2000:] + proc.stderr[-4000:]

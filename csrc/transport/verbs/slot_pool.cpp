@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "../../common/error.hpp"
+#include "../../common/page_memory.hpp"
 #include "verbs_device.hpp"
 
 namespace roce {
@@ -14,14 +15,14 @@ SlotPool::SlotPool(VerbsDevice& dev, size_t bytes, size_t stride, int access, co
   if (count_ < 2)
     throwInvalid(str("the verbs ", what, " of ", bytes, " bytes holds fewer than two slots of ", stride,
                      " bytes: raise ROCE_PG_IB_POOL_BYTES or lower ROCE_PG_IB_SLOT_BYTES"));
-  const size_t len = (static_cast<size_t>(count_) * stride + 4095) & ~size_t(4095);
-  base_ = static_cast<char*>(std::aligned_alloc(4096, len));
+  const size_t len = pageRound(static_cast<size_t>(count_) * stride);
+  base_ = mapPages(len);
   if (!base_) throwComm(str("out of memory allocating the ", len, "-byte verbs ", what));
   std::memset(base_, 0, len);  // touch the pages before they are pinned
   try {
     mr_ = dev.registerMemory(base_, len, access, what);
   } catch (...) {
-    std::free(base_);
+    unmapPages(base_, len);
     throw;
   }
   for (uint32_t s = count_; s-- > 0;) free_.push_back(s);
@@ -31,8 +32,9 @@ SlotPool::SlotPool(VerbsDevice& dev, size_t bytes, size_t stride, int access, co
 
 SlotPool::~SlotPool() {
   if (counters_) counters_->registeredBytes.fetch_sub(mr_->length, std::memory_order_relaxed);
+  const size_t len = mr_->length;
   ibv_dereg_mr(mr_);
-  std::free(base_);
+  unmapPages(base_, len);
 }
 
 uint32_t SlotPool::take() {

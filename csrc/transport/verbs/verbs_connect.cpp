@@ -13,6 +13,7 @@
 
 #include "../../common/config.hpp"
 #include "../../common/error.hpp"
+#include "../../common/page_memory.hpp"
 #include "verbs_endpoint.hpp"
 #include "verbs_transport.hpp"
 
@@ -92,7 +93,7 @@ void VerbsTransport::releasePeerResources(Peer& peer) {
     if (counters()) counters()->registeredBytes.fetch_sub(peer.ctrlBytes, std::memory_order_relaxed);
     peer.ctrlMr = nullptr;
   }
-  std::free(peer.ctrlMem);
+  unmapPages(peer.ctrlMem, peer.ctrlBytes);
   peer.ctrlMem = nullptr;
   if (peer.sock >= 0) close(peer.sock);
   peer.sock = -1;
@@ -130,7 +131,7 @@ void VerbsTransport::ensurePools() {
 void VerbsTransport::setUpQueuePairs(int p, Peer& peer) {
   const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
   peer.ctrlBytes = static_cast<size_t>(qpsPerPeer_) * (rqDepth_ + sqDepth_) * kCtrlBytes;
-  peer.ctrlMem = static_cast<char*>(std::aligned_alloc(4096, (peer.ctrlBytes + 4095) & ~size_t(4095)));
+  peer.ctrlMem = mapPages(peer.ctrlBytes);
   if (!peer.ctrlMem) throwComm(str("out of memory allocating control buffers for rank ", p));
   std::memset(peer.ctrlMem, 0, peer.ctrlBytes);
   peer.ctrlMr = dev_->registerMemory(peer.ctrlMem, peer.ctrlBytes, IBV_ACCESS_LOCAL_WRITE, "control buffers");
