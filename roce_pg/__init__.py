@@ -237,7 +237,8 @@ def device_staging_stats(group=None, device="cpu"):
     device tensors, a dict: allocations (buffers taken from the device's host
     allocator), reuses (calls served from the cache), cached_bytes and blocks
     (every buffer held now, in use or kept for reuse; bounded by
-    ROCE_PG_DEVICE_STAGING_CACHE_BYTES plus what operations in flight use),
+    ROCE_PG_DEVICE_STAGING_CACHE_BYTES plus what operations in flight use;
+    the device's own host allocator may keep more pinned memory cached),
     pinned (False if a device type had no pinned host allocator and pageable
     memory was used). `device`: the device type whose backend to ask, for
     groups where roce serves the accelerator only ("cpu:gloo,cuda:roce")."""

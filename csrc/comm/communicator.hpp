@@ -37,10 +37,10 @@ class TcpListener;
 
 class Communicator {
  public:
-  // Collective over the group: exchanges rank info through `bs`, connects
-  // transports. `globalRank` places the rank on simulated nodes.
-  // `store` is used only inside the constructor (keys under this group
-  // incarnation's prefix, see incarnation.hpp).
+  // Collective over the group: joins the group's leader (join.hpp), which
+  // hands out the roster, and sets up the transports. `globalRank` places the
+  // rank on simulated nodes. `store` is used only inside the constructor
+  // (keys under the leader's incarnation prefix).
   Communicator(Bootstrap& store, const Config& cfg, int rank, int size, int globalRank,
                std::chrono::milliseconds timeout);
   ~Communicator();

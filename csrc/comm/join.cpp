@@ -58,10 +58,6 @@ std::string waitingKey(const std::string& inc) { return str("roce/", inc, "/wait
 
 std::string errorRecord(const Error& e) { return str("error ", static_cast<int>(e.kind()), "\n", e.what()); }
 
-long long msLeft(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
-}
-
 // ---- the leader ---------------------------------------------------------------
 
 struct LeaderRecord {
@@ -170,10 +166,15 @@ std::vector<RankInfo> gatherAtLeader(Bootstrap& store, TcpListener& listener, in
 
 enum class Attempt { Joined, Stale, Retry };
 
+// Where this rank reaches the leader `rec` (loopback on the same host).
+TcpEndpoint leaderEndpoint(const LeaderRecord& rec, const RankInfo& me) {
+  return TcpEndpoint{rec.hostId == me.hostId ? "127.0.0.1" : rec.tcpHost, rec.port};
+}
+
 // Blocking, bounded: connect to the leader `rec`, send the join, read the answer.
 Attempt tryJoin(const LeaderRecord& rec, const RankInfo& me, int rank, const std::string& infoText,
                 std::string& why) {
-  const TcpEndpoint ep{rec.hostId == me.hostId ? "127.0.0.1" : rec.tcpHost, rec.port};
+  const TcpEndpoint ep = leaderEndpoint(rec, me);
   UniqueFd fd = startDial(ep, 0);
   pollfd p{fd.get(), POLLOUT, 0};
   if (poll(&p, 1, static_cast<int>(std::chrono::milliseconds(kConnectAttempt).count())) <= 0) {
@@ -267,8 +268,16 @@ Joined joinGroup(Bootstrap& store, TcpListener& listener, int rank, int size, co
     return waiting.empty() ? std::string("rank 0 (it checks every rank's information)")
                            : str("rank 0, which still waits for ", waiting, " (not joined the group)");
   };
-  const std::string text =
-      waitForKeys(store, {rosterKey(j.incarnation)}, deadline + std::chrono::seconds(2), timeout, what, blame)[0];
+  // A leader that dies after taking our join never publishes: its listener,
+  // open until the roster is out, then refuses (probed once per wait slice).
+  const TcpEndpoint leaderAt = leaderEndpoint(leader, me);
+  auto leaderAlive = [&] {
+    if (refusesConnections(leaderAt))
+      throwComm(str(what, ": rank 0 (", leaderAt.host, ":", leaderAt.port, ") took this rank's join and then "
+                    "stopped listening before publishing the group: it exited or was killed (see its log)"));
+  };
+  const std::string text = waitForKeys(store, {rosterKey(j.incarnation)}, deadline + std::chrono::seconds(2),
+                                       timeout, what, blame, leaderAlive)[0];
   j.roster = Roster::decodeOrThrow(text, size);
   if (j.roster.ranks[rank].nonce != me.nonce || j.roster.ranks[rank].pid != me.pid)
     throwComm(str("rank 0 formed this group with another process in rank ", rank, "'s place (pid ",

@@ -15,6 +15,11 @@ namespace roce {
 
 using Clock = std::chrono::steady_clock;
 
+// Milliseconds until `deadline` (negative once it passed), for poll timeouts.
+inline long long msLeft(Clock::time_point deadline) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+}
+
 // For the timed system calls (nanosleep, futex, ppoll).
 inline timespec toTimespec(std::chrono::nanoseconds d) {
   const long long ns = d.count() < 0 ? 0 : d.count();

@@ -30,7 +30,9 @@ namespace {
 
 // Sizes are rounded up so that calls of slightly different sizes share
 // buffers: 64 KiB at least, then steps of an eighth of the power of two below
-// (at most 12.5% of a buffer unused).
+// (at most 12.5% of what this cache asks for unused). CUDA's host allocator
+// itself caches and rounds each request up to a power of two, so the pinned
+// memory behind a buffer can be up to twice its size.
 constexpr size_t kMinBlock = 64u << 10;
 
 size_t sizeClass(size_t bytes) {

@@ -15,7 +15,10 @@
 // that still serve an operation, or whose last copies are still queued on the
 // device, are never freed; they may push the total above the limit until they
 // are released and their event completes, and the next acquire() or release()
-// trims them. A stable set of buffers is also what the verbs registration
+// trims them. The limit bounds what this cache holds: a device's host
+// allocator may keep freed pinned memory in its own cache (CUDA's does, and
+// rounds to powers of two), which this cache neither sees nor frees.
+// A stable set of buffers is also what the verbs registration
 // cache needs to keep its memory registrations (one c10::Storage per buffer).
 //
 // Thread-safe: the caller's thread acquires, the progress thread releases.

@@ -49,10 +49,6 @@ struct Hello {
 };
 static_assert(sizeof(Hello) == 24);
 
-long long msLeft(Clock::time_point deadline) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-}
-
 // Blocking full write with a deadline (the hello only).
 void writeAll(int fd, const void* buf, size_t n, Clock::time_point deadline, const std::string& who) {
   const char* p = static_cast<const char*>(buf);

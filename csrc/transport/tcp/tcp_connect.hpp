@@ -53,7 +53,7 @@ struct TcpEndpoint {
 // Connects to `peer` and sends the hello. Each attempt's connect() is bounded;
 // refused connections are retried until `deadline` (the peer may not listen
 // yet), calling `probe` about once a second meanwhile (it throws when the peer
-// is known never to come: see incarnation.hpp).
+// is known never to come: a lifeline peer that refuses connections, see group_setup.cpp).
 UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint64_t selfNonce,
                   Clock::time_point deadline, const std::function<void()>& probe = nullptr);
 

@@ -64,11 +64,6 @@ int CqSet::poll(ibv_wc* wcs, int max) {
   return got;
 }
 
-int CqSet::entries() const {
-  int n = 0;
-  for (const auto& c : cqs_) n += c.capacity;
-  return n;
-}
 
 bool CqSet::arm() {
   if (!channel_) return false;

@@ -24,7 +24,6 @@ class CqSet {
   ibv_cq* reserve(int entries);
   // Up to `max` completions from all CQs; negative if polling failed.
   int poll(ibv_wc* wcs, int max);
-  int entries() const;  // total capacity, for the resource report
 
   // Blocking waits: the channel's descriptor (-1 without one), arming every
   // CQ for its next completion, and consuming the events once woken.

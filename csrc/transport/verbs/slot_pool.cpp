@@ -15,6 +15,8 @@ SlotPool::SlotPool(VerbsDevice& dev, size_t bytes, size_t stride, int access, co
   if (count_ < 2)
     throwInvalid(str("the verbs ", what, " of ", bytes, " bytes holds fewer than two slots of ", stride,
                      " bytes: raise ROCE_PG_IB_POOL_BYTES or lower ROCE_PG_IB_SLOT_BYTES"));
+  for (uint32_t s = count_; s-- > 0;) free_.push_back(s);  // before the mapping: nothing may throw after registering
+  inFree_.assign(count_, true);
   const size_t len = pageRound(static_cast<size_t>(count_) * stride);
   base_ = mapPages(len);
   if (!base_) throwComm(str("out of memory allocating the ", len, "-byte verbs ", what));
@@ -25,8 +27,6 @@ SlotPool::SlotPool(VerbsDevice& dev, size_t bytes, size_t stride, int access, co
     unmapPages(base_, len);
     throw;
   }
-  for (uint32_t s = count_; s-- > 0;) free_.push_back(s);
-  inFree_.assign(count_, true);
   if (counters_) Counters::add(counters_->registeredBytes, len);
 }
 

@@ -35,7 +35,6 @@ class SlotPool {
   size_t available() const { return free_.size(); }
   uint32_t take();             // requires available() > 0
   void give(uint32_t slot);    // a slot taken before; double gives are ignored
-  bool isFree(uint32_t slot) const { return inFree_[slot]; }
 
  private:
   char* base_ = nullptr;

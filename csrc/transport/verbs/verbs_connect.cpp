@@ -1,7 +1,6 @@
 // Setting up a peer's queue pairs when its connection arrives, and the
 // endpoint exchange over the TCP side channel (see verbs_transport.hpp).
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,6 +13,7 @@
 #include "../../common/config.hpp"
 #include "../../common/error.hpp"
 #include "../../common/page_memory.hpp"
+#include "../tcp/tcp_connect.hpp"  // setNonBlocking
 #include "verbs_endpoint.hpp"
 #include "verbs_transport.hpp"
 
@@ -25,27 +25,18 @@ namespace {
 // Send WRs per queue pair: control messages (bounded by the peer's credits)
 // and up to two per data chunk in flight (zero copy: payload + header).
 constexpr int kSqDepth = 128;
-// Landing slots a connection starts with, for eager messages, while the pool
-// has more than its reserve free.
-constexpr int kStandingGrants = 2;
-
-void setNonBlockingFd(int fd) {
-  const int fl = fcntl(fd, F_GETFL);
-  if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
 }  // namespace
 
 namespace {
 int sendDepth(int cap, int maxWr) { return std::min(std::max(kSqDepth, 2 * cap + 64), maxWr); }
 int recvDepth(int cap, int maxWr) { return std::min(cap + kCtrlRecvs + 4, maxWr); }
-size_t roundPage(size_t n) { return (n + 4095) & ~size_t(4095); }
 }  // namespace
 
 size_t verbsRegisteredBytes(const Config& cfg, int peers) {
   const int qps = std::max(cfg.ibQpsPerConnection, cfg.nChannels);
   const size_t stride = (sizeof(SlotHeader) + cfg.ibSlotBytes + 63) & ~size_t(63);
-  const size_t landing = roundPage(cfg.ibPoolBytes / stride * stride);
-  const size_t staging = roundPage(std::max(cfg.ibPoolBytes / 4, 2 * stride) / stride * stride);
+  const size_t landing = pageRound(cfg.ibPoolBytes / stride * stride);
+  const size_t staging = pageRound(std::max(cfg.ibPoolBytes / 4, 2 * stride) / stride * stride);
   const size_t perPeer = static_cast<size_t>(qps) *
                          (recvDepth(cfg.ibSlots, 1 << 30) + sendDepth(cfg.ibSlots, 1 << 30)) * kCtrlBytes;
   return landing + staging + static_cast<size_t>(peers) * perPeer;
@@ -180,7 +171,7 @@ void VerbsTransport::adoptConnection(int p, int fd) {
     return;
   }
   peer.sock = fd;
-  setNonBlockingFd(fd);
+  setNonBlocking(fd, true);
   try {
     ensurePools();
     setUpQueuePairs(p, peer);
@@ -280,8 +271,6 @@ void VerbsTransport::connectQueuePairs(int p, Peer& peer, const Endpoint& e) {
   peer.remoteQpn0 = e.qpns[0];
   peer.remoteLanding = e.landing;
   peer.remoteRkey = e.rkey;
-  peer.remoteSlotBytes = e.slotBytes;
-  peer.remoteStride = e.stride;
   peer.remoteIsFree.assign(e.slots, false);
   for (uint32_t g : e.grants) {
     if (peer.remoteIsFree[g]) throwComm(str("rank ", p, " granted landing slot ", g, " twice (corrupted handshake)"));

@@ -20,10 +20,6 @@ namespace roce {
 
 using namespace verbs;
 
-namespace {
-constexpr int kStanding = 2;  // slots a peer keeps for eager messages (see verbs_connect.cpp)
-}
-
 // Chunks still to arrive from `peer` beyond the slots it holds (at most what
 // it may hold more of).
 int VerbsTransport::need(const Peer& peer) const {
@@ -63,7 +59,7 @@ void VerbsTransport::landingConsumed(int p, uint32_t slot) {
   peer.granted--;
   const size_t reserve = std::max<size_t>(cap_, landing_->count() / 4);
   if (peer.deadReason.empty() &&
-      (need(peer) > 0 || (peer.granted < kStanding && landing_->available() >= reserve))) {
+      (need(peer) > 0 || (peer.granted < kStandingGrants && landing_->available() >= reserve))) {
     // Straight back to the peer that wrote it.
     landingOwner_[slot] = p;
     peer.granted++;

@@ -68,7 +68,6 @@ struct Peer {
   // The peer's landing pool, and the slots of it we may write (its credits).
   uint64_t remoteLanding = 0;
   uint32_t remoteRkey = 0;
-  size_t remoteSlotBytes = 0, remoteStride = 0;
   std::deque<uint32_t> remoteFree;
   std::vector<bool> remoteIsFree;  // per remote slot: in remoteFree (a duplicate CREDIT is an error)
   // Our landing slots this peer holds: granted and not yet consumed.

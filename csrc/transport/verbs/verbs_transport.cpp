@@ -391,7 +391,7 @@ void VerbsTransport::postChunk(int p, Qp& q, ActiveSend& as, const SlotHeader& h
   head.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   head.send_flags = IBV_SEND_SIGNALED | (inlined ? IBV_SEND_INLINE : 0);  // completion frees / retires
   head.imm_data = htonl(land);
-  head.wr.rdma.remote_addr = peer.remoteLanding + land * peer.remoteStride;
+  head.wr.rdma.remote_addr = peer.remoteLanding + land * stride_;  // the handshake checked that both sides use it
   head.wr.rdma.rkey = peer.remoteRkey;
   ibv_send_wr* bad = nullptr;
   int rc = ibv_post_send(q.qp, &wrs[0], &bad);

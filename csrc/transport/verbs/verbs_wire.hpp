@@ -45,6 +45,9 @@ constexpr int kCtrlReserve = 2;
 // Control receives each side keeps posted beyond the data chunks' (the
 // control flow-control window).
 constexpr int kCtrlRecvs = 32;
+// Landing slots a connection keeps granted for eager messages while the pool
+// has more than its reserve free (granted at connect, topped up as they land).
+constexpr int kStandingGrants = 2;
 
 // wr_id: kind | peer | qp | index.
 //   kWrCtrl      a control SEND (index: send-ring entry)
