@@ -232,6 +232,17 @@ def reset_counters(group=None):
     _roce_backend(group)._reset_counters()
 
 
+def _wait_engine_parked(group=None, timeout=10.0):
+    """Waits until `group`'s progress thread sleeps with nothing queued or in
+    flight, the state in which a small synchronous collective runs inline on the
+    caller's thread; returns False if that takes longer than `timeout` seconds.
+    For tests and benchmarks that must observe the inline path: a call issued
+    right after a queued one completed may find the thread not yet asleep."""
+    from datetime import timedelta
+
+    return _roce_backend(group)._wait_engine_parked(timedelta(seconds=timeout))
+
+
 def device_staging_stats(group=None, device="cpu"):
     """The host buffers through which `group` (default: the world group) stages
     device tensors, a dict: allocations (buffers taken from the device's host

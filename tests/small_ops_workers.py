@@ -143,19 +143,25 @@ def _blocking_waits(ck, rank, world):
             os.environ[k] = v
     # Default settings: a synchronous small call runs on the caller's thread
     # (PyTorch passes async_op down as asyncOp), an asynchronous one does not.
-    # (A call right after one the progress thread ran may find it not parked
-    # yet and queue: at least one of five must run inline, not all.)
+    # Each call is made once the progress thread is parked with nothing to do,
+    # the only state in which a call may run inline: a call right after a
+    # queued one can find the thread still finishing and queue, so without the
+    # wait the count would depend on scheduling.
     y = torch.full((3,), float(rank))
     roce_pg.reset_counters(g)
+    parked = 0
     for _ in range(5):
+        parked += roce_pg._wait_engine_parked(g, timeout=10)
         dist.all_reduce(y, group=g)
     sync_inline = roce_pg.counters(g)["inline_ops"]
     for _ in range(5):
+        parked += roce_pg._wait_engine_parked(g, timeout=10)
         dist.all_reduce(y, group=g, async_op=True).wait()
     async_inline = roce_pg.counters(g)["inline_ops"] - sync_inline
     ck.same("sync and async results", y, torch.full((3,), float(sum(range(world)) * world ** 9)))
+    ck.same(f"progress thread parked before each of 10 calls ({parked})", torch.tensor(parked), torch.tensor(10))
     ck.same(f"synchronous 12-byte allreduces ran inline ({sync_inline} of 5), asynchronous ones did not "
-            f"({async_inline} of 5)", torch.tensor([sync_inline >= 1, async_inline == 0]), torch.tensor([True, True]))
+            f"({async_inline} of 5)", torch.tensor([sync_inline, async_inline]), torch.tensor([5, 0]))
     late = world - 1
     for dtype in (torch.float32, torch.int64):
         t = torch.arange(1000, dtype=dtype) * (rank + 1)

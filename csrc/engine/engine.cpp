@@ -118,6 +118,12 @@ bool Engine::runInline(Task& t) {
   return true;
 }
 
+bool Engine::waitParked(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> g(mu_);
+  // idleCv_ is notified, under mu_, right before the thread sets parked_.
+  return idleCv_.wait_for(g, timeout, [&] { return stop_ || (parked_ && queue_.empty()); }) && !stop_;
+}
+
 void Engine::runOne(const std::shared_ptr<Task>& t) {
   bool finished = false;
   if (std::exception_ptr err = execute(*t, finished)) {

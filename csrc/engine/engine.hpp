@@ -55,6 +55,12 @@ class Engine {
   // threads issuing work on the group meanwhile wait for it (enqueue takes
   // the mutex); shutdown() gives it the grace period, then aborts it.
   bool runInline(Task& task);
+  // Blocks until the progress thread sleeps with nothing queued or in flight
+  // (the state in which runInline succeeds), or `timeout` passes; returns
+  // whether it does. A call made right after a queued one completed can find
+  // the thread not yet parked and queue instead of running inline: tests and
+  // benchmarks that need the inline path wait for this state rather than hope.
+  bool waitParked(std::chrono::milliseconds timeout);
   // Lets queued work finish for up to `grace`, then fails what is left.
   void shutdown(std::chrono::milliseconds grace);
   // Fails everything pending and stops at once.

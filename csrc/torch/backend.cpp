@@ -89,6 +89,8 @@ void RoceBackend::shutdown() { engine_->shutdown(std::chrono::milliseconds(cfg_.
 
 Counters& RoceBackend::counters() { return engine_->comm().counters(); }
 
+bool RoceBackend::waitEngineParked(std::chrono::milliseconds timeout) { return engine_->waitParked(timeout); }
+
 void RoceBackend::abort() { engine_->abort("abort() was called on this process group"); }
 
 std::chrono::milliseconds RoceBackend::effective(std::chrono::milliseconds t) const {

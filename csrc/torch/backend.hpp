@@ -53,6 +53,8 @@ class RoceBackend : public c10d::Backend {
   void abort() override;
   // Traffic counters of this group (roce_pg.counters()); any thread.
   Counters& counters();
+  // Engine::waitParked (roce_pg._wait_engine_parked); any thread.
+  bool waitEngineParked(std::chrono::milliseconds timeout);
   // The pinned staging buffers of device collectives (tests, benchmarks).
   PinnedCache::Stats deviceStagingStats() const { return pinned_->stats(); }
 

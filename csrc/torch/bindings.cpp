@@ -49,6 +49,8 @@ PYBIND11_MODULE(_C, m) {
              return d;
            })
       .def("_reset_counters", [](roce::RoceBackend& b) { b.counters().reset(); })
+      .def("_wait_engine_parked", &roce::RoceBackend::waitEngineParked, py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>())
       .def("_device_staging_stats", [](const roce::RoceBackend& b) {
         // The pinned staging buffers of device collectives (docs/ACCELERATORS.md).
         const auto s = b.deviceStagingStats();
