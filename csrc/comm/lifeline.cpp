@@ -189,7 +189,7 @@ void Lifeline::run() {
   const milliseconds interval =
       heartbeatTimeout_.count() > 0 ? std::clamp(heartbeatTimeout_ / 8, milliseconds(100), milliseconds(1000))
                                     : milliseconds(1000);
-  Clock::time_point nextBeat = Clock::now();
+  Clock::time_point nextBeat = Clock::now(), lastRound = nextBeat;
   for (;;) {
     std::string announce;
     bool stop, leaving;
@@ -227,10 +227,25 @@ void Lifeline::run() {
       return;
     }
     const auto now = Clock::now();
+    // This thread should run at least every `interval`; far later means the
+    // process was not scheduled (an overloaded machine, a stopped process) and
+    // its neighbours may be about to declare it hung. Say so in its own log.
+    if (heartbeatTimeout_.count() > 0 && now - lastRound > heartbeatTimeout_ / 4)
+      ROCE_WARN("rank ", rank_, " lifeline: this thread did not run for ",
+                std::chrono::duration_cast<milliseconds>(now - lastRound).count(), " ms (overloaded machine or "
+                "stopped process); neighbours declare a rank hung after ", heartbeatTimeout_.count(),
+                " ms (ROCE_PG_HEARTBEAT_TIMEOUT_MS)");
+    lastRound = now;
     if (now >= nextBeat) {
       for (auto& p : peers_) sendRecord(p, kHeartbeat, "");
       nextBeat = now + interval;
     }
+    // Judge silence only after reading what has arrived: when this thread
+    // itself was not scheduled for a while, its neighbours' heartbeats wait
+    // unread in the sockets, and judging first blamed a live neighbour for
+    // this rank's own stall (seen on a 2-core machine at load 30).
+    for (size_t i = 0; i < peers_.size(); ++i)
+      if (peers_[i].open) readFrom(i);
     for (size_t i = 0; i < peers_.size(); ++i) {
       Peer& p = peers_[i];
       if (!p.open || p.departed || heartbeatTimeout_.count() <= 0 || now - p.lastHeard < heartbeatTimeout_) continue;
