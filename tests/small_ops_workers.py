@@ -39,8 +39,13 @@ def _oneshot_matrix(ck, rank, world):
 
 def _inline_ordering(ck, rank, world):
     # An idle engine runs a small op inline: the Work is complete on return,
-    # its future holds the output tensors.
+    # its future holds the output tensors. (Idle means parked: the call before
+    # this one may have been queued, and the thread may still be finishing it.)
+    import roce_pg
+
     small = torch.full((4,), float(rank + 1))
+    ck.same("engine parked before the inline call", torch.tensor(roce_pg._wait_engine_parked(timeout=10)),
+            torch.tensor(True))
     w = dist.all_reduce(small, async_op=True)
     ck.same("inline work completed on return", torch.tensor(w.is_completed()), torch.tensor(True))
     fut = w.get_future()
