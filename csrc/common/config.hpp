@@ -1,6 +1,7 @@
-// Every ROCE_PG_* environment variable is read here, once per process group,
-// so the README's configuration table has a single source of truth (and the
-// doctor's tables: Config::settings()).
+// Every ROCE_PG_* environment variable is read here, once per process group
+// (but ROCE_PG_DEBUG, which log.cpp reads at the first log line), so the
+// README's configuration table has a single source of truth, and so has the
+// doctor's table of accepted values (Config::settings()).
 #pragma once
 #include <cstddef>
 #include <string>

@@ -3,9 +3,9 @@
 // parses it; on a recording reader (no environment: every call returns its
 // default) it lists each setting with its accepted values. The extension
 // exports that list (roce_pg._C.settings()) for the doctor, which validates
-// settings without loading the extension and keeps a copy of the list that
-// tests/test_doctor.py compares with this one: a setting added to read() is in
-// the table without a second list to update by hand.
+// settings without loading the extension from a copy of it: a setting added
+// to read() is in the extension's table at once, with no second list here,
+// and tests/test_doctor.py fails until the doctor's copy has it too.
 #pragma once
 #include <string>
 #include <vector>
