@@ -1,7 +1,7 @@
 """The collectives collectives_perf.py measures, each described once: how a
 size maps to buffers and counts (as nccl-tests count them), how to run it out
 of place and in place with torch.distributed, what every rank must hold
-afterwards, and nccl-tests' bus-bandwidth factor (doc/PERFORMANCE.md).
+afterwards, and nccl-tests' bus-bandwidth factor (its doc/PERFORMANCE.md).
 
 Sizes follow nccl-tests: `size` is the larger of the send and receive buffers
 (the whole gathered/scattered array), `count` is the element count passed to

@@ -16,8 +16,9 @@ import traceback
 from datetime import timedelta
 from itertools import combinations
 
-from . import _doctor_sysfs as sysfs
-from .doctor import FAIL, OK, WARN, Row, fmt_bytes, local_checks, chosen_port_facts, report
+from ._doctor_checks import chosen_port_facts, local_checks
+from ._doctor_rows import FAIL, OK, WARN, Row, fmt_bytes, report
+from ._doctor_settings import SAME_EVERYWHERE, parse_size
 
 # The transports a pair is measured over: (row name, backend, ROCE_PG_NET_TRANSPORT).
 TRANSPORTS = (("roce verbs", "roce", "verbs"), ("roce tcp", "roce", "tcp"), ("gloo", "gloo", None))
@@ -184,7 +185,7 @@ def run(args):
     if len(leaders) < 2:
         rows.append(Row("pairs", OK, f"one machine ({world} rank{'s' if world > 1 else ''}): the pair tests need "
                                      f"several (torchrun --nnodes N)"))
-    size = sysfs.parse_size(args.size)
+    size = parse_size(args.size)
     for a, b in combinations(leaders, 2):
         for name, backend, transport in TRANSPORTS:
             if backend == "roce" and not ext_ok:
@@ -228,13 +229,11 @@ def _agreement_rows(infos, machines, by_rank, leaders):
         envs.setdefault(tuple(sorted(i["env"].items())), []).append(i["rank"])
     if len(envs) > 1:
         variants = "; ".join(f"ranks {v}: {dict(k) or 'none'}" for k, v in envs.items())
-        # Every rank must pick the same algorithm for the same call: ROCE_PG_ALGO* too.
-        must = any(k for k in {k for e in envs for k, _ in e}
-                   if (k in ("ROCE_PG_IB_QPS_PER_CONNECTION", "ROCE_PG_NET_TRANSPORT", "ROCE_PG_CHUNK_BYTES")
-                       or k.startswith("ROCE_PG_ALGO")) and len({dict(e).get(k) for e in envs}) > 1)
-        rows.append(Row("same ROCE_PG_* everywhere", FAIL if must else WARN, f"ranks differ: {variants}"[:1500],
-                        "set the same ROCE_PG_* variables on every rank (QPS_PER_CONNECTION, NET_TRANSPORT, "
-                        "CHUNK_BYTES and ALGO* must match)"))
+        differ = sorted(k for k in {k for e in envs for k, _ in e}
+                        if k in SAME_EVERYWHERE and len({dict(e).get(k) for e in envs}) > 1)
+        rows.append(Row("same ROCE_PG_* everywhere", FAIL if differ else WARN, f"ranks differ: {variants}"[:1500],
+                        "set the same ROCE_PG_* variables on every rank" +
+                        (f" ({', '.join(differ)} must match)" if differ else "")))
     else:
         rows.append(Row("same ROCE_PG_* everywhere", OK, "every rank has the same ROCE_PG_* variables"))
     if len(leaders) < 2:

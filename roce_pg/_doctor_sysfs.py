@@ -190,32 +190,7 @@ def auto_gid(port: Port) -> Tuple[Optional[Gid], str]:
     return best, why
 
 
-# ---- ROCE_PG_* parsing, as csrc/common/config.cpp does it --------------------
-
-def parse_env_int(value: str, lo: int, hi: int) -> int:
-    """strtoll(base 0) with an optional K/M/G binary suffix; ValueError if the
-    text is not an integer in [lo, hi] (the extension rejects it then)."""
-    s = value.strip()
-    shift = {"k": 10, "m": 20, "g": 30}.get(s[-1:].lower(), 0) if s else 0
-    if shift:
-        s = s[:-1]
-    try:
-        if re.fullmatch(r"[+-]?0[0-7]+", s):
-            x = int(s, 8)
-        else:
-            x = int(s, 0)
-    except ValueError:
-        raise ValueError(f"{value!r} is not an integer") from None
-    x <<= shift
-    if not lo <= x <= hi:
-        raise ValueError(f"{value!r} is not in [{lo}, {hi}]")
-    return x
-
-
-def parse_size(text: str) -> int:
-    """'1M' -> 1048576; plain integers are bytes."""
-    return parse_env_int(text, 0, 1 << 62)
-
+# ---- ROCE_PG_IB_HCA, as csrc/transport/verbs/verbs_device.cpp reads it --------
 
 class HcaFilter:
     """ROCE_PG_IB_HCA in NCCL syntax: 'mlx5_0:1,mlx5_1' (prefix match), '=rxe0'

@@ -15,8 +15,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from roce_pg import _doctor_settings as settings  # noqa: E402
 from roce_pg import _doctor_sysfs as sysfs  # noqa: E402
 from roce_pg import doctor  # noqa: E402
+from roce_pg._doctor_checks import check_settings  # noqa: E402
 
 PY = sys.executable
 
@@ -244,15 +246,100 @@ def test_mtu_and_rp_filter(tmp_path):
 
 
 def test_settings_are_validated_like_the_extension(tmp_path):
-    assert sysfs.parse_env_int("0x10", 0, 100) == 16
-    assert sysfs.parse_env_int("4M", 0, 1 << 30) == 4 << 20
-    assert sysfs.parse_env_int("010", 0, 100) == 8           # strtoll base 0: octal
-    assert sysfs.parse_env_int("-1", -1, 5) == -1
-    with pytest.raises(ValueError):
-        sysfs.parse_env_int("9", 0, 7)
+    assert settings.parse_env_int("0x10", 0, 100) == 16
+    assert settings.parse_env_int("4M", 0, 1 << 30) == 4 << 20
+    assert settings.parse_env_int("010", 0, 100) == 8           # strtoll base 0: octal
+    assert settings.parse_env_int("-1", -1, 5) == -1
+    for bad in ("9", "1_0", "7 ", "0b1", "08", "0x", "9999999999G"):
+        with pytest.raises(ValueError):
+            settings.parse_env_int(bad, 0, 7)
     make_tree(tmp_path)
     row = rows_of(tmp_path, {"ROCE_PG_IB_RETRY_CNT": "9", "ROCE_PG_NET_TRANSPORT": "rdma"})["ROCE_PG_* settings"]
     assert row.status == doctor.FAIL and "RETRY_CNT" in row.detail and "ROCE_PG_NET_TRANSPORT" in row.detail
+
+
+def test_settings_table_is_the_extensions():
+    """The doctor's copy of the settings table (it runs without the extension)
+    must be the table the extension's parser builds: a setting, a name or a
+    range added to csrc/common/config.cpp and not to _doctor_settings.py fails
+    here."""
+    import roce_pg
+
+    ext = roce_pg._C.settings()
+    assert list(ext) == list(settings.SETTINGS), "settings added, removed or reordered"
+    for name, form in ext.items():
+        assert settings.SETTINGS[name] == form, (name, form, settings.SETTINGS[name])
+    assert settings.table() == ext   # with the extension loaded the doctor uses its table
+
+
+def _samples(form):
+    """Values around the edges of what a setting accepts."""
+    kind = form[0]
+    if kind == "int":
+        lo, hi = form[1], form[2]
+        return [str(lo), str(lo - 1), str(hi), str(hi + 1), "0", "0x10", "010", "08", "4K", " 5", "5 ", "1_0",
+                "abc", "99999999999999G"]
+    if kind == "number":
+        return [repr(form[1]), repr(form[2]), repr(form[2] * 2), "1", "0x1p-3", ".5", "1e", "nan", "inf", "-1", "x"]
+    if kind == "choice":
+        return list(form[1]) + ["bogus", form[1][0].upper(), form[1][0] + " "]
+    if kind == "flag":
+        return ["1", "0", "yes", "off", "2", "True"]
+    if kind == "token":
+        return ["node-1_a", "a b", "x" * form[1], "x" * (form[1] + 1)]
+    return ["anything"]
+
+
+def test_doctor_accepts_exactly_what_the_extension_accepts(tmp_path, monkeypatch):
+    """Every setting, at the edges of its range and beyond: the doctor's verdict
+    (with its own copy of the table) is the extension's parser's (which raises
+    where creating a process group would)."""
+    import roce_pg
+
+    disagree = []
+    for name, form in settings.SETTINGS.items():
+        for value in _samples(form):
+            monkeypatch.setenv(name, value)
+            try:
+                roce_pg._C.verbs_registered_bytes(0)   # parses every ROCE_PG_* variable
+                accepted = True
+            except RuntimeError:
+                accepted = False
+            if accepted != (settings.problem(name, value, form) is None):
+                disagree.append((name, value, "extension accepts" if accepted else "extension rejects"))
+        monkeypatch.delenv(name)
+    assert not disagree
+
+
+def test_every_algorithm_the_extension_accepts_is_ok(tmp_path):
+    """The drift of issue 28: ROCE_PG_ALGO_ALLREDUCE=tree was reported as FAIL."""
+    make_tree(tmp_path)
+    m = doctor.Machine(str(tmp_path), {"ROCE_PG_ALGO_ALLREDUCE": "tree"}, verbs=False)
+    for forms in (settings.SETTINGS, settings.table()):   # the copy, and the extension's table
+        row = check_settings(m, forms)
+        assert row.status == doctor.OK and row.detail == "ROCE_PG_ALGO_ALLREDUCE=tree", row
+    for name, form in settings.SETTINGS.items():
+        for value in form[1] if form[0] == "choice" else ():
+            row = rows_of(tmp_path, {name: value})["ROCE_PG_* settings"]
+            assert row.status == doctor.OK, row
+    row = rows_of(tmp_path, {"ROCE_PG_ALGO_ALLGATHER": "tree"})["ROCE_PG_* settings"]
+    assert row.status == doctor.FAIL and "expected auto, ring, bruck, hier" in row.detail, row
+
+
+def test_same_everywhere_is_what_joining_a_group_compares():
+    """The cluster mode FAILs when ranks differ in a setting that joining a group
+    compares (ROCE_PG_NCHANNELS was only a WARN)."""
+    import roce_pg
+    from roce_pg._doctor_cluster import _agreement_rows
+
+    compared = {kv.split("=")[0] for kv in roce_pg._C._algorithm_settings().split()}
+    assert set(settings.SAME_EVERYWHERE) - compared == {"ROCE_PG_ALGO", "ROCE_PG_IB_QPS_PER_CONNECTION",
+                                                        "ROCE_PG_NET_TRANSPORT"}
+    assert compared <= set(settings.SAME_EVERYWHERE)
+    for env, status in (({"ROCE_PG_NCHANNELS": "2"}, doctor.FAIL), ({"ROCE_PG_SPIN_US": "5"}, doctor.WARN)):
+        infos = [{"rank": 0, "env": env}, {"rank": 1, "env": {}}]
+        row = _agreement_rows(infos, {}, {}, [0])[0]
+        assert row.status == status, row
 
 
 def test_cli_json_and_exit_codes(tmp_path):

@@ -4,7 +4,7 @@
 //    message lg p times), for small and medium messages;
 //  * chain along the node-sorted ring starting at the root (p-1 hops, but
 //    every rank sends the message once, so with chunks in flight the time
-//    approaches one message's transfer: notes/algorithms.md §5), from
+//    approaches one message's transfer), from
 //    ROCE_PG_ALGO_RING_MIN_BYTES on groups of 3 or more.
 #include <algorithm>
 

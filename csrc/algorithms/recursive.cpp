@@ -1,5 +1,5 @@
 // Recursive doubling and Rabenseifner allreduce (cost models in
-// shared/notes/algorithms.md §1). Both work on a power-of-two set of
+// docs/ALGORITHMS.md, "Cost terms"). Both work on a power-of-two set of
 // "survivors": with p = p2 + r ranks (p2 the largest power of two <= p), the
 // first 2r positions pair up, the even one hands its whole vector to the odd
 // one and sits out, and gets the result back at the end (two extra messages

@@ -34,13 +34,12 @@ Algo announce(Communicator& c, Kind kind, Algo a, size_t bytes, Why&& why) {
   return a;
 }
 
+// The algorithm algoName() calls `s`: the names config.cpp accepts for
+// ROCE_PG_ALGO* are these, so there is no second list of them here.
 Algo byName(const std::string& s) {
-  if (s == "ring") return Algo::Ring;
-  if (s == "hier") return Algo::Hier;
-  if (s == "rd") return Algo::Rd;
-  if (s == "bruck") return Algo::Bruck;
-  if (s == "tree") return Algo::Tree;
-  return Algo::Rabenseifner;  // config.cpp admits nothing else
+  for (int i = 0; i <= static_cast<int>(Algo::RsGather); ++i)
+    if (s == algoName(static_cast<Algo>(i))) return static_cast<Algo>(i);
+  throwInvalid(str("no algorithm is called '", s, "'"));  // config.cpp admits none such
 }
 
 // "auto: ..." for the log: the variable that decided, or the model's estimates.

@@ -15,7 +15,7 @@ struct Shape;
 
 // Tree: the pipelined double binary tree allreduce (tree.cpp); Binomial and
 // Chain: the broadcast's shapes.
-enum class Algo : uint8_t { Shm, Ring, Hier, Rd, Rabenseifner, Bruck, Tree, Binomial, Chain, Allreduce, RsGather };
+enum class Algo : uint8_t { Shm, Ring, Hier, Rd, Rabenseifner, Bruck, Tree, Binomial, Chain, Allreduce, RsGather };  // RsGather last (byName)
 const char* algoName(Algo a);
 
 // For allreduce (and reduce, built on it) of `bytes` per rank over the whole group.

@@ -1,5 +1,5 @@
 // Pipelined double binary tree allreduce, after NCCL's trees
-// (shared/notes/algorithms.md §1): the first half of the vector is reduced up
+// (docs/ALGORITHMS.md, "The double binary tree"): the first half of the vector is reduced up
 // and broadcast down one binary tree, the second half another, and every rank
 // is interior in at most one of them, so the two trees together load every
 // rank about equally (~2n bytes sent and received per rank). Each half moves

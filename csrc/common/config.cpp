@@ -5,46 +5,16 @@
 
 #include <algorithm>
 #include <bit>
-#include <cctype>
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
-#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "error.hpp"
 
 namespace roce {
 namespace {
-
-const char* env(const char* name) {
-  const char* v = std::getenv(name);
-  return (v && *v) ? v : nullptr;
-}
-
-long long envInt(const char* name, long long def, long long lo, long long hi) {
-  const char* v = env(name);
-  if (!v) return def;
-  char* end = nullptr;
-  long long x = std::strtoll(v, &end, 0);
-  // Accept K/M/G binary suffixes for byte sizes ("4M").
-  if (end && (*end == 'k' || *end == 'K')) x <<= 10, ++end;
-  else if (end && (*end == 'm' || *end == 'M')) x <<= 20, ++end;
-  else if (end && (*end == 'g' || *end == 'G')) x <<= 30, ++end;
-  if (!end || *end != '\0' || x < lo || x > hi)
-    throwInvalid(str(name, "='", v, "' is not an integer in [", lo, ", ", hi, "]"));
-  return x;
-}
-
-double envDouble(const char* name, double def, double lo, double hi) {
-  const char* v = env(name);
-  if (!v) return def;
-  char* end = nullptr;
-  const double x = std::strtod(v, &end);
-  if (!end || *end != '\0' || !(x >= lo && x <= hi))
-    throwInvalid(str(name, "='", v, "' is not a number in [", lo, ", ", hi, "]"));
-  return x;
-}
 
 // The shortest text that reads back as exactly `x`: two ranks whose values
 // differ in the last bit must not print the same settings.
@@ -56,102 +26,90 @@ std::string exact(double x) {
 
 size_t floorPow2(size_t x) { return x ? std::bit_floor(x) : 0; }
 
-// The variable's value if it is one of `allowed`, `def` when unset.
-std::string oneOf(const char* name, const std::string& def, std::initializer_list<const char*> allowed) {
-  const char* v = env(name);
-  if (!v) return def;
-  std::string list;
-  for (const char* a : allowed) {
-    if (v == std::string(a)) return v;
-    list += str(list.empty() ? "" : ", ", a);
-  }
-  throwInvalid(str(name, "='", v, "': expected one of ", list));
-}
+// The allreduce algorithms that can be forced (names as algoName() in
+// csrc/algorithms/select.cpp, whose byName() maps them back).
+const std::vector<const char*> kAllreduceAlgos = {"auto", "ring", "hier", "rd", "rabenseifner", "tree"};
 
-bool envBool(const char* name) {
-  const char* v = env(name);
-  if (!v) return false;
-  std::string s(v);
-  if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
-  if (s == "0" || s == "false" || s == "no" || s == "off") return false;
-  throwInvalid(str(name, "='", v, "': use 1 or 0"));
-}
+std::string readTestFault(EnvReader& r) { return r.oneOf("ROCE_PG_TEST_FAULT", "", {"garbage_frames"}); }
 
 }  // namespace
 
 Config Config::fromEnv() {
+  EnvReader environment;
+  return read(environment);
+}
+
+std::vector<Setting> Config::settings() {
+  std::vector<Setting> table;
+  EnvReader recorder(table);
+  (void)read(recorder);
+  return table;
+}
+
+Config Config::read(EnvReader& r) {
   Config c;
-  c.forceNetwork = envBool("ROCE_PG_FORCE_NETWORK");
-  c.simRanksPerNode = static_cast<int>(envInt("ROCE_PG_SIM_RANKS_PER_NODE", 0, 0, 1 << 20));
-  if (const char* v = env("ROCE_PG_SIM_NODE")) {
-    c.simNode = v;
-    bool ok = c.simNode.size() <= 64;
-    for (char ch : c.simNode) ok &= std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_';
-    if (!ok) throwInvalid(str("ROCE_PG_SIM_NODE='", c.simNode, "': use up to 64 letters, digits, '-' or '_'"));
-  }
-  c.algoAllreduce = oneOf("ROCE_PG_ALGO_ALLREDUCE",
-                          oneOf("ROCE_PG_ALGO", "auto", {"auto", "ring", "hier", "rd", "rabenseifner", "tree"}),
-                          {"auto", "ring", "hier", "rd", "rabenseifner", "tree"});
-  c.algoAllreduceAcross = oneOf("ROCE_PG_ALGO_ALLREDUCE_ACROSS", "auto", {"auto", "rd", "rabenseifner", "ring", "tree"});
-  c.connect = oneOf("ROCE_PG_CONNECT", "lazy", {"lazy", "eager"});
-  c.algoAllgather = oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "ring", "bruck", "hier"});
-  c.algoReduceScatter = oneOf("ROCE_PG_ALGO_REDUCE_SCATTER", "auto", {"auto", "ring", "hier"});
-  c.rdMaxBytes = envInt("ROCE_PG_ALGO_RD_MAX_BYTES", c.rdMaxBytes, 0, 1ll << 40);
-  c.ringMinBytes = envInt("ROCE_PG_ALGO_RING_MIN_BYTES", c.ringMinBytes, 0, 1ll << 40);
-  c.hierMinBytes = envInt("ROCE_PG_ALGO_HIER_MIN_BYTES", c.hierMinBytes, 0, 1ll << 40);
-  c.rdMaxBytesSet = env("ROCE_PG_ALGO_RD_MAX_BYTES") != nullptr;
-  c.ringMinBytesSet = env("ROCE_PG_ALGO_RING_MIN_BYTES") != nullptr;
-  c.hierMinBytesSet = env("ROCE_PG_ALGO_HIER_MIN_BYTES") != nullptr;
-  c.netAlphaUs = envDouble("ROCE_PG_ALGO_NET_ALPHA_US", c.netAlphaUs, 0, 1e6);
-  c.netGBps = envDouble("ROCE_PG_ALGO_NET_GBPS", c.netGBps, 1e-6, 1e6);
-  c.nicGBps = envDouble("ROCE_PG_ALGO_NIC_GBPS", c.nicGBps, 1e-6, 1e6);
-  c.shmAlphaUs = envDouble("ROCE_PG_ALGO_SHM_ALPHA_US", c.shmAlphaUs, 0, 1e6);
-  c.shmGBps = envDouble("ROCE_PG_ALGO_SHM_GBPS", c.shmGBps, 1e-6, 1e6);
-  c.reduceGBps = envDouble("ROCE_PG_ALGO_REDUCE_GBPS", c.reduceGBps, 1e-6, 1e6);
-  c.bruckMaxBytes = envInt("ROCE_PG_ALGO_BRUCK_MAX_BYTES", c.bruckMaxBytes, 0, 1ll << 40);
-  if (const char* v = env("ROCE_PG_NET_TRANSPORT")) c.netTransport = v;
-  if (c.netTransport != "auto" && c.netTransport != "tcp" && c.netTransport != "verbs")
-    throwInvalid(str("ROCE_PG_NET_TRANSPORT='", c.netTransport, "': expected 'auto', 'verbs' or 'tcp'"));
-  if (const char* v = env("ROCE_PG_IB_HCA")) c.ibHca = v;
-  c.ibGidIndex = static_cast<int>(envInt("ROCE_PG_IB_GID_INDEX", -1, -1, 1 << 16));
-  c.ibTc = static_cast<int>(envInt("ROCE_PG_IB_TC", 0, 0, 255));
-  c.ibSl = static_cast<int>(envInt("ROCE_PG_IB_SL", 0, 0, 15));
-  c.ibTimeout = static_cast<int>(envInt("ROCE_PG_IB_TIMEOUT", 18, 1, 31));
-  c.ibRetryCnt = static_cast<int>(envInt("ROCE_PG_IB_RETRY_CNT", 7, 0, 7));
-  c.ibQpsPerConnection = static_cast<int>(envInt("ROCE_PG_IB_QPS_PER_CONNECTION", 1, 1, 16));
-  c.ibSlots = static_cast<int>(envInt("ROCE_PG_IB_SLOTS", 8, 2, 256));
-  c.ibPoolBytes = envInt("ROCE_PG_IB_POOL_BYTES", c.ibPoolBytes, 64 << 10, 1ll << 36);
-  c.ibSlotBytes = envInt("ROCE_PG_IB_SLOT_BYTES", c.ibSlotBytes, 256, 1ll << 30);
-  c.ibEagerMaxBytes = envInt("ROCE_PG_IB_EAGER_MAX_BYTES", c.ibEagerMaxBytes, 0, 1ll << 30);
-  c.ibZeroCopyMinBytes = envInt("ROCE_PG_IB_ZERO_COPY_MIN_BYTES", c.ibZeroCopyMinBytes, 0, 1ll << 40);
-  c.ibRegCacheBytes = envInt("ROCE_PG_IB_REG_CACHE_BYTES", 0, 0, 1ll << 50);
-  if (const char* v = env("ROCE_PG_SOCKET_IFNAME")) c.socketIfname = v;
-  c.chunkBytes = envInt("ROCE_PG_CHUNK_BYTES", c.chunkBytes, 4096, 1ll << 30);
-  c.nChannels = static_cast<int>(envInt("ROCE_PG_NCHANNELS", 0, 0, kMaxChannels));
-  c.shmSlotBytes = envInt("ROCE_PG_SHM_SLOT_BYTES", c.shmSlotBytes, 4096, 1ll << 30);
-  c.shmRingBytes = envInt("ROCE_PG_SHM_RING_BYTES", c.shmRingBytes, 4096, 1ll << 30);
-  c.shmOneShotMaxBytes = envInt("ROCE_PG_SHM_ONESHOT_MAX_BYTES", c.shmOneShotMaxBytes, 0, 1ll << 30);
-  c.inlineMaxBytes = envInt("ROCE_PG_INLINE_MAX_BYTES", c.inlineMaxBytes, 0, 1ll << 40);
-  c.syncInlineMaxBytes = envInt("ROCE_PG_SYNC_INLINE_MAX_BYTES", c.syncInlineMaxBytes, 0, 1ll << 40);
-  c.devicePieceBytes = envInt("ROCE_PG_DEVICE_PIECE_BYTES", c.devicePieceBytes, 4096, 1ll << 40);
-  c.deviceStagingCacheBytes = envInt("ROCE_PG_DEVICE_STAGING_CACHE_BYTES", c.deviceStagingCacheBytes, 0, 1ll << 50);
-  c.spinUs = static_cast<int>(envInt("ROCE_PG_SPIN_US", c.spinUs, 0, 1000000));
+  c.forceNetwork = r.flag("ROCE_PG_FORCE_NETWORK");
+  c.simRanksPerNode = static_cast<int>(r.integer("ROCE_PG_SIM_RANKS_PER_NODE", 0, 0, 1 << 20));
+  c.simNode = r.token("ROCE_PG_SIM_NODE", 64);
+  c.algoAllreduce = r.oneOf("ROCE_PG_ALGO_ALLREDUCE", r.oneOf("ROCE_PG_ALGO", "auto", kAllreduceAlgos), kAllreduceAlgos);
+  c.algoAllreduceAcross = r.oneOf("ROCE_PG_ALGO_ALLREDUCE_ACROSS", "auto", {"auto", "rd", "rabenseifner", "ring", "tree"});
+  c.connect = r.oneOf("ROCE_PG_CONNECT", "lazy", {"lazy", "eager"});
+  c.algoAllgather = r.oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "ring", "bruck", "hier"});
+  c.algoReduceScatter = r.oneOf("ROCE_PG_ALGO_REDUCE_SCATTER", "auto", {"auto", "ring", "hier"});
+  c.rdMaxBytes = r.integer("ROCE_PG_ALGO_RD_MAX_BYTES", c.rdMaxBytes, 0, 1ll << 40);
+  c.ringMinBytes = r.integer("ROCE_PG_ALGO_RING_MIN_BYTES", c.ringMinBytes, 0, 1ll << 40);
+  c.hierMinBytes = r.integer("ROCE_PG_ALGO_HIER_MIN_BYTES", c.hierMinBytes, 0, 1ll << 40);
+  c.rdMaxBytesSet = r.isSet("ROCE_PG_ALGO_RD_MAX_BYTES");
+  c.ringMinBytesSet = r.isSet("ROCE_PG_ALGO_RING_MIN_BYTES");
+  c.hierMinBytesSet = r.isSet("ROCE_PG_ALGO_HIER_MIN_BYTES");
+  c.netAlphaUs = r.number("ROCE_PG_ALGO_NET_ALPHA_US", c.netAlphaUs, 0, 1e6);
+  c.netGBps = r.number("ROCE_PG_ALGO_NET_GBPS", c.netGBps, 1e-6, 1e6);
+  c.nicGBps = r.number("ROCE_PG_ALGO_NIC_GBPS", c.nicGBps, 1e-6, 1e6);
+  c.shmAlphaUs = r.number("ROCE_PG_ALGO_SHM_ALPHA_US", c.shmAlphaUs, 0, 1e6);
+  c.shmGBps = r.number("ROCE_PG_ALGO_SHM_GBPS", c.shmGBps, 1e-6, 1e6);
+  c.reduceGBps = r.number("ROCE_PG_ALGO_REDUCE_GBPS", c.reduceGBps, 1e-6, 1e6);
+  c.bruckMaxBytes = r.integer("ROCE_PG_ALGO_BRUCK_MAX_BYTES", c.bruckMaxBytes, 0, 1ll << 40);
+  c.netTransport = r.oneOf("ROCE_PG_NET_TRANSPORT", c.netTransport, {"auto", "verbs", "tcp"});
+  c.ibHca = r.text("ROCE_PG_IB_HCA");
+  c.ibGidIndex = static_cast<int>(r.integer("ROCE_PG_IB_GID_INDEX", -1, -1, 1 << 16));
+  c.ibTc = static_cast<int>(r.integer("ROCE_PG_IB_TC", 0, 0, 255));
+  c.ibSl = static_cast<int>(r.integer("ROCE_PG_IB_SL", 0, 0, 15));
+  c.ibTimeout = static_cast<int>(r.integer("ROCE_PG_IB_TIMEOUT", 18, 1, 31));
+  c.ibRetryCnt = static_cast<int>(r.integer("ROCE_PG_IB_RETRY_CNT", 7, 0, 7));
+  c.ibQpsPerConnection = static_cast<int>(r.integer("ROCE_PG_IB_QPS_PER_CONNECTION", 1, 1, 16));
+  c.ibSlots = static_cast<int>(r.integer("ROCE_PG_IB_SLOTS", 8, 2, 256));
+  c.ibPoolBytes = r.integer("ROCE_PG_IB_POOL_BYTES", c.ibPoolBytes, 64 << 10, 1ll << 36);
+  c.ibSlotBytes = r.integer("ROCE_PG_IB_SLOT_BYTES", c.ibSlotBytes, 256, 1ll << 30);
+  c.ibEagerMaxBytes = r.integer("ROCE_PG_IB_EAGER_MAX_BYTES", c.ibEagerMaxBytes, 0, 1ll << 30);
+  c.ibZeroCopyMinBytes = r.integer("ROCE_PG_IB_ZERO_COPY_MIN_BYTES", c.ibZeroCopyMinBytes, 0, 1ll << 40);
+  c.ibRegCacheBytes = r.integer("ROCE_PG_IB_REG_CACHE_BYTES", 0, 0, 1ll << 50);
+  c.socketIfname = r.text("ROCE_PG_SOCKET_IFNAME");
+  c.chunkBytes = r.integer("ROCE_PG_CHUNK_BYTES", c.chunkBytes, 4096, 1ll << 30);
+  c.nChannels = static_cast<int>(r.integer("ROCE_PG_NCHANNELS", 0, 0, kMaxChannels));
+  c.shmSlotBytes = r.integer("ROCE_PG_SHM_SLOT_BYTES", c.shmSlotBytes, 4096, 1ll << 30);
+  c.shmRingBytes = r.integer("ROCE_PG_SHM_RING_BYTES", c.shmRingBytes, 4096, 1ll << 30);
+  c.shmOneShotMaxBytes = r.integer("ROCE_PG_SHM_ONESHOT_MAX_BYTES", c.shmOneShotMaxBytes, 0, 1ll << 30);
+  c.inlineMaxBytes = r.integer("ROCE_PG_INLINE_MAX_BYTES", c.inlineMaxBytes, 0, 1ll << 40);
+  c.syncInlineMaxBytes = r.integer("ROCE_PG_SYNC_INLINE_MAX_BYTES", c.syncInlineMaxBytes, 0, 1ll << 40);
+  c.devicePieceBytes = r.integer("ROCE_PG_DEVICE_PIECE_BYTES", c.devicePieceBytes, 4096, 1ll << 40);
+  c.deviceStagingCacheBytes =
+      r.integer("ROCE_PG_DEVICE_STAGING_CACHE_BYTES", c.deviceStagingCacheBytes, 0, 1ll << 50);
+  c.spinUs = static_cast<int>(r.integer("ROCE_PG_SPIN_US", c.spinUs, 0, 1000000));
   // Rings index with a mask: round up to a power of two.
-  size_t r = 4096;
-  while (r < c.shmRingBytes) r <<= 1;
-  c.shmRingBytes = r;
+  size_t ring = 4096;
+  while (ring < c.shmRingBytes) ring <<= 1;
+  c.shmRingBytes = ring;
   c.shmSlotBytes = (c.shmSlotBytes + 63) & ~size_t(63);
-  c.shmChunkBytes = envInt("ROCE_PG_SHM_CHUNK_BYTES", 0, 0, 1ll << 30);
+  c.shmChunkBytes = r.integerOrZero("ROCE_PG_SHM_CHUNK_BYTES", 0, 4096, 1ll << 30,
+                                    "use at least 4096, or 0 for the cache-sized default");
   if (c.shmChunkBytes == 0) c.shmChunkBytes = shmChunkAuto();
-  if (c.shmChunkBytes < 4096)
-    throwInvalid(str("ROCE_PG_SHM_CHUNK_BYTES=", c.shmChunkBytes, ": use at least 4096, or 0 for the cache-sized default"));
   c.shmChunkBytes = floorPow2(c.shmChunkBytes);
-  c.shutdownGraceMs = static_cast<int>(envInt("ROCE_PG_SHUTDOWN_GRACE_MS", c.shutdownGraceMs, 0, 3600000));
-  c.heartbeatTimeoutMs = static_cast<int>(envInt("ROCE_PG_HEARTBEAT_TIMEOUT_MS", c.heartbeatTimeoutMs, 0, 86400000));
-  if (c.heartbeatTimeoutMs > 0 && c.heartbeatTimeoutMs < 1000)
-    throwInvalid(str("ROCE_PG_HEARTBEAT_TIMEOUT_MS=", c.heartbeatTimeoutMs, " is below 1000 ms: heartbeats are sent "
-                     "every few hundred ms and a busy machine would declare live peers dead; use >= 1000 or 0 (off)"));
-  (void)testFault();  // validated with the rest of the configuration
+  c.shutdownGraceMs = static_cast<int>(r.integer("ROCE_PG_SHUTDOWN_GRACE_MS", c.shutdownGraceMs, 0, 3600000));
+  c.heartbeatTimeoutMs = static_cast<int>(r.integerOrZero(
+      "ROCE_PG_HEARTBEAT_TIMEOUT_MS", c.heartbeatTimeoutMs, 1000, 86400000,
+      "heartbeats are sent every few hundred ms and a busy machine would declare live peers "
+      "dead; use >= 1000 or 0 (off)"));
+  (void)readTestFault(r);  // validated with the rest of the configuration
   return c;
 }
 
@@ -200,11 +158,8 @@ int Config::channelsAuto(int cpus, int localRanks) {
 
 const std::string& testFault() {
   static const std::string fault = [] {
-    const char* v = env("ROCE_PG_TEST_FAULT");
-    std::string f = v ? v : "";
-    if (!f.empty() && f != "garbage_frames")
-      throwInvalid(str("ROCE_PG_TEST_FAULT='", f, "': the only fault is 'garbage_frames' (tests only)"));
-    return f;
+    EnvReader environment;
+    return readTestFault(environment);
   }();
   return fault;
 }

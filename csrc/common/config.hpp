@@ -1,8 +1,13 @@
-// Every ROCE_PG_* environment variable is read here, once per process group,
-// so the README's configuration table has a single source of truth.
+// Every ROCE_PG_* environment variable is read here, once per process group
+// (but ROCE_PG_DEBUG, which log.cpp reads at the first log line), so the
+// README's configuration table has a single source of truth, and so has the
+// doctor's table of accepted values (Config::settings()).
 #pragma once
 #include <cstddef>
 #include <string>
+#include <vector>
+
+#include "env_reader.hpp"
 
 namespace roce {
 
@@ -121,6 +126,9 @@ struct Config {
   int heartbeatTimeoutMs = 20000;        // ROCE_PG_HEARTBEAT_TIMEOUT_MS
 
   static Config fromEnv();
+  // Every setting fromEnv() reads, with the values it accepts, in reading
+  // order: what read() asks a recording reader for (env_reader.hpp).
+  static std::vector<Setting> settings();
   // Half the per-core L2 cache as the OS reports it, as a power of two in
   // [64 KiB, 1 MiB]; 512 KiB where the OS does not say.
   static size_t shmChunkAuto();
@@ -135,6 +143,9 @@ struct Config {
   // up their messages (ROCE_PG_ALGO*, thresholds, cost model constants,
   // ROCE_PG_CHUNK_BYTES, ROCE_PG_NCHANNELS, ROCE_PG_FORCE_NETWORK).
   std::string algorithmSettings() const;
+
+ private:
+  static Config read(EnvReader& r);
 };
 
 // ROCE_PG_TEST_FAULT: fault injection for the test suite only ("" when unset).

@@ -1,6 +1,6 @@
 // Element-wise reduction kernels over contiguous buffers. AVG and PREMUL_SUM are
 // not operators here: callers reduce with SUM, pre-scale with scaleCopy and
-// finish with divideBy (see algorithms/reduction_steps.hpp).
+// finish with divideBy (as algorithms/allreduce.cpp and shm_allreduce.cpp do).
 #pragma once
 #include <cstddef>
 

@@ -1,5 +1,5 @@
 // Python module roce_pg._C: the backend class and its creator, plus a probe of
-// the RDMA devices libibverbs sees.
+// the RDMA devices libibverbs sees and the table of ROCE_PG_* settings.
 #include <cmath>
 #include <stdexcept>
 
@@ -10,6 +10,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "../algorithms/cost_model.hpp"
+#include "../common/config.hpp"
 #include "../transport/verbs/device_probe.hpp"
 #include "../transport/verbs/verbs_transport.hpp"
 #include "backend.hpp"
@@ -94,6 +95,29 @@ PYBIND11_MODULE(_C, m) {
   // The verbs transport's registered bytes per rank for `peers` connected
   // peers with the ROCE_PG_* settings of this process (the doctor mirrors it).
   m.def("verbs_registered_bytes", [](int peers) { return roce::verbsRegisteredBytes(roce::Config::fromEnv(), peers); });
+  // Every ROCE_PG_* setting the extension reads, in reading order, with what
+  // it accepts: {name: ("int", lo, hi, zero_ok) | ("number", lo, hi) |
+  // ("choice", names) | ("flag",) | ("text",) | ("token", max_len)}. Built by
+  // the parser itself (Config::settings()); the doctor's copy
+  // (roce_pg/_doctor_settings.py) is compared with it by tests/test_doctor.py.
+  m.def("settings", [] {
+    using Kind = roce::Setting::Kind;
+    py::dict out;
+    for (const roce::Setting& s : roce::Config::settings()) {
+      switch (s.kind) {
+        case Kind::Integer: out[s.name.c_str()] = py::make_tuple("int", s.lo, s.hi, s.zeroOk); break;
+        case Kind::Number: out[s.name.c_str()] = py::make_tuple("number", s.numberLo, s.numberHi); break;
+        case Kind::Choice: out[s.name.c_str()] = py::make_tuple("choice", py::tuple(py::cast(s.choices))); break;
+        case Kind::Flag: out[s.name.c_str()] = py::make_tuple("flag"); break;
+        case Kind::Text: out[s.name.c_str()] = py::make_tuple("text"); break;
+        case Kind::Token: out[s.name.c_str()] = py::make_tuple("token", s.hi); break;
+      }
+    }
+    return out;
+  });
+  // The settings every rank of a group must share ("NAME=value ..."): what
+  // joining a group compares (Config::algorithmSettings()); for the doctor's test.
+  m.def("_algorithm_settings", [] { return roce::Config::fromEnv().algorithmSettings(); });
   m.def("rdma_ports", [] {
     py::list out;
     for (const auto& p : roce::probeRdmaPorts()) {

@@ -1,5 +1,5 @@
-// The narrow interface every transport implements (shared memory, TCP, and the
-// verbs transport of the next milestone). Algorithms never see a concrete
+// The narrow interface every transport implements (shared memory, TCP and RDMA
+// verbs: shm/, tcp/, verbs/ beside this file). Algorithms never see a concrete
 // transport: they post Requests through comm::Communicator, which routes each
 // peer to the transport that serves it.
 //

@@ -1,7 +1,7 @@
 // Point-to-point messages over TCP sockets, one connection per peer pair
-// (the lower rank connects, the higher accepts). Used between machines until
-// the verbs transport serves them, and for every peer when tests force the
-// network path on one host.
+// (the lower rank connects, the higher accepts). Serves the peers on other
+// machines with ROCE_PG_NET_TRANSPORT=tcp (machines without RDMA); with
+// ROCE_PG_FORCE_NETWORK=1 as well, the ranks of its own machine too (tests).
 #pragma once
 #include <string>
 #include <vector>

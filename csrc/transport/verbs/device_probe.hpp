@@ -1,6 +1,7 @@
-// Lists the RDMA devices libibverbs can see, with their ports. The verbs
-// transport (next milestone) chooses its device from this; today it feeds the
-// init log and roce_pg.rdma_devices().
+// Lists the RDMA devices libibverbs can see, with their ports, for the init
+// log (group_setup.cpp, ROCE_PG_DEBUG=INFO) and roce_pg.rdma_ports() (the
+// doctor's --import row). The verbs transport picks its port itself
+// (chooseVerbsPort, verbs_device.hpp).
 #pragma once
 #include <string>
 #include <vector>
