@@ -173,6 +173,7 @@ def _wait_does_not_wait_for_the_copy_back(ck, acc, world):
         work.wait()
         copy_back_running = not work.is_completed()
         enqueue_s, y = _timed(lambda: x * 2)  # a consumer on the current stream, no host synchronisation
+        copy_back_running_after_consumer = not work.is_completed()  # queuing it did not wait for the copy
         work.synchronize()  # the same stream wait, again: harmless
         ck.same("consumer after wait()", y, _expected_sum(world, n) * 2)
         acc.synchronize()
@@ -184,24 +185,29 @@ def _wait_does_not_wait_for_the_copy_back(ck, acc, world):
     finally:
         acc.copy_delay(0)
     return {"copy_back_running_after_wait": copy_back_running, "consumer_enqueue_s": enqueue_s,
+            "copy_back_running_after_consumer": copy_back_running_after_consumer,
             "completed_after_sync": completed_after_sync}
 
 
 def _pieces_overlap(acc, world):
     """Element-wise collectives move in pieces (4096 bytes here): with every
-    copy taking 60 ms, 6 pieces copied out and back one after the other would
-    take 12 x 60 ms; pipelined, the copies back run beside the copies out."""
+    copy taking 60 ms, the copies back of the first pieces run while later
+    pieces are still being copied out (testdev counts the copies running at
+    once: 2 means a copy back ran beside a copy out). Unpipelined, 6 pieces
+    would take 12 x 60 ms; the time is reported, not asserted."""
     delay_ms, pieces = 60, 6
     x = torch.full((pieces * 1024,), float(dist.get_rank() + 1), device=acc.device)
     acc.synchronize()
     dist.barrier()
     acc.copy_delay(delay_ms)
+    acc.testdev.reset_copy_concurrency()
     try:
         took, _ = _timed(lambda: (dist.all_reduce(x), acc.synchronize()))
     finally:
         acc.copy_delay(0)
     ok = bool(torch.equal(x.cpu(), _expected_sum(world, pieces * 1024)))
-    return {"pieces_s": took, "pieces_serial_s": 2 * pieces * delay_ms / 1000, "pieces_ok": ok}
+    return {"pieces_s": took, "pieces_serial_s": 2 * pieces * delay_ms / 1000, "pieces_ok": ok,
+            "pieces_copies_at_once": acc.testdev.copy_concurrency()["peak"]}
 
 
 def _freed_right_after_issue(ck, acc, world):
@@ -246,6 +252,7 @@ def _side_streams(ck, acc, rank, world):
             acc.slow_fill_(shard, float(rank + 1))
             gathered = torch.empty(world * n, device=acc.device)
             issue_s, ag = _timed(lambda: dist.all_gather_into_tensor(gathered, shard, async_op=True))
+            side_producer_running = not side.query()  # issuing did not wait for it
             grads = torch.empty(world * n, device=acc.device)
             acc.slow_fill_(grads, float(rank + 1), ms=50)
             reduced = torch.empty(n, device=acc.device)
@@ -260,7 +267,7 @@ def _side_streams(ck, acc, rank, world):
     finally:
         if acc.kind == "testdev":
             acc.copy_delay(0)
-    return {"side_issue_s": issue_s}
+    return {"side_issue_s": issue_s, "side_producer_running_after_issue": side_producer_running}
 
 
 def _non_contiguous(ck, acc, rank, world):

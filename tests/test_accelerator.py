@@ -48,10 +48,11 @@ def test_stream_semantics(kind, tmp_path):
     results = _group(kind, "streams", kwargs={"kind": kind, "tmp": str(tmp_path)})
     _no_failures(results)
     for r in results:
-        # Issuing a collective neither waits for the kernel producing its
-        # input, which is still running afterwards, nor for anything else.
-        assert r["issue_s"] < 0.1 and r["producer_running_after_issue"], r
-        assert r["side_issue_s"] < 0.1, r
+        # Issuing a collective does not wait for the kernel producing its
+        # input: that kernel is still running afterwards (states, not times:
+        # the issue times are in the report for a reader).
+        assert r["producer_running_after_issue"], r
+        assert r["side_producer_running_after_issue"], r
         # DDP on device parameters, plain and with a comm hook on the future,
         # trains like DDP on the host with Gloo.
         assert r["ddp"]["diff"] <= 1e-5 and r["ddp"]["diff_hook"] <= 1e-5, r["ddp"]
@@ -60,9 +61,9 @@ def test_stream_semantics(kind, tmp_path):
         # wait() returned while the copy back was still running; a consumer
         # queued after it without any host synchronisation read the result.
         assert r["copy_back_running_after_wait"] and r["completed_after_sync"], r
-        assert r["consumer_enqueue_s"] < 0.1, r
-        # Copies back overlap copies out: well under the serial time.
-        assert r["pieces_ok"] and r["pieces_s"] < 0.85 * r["pieces_serial_s"], r
+        assert r["copy_back_running_after_consumer"], r  # queuing the consumer did not wait
+        # Copies back ran beside copies out (pipelined pieces).
+        assert r["pieces_ok"] and r["pieces_copies_at_once"] >= 2, r
         # The lifetime check ran: the freed tensor's memory was released while
         # its copy back was queued (and the new tensor kept its values).
         assert r["freed_before_copy_back"], r

@@ -186,6 +186,29 @@ def test_copy_delay_applies_to_host_copies_only(device):
     assert torch.equal(y.cpu(), torch.full((N,), 3.0))
 
 
+def test_copy_concurrency_counts_copies_running_at_once(device):
+    first, second = torch.Stream(device=device), torch.Stream(device=device)
+    host = [torch.ones(N) for _ in range(4)]
+    dev = [torch.empty(N, device=device) for _ in range(4)]
+    testdev.set_copy_delay_ms(SLOW_MS)  # two copies overlap unless queued 300 ms apart
+    testdev.reset_copy_concurrency()
+    with first:  # one stream: its copies run one after the other
+        dev[0].copy_(host[0], non_blocking=True)
+        dev[1].copy_(host[1], non_blocking=True)
+    first.synchronize()
+    assert testdev.copy_concurrency() == {"running": 0, "peak": 1}
+    testdev.sleep_on_stream(SLOW_MS, first)  # both copies queue behind this
+    testdev.sleep_on_stream(SLOW_MS, second)
+    with first:
+        dev[2].copy_(host[2], non_blocking=True)
+    with second:
+        dev[3].copy_(host[3], non_blocking=True)
+    torch.accelerator.synchronize()
+    assert testdev.copy_concurrency() == {"running": 0, "peak": 2}
+    testdev.set_copy_delay_ms(0)
+    assert all(torch.equal(d.cpu(), torch.ones(N)) for d in dev)
+
+
 def test_kernels_are_queued_and_fallback_ops_wait(device):
     x = torch.zeros(N, device=device)
     took, y = elapsed(lambda: (testdev.slow_fill_(x, 1.0, SLOW_MS), x + 1, x * x)[1:])

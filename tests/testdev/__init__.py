@@ -181,6 +181,16 @@ def set_copy_delay_ms(ms):
     _ext.set_copy_delay_ms(float(ms))
 
 
+def copy_concurrency():
+    """{"running": host<->device copies running now, "peak": the most that ran
+    at once since reset_copy_concurrency()} (this process, every stream)."""
+    return _ext.copy_concurrency()
+
+
+def reset_copy_concurrency():
+    _ext.reset_copy_concurrency()
+
+
 def counters():
     """{"device": {...}, "host": {...}}: allocations, fresh_blocks,
     reused_blocks, bytes_in_use, peak_bytes_in_use, pending_blocks (freed,

@@ -24,6 +24,21 @@ namespace testdev {
 namespace {
 
 std::atomic<double> copy_delay_ms{0.0};
+std::atomic<int64_t> copies_running{0};
+std::atomic<int64_t> copies_running_peak{0};
+
+// Held while a host<->device copy runs on its stream (the delay included).
+struct CopyRunning {
+  CopyRunning() {
+    const int64_t now = ++copies_running;
+    int64_t peak = copies_running_peak.load();
+    while (now > peak && !copies_running_peak.compare_exchange_weak(peak, now)) {
+    }
+  }
+  ~CopyRunning() {
+    --copies_running;
+  }
+};
 
 constexpr c10::DispatchKeySet kDeviceKeys(c10::DispatchKey::PrivateUse1);
 
@@ -101,6 +116,7 @@ at::Tensor copy_from(
     // lifetime stays the caller's business, as on a GPU.
     queue.enqueue([to = to_device ? cpu_alias(dst) : dst,
                    from = to_device ? src : cpu_alias(src)]() mutable {
+      const CopyRunning running;
       sleep_copy_delay();
       to.copy_(from);
     });
@@ -153,6 +169,14 @@ at::Tensor cpu_alias(const at::Tensor& t) {
 
 void set_copy_delay_ms(double ms) {
   copy_delay_ms.store(ms);
+}
+
+std::map<std::string, int64_t> copy_concurrency() {
+  return {{"running", copies_running.load()}, {"peak", copies_running_peak.load()}};
+}
+
+void reset_copy_concurrency() {
+  copies_running_peak.store(copies_running.load());
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {

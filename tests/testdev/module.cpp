@@ -26,6 +26,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "Keeps the stream busy for `ms` milliseconds (a slow kernel).");
   m.def("set_copy_delay_ms", &testdev::set_copy_delay_ms);
+  m.def("copy_concurrency", &testdev::copy_concurrency);
+  m.def("reset_copy_concurrency", &testdev::reset_copy_concurrency);
   m.def("device_counters", &testdev::device_counters);
   m.def("host_counters", &testdev::host_counters);
   m.def("reset_counters", &testdev::reset_counters);

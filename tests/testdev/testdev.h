@@ -91,5 +91,10 @@ void empty_cache();
 at::Tensor cpu_alias(const at::Tensor& t);
 // Extra time every host<->device copy spends on its stream before copying.
 void set_copy_delay_ms(double ms);
+// Host<->device copies running at this moment, and the most that ever ran at
+// once since the last reset: more than one means copies on different streams
+// overlapped (a state tests can assert instead of a duration).
+std::map<std::string, int64_t> copy_concurrency();
+void reset_copy_concurrency();
 
 } // namespace testdev
