@@ -95,7 +95,45 @@ std::chrono::milliseconds RoceBackend::effective(std::chrono::milliseconds t) co
   return t.count() < 0 ? timeout_ : t;
 }
 
-std::string RoceBackend::describe(const char* title, size_t bytes) { return label(title, bytes).text(); }
+#ifdef ROCE_TORCH_COMPLETION_HOOKS
+void RoceBackend::registerCompletionHook(int64_t id, c10d::CompletionHook hook) {
+  completionHooks_.add(id, [hook = std::move(hook)](uint64_t key, std::optional<float> durationMs) {
+    c10d::CompletionHookArgs args;
+    args.completionKey = key;
+    args.duration_ms = durationMs;
+    hook(args);
+  });
+}
+#endif
+
+uint64_t RoceBackend::traceCollective(OpType type, const OpLabel& what, const std::vector<at::Tensor>& outputs,
+                                      const CallOptions& call) {
+  TraceRing& ring = engine_->trace();
+  if (!ring.enabled()) return 0;
+  TraceEntry e;
+  e.seq = what.seq;
+  e.collectiveSeq = collectives_.load(std::memory_order_relaxed);
+  e.p2pSeq = p2ps_.load(std::memory_order_relaxed);
+  e.op = what.title;
+  e.opType = static_cast<uint8_t>(type);
+  e.bytes = what.bytes;
+  e.peer = call.root;
+  e.timeoutMs = effective(call.timeout).count();
+  c10::ScalarType dtype = call.dtype;
+  for (const auto& t : outputs) {
+    if (!t.defined()) continue;
+    e.outElems += t.numel();
+    if (dtype == c10::ScalarType::Undefined) dtype = t.scalar_type();
+  }
+  if (!outputs.empty()) e.outDtype = static_cast<int16_t>(dtype);
+  if (dtype != c10::ScalarType::Undefined) {
+    // Every collective's inputs have its outputs' type; `bytes` is the input
+    // the algorithms see per rank.
+    e.inDtype = static_cast<int16_t>(dtype);
+    e.inElems = what.bytes / c10::elementSize(dtype);
+  }
+  return ring.record(e);
+}
 
 CallStaging RoceBackend::staging(const at::Tensor& like) {
   if (like.device().is_cpu()) return CallStaging();
@@ -132,9 +170,13 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* tit
   // Never device tensors: their copies are asynchronous, the progress thread
   // waits for them.
   const bool inlinable = inlineMax > 0 && bytes <= inlineMax && !st.device && onCpu(futureValue);
+  const OpLabel what = label(title, bytes);
+  const uint64_t tracePos = traceCollective(type, what, futureValue, call);
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, std::move(futureValue));
-  auto task = std::make_shared<CollectiveTask>(work, label(title, bytes), std::move(st), elems, std::move(body));
+  work->identify(what.seq, &completionHooks_);
+  auto task = std::make_shared<CollectiveTask>(work, what, std::move(st), elems, std::move(body));
   task->timeout = effective(call.timeout);
+  task->tracePos = tracePos;
   if (inlinable && engine_->runInline(*task)) {
     Counters::add(counters().inlineOps, 1);
     return work;
@@ -305,11 +347,13 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::gather(std::vector<std::vector<at::T
   CallStaging st = staging(inputs[0]);
   const at::Tensor in = st.input(inputs[0]);
   const at::Tensor flat = value.empty() ? at::Tensor() : st.outputs(value);
+  CallOptions call = callOf(opts);
+  call.dtype = inputs[0].scalar_type();  // non-roots pass no outputs
   return submit(OpType::GATHER, "gather", value, std::move(st),
                 [in, flat, root](Communicator& c) {
                   roce::gather(c, in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, bytesOf(in), root);
                 },
-                callOf(opts), bytesOf(in));
+                call, bytesOf(in));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -501,13 +545,33 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char
   CallStaging st = staging(tensors[0]);
   const at::Tensor host = sending ? st.input(tensors[0]) : st.output(tensors[0]);
   if (st.device) st.device->start(/*pieceElems=*/0, 0);
+  const OpLabel what = label(title, bytesOf(host));
+  uint64_t tracePos = 0;
+  const uint64_t p2pSeq = ++p2ps_;
+  if (engine_->trace().enabled()) {
+    TraceEntry e;
+    e.seq = what.seq;
+    e.collectiveSeq = collectives_.load(std::memory_order_relaxed);
+    e.p2pSeq = p2pSeq;
+    e.op = title;
+    e.opType = static_cast<uint8_t>(type);
+    e.bytes = what.bytes;
+    e.p2p = true;
+    e.peer = peer;
+    e.tag = tag;
+    (sending ? e.inElems : e.outElems) = host.numel();
+    (sending ? e.inDtype : e.outDtype) = static_cast<int16_t>(host.scalar_type());
+    e.timeoutMs = timeout_.count();
+    tracePos = engine_->trace().record(e);
+  }
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, tensors);
+  work->identify(what.seq, &completionHooks_);
   auto task = std::make_shared<PointToPointTask>(
       work,
-      str(describe(title, bytesOf(host)), peer >= 0 ? str(sending ? " to rank " : " from rank ", peer) : " from any rank",
-          " with tag ", tag),
+      str(what.text(), peer >= 0 ? str(sending ? " to rank " : " from rank ", peer) : " from any rank", " with tag ", tag),
       std::move(st), host, sending ? Request::Kind::Send : Request::Kind::Recv, peer, Communicator::p2pTag(tag));
   task->timeout = timeout_;
+  task->tracePos = tracePos;
   engine_->enqueue(std::move(task));
   return work;
 }
