@@ -26,17 +26,22 @@ def _torch_entries(group):
     return [e for e in dump.get("entries", []) if e["process_group"][0] == group.group_name]
 
 
-def _new_group(world, entries, **kw):
-    """A subgroup whose recorder keeps `entries` operations (read at creation)."""
-    old = os.environ.get("ROCE_PG_TRACE_ENTRIES")
-    os.environ["ROCE_PG_TRACE_ENTRIES"] = str(entries)
+def _new_group(world, entries, dump=None, **kw):
+    """A subgroup whose recorder keeps `entries` operations and dumps to the
+    prefix `dump` on failure (both read at creation)."""
+    settings = {"ROCE_PG_TRACE_ENTRIES": str(entries), "ROCE_PG_TRACE_DUMP": dump}
+    old = {k: os.environ.get(k) for k in settings}
+    for k, v in settings.items():
+        if v is not None:
+            os.environ[k] = v
     try:
         return dist.new_group(list(range(world)), **kw)
     finally:
-        if old is None:
-            del os.environ["ROCE_PG_TRACE_ENTRIES"]
-        else:
-            os.environ["ROCE_PG_TRACE_ENTRIES"] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _issue_matrix(rank, world, n):
@@ -91,7 +96,7 @@ def _issue_matrix(rank, world, n):
     return expect
 
 
-def run(rank, world, port):
+def run(rank, world, port, dump_dir):
     failures = []
 
     def check(cond, what):
@@ -143,7 +148,17 @@ def run(rank, world, port):
         want = (mine["end_ns"] - mine["start_ns"]) / 1e6
         check(abs(e.get("duration_ms", -1) - want) < 1e-3, f"torch duration {e.get('duration_ms')} vs roce {want}")
 
-    # 3. The ring wraps: 5 entries keep the last 5 of 12 operations.
+    # 3. torch's dump layout: roce_pg.dump_trace() holds the same entries
+    # under torch's names (the test runs torch's analyzer on the pickles).
+    dump = roce_pg.dump_trace(os.path.join(dump_dir, f"roce_trace_{rank}"))
+    check(dump["version"] == "2.10" and list(dump["pg_config"]) == [world_pg.group_name], f"dump header {dump}")
+    check(len(dump["entries"]) == len(roce_pg.trace()), "dump and trace differ in length")
+    names = [e["profiling_name"] for e in dump["entries"][before:before + len(expect)]]
+    check(names[:3] == ["roce:all_reduce", "roce:all_reduce", "roce:broadcast"]
+          and names[-2:] == (["roce:send 0->1", "roce:recv 0<-1"] if rank == 0 else ["roce:recv 1<-0", "roce:send 1->0"]),
+          f"profiling names {names}")
+
+    # 4. The ring wraps: 5 entries keep the last 5 of 12 operations.
     small = _new_group(world, 5)
     for i in range(12):
         dist.all_reduce(torch.full((i + 1,), 1.0), group=small)
@@ -152,15 +167,17 @@ def run(rank, world, port):
     check([e["in_elems"] for e in wrapped] == list(range(8, 13)), f"sizes {[e['in_elems'] for e in wrapped]}")
     check(roce_pg._roce_backend(small)._trace_capacity() == 5, "capacity")
 
-    # 4. Off: nothing recorded, operations unaffected.
+    # 5. Off: nothing recorded, operations unaffected.
     off = _new_group(world, 0)
     t = torch.ones(3)
     dist.all_reduce(t, group=off)
     check(torch.equal(t, torch.full((3,), float(world))) and roce_pg.trace(off) == [], "ROCE_PG_TRACE_ENTRIES=0")
 
-    # 5. A failed operation: rank 1 skips an allreduce on a group with a 2 s
-    # timeout; rank 0's times out and its entry says failed, with the reason.
-    bad = _new_group(world, 100, timeout=timedelta(seconds=2))
+    # 6. A failed operation: rank 1 skips an allreduce on a group with a 2 s
+    # timeout; rank 0's times out and its entry says failed, with the reason,
+    # and the group's trace is written to ROCE_PG_TRACE_DUMP's prefix.
+    prefix = os.path.join(dump_dir, "on_failure_")
+    bad = _new_group(world, 100, dump=prefix, timeout=timedelta(seconds=2))
     dist.all_reduce(torch.ones(2), group=bad)  # both ranks: completed
     out = {}
     if rank == 0:
@@ -176,5 +193,12 @@ def run(rank, world, port):
         check(len(mine) == 2 and mine[0]["state"] == "completed" and mine[1]["state"] != "completed",
               f"torch's entries for the failed group: {[(e['profiling_name'], e['state']) for e in mine]}")
         out["reason"] = last["error"]
+        path = f"{prefix}{rank}_{bad.group_name}.json"
+        check(os.path.exists(path), f"no dump at {path}: {os.listdir(dump_dir)}")
+        if os.path.exists(path):
+            with open(path) as f:
+                written = json.load(f)["entries"]
+            check(len(written) == 2 and written[1]["retired"] and written[1]["state"] != "completed"
+                  and "timed out" in written[1]["error"], f"dump on failure: {written}")
     dist.barrier()  # the world group is unaffected
     return {"failures": failures, **out}

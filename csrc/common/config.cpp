@@ -148,6 +148,7 @@ Config Config::fromEnv() {
   c.shmChunkBytes = floorPow2(c.shmChunkBytes);
   c.shutdownGraceMs = static_cast<int>(envInt("ROCE_PG_SHUTDOWN_GRACE_MS", c.shutdownGraceMs, 0, 3600000));
   c.traceEntries = envInt("ROCE_PG_TRACE_ENTRIES", c.traceEntries, 0, 1ll << 24);
+  if (const char* v = env("ROCE_PG_TRACE_DUMP")) c.traceDump = v;
   c.heartbeatTimeoutMs = static_cast<int>(envInt("ROCE_PG_HEARTBEAT_TIMEOUT_MS", c.heartbeatTimeoutMs, 0, 86400000));
   if (c.heartbeatTimeoutMs > 0 && c.heartbeatTimeoutMs < 1000)
     throwInvalid(str("ROCE_PG_HEARTBEAT_TIMEOUT_MS=", c.heartbeatTimeoutMs, " is below 1000 ms: heartbeats are sent "
@@ -243,7 +244,8 @@ std::string Config::describe() const {
              " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots, " ib_pool_bytes=", ibPoolBytes, " ib_slot_bytes=", ibSlotBytes, " ib_eager_max_bytes=", ibEagerMaxBytes, " ib_zero_copy_min_bytes=", ibZeroCopyMinBytes,
              " ib_reg_cache_bytes=", ibRegCacheBytes, " device_piece_bytes=", devicePieceBytes,
              " device_staging_cache_bytes=", deviceStagingCacheBytes,
-             " heartbeat_timeout_ms=", heartbeatTimeoutMs, " trace_entries=", traceEntries);
+             " heartbeat_timeout_ms=", heartbeatTimeoutMs, " trace_entries=", traceEntries,
+             " trace_dump=", traceDump.empty() ? "<off>" : traceDump);
 }
 
 }  // namespace roce

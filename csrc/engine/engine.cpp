@@ -35,7 +35,7 @@ void Engine::enqueue(std::shared_ptr<Task> task) {
     if (stop_) {
       auto err = std::make_exception_ptr(
           Error(ErrorKind::Aborted, str("roce: ", task->describe(), " issued after the process group was shut down: ", stopReason_)));
-      recordEnd(*task, err);
+      recordEnd(*task, err, /*broke=*/false);  // reported when the group stopped
       task->complete(err);
       return;
     }
@@ -75,19 +75,29 @@ void Engine::settle(std::exception_ptr e) {
   if (!invalid || comm_->hasPendingRequests()) comm_->breakWith(why);
 }
 
-void Engine::recordEnd(Task& t, std::exception_ptr e) {
+void Engine::recordEnd(Task& t, std::exception_ptr e, bool broke) {
   t.endNs = TraceRing::nowNs();
-  if (!t.tracePos) return;
   if (!e) {
     trace_.finished(t.tracePos, t.endNs, t.algo, nullptr);
     return;
   }
-  const std::string why = reasonOf(e);  // failures only: the one allocation
-  trace_.finished(t.tracePos, t.endNs, t.algo, &why);
+  if (t.tracePos) {
+    const std::string why = reasonOf(e);  // failures only: the one allocation
+    trace_.finished(t.tracePos, t.endNs, t.algo, &why);
+  }
+  if (broke && onFailure && !failureReported_.exchange(true)) {
+    try {
+      onFailure(trace_);
+    } catch (const std::exception& err) {
+      ROCE_WARN("reporting the failure of ", t.describe(), " raised: ", err.what());
+    } catch (...) {
+    }
+  }
 }
 
 void Engine::completeQuietly(const std::shared_ptr<Task>& t, std::exception_ptr e) {
-  recordEnd(*t, e);
+  // Progress thread (or the destructor, the thread joined): comm_ is ours.
+  recordEnd(*t, e, e && !comm_->brokenReason().empty());
   // complete() runs user-visible callbacks (futures); nothing may escape the
   // progress thread, or the process would terminate.
   try {
@@ -124,6 +134,7 @@ std::exception_ptr Engine::execute(Task& t, bool& finished, bool inlined) {
 
 bool Engine::runInline(Task& t) {
   std::exception_ptr err;
+  bool broke = false;
   {
     std::lock_guard<std::mutex> g(mu_);
     // parked_ implies inflight_ is empty and the progress thread is inside
@@ -140,8 +151,9 @@ bool Engine::runInline(Task& t) {
                                                               " was run inline but left work in flight")));
       comm_->breakWith("an inline operation left work in flight");
     }
+    broke = err && !comm_->brokenReason().empty();  // under mu_: the communicator is ours
   }
-  recordEnd(t, err);
+  recordEnd(t, err, broke);
   // Outside the lock: completing runs future callbacks, which may issue more work.
   if (err) {
     try {

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -72,6 +73,11 @@ class Engine {
   // The group's flight recorder: callers record a task before issuing it
   // (Task::tracePos); the engine stamps its start, end and outcome.
   TraceRing& trace() { return trace_; }
+  // Called once, on the thread that saw it, when the first operation fails in
+  // a way that breaks the group (timeout, dead peer, abort; not a rejected
+  // argument): the adapter dumps the trace there (ROCE_PG_TRACE_DUMP). Set
+  // before any work is issued.
+  std::function<void(const TraceRing&)> onFailure;
 
  private:
   void loop();
@@ -80,8 +86,9 @@ class Engine {
   // describes and returns the error (null on success). Progress thread, or a
   // caller holding mu_ while the progress thread is parked.
   std::exception_ptr execute(Task& t, bool& finished, bool inlined);
-  // Stamps t's end in the trace (failed with e's message, or completed).
-  void recordEnd(Task& t, std::exception_ptr e);
+  // Stamps t's end in the trace (failed with e's message, or completed);
+  // `broke`: the failure broke the communicator (runs onFailure once).
+  void recordEnd(Task& t, std::exception_ptr e, bool broke);
   // What a failure means for the communicator (see fail()).
   void settle(std::exception_ptr e);
   void pollInflight();
@@ -103,6 +110,7 @@ class Engine {
   bool running_ = false;                         // a task is executing
   bool parked_ = false;                          // the progress thread sleeps with nothing to do
   std::atomic<bool> callerRunning_{false};       // runInline is executing (holding mu_)
+  std::atomic<bool> failureReported_{false};     // onFailure ran
   bool stop_ = false;
   bool graceful_ = false;                        // shutdown() rather than abort()
   std::string stopReason_;

@@ -5,6 +5,7 @@
 #include "../algorithms/algorithms.hpp"
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
+#include "../common/log.hpp"
 #include "monitored_barrier.hpp"
 #include "sparse_allreduce.hpp"
 #include "store_bootstrap.hpp"
@@ -78,6 +79,7 @@ RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     StoreBootstrap bs(store);
     auto comm = std::make_unique<Communicator>(bs, cfg_, rank, size, globalRank, timeout);
     engine_ = std::make_unique<Engine>(std::move(comm));
+    if (!cfg_.traceDump.empty()) engine_->onFailure = [this](const TraceRing& ring) { dumpOnFailure(ring); };
   } catch (const Error& e) {
     C10_THROW_ERROR(DistBackendError, e.what());
   }
@@ -93,6 +95,29 @@ void RoceBackend::abort() { engine_->abort("abort() was called on this process g
 
 std::chrono::milliseconds RoceBackend::effective(std::chrono::milliseconds t) const {
   return t.count() < 0 ? timeout_ : t;
+}
+
+TraceDumpGroup RoceBackend::dumpGroup() const {
+  TraceDumpGroup g;
+  // The group's name and description are set by torch after creation;
+  // torch 2.11's Backend may lack the accessors.
+  if constexpr (requires(const c10d::Backend& b) { b.getGroupUid(); }) g.name = getGroupUid();
+  if constexpr (requires(const c10d::Backend& b) { b.getGroupDesc(); }) g.desc = getGroupDesc();
+  if (g.name.empty()) g.name = "roce";
+  g.ranks = traceRanks_;
+  g.rank = getRank();
+  return g;
+}
+
+std::string RoceBackend::traceDumpJson() const { return roce::traceDumpJson(engine_->trace(), dumpGroup()); }
+
+void RoceBackend::dumpOnFailure(const TraceRing& ring) {
+  const TraceDumpGroup g = dumpGroup();
+  const int global = getRank() < static_cast<int>(g.ranks.size()) ? static_cast<int>(g.ranks[getRank()]) : getRank();
+  const std::string path = str(cfg_.traceDump, global, "_", g.name, ".json");
+  std::string why;
+  if (writeTraceDump(path, ring, g, &why)) ROCE_WARN("roce: wrote the trace of group ", g.name, " to ", path);
+  else ROCE_WARN("roce: could not dump the trace of group ", g.name, " (ROCE_PG_TRACE_DUMP): ", why);
 }
 
 #ifdef ROCE_TORCH_COMPLETION_HOOKS

@@ -15,6 +15,7 @@
 #include "../engine/engine.hpp"
 #include "device_staging.hpp"
 #include "pinned_cache.hpp"
+#include "trace_dump.hpp"
 #include "work.hpp"
 
 namespace roce {
@@ -59,8 +60,12 @@ class RoceBackend : public c10d::Backend {
   void registerCompletionHook(int64_t id, c10d::CompletionHook hook) override;
   void unregisterCompletionHook(int64_t id) override { completionHooks_.remove(id); }
 #endif
-  // This group's flight recorder (roce_pg.trace()).
+  // This group's flight recorder (roce_pg.trace()), and in torch's dump
+  // layout (roce_pg.dump_trace(), trace_dump.hpp).
   const TraceRing& trace() const { return engine_->trace(); }
+  std::string traceDumpJson() const;
+  // The group's members' global ranks, for the dump (roce_pg's creator).
+  void setTraceRanks(std::vector<int64_t> ranks) { traceRanks_ = std::move(ranks); }
   // Traffic counters of this group (roce_pg.counters()); any thread.
   Counters& counters();
   // The pinned staging buffers of device collectives (tests, benchmarks).
@@ -128,6 +133,9 @@ class RoceBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> pointToPoint(c10d::OpType type, const char* title, std::vector<at::Tensor>& tensors,
                                               int peer, int tag);
   std::chrono::milliseconds effective(std::chrono::milliseconds t) const;
+  TraceDumpGroup dumpGroup() const;
+  // The engine's onFailure: the trace to ROCE_PG_TRACE_DUMP, if set.
+  void dumpOnFailure(const TraceRing& ring);
   OpLabel label(const char* title, size_t bytes) { return {title, ++seq_, bytes}; }
   // The trace entry of a collective about to be issued (0: recording is off).
   uint64_t traceCollective(c10d::OpType type, const OpLabel& what, const std::vector<at::Tensor>& outputs,
@@ -144,6 +152,7 @@ class RoceBackend : public c10d::Backend {
   std::atomic<uint64_t> seq_{0};          // every operation, for messages
   std::atomic<uint64_t> collectives_{0};  // collectives only
   std::atomic<uint64_t> p2ps_{0};         // point-to-point operations only
+  std::vector<int64_t> traceRanks_;       // set once, before any operation
 };
 
 }  // namespace roce

@@ -50,6 +50,8 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("_reset_counters", [](roce::RoceBackend& b) { b.counters().reset(); })
       .def("_trace_capacity", [](const roce::RoceBackend& b) { return b.trace().capacity(); })
+      .def("_trace_dump_json", &roce::RoceBackend::traceDumpJson)
+      .def("_set_trace_ranks", &roce::RoceBackend::setTraceRanks)
       .def("_trace",
            [](const roce::RoceBackend& b) {
              // The group's flight recorder, oldest entry first (roce_pg.trace()).
