@@ -131,19 +131,26 @@ void RoceBackend::registerCompletionHook(int64_t id, c10d::CompletionHook hook) 
 }
 #endif
 
-uint64_t RoceBackend::traceCollective(OpType type, const OpLabel& what, const std::vector<at::Tensor>& outputs,
-                                      const CallOptions& call) {
-  TraceRing& ring = engine_->trace();
-  if (!ring.enabled()) return 0;
+TraceEntry RoceBackend::traceEntry(OpType type, const OpLabel& what, std::chrono::milliseconds timeout,
+                                   uint64_t collectiveSeq, uint64_t p2pSeq) const {
   TraceEntry e;
   e.seq = what.seq;
-  e.collectiveSeq = collectives_.load(std::memory_order_relaxed);
-  e.p2pSeq = p2ps_.load(std::memory_order_relaxed);
+  e.collectiveSeq = collectiveSeq;
+  e.p2pSeq = p2pSeq;
   e.op = what.title;
   e.opType = static_cast<uint8_t>(type);
   e.bytes = what.bytes;
+  e.timeoutMs = timeout.count();
+  return e;
+}
+
+uint64_t RoceBackend::traceCollective(OpType type, const OpLabel& what, uint64_t collectiveSeq,
+                                      const std::vector<at::Tensor>& outputs, const CallOptions& call) {
+  TraceRing& ring = engine_->trace();
+  if (!ring.enabled()) return 0;
+  TraceEntry e =
+      traceEntry(type, what, effective(call.timeout), collectiveSeq, p2ps_.load(std::memory_order_relaxed));
   e.peer = call.root;
-  e.timeoutMs = effective(call.timeout).count();
   c10::ScalarType dtype = call.dtype;
   for (const auto& t : outputs) {
     if (!t.defined()) continue;
@@ -185,7 +192,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::submitElementwise(OpType type, const
 c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* title, std::vector<at::Tensor> futureValue,
                                                     CallStaging st, size_t elems, CollectiveTask::Body body,
                                                     CallOptions call, size_t bytes) {
-  ++collectives_;
+  const uint64_t collectiveSeq = ++collectives_;
   // Small CPU collectives skip the progress thread when it is idle: no
   // hand-off, and the Work is returned already completed. Always for a
   // synchronous call (async_op=False: the caller waits at once, without a
@@ -196,7 +203,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* tit
   // waits for them.
   const bool inlinable = inlineMax > 0 && bytes <= inlineMax && !st.device && onCpu(futureValue);
   const OpLabel what = label(title, bytes);
-  const uint64_t tracePos = traceCollective(type, what, futureValue, call);
+  const uint64_t tracePos = traceCollective(type, what, collectiveSeq, futureValue, call);
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, std::move(futureValue));
   work->identify(what.seq, &completionHooks_);
   auto task = std::make_shared<CollectiveTask>(work, what, std::move(st), elems, std::move(body));
@@ -574,19 +581,12 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char
   uint64_t tracePos = 0;
   const uint64_t p2pSeq = ++p2ps_;
   if (engine_->trace().enabled()) {
-    TraceEntry e;
-    e.seq = what.seq;
-    e.collectiveSeq = collectives_.load(std::memory_order_relaxed);
-    e.p2pSeq = p2pSeq;
-    e.op = title;
-    e.opType = static_cast<uint8_t>(type);
-    e.bytes = what.bytes;
+    TraceEntry e = traceEntry(type, what, timeout_, collectives_.load(std::memory_order_relaxed), p2pSeq);
     e.p2p = true;
     e.peer = peer;
     e.tag = tag;
     (sending ? e.inElems : e.outElems) = host.numel();
     (sending ? e.inDtype : e.outDtype) = static_cast<int16_t>(host.scalar_type());
-    e.timeoutMs = timeout_.count();
     tracePos = engine_->trace().record(e);
   }
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, tensors);

@@ -137,9 +137,13 @@ class RoceBackend : public c10d::Backend {
   // The engine's onFailure: the trace to ROCE_PG_TRACE_DUMP, if set.
   void dumpOnFailure(const TraceRing& ring);
   OpLabel label(const char* title, size_t bytes) { return {title, ++seq_, bytes}; }
-  // The trace entry of a collective about to be issued (0: recording is off).
-  uint64_t traceCollective(c10d::OpType type, const OpLabel& what, const std::vector<at::Tensor>& outputs,
-                           const CallOptions& call);
+  // An operation's trace entry with the fields every operation has.
+  TraceEntry traceEntry(c10d::OpType type, const OpLabel& what, std::chrono::milliseconds timeout,
+                        uint64_t collectiveSeq, uint64_t p2pSeq) const;
+  // Records a collective about to be issued (the collectiveSeq-th); its
+  // position in the trace (0: recording is off).
+  uint64_t traceCollective(c10d::OpType type, const OpLabel& what, uint64_t collectiveSeq,
+                           const std::vector<at::Tensor>& outputs, const CallOptions& call);
 
   Config cfg_;
   std::chrono::milliseconds timeout_;
