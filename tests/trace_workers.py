@@ -181,7 +181,9 @@ def run(rank, world, port, dump_dir):
     dist.all_reduce(torch.ones(2), group=bad)  # both ranks: completed
     out = {}
     if rank == 0:
+        start = time.monotonic()
         msg = expect_error(lambda: dist.all_reduce(torch.ones(4), group=bad), "timed out")
+        out["fail_s"] = time.monotonic() - start
         last = roce_pg.trace(bad)[-1]
         check(last["state"] == "failed" and last["op"] == "allreduce" and last["in_elems"] == 4,
               f"failed op recorded as {last}")
