@@ -26,6 +26,20 @@ def _torch_entries(group):
     return [e for e in dump.get("entries", []) if e["process_group"][0] == group.group_name]
 
 
+def _torch_entries_settled(group, retired=None, timeout_s=5):
+    """_torch_entries once `retired` of them (default: all) are retired: roce
+    fires the completion hook just after the Work completes (so that torch's
+    post-hook cannot miss it), so an op whose wait() has returned may still
+    be retiring on the progress thread."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        entries = _torch_entries(group)
+        want = len(entries) if retired is None else retired
+        if sum(e["retired"] for e in entries) >= want or time.monotonic() > deadline:
+            return entries
+        time.sleep(0.01)
+
+
 def _new_group(world, entries, dump=None, **kw):
     """A subgroup whose recorder keeps `entries` operations and dumps to the
     prefix `dump` on failure (both read at creation)."""
@@ -136,7 +150,7 @@ def run(rank, world, port, dump_dir):
     # 2. torch's hook: one entry per roce op (not two), retired as completed,
     # with roce's duration.
     ours = {(e["collective_seq"], e["p2p_seq"]): e for e in roce_pg.trace() if e["state"] == "completed"}
-    theirs = _torch_entries(world_pg)
+    theirs = _torch_entries_settled(world_pg)
     keys = [(e["collective_seq_id"], e["p2p_seq_id"]) for e in theirs]
     check(len(keys) == len(set(keys)), "torch recorded some roce op twice")
     matched = [e for e in theirs if (e["collective_seq_id"], e["p2p_seq_id"]) in ours]
@@ -191,7 +205,7 @@ def run(rank, world, port, dump_dir):
               f"failure reason {last['error']!r} (raised: {msg!r})")
         check(last["end_ns"] - last["start_ns"] >= 1.9e9, "failed before its timeout")
         # torch keeps it un-retired: never seen to finish.
-        mine = _torch_entries(bad)
+        mine = _torch_entries_settled(bad, retired=1)
         check(len(mine) == 2 and mine[0]["state"] == "completed" and mine[1]["state"] != "completed",
               f"torch's entries for the failed group: {[(e['profiling_name'], e['state']) for e in mine]}")
         out["reason"] = last["error"]
