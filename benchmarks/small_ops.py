@@ -18,7 +18,10 @@ Then the ratios the issue asks for. Machines are shared and noisy: compare
 ratios taken in one run, not absolute numbers across runs.
 
 A backend named NAME-nofr (the default list has roce-nofr and gloo-nofr) is
-NAME with PyTorch's flight recorder off (TORCH_FR_BUFFER_SIZE=0 in its ranks).
+NAME with PyTorch's flight recorder off (TORCH_FR_BUFFER_SIZE=0 in its ranks);
+NAME-notrace (also NAME-nofr-notrace) turns roce's own recorder off
+(ROCE_PG_TRACE_ENTRIES=0); `fake` is torch's FakeProcessGroup, the floor of
+torch's own per-call path.
 Since torch 2.15, init_process_group attaches a recording hook to every group
 whose backend does not record natively, i.e. to roce but not to gloo; it costs
 each roce collective ~1.5 us of torch's time (capturing the caller's stack and
@@ -62,9 +65,13 @@ def time_blocks(fn, iters, reps, barrier):
 
 
 NO_FLIGHT_RECORDER = "-nofr"
+NO_ROCE_TRACE = "-notrace"  # roce's own flight recorder off (ROCE_PG_TRACE_ENTRIES=0)
 
 
 def torch_rank(rank, world, port, backend, args, queue):
+    if backend.endswith(NO_ROCE_TRACE):
+        backend = backend[:-len(NO_ROCE_TRACE)]
+        os.environ["ROCE_PG_TRACE_ENTRIES"] = "0"
     if backend.endswith(NO_FLIGHT_RECORDER):
         backend = backend[:-len(NO_FLIGHT_RECORDER)]
         os.environ["TORCH_FR_BUFFER_SIZE"] = "0"  # read when torch creates the group and its recorder
@@ -74,6 +81,8 @@ def torch_rank(rank, world, port, backend, args, queue):
     if backend == "roce":
         import roce_pg  # noqa: F401  (registers "roce")
     torch.set_num_threads(1)
+    if backend == "fake":
+        return fake_rank(rank, world, args, queue)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     small = torch.ones(SMALL_BYTES // 4)
     big = torch.ones(BIG_BYTES // 4)
@@ -90,6 +99,25 @@ def torch_rank(rank, world, port, backend, args, queue):
     dist.destroy_process_group()
     if rank == 0:
         queue.put((max(x[0] for x in out), max(x[1] for x in out), sum(x[2] for x in out) / world))
+
+
+def fake_rank(rank, world, args, queue):
+    """torch's floor: FakeProcessGroup completes every call at once, so this is
+    torch's Python and dispatcher path alone (no 32 MiB row: nothing moves)."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    small = torch.ones(SMALL_BYTES // 4)
+    for _ in range(args.warmup):
+        dist.all_reduce(small)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    t_small = time_blocks(lambda: dist.all_reduce(small), args.iters, args.reps, lambda: None)
+    cpu_share = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+    dist.destroy_process_group()
+    if rank == 0:  # the ranks share nothing: rank 0's own figure
+        queue.put((t_small, float("nan"), cpu_share))
 
 
 def run_ranks(target, nranks, extra, timeout, what):
@@ -193,8 +221,12 @@ def main():
     p.add_argument("--big-iters", type=int, default=20, help="32 MiB calls per timed block")
     p.add_argument("--reps", type=int, default=5, help="timed blocks (the median is reported)")
     p.add_argument("--warmup", type=int, default=200)
-    p.add_argument("--backends", default="roce,gloo,roce-nofr,gloo-nofr",
-                   help="comma-separated; NAME-nofr runs NAME with torch's flight recorder off")
+    p.add_argument("--backends", default="fake,roce,gloo,roce-nofr,gloo-nofr",
+                   help="comma-separated; NAME-nofr runs NAME with torch's flight recorder off; fake is "
+                        "torch's FakeProcessGroup (the floor of torch's own per-call path)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the backend list this many times, interleaved, and keep each backend's best round "
+                        "(a busy machine's noise comes in bursts)")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--no-mpi", action="store_true", help="skip the MPI column")
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
@@ -207,8 +239,10 @@ def main():
     print(f"# small_ops: {n} local ranks, {os.cpu_count()} CPUs, "
           f"ROCE_PG_*: {{{', '.join(f'{k}={v}' for k, v in sorted(os.environ.items()) if k.startswith('ROCE_PG_'))}}}")
     results = {}
-    for b in args.backends.split(","):
-        results[b] = run_torch(b, args)
+    for _ in range(args.rounds):
+        for b in args.backends.split(","):
+            r = run_torch(b, args)
+            results[b] = r if b not in results else min(results[b], r)
     mpi_s, mpi_why = run_mpi(args) if not args.no_mpi else (None, "--no-mpi")
     copy_gbs = copy_bandwidth(BIG_BYTES, args.big_iters, args.reps)
     copies_gbs = run_ranks(copy_rank, n, (args,), args.timeout, "concurrent copies")
@@ -222,6 +256,11 @@ def main():
         print(f"# MPI column skipped: {mpi_why}")
     print(f"  {'tensor copy':12s} {'-':>20s} {copy_gbs:21.2f}   (dst.copy_(src), 32 MiB, one process)")
     print(f"  {f'{n} copies':12s} {'-':>20s} {copies_gbs:21.2f}   (the same in {n} processes at once; the slowest)")
+    if "fake" in results:
+        print(f"# 8 B allreduce above torch's floor (fake backend) [issue 28: <= 2 us with recording on]")
+        for b, (ts, _, _) in results.items():
+            if b != "fake":
+                print(f"#   {b:18s} {(ts - results['fake'][0]) * 1e6:6.2f} us")
     for suffix, what in (("", "torch defaults"), (NO_FLIGHT_RECORDER, "flight recorder off")):
         roce, gloo = results.get("roce" + suffix), results.get("gloo" + suffix)
         if roce is None:

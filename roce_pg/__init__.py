@@ -116,7 +116,7 @@ if not _running_doctor():
     _load_extension()
 
 __all__ = ["register", "rdma_ports", "build_info", "counters", "reset_counters", "device_staging_stats",
-           "BACKEND_NAME"]
+           "trace", "dump_trace", "BACKEND_NAME"]
 
 BACKEND_NAME = "roce"
 
@@ -127,6 +127,7 @@ def _create_backend(dist_backend_opts, backend_options):
     ranks = list(opts.global_ranks_in_group or [])
     global_rank = ranks[opts.group_rank] if ranks else opts.group_rank
     backend = _C.RoceBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, global_rank)
+    backend._set_trace_ranks(ranks or list(range(opts.group_size)))  # named in trace dumps
     devices = _devices_of_group_being_created()
     template = getattr(opts, "process_group", None)
     if template is None or not devices or set(devices.values()) != {BACKEND_NAME}:
@@ -194,14 +195,14 @@ def register():
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=devices)
 
 
-def _roce_backend(group, device="cpu"):
+def _roce_backend(group, device="cpu", caller="roce_pg.counters"):
     group = dist.group.WORLD if group is None else group
     if group is None:
-        raise RuntimeError("roce_pg.counters: no process group; call torch.distributed.init_process_group('roce') "
+        raise RuntimeError(f"{caller}: no process group; call torch.distributed.init_process_group('roce') "
                            "first or pass group=")
     backend = group._get_backend(torch.device(device))
     if not isinstance(backend, _C.RoceBackend):
-        raise ValueError(f"roce_pg.counters: this group's {device} backend is {type(backend).__name__}, not roce; "
+        raise ValueError(f"{caller}: this group's {device} backend is {type(backend).__name__}, not roce; "
                          f"pass a group created with backend='roce'")
     return backend
 
@@ -254,6 +255,53 @@ def device_staging_stats(group=None, device="cpu"):
     memory was used). `device`: the device type whose backend to ask, for
     groups where roce serves the accelerator only ("cpu:gloo,cuda:roce")."""
     return _roce_backend(group, device)._device_staging_stats()
+
+
+def trace(group=None, device="cpu"):
+    """This rank's flight recorder for `group` (default: the world group): the
+    last ROCE_PG_TRACE_ENTRIES operations (collectives and point-to-point),
+    oldest first, as dicts: record_id (1, 2, ... over the group's life), seq
+    (the operation's number, as in error messages "allreduce #12"),
+    collective_seq / p2p_seq (collectives / point-to-point operations issued
+    so far, this one included), op, op_type (c10d.OpType value), is_p2p,
+    algorithm (the one chosen, e.g. "shm", "rd", "ring"; None where none is
+    chosen), peer (p2p peer or root; None for recv from any source and
+    unrooted collectives), tag, bytes (the per-rank payload the algorithms
+    see), in_elems (bytes / element size) and out_elems (elements of the
+    output tensors), in_dtype / out_dtype (c10 names: "Float", ...),
+    enqueue_ns / start_ns / end_ns (time.monotonic_ns() clock; None until
+    then), timeout_ms, state ("scheduled", "started", "completed" or
+    "failed"), inline (ran on the calling thread) and error (the failure's
+    message, else None). Empty when ROCE_PG_TRACE_ENTRIES=0."""
+    return _roce_backend(group, device, "roce_pg.trace")._trace()
+
+
+def dump_trace(path=None, group=None, device="cpu"):
+    """This rank's flight recorder for `group` (default: the world group) in
+    PyTorch's flight-recorder dump layout (what torch's
+    `_dump_fr_trace_json` returns: version, pg_config, pg_status, entries), so
+    torch's trace tools read it; returns it as a dict and, given `path`,
+    writes it there: JSON if the name ends in .json, else a pickle (as
+    torch's `_dump_fr_trace`). Entries carry no stack frames and sizes as
+    element counts ([[n]]); a failed operation is retired without being
+    completed, with roce's reason in "error"; "algorithm", "peer", "tag" and
+    "bytes" are roce's additions. ROCE_PG_TRACE_DUMP=PREFIX also writes the
+    JSON, as PREFIX<global rank>_<group name>.json, when an operation first
+    breaks the group (timeout, dead peer, abort)."""
+    import json
+
+    dump = json.loads(_roce_backend(group, device, "roce_pg.dump_trace")._trace_dump_json())
+    if path is not None:
+        path = _os.fspath(path)
+        if path.endswith(".json"):
+            with open(path, "w") as f:
+                json.dump(dump, f)
+        else:
+            import pickle
+
+            with open(path, "wb") as f:
+                pickle.dump(dump, f)
+    return dump
 
 
 def rdma_ports():

@@ -21,6 +21,7 @@ const char* kKindNames[] = {"allreduce", "allreduce across machines (inside hier
 // reason is a string or a callable that builds one, called only here).
 template <class Why>
 Algo announce(Communicator& c, Kind kind, Algo a, size_t bytes, Why&& why) {
+  if (kind != kAllreduceAcross) c.lastAlgo = algoName(a);  // hier's inner choice stays hier
   const uint32_t bit = 1u << static_cast<int>(a);
   if (c.algoLogged[kind] & bit) return a;
   c.algoLogged[kind] |= bit;

@@ -187,6 +187,10 @@ class Communicator {
   // Algorithm selection: which (kind, algorithm) choices were logged already
   // (bit per algorithm, csrc/algorithms/select.cpp), so INFO says it once.
   uint32_t algoLogged[8] = {};
+  // The algorithm the running operation chose (a literal; null if it chose
+  // none): the engine resets it before each operation and puts it in the
+  // operation's trace entry.
+  const char* lastAlgo = nullptr;
 
  private:
   // How often a long wait runs the slow checks (transports' peer checks).

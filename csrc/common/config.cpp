@@ -105,6 +105,8 @@ Config Config::read(EnvReader& r) {
   if (c.shmChunkBytes == 0) c.shmChunkBytes = shmChunkAuto();
   c.shmChunkBytes = floorPow2(c.shmChunkBytes);
   c.shutdownGraceMs = static_cast<int>(r.integer("ROCE_PG_SHUTDOWN_GRACE_MS", c.shutdownGraceMs, 0, 3600000));
+  c.traceEntries = r.integer("ROCE_PG_TRACE_ENTRIES", c.traceEntries, 0, 1ll << 24);
+  c.traceDump = r.text("ROCE_PG_TRACE_DUMP");
   c.heartbeatTimeoutMs = static_cast<int>(r.integerOrZero(
       "ROCE_PG_HEARTBEAT_TIMEOUT_MS", c.heartbeatTimeoutMs, 1000, 86400000,
       "heartbeats are sent every few hundred ms and a busy machine would declare live peers "
@@ -197,7 +199,8 @@ std::string Config::describe() const {
              " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots, " ib_pool_bytes=", ibPoolBytes, " ib_slot_bytes=", ibSlotBytes, " ib_eager_max_bytes=", ibEagerMaxBytes, " ib_zero_copy_min_bytes=", ibZeroCopyMinBytes,
              " ib_reg_cache_bytes=", ibRegCacheBytes, " device_piece_bytes=", devicePieceBytes,
              " device_staging_cache_bytes=", deviceStagingCacheBytes,
-             " heartbeat_timeout_ms=", heartbeatTimeoutMs);
+             " heartbeat_timeout_ms=", heartbeatTimeoutMs, " trace_entries=", traceEntries,
+             " trace_dump=", traceDump.empty() ? "<off>" : traceDump);
 }
 
 }  // namespace roce

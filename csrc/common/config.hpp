@@ -120,6 +120,11 @@ struct Config {
   size_t deviceStagingCacheBytes = 512u << 20;  // ROCE_PG_DEVICE_STAGING_CACHE_BYTES
   // How long shutdown() lets queued work finish before failing it.
   int shutdownGraceMs = 5000;            // ROCE_PG_SHUTDOWN_GRACE_MS
+  // Operations each group's flight recorder keeps (csrc/engine/trace.hpp); 0: off.
+  size_t traceEntries = 2000;            // ROCE_PG_TRACE_ENTRIES
+  // Where a group writes its trace when an operation first breaks it: this
+  // prefix + "<global rank>_<group name>.json" (empty: nowhere).
+  std::string traceDump;                 // ROCE_PG_TRACE_DUMP
   // A ring neighbour that sends no heartbeat on its lifeline for this long is
   // declared dead (hung process, machine or network down). 0 disables the
   // check; a killed process is found through its closed connection anyway.

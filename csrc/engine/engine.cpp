@@ -6,7 +6,23 @@
 
 namespace roce {
 
-Engine::Engine(std::unique_ptr<Communicator> comm) : comm_(std::move(comm)) {
+namespace {
+
+// What a failed operation's trace entry says: the error's message.
+std::string reasonOf(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& err) {
+    return err.what();
+  } catch (...) {
+  }
+  return "unknown error";
+}
+
+}  // namespace
+
+Engine::Engine(std::unique_ptr<Communicator> comm)
+    : comm_(std::move(comm)), trace_(comm_->config().traceEntries) {
   comm_->idleHook = [this] { pollInflight(); };
   thread_ = std::thread([this] { loop(); });
 }
@@ -17,8 +33,10 @@ void Engine::enqueue(std::shared_ptr<Task> task) {
   {
     std::lock_guard<std::mutex> g(mu_);
     if (stop_) {
-      task->complete(std::make_exception_ptr(
-          Error(ErrorKind::Aborted, str("roce: ", task->describe(), " issued after the process group was shut down: ", stopReason_))));
+      auto err = std::make_exception_ptr(
+          Error(ErrorKind::Aborted, str("roce: ", task->describe(), " issued after the process group was shut down: ", stopReason_)));
+      recordEnd(*task, err, /*broke=*/false);  // reported when the group stopped
+      task->complete(err);
       return;
     }
     queue_.push_back(std::move(task));
@@ -57,7 +75,29 @@ void Engine::settle(std::exception_ptr e) {
   if (!invalid || comm_->hasPendingRequests()) comm_->breakWith(why);
 }
 
+void Engine::recordEnd(Task& t, std::exception_ptr e, bool broke) {
+  t.endNs = TraceRing::nowNs();
+  if (!e) {
+    trace_.finished(t.tracePos, t.endNs, t.algo, nullptr);
+    return;
+  }
+  if (t.tracePos) {
+    const std::string why = reasonOf(e);  // failures only: the one allocation
+    trace_.finished(t.tracePos, t.endNs, t.algo, &why);
+  }
+  if (broke && onFailure && !failureReported_.exchange(true)) {
+    try {
+      onFailure(trace_);
+    } catch (const std::exception& err) {
+      ROCE_WARN("reporting the failure of ", t.describe(), " raised: ", err.what());
+    } catch (...) {
+    }
+  }
+}
+
 void Engine::completeQuietly(const std::shared_ptr<Task>& t, std::exception_ptr e) {
+  // Progress thread (or the destructor, the thread joined): comm_ is ours.
+  recordEnd(*t, e, e && !comm_->brokenReason().empty());
   // complete() runs user-visible callbacks (futures); nothing may escape the
   // progress thread, or the process would terminate.
   try {
@@ -69,10 +109,14 @@ void Engine::completeQuietly(const std::shared_ptr<Task>& t, std::exception_ptr 
   }
 }
 
-std::exception_ptr Engine::execute(Task& t, bool& finished) {
+std::exception_ptr Engine::execute(Task& t, bool& finished, bool inlined) {
   std::exception_ptr err;
   try {
-    t.deadline = Clock::now() + t.timeout;
+    const auto now = Clock::now();  // steady_clock: CLOCK_MONOTONIC, the trace's clock
+    t.deadline = now + t.timeout;
+    t.startNs = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+    trace_.started(t.tracePos, t.startNs, inlined);
+    comm_->lastAlgo = nullptr;
     comm_->beginOperation(t, t.deadline);
     finished = t.start(*comm_);
     // A collective returns only after all its requests finished; if one did
@@ -82,6 +126,7 @@ std::exception_ptr Engine::execute(Task& t, bool& finished) {
   } catch (...) {
     err = std::current_exception();
   }
+  t.algo = comm_->lastAlgo;  // also for a failed one: which algorithm failed
   comm_->endOperation();  // `t` may go away; the communicator must not name it later
   if (err) settle(err);
   return err;
@@ -89,6 +134,7 @@ std::exception_ptr Engine::execute(Task& t, bool& finished) {
 
 bool Engine::runInline(Task& t) {
   std::exception_ptr err;
+  bool broke = false;
   {
     std::lock_guard<std::mutex> g(mu_);
     // parked_ implies inflight_ is empty and the progress thread is inside
@@ -96,7 +142,7 @@ bool Engine::runInline(Task& t) {
     if (stop_ || !parked_ || !queue_.empty()) return false;
     bool finished = false;
     callerRunning_.store(true);
-    err = execute(t, finished);
+    err = execute(t, finished, /*inlined=*/true);
     callerRunning_.store(false);
     if (!err && !finished) {
       // Only collectives come here, and they finish in start(); anything else
@@ -105,7 +151,9 @@ bool Engine::runInline(Task& t) {
                                                               " was run inline but left work in flight")));
       comm_->breakWith("an inline operation left work in flight");
     }
+    broke = err && !comm_->brokenReason().empty();  // under mu_: the communicator is ours
   }
+  recordEnd(t, err, broke);
   // Outside the lock: completing runs future callbacks, which may issue more work.
   if (err) {
     try {
@@ -126,7 +174,7 @@ bool Engine::waitParked(std::chrono::milliseconds timeout) {
 
 void Engine::runOne(const std::shared_ptr<Task>& t) {
   bool finished = false;
-  if (std::exception_ptr err = execute(*t, finished)) {
+  if (std::exception_ptr err = execute(*t, finished, /*inlined=*/false)) {
     completeQuietly(t, err);
     return;
   }

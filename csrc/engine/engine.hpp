@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -17,6 +18,7 @@
 
 #include "../common/backoff.hpp"
 #include "../common/describable.hpp"
+#include "trace.hpp"
 
 namespace roce {
 
@@ -37,6 +39,13 @@ class Task : public Describable {
   // The task fails if it has not finished this long after it started running.
   std::chrono::milliseconds timeout{std::chrono::hours(24)};
   Clock::time_point deadline = Clock::time_point::max();  // set when it starts
+
+  // Its entry in the group's TraceRing (0: not recorded), and what the engine
+  // learns while running it: when it started and ended (TraceRing::nowNs; set
+  // before complete(), which hands them to the Work) and the algorithm used.
+  uint64_t tracePos = 0;
+  int64_t startNs = 0, endNs = 0;
+  const char* algo = nullptr;
 };
 
 class Engine {
@@ -67,6 +76,14 @@ class Engine {
   void abort(const std::string& why);
   // For statistics readable from any thread (Communicator::counters()).
   Communicator& comm() { return *comm_; }
+  // The group's flight recorder: callers record a task before issuing it
+  // (Task::tracePos); the engine stamps its start, end and outcome.
+  TraceRing& trace() { return trace_; }
+  // Called once, on the thread that saw it, when the first operation fails in
+  // a way that breaks the group (timeout, dead peer, abort; not a rejected
+  // argument): the adapter dumps the trace there (ROCE_PG_TRACE_DUMP). Set
+  // before any work is issued.
+  std::function<void(const TraceRing&)> onFailure;
 
  private:
   void loop();
@@ -74,7 +91,10 @@ class Engine {
   // Runs t.start(); on failure leaves the communicator in the state fail()
   // describes and returns the error (null on success). Progress thread, or a
   // caller holding mu_ while the progress thread is parked.
-  std::exception_ptr execute(Task& t, bool& finished);
+  std::exception_ptr execute(Task& t, bool& finished, bool inlined);
+  // Stamps t's end in the trace (failed with e's message, or completed);
+  // `broke`: the failure broke the communicator (runs onFailure once).
+  void recordEnd(Task& t, std::exception_ptr e, bool broke);
   // What a failure means for the communicator (see fail()).
   void settle(std::exception_ptr e);
   void pollInflight();
@@ -86,6 +106,7 @@ class Engine {
   void stopThread(const std::string& why);
 
   std::unique_ptr<Communicator> comm_;
+  TraceRing trace_;  // outlives nothing it records: tasks hold positions, not pointers
   std::mutex mu_;
   std::condition_variable cv_;      // wakes the progress thread
   std::condition_variable idleCv_;  // tells shutdown() the queue drained
@@ -95,6 +116,7 @@ class Engine {
   bool running_ = false;                         // a task is executing
   bool parked_ = false;                          // the progress thread sleeps with nothing to do
   std::atomic<bool> callerRunning_{false};       // runInline is executing (holding mu_)
+  std::atomic<bool> failureReported_{false};     // onFailure ran
   bool stop_ = false;
   bool graceful_ = false;                        // shutdown() rather than abort()
   std::string stopReason_;

@@ -5,6 +5,7 @@
 #include "../algorithms/algorithms.hpp"
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
+#include "../common/log.hpp"
 #include "monitored_barrier.hpp"
 #include "sparse_allreduce.hpp"
 #include "store_bootstrap.hpp"
@@ -78,6 +79,7 @@ RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     StoreBootstrap bs(store);
     auto comm = std::make_unique<Communicator>(bs, cfg_, rank, size, globalRank, timeout);
     engine_ = std::make_unique<Engine>(std::move(comm));
+    if (!cfg_.traceDump.empty()) engine_->onFailure = [this](const TraceRing& ring) { dumpOnFailure(ring); };
   } catch (const Error& e) {
     C10_THROW_ERROR(DistBackendError, e.what());
   }
@@ -97,7 +99,75 @@ std::chrono::milliseconds RoceBackend::effective(std::chrono::milliseconds t) co
   return t.count() < 0 ? timeout_ : t;
 }
 
-std::string RoceBackend::describe(const char* title, size_t bytes) { return label(title, bytes).text(); }
+TraceDumpGroup RoceBackend::dumpGroup() const {
+  TraceDumpGroup g;
+  // The group's name and description are set by torch after creation;
+  // torch 2.11's Backend may lack the accessors.
+  if constexpr (requires(const c10d::Backend& b) { b.getGroupUid(); }) g.name = getGroupUid();
+  if constexpr (requires(const c10d::Backend& b) { b.getGroupDesc(); }) g.desc = getGroupDesc();
+  if (g.name.empty()) g.name = "roce";
+  g.ranks = traceRanks_;
+  g.rank = getRank();
+  return g;
+}
+
+std::string RoceBackend::traceDumpJson() const { return roce::traceDumpJson(engine_->trace(), dumpGroup()); }
+
+void RoceBackend::dumpOnFailure(const TraceRing& ring) {
+  const TraceDumpGroup g = dumpGroup();
+  const int global = getRank() < static_cast<int>(g.ranks.size()) ? static_cast<int>(g.ranks[getRank()]) : getRank();
+  const std::string path = str(cfg_.traceDump, global, "_", g.name, ".json");
+  std::string why;
+  if (writeTraceDump(path, ring, g, &why)) ROCE_WARN("roce: wrote the trace of group ", g.name, " to ", path);
+  else ROCE_WARN("roce: could not dump the trace of group ", g.name, " (ROCE_PG_TRACE_DUMP): ", why);
+}
+
+#ifdef ROCE_TORCH_COMPLETION_HOOKS
+void RoceBackend::registerCompletionHook(int64_t id, c10d::CompletionHook hook) {
+  completionHooks_.add(id, [hook = std::move(hook)](uint64_t key, std::optional<float> durationMs) {
+    c10d::CompletionHookArgs args;
+    args.completionKey = key;
+    args.duration_ms = durationMs;
+    hook(args);
+  });
+}
+#endif
+
+TraceEntry RoceBackend::traceEntry(OpType type, const OpLabel& what, std::chrono::milliseconds timeout,
+                                   uint64_t collectiveSeq, uint64_t p2pSeq) const {
+  TraceEntry e;
+  e.seq = what.seq;
+  e.collectiveSeq = collectiveSeq;
+  e.p2pSeq = p2pSeq;
+  e.op = what.title;
+  e.opType = static_cast<uint8_t>(type);
+  e.bytes = what.bytes;
+  e.timeoutMs = timeout.count();
+  return e;
+}
+
+uint64_t RoceBackend::traceCollective(OpType type, const OpLabel& what, uint64_t collectiveSeq,
+                                      const std::vector<at::Tensor>& outputs, const CallOptions& call) {
+  TraceRing& ring = engine_->trace();
+  if (!ring.enabled()) return 0;
+  TraceEntry e =
+      traceEntry(type, what, effective(call.timeout), collectiveSeq, p2ps_.load(std::memory_order_relaxed));
+  e.peer = call.root;
+  c10::ScalarType dtype = call.dtype;
+  for (const auto& t : outputs) {
+    if (!t.defined()) continue;
+    e.outElems += t.numel();
+    if (dtype == c10::ScalarType::Undefined) dtype = t.scalar_type();
+  }
+  if (!outputs.empty()) e.outDtype = static_cast<int16_t>(dtype);
+  if (dtype != c10::ScalarType::Undefined) {
+    // Every collective's inputs have its outputs' type; `bytes` is the input
+    // the algorithms see per rank.
+    e.inDtype = static_cast<int16_t>(dtype);
+    e.inElems = what.bytes / c10::elementSize(dtype);
+  }
+  return ring.record(e);
+}
 
 CallStaging RoceBackend::staging(const at::Tensor& like) {
   if (like.device().is_cpu()) return CallStaging();
@@ -124,7 +194,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::submitElementwise(OpType type, const
 c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* title, std::vector<at::Tensor> futureValue,
                                                     CallStaging st, size_t elems, CollectiveTask::Body body,
                                                     CallOptions call, size_t bytes) {
-  ++collectives_;
+  const uint64_t collectiveSeq = ++collectives_;
   // Small CPU collectives skip the progress thread when it is idle: no
   // hand-off, and the Work is returned already completed. Always for a
   // synchronous call (async_op=False: the caller waits at once, without a
@@ -134,9 +204,13 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* tit
   // Never device tensors: their copies are asynchronous, the progress thread
   // waits for them.
   const bool inlinable = inlineMax > 0 && bytes <= inlineMax && !st.device && onCpu(futureValue);
+  const OpLabel what = label(title, bytes);
+  const uint64_t tracePos = traceCollective(type, what, collectiveSeq, futureValue, call);
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, std::move(futureValue));
-  auto task = std::make_shared<CollectiveTask>(work, label(title, bytes), std::move(st), elems, std::move(body));
+  work->identify(what.seq, &completionHooks_);
+  auto task = std::make_shared<CollectiveTask>(work, what, std::move(st), elems, std::move(body));
   task->timeout = effective(call.timeout);
+  task->tracePos = tracePos;
   if (inlinable && engine_->runInline(*task)) {
     Counters::add(counters().inlineOps, 1);
     return work;
@@ -307,11 +381,13 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::gather(std::vector<std::vector<at::T
   CallStaging st = staging(inputs[0]);
   const at::Tensor in = st.input(inputs[0]);
   const at::Tensor flat = value.empty() ? at::Tensor() : st.outputs(value);
+  CallOptions call = callOf(opts);
+  call.dtype = inputs[0].scalar_type();  // non-roots pass no outputs
   return submit(OpType::GATHER, "gather", value, std::move(st),
                 [in, flat, root](Communicator& c) {
                   roce::gather(c, in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, bytesOf(in), root);
                 },
-                callOf(opts), bytesOf(in));
+                call, bytesOf(in));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -503,13 +579,26 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char
   CallStaging st = staging(tensors[0]);
   const at::Tensor host = sending ? st.input(tensors[0]) : st.output(tensors[0]);
   if (st.device) st.device->start(/*pieceElems=*/0, 0);
+  const OpLabel what = label(title, bytesOf(host));
+  uint64_t tracePos = 0;
+  const uint64_t p2pSeq = ++p2ps_;
+  if (engine_->trace().enabled()) {
+    TraceEntry e = traceEntry(type, what, timeout_, collectives_.load(std::memory_order_relaxed), p2pSeq);
+    e.p2p = true;
+    e.peer = peer;
+    e.tag = tag;
+    (sending ? e.inElems : e.outElems) = host.numel();
+    (sending ? e.inDtype : e.outDtype) = static_cast<int16_t>(host.scalar_type());
+    tracePos = engine_->trace().record(e);
+  }
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, tensors);
+  work->identify(what.seq, &completionHooks_);
   auto task = std::make_shared<PointToPointTask>(
       work,
-      str(describe(title, bytesOf(host)), peer >= 0 ? str(sending ? " to rank " : " from rank ", peer) : " from any rank",
-          " with tag ", tag),
+      str(what.text(), peer >= 0 ? str(sending ? " to rank " : " from rank ", peer) : " from any rank", " with tag ", tag),
       std::move(st), host, sending ? Request::Kind::Send : Request::Kind::Recv, peer, Communicator::p2pTag(tag));
   task->timeout = timeout_;
+  task->tracePos = tracePos;
   engine_->enqueue(std::move(task));
   return work;
 }

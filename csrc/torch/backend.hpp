@@ -15,6 +15,7 @@
 #include "../engine/engine.hpp"
 #include "device_staging.hpp"
 #include "pinned_cache.hpp"
+#include "trace_dump.hpp"
 #include "work.hpp"
 
 namespace roce {
@@ -22,19 +23,21 @@ namespace roce {
 // What submit() needs of a collective's options.
 struct CallOptions {
   std::chrono::milliseconds timeout;
-  bool asyncOp;  // false: the caller waits for the Work at once (async_op=False)
+  bool asyncOp = true;  // false: the caller waits for the Work at once (async_op=False)
+  int root = -1;        // rooted collectives' root, for the trace
+  // For the trace, where the outputs do not show it (gather on non-roots).
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
 };
 
 // PyTorch passes async_op down in the options (asyncOp, added in 2025 by
 // pytorch/pytorch#147820); with older headers every call counts as
 // asynchronous.
 template <class Opts>
-auto callOf(const Opts& o) -> decltype(o.asyncOp, CallOptions{}) {
-  return {o.timeout, o.asyncOp};
-}
-template <class Opts, class... Older>
-CallOptions callOf(const Opts& o, Older...) {
-  return {o.timeout, true};
+CallOptions callOf(const Opts& o) {
+  CallOptions c{o.timeout};
+  if constexpr (requires { o.asyncOp; }) c.asyncOp = o.asyncOp;
+  if constexpr (requires { o.rootRank; }) c.root = static_cast<int>(o.rootRank);
+  return c;
 }
 
 class RoceBackend : public c10d::Backend {
@@ -51,6 +54,18 @@ class RoceBackend : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return collectives_.load(); }
   void setSequenceNumberForGroup() override {}
   void abort() override;
+#ifdef ROCE_TORCH_COMPLETION_HOOKS
+  // torch's flight-recorder hook takes completions from here (completion_hooks.hpp).
+  bool supportsCompletionHooks() const override { return true; }
+  void registerCompletionHook(int64_t id, c10d::CompletionHook hook) override;
+  void unregisterCompletionHook(int64_t id) override { completionHooks_.remove(id); }
+#endif
+  // This group's flight recorder (roce_pg.trace()), and in torch's dump
+  // layout (roce_pg.dump_trace(), trace_dump.hpp).
+  const TraceRing& trace() const { return engine_->trace(); }
+  std::string traceDumpJson() const;
+  // The group's members' global ranks, for the dump (roce_pg's creator).
+  void setTraceRanks(std::vector<int64_t> ranks) { traceRanks_ = std::move(ranks); }
   // Traffic counters of this group (roce_pg.counters()); any thread.
   Counters& counters();
   // Engine::waitParked (roce_pg._wait_engine_parked); any thread.
@@ -120,18 +135,30 @@ class RoceBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> pointToPoint(c10d::OpType type, const char* title, std::vector<at::Tensor>& tensors,
                                               int peer, int tag);
   std::chrono::milliseconds effective(std::chrono::milliseconds t) const;
-  std::string describe(const char* title, size_t bytes);
+  TraceDumpGroup dumpGroup() const;
+  // The engine's onFailure: the trace to ROCE_PG_TRACE_DUMP, if set.
+  void dumpOnFailure(const TraceRing& ring);
   OpLabel label(const char* title, size_t bytes) { return {title, ++seq_, bytes}; }
+  // An operation's trace entry with the fields every operation has.
+  TraceEntry traceEntry(c10d::OpType type, const OpLabel& what, std::chrono::milliseconds timeout,
+                        uint64_t collectiveSeq, uint64_t p2pSeq) const;
+  // Records a collective about to be issued (the collectiveSeq-th); its
+  // position in the trace (0: recording is off).
+  uint64_t traceCollective(c10d::OpType type, const OpLabel& what, uint64_t collectiveSeq,
+                           const std::vector<at::Tensor>& outputs, const CallOptions& call);
 
   Config cfg_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;     // the group's store, for monitoredBarrier
   uint64_t monitoredBarriers_ = 0;             // calls so far; the same count on every rank
+  CompletionHooks completionHooks_;       // before engine_: completions fire them until it is gone
   DeviceLanes lanes_;                     // copy streams per device
   std::shared_ptr<PinnedCache> pinned_;   // staging buffers of device tensors
   std::unique_ptr<Engine> engine_;        // after the two above: its tasks use them
   std::atomic<uint64_t> seq_{0};          // every operation, for messages
   std::atomic<uint64_t> collectives_{0};  // collectives only
+  std::atomic<uint64_t> p2ps_{0};         // point-to-point operations only
+  std::vector<int64_t> traceRanks_;       // set once, before any operation
 };
 
 }  // namespace roce

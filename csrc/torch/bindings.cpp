@@ -52,6 +52,49 @@ PYBIND11_MODULE(_C, m) {
       .def("_reset_counters", [](roce::RoceBackend& b) { b.counters().reset(); })
       .def("_wait_engine_parked", &roce::RoceBackend::waitEngineParked, py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
+      .def("_trace_capacity", [](const roce::RoceBackend& b) { return b.trace().capacity(); })
+      .def("_trace_dump_json", &roce::RoceBackend::traceDumpJson)
+      .def("_set_trace_ranks", &roce::RoceBackend::setTraceRanks)
+      .def("_trace",
+           [](const roce::RoceBackend& b) {
+             // The group's flight recorder, oldest entry first (roce_pg.trace()).
+             std::vector<std::string> reasons;
+             const auto entries = b.trace().snapshot(&reasons);
+             auto dtype = [](int16_t code) -> py::object {
+               if (code < 0) return py::none();
+               return py::str(c10::toString(static_cast<c10::ScalarType>(code)));
+             };
+             auto ns = [](int64_t t) -> py::object { return t ? py::object(py::int_(t)) : py::none(); };
+             py::list out;
+             for (size_t i = 0; i < entries.size(); ++i) {
+               const auto& e = entries[i];
+               py::dict d;
+               d["record_id"] = e.pos;
+               d["seq"] = e.seq;
+               d["collective_seq"] = e.collectiveSeq;
+               d["p2p_seq"] = e.p2pSeq;
+               d["op"] = e.op;
+               d["op_type"] = e.opType;
+               d["is_p2p"] = e.p2p;
+               d["algorithm"] = e.algo ? py::object(py::str(e.algo)) : py::none();
+               d["peer"] = e.peer >= 0 ? py::object(py::int_(e.peer)) : py::none();
+               d["tag"] = e.tag;
+               d["bytes"] = e.bytes;
+               d["in_elems"] = e.inElems;
+               d["out_elems"] = e.outElems;
+               d["in_dtype"] = dtype(e.inDtype);
+               d["out_dtype"] = dtype(e.outDtype);
+               d["enqueue_ns"] = e.enqueueNs;
+               d["start_ns"] = ns(e.startNs);
+               d["end_ns"] = ns(e.endNs);
+               d["timeout_ms"] = e.timeoutMs;
+               d["state"] = roce::traceStateName(e.state);
+               d["inline"] = e.inlined;
+               d["error"] = e.state == roce::TraceState::Failed ? py::object(py::str(reasons[i])) : py::none();
+               out.append(d);
+             }
+             return out;
+           })
       .def("_device_staging_stats", [](const roce::RoceBackend& b) {
         // The pinned staging buffers of device collectives (docs/ACCELERATORS.md).
         const auto s = b.deviceStagingStats();

@@ -71,7 +71,22 @@ void RoceWork::complete(std::exception_ptr error) {
   } else {
     future_->markCompleted(c10::IValue(outputs_));
     finish();
+    // After finish(): torch's post-hook maps this Work's key and then asks
+    // isCompleted(), so a completion it misses here it sees there.
+    if (hooks_) hooks_->fire(seq_, durationMs());
   }
+}
+
+std::optional<float> RoceWork::durationMs() const {
+  const int64_t start = startNs_.load(std::memory_order_relaxed), end = endNs_.load(std::memory_order_relaxed);
+  if (start == 0 || end < start) return std::nullopt;
+  return static_cast<float>(end - start) / 1e6f;
+}
+
+float RoceWork::getDuration() const {
+  auto ms = durationMs();
+  TORCH_CHECK(ms.has_value(), "roce: getDuration(): ", title_, " has not ended yet");
+  return *ms;
 }
 
 void RoceWork::completeOnDevice(std::exception_ptr error, std::shared_ptr<c10::Event> end, c10::Stream results) {
@@ -119,7 +134,8 @@ int RoceWork::sourceRank() const {
 
 std::string OpLabel::text() const { return str(title, " #", seq, " (", bytes, " bytes)"); }
 
-void completeWork(RoceWork& work, CallStaging& staging, std::exception_ptr error) {
+void completeWork(RoceWork& work, const Task& task, CallStaging& staging, std::exception_ptr error) {
+  work.setTimes(task.startNs, task.endNs);
   if (!staging.device) {
     work.complete(error);
     return;
@@ -163,7 +179,7 @@ bool CollectiveTask::start(Communicator& c) {
   return true;
 }
 
-void CollectiveTask::complete(std::exception_ptr error) { completeWork(*work_, staging_, error); }
+void CollectiveTask::complete(std::exception_ptr error) { completeWork(*work_, *this, staging_, error); }
 
 PointToPointTask::PointToPointTask(c10::intrusive_ptr<RoceWork> work, std::string what, CallStaging staging,
                                    at::Tensor host, Request::Kind kind, int peer, uint64_t tag)
@@ -197,6 +213,6 @@ bool PointToPointTask::poll(Communicator&) {
   return true;
 }
 
-void PointToPointTask::complete(std::exception_ptr error) { completeWork(*work_, staging_, error); }
+void PointToPointTask::complete(std::exception_ptr error) { completeWork(*work_, *this, staging_, error); }
 
 }  // namespace roce

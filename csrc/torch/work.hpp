@@ -12,6 +12,7 @@
 
 #include "../engine/engine.hpp"
 #include "../transport/transport.hpp"
+#include "completion_hooks.hpp"
 #include "tensor_staging.hpp"
 
 namespace roce {
@@ -34,6 +35,27 @@ class RoceWork : public c10d::Work {
   // The host part is done and, for device tensors, so are the copies back.
   bool isCompleted() override;
   int sourceRank() const override;
+  // Milliseconds from the start of the operation to its end (host clock);
+  // throws before it ended.
+  float getDuration() const override;
+#ifdef ROCE_TORCH_COMPLETION_HOOKS
+  // The group's operation number: never reused within the group, unlike the
+  // Work's address, which torch's default key is.
+  uint64_t getCompletionKey() const override { return seq_; }
+#endif
+
+  // Before the Work is handed out: its operation number, and the hooks its
+  // successful completion fires (owned by the backend, which outlives every
+  // completion: its engine completes or fails all work before it goes).
+  void identify(uint64_t seq, const CompletionHooks* hooks) {
+    seq_ = seq;
+    hooks_ = hooks;
+  }
+  // When the engine ran it (TraceRing::nowNs), before complete().
+  void setTimes(int64_t startNs, int64_t endNs) {
+    startNs_ = startNs;
+    endNs_ = endNs;
+  }
 
   // Called once from the progress thread.
   void complete(std::exception_ptr error);
@@ -45,6 +67,7 @@ class RoceWork : public c10d::Work {
 
  private:
   std::shared_ptr<c10::Event> endEvent() const;
+  std::optional<float> durationMs() const;
 
   std::vector<at::Tensor> outputs_;
   // Set before the Work completes; its own mutex, because c10d::Work::wait
@@ -55,6 +78,9 @@ class RoceWork : public c10d::Work {
   int rank_;
   std::string title_;
   std::atomic<int> sourceRank_{-1};
+  uint64_t seq_ = 0;
+  const CompletionHooks* hooks_ = nullptr;
+  std::atomic<int64_t> startNs_{0}, endNs_{0};  // written by the engine, read by getDuration() anywhere
 };
 
 // Names an operation ("allreduce #12 (8 bytes)"); formatted only on demand,
@@ -109,8 +135,8 @@ class PointToPointTask : public Task {
   Request req_;
 };
 
-// Completes `work` for a task whose tensors were staged by `staging`.
-void completeWork(RoceWork& work, CallStaging& staging, std::exception_ptr error);
+// Completes `work` for `task` (its times included) whose tensors were staged by `staging`.
+void completeWork(RoceWork& work, const Task& task, CallStaging& staging, std::exception_ptr error);
 
 // Rethrows roce errors as c10::DistBackendError (torch.distributed.DistBackendError).
 std::exception_ptr toTorchError(std::exception_ptr e);
