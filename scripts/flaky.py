@@ -71,6 +71,10 @@ def _run_once(pytest_args, junit, timeout_s):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         return {"<pytest run>": ("failed", f"still running after {timeout_s} s: killed")}, time.monotonic() - t0
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGKILL)  # its ranks are in its session too
+        proc.wait()
+        raise
     return _outcomes(junit), time.monotonic() - t0
 
 
@@ -81,6 +85,8 @@ def main(argv=None):
     ap.add_argument("--run-timeout", type=float, default=1800, help="seconds before one pytest run is killed")
     ap.add_argument("pytest_args", nargs="+", help="test files / node ids, then pytest options after --")
     args = ap.parse_args(argv)
+    # Killed from outside: still stop the hogs and the running pytest (finally blocks).
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in ("quiet", "loaded")]
     if bad or args.repeat < 1:
