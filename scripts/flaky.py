@@ -47,6 +47,10 @@ def _outcomes(junit_path):
     return out
 
 
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
 def _start_hogs():
     n = os.cpu_count() or 1
     return [subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True) for _ in range(n)]
@@ -71,6 +75,10 @@ def _run_once(pytest_args, junit, timeout_s):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         return {"<pytest run>": ("failed", f"still running after {timeout_s} s: killed")}, time.monotonic() - t0
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGKILL)  # its ranks are in its session too
+        proc.wait()
+        raise
     return _outcomes(junit), time.monotonic() - t0
 
 
@@ -81,6 +89,8 @@ def main(argv=None):
     ap.add_argument("--run-timeout", type=float, default=1800, help="seconds before one pytest run is killed")
     ap.add_argument("pytest_args", nargs="+", help="test files / node ids, then pytest options after --")
     args = ap.parse_args(argv)
+    # Killed from outside: still stop the hogs and the running pytest (finally blocks).
+    signal.signal(signal.SIGTERM, _interrupted)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in ("quiet", "loaded")]
     if bad or args.repeat < 1:
