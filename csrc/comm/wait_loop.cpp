@@ -123,17 +123,18 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
   waitFds_.clear();
   waitFds_.push_back(pollfd{wakeup_.fd(), POLLIN, 0});
   // A transport that prepared may have announced the sleep to its peers (the
-  // shared-memory doorbell): every exit below ends its wait with afterWait().
-  size_t prepared = 0;
-  auto endWait = [&] {
-    for (size_t i = 0; i < prepared; ++i) transports_[i]->afterWait();
-  };
-  for (auto& t : transports_) {
-    if (!t->prepareWait(waitFds_, !anySource_.empty())) {
-      endWait();
-      return Blocked::Cannot;
+  // shared-memory doorbell): every exit below, a throw included, ends its
+  // wait with afterWait().
+  struct EndWait {
+    std::vector<std::unique_ptr<Transport>>& ts;
+    size_t prepared = 0;
+    ~EndWait() {
+      for (size_t i = 0; i < prepared; ++i) ts[i]->afterWait();
     }
-    ++prepared;
+  } endWait{transports_};
+  for (auto& t : transports_) {
+    if (!t->prepareWait(waitFds_, !anySource_.empty())) return Blocked::Cannot;
+    ++endWait.prepared;
   }
   if (connections_) connections_->addPollFds(waitFds_);
   wakeup_.announce();
@@ -145,7 +146,6 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
   helperEventsSeen_ = helperEvents;  // a later wait blocks unless another job ends
   if (helperFinished || progress() || abortRequested_.load() || (interrupt && interrupt())) {
     wakeup_.withdraw();
-    endWait();
     return Blocked::Moved;
   }
   // Sleep no later than the deadline and the next slow check (lifelines, the
@@ -161,7 +161,6 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
   int rc = ppoll(waitFds_.data(), waitFds_.size(), &ts, nullptr);
   const int err = errno;
   wakeup_.withdraw();
-  endWait();
   if (rc < 0 && err != EINTR) return Blocked::Cannot;  // cannot block here: poll instead
   connectionsReady_ = true;  // a peer may have dialed: look at the sockets at once
   return Blocked::Slept;

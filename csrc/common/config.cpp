@@ -202,8 +202,8 @@ const std::string& testFault() {
   static const std::string fault = [] {
     const char* v = env("ROCE_PG_TEST_FAULT");
     std::string f = v ? v : "";
-    if (!f.empty() && f != "garbage_frames")
-      throwInvalid(str("ROCE_PG_TEST_FAULT='", f, "': the only fault is 'garbage_frames' (tests only)"));
+    if (!f.empty() && f != "garbage_frames" && f != "no_doorbell")
+      throwInvalid(str("ROCE_PG_TEST_FAULT='", f, "': the faults are 'garbage_frames' and 'no_doorbell' (tests only)"));
     return f;
   }();
   return fault;
