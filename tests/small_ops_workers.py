@@ -239,11 +239,12 @@ def _shm_blocking_waits(ck, rank, world):
         if rank in waiting:
             blocked = roce_pg.counters()["blocked_waits"]
             ck.same(f"shm, {what}: the wait blocked on the doorbell (blocked_waits {blocked})",
-                    torch.tensor(blocked >= 1), torch.tensor(True))
+                    torch.tensor([blocked >= 1]), torch.tensor([True]))
             # Polling would not fail this (sleeps of 1 ms), spinning would; a
-            # blocked wait wakes only for the slow checks (200 ms).
+            # blocked wait wakes only for the slow checks (200 ms). One-element
+            # tensors: the Checker reports a mismatch of those with its message.
             ck.same(f"shm, {what}: CPU {cpu:.3f} s while waiting {wall:.2f} s for the late rank",
-                    torch.tensor(wall > 1.0 and cpu < 0.1 * wall), torch.tensor(True))
+                    torch.tensor([wall > 1.0 and cpu < 0.1 * wall]), torch.tensor([True]))
 
 
 def run(rank, world, port):
