@@ -215,7 +215,7 @@ def counters(group=None):
     staging: shared-memory rings and slots, verbs staging, early-arrival buffers),
     ops (operations begun), sends (messages posted: an algorithm's rounds),
     blocked_waits (times a wait found nothing to do for ROCE_PG_SPIN_US and
-    blocked in poll() on the sockets / completion channel), inline_ops
+    blocked in poll() on the sockets / completion channel / doorbell), inline_ops
     (collectives run on the calling thread instead of the progress thread),
     bytes_zero_copy (verbs: payload the NIC read from / wrote into the user's
     buffer directly, counted by the sender), registrations (verbs: ibv_reg_mr

@@ -70,7 +70,7 @@ SETTINGS = {
     "ROCE_PG_TRACE_ENTRIES": ("int", 0, 1 << 24, False),
     "ROCE_PG_TRACE_DUMP": ("text",),
     "ROCE_PG_HEARTBEAT_TIMEOUT_MS": ("int", 1000, 86400000, True),
-    "ROCE_PG_TEST_FAULT": ("choice", ("garbage_frames",)),
+    "ROCE_PG_TEST_FAULT": ("choice", ("garbage_frames", "no_doorbell")),
 }
 
 # The settings every rank of a group must set alike, or creating it fails or

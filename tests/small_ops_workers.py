@@ -1,8 +1,8 @@
 """Worker for tests/test_small_ops.py, run inside every rank of one spawned
 group: the one-shot shared-memory allreduce around its threshold, the inline
 execution of small collectives (ordering with queued work, completed Works
-and futures, errors and timeouts), network waits that block in poll(), all
-against exact / float64 references."""
+and futures, errors and timeouts), network and shared-memory waits that block
+in poll(), all against exact / float64 references."""
 from datetime import timedelta
 
 import torch
@@ -204,11 +204,60 @@ def _blocking_waits(ck, rank, world):
     dist.destroy_process_group(g)
 
 
+def _shm_blocking_waits(ck, rank, world):
+    """Waits on the shared-memory rings block on the rank's doorbell instead of
+    polling (the world group: one machine). The last rank is 1.5 s late twice:
+    as the root of a broadcast (the others wait for data in an empty ring) and
+    as the receiver of an 8 MiB message from rank 0, four times the ring (rank
+    0 waits for space in a full ring). The waiting ranks must block (counter),
+    use little CPU meanwhile, and the values be exact."""
+    import time
+
+    import roce_pg
+
+    late = world - 1
+    n = 32 * 1024  # 256 KiB of int64: the binomial broadcast
+    big = torch.arange(1 << 20, dtype=torch.int64)  # 8 MiB; the rings are 2 MiB
+
+    def bcast():
+        t = torch.arange(n, dtype=torch.int64) * (rank + 1) if rank == late else torch.zeros(n, dtype=torch.int64)
+        dist.broadcast(t, src=late)
+        ck.same("broadcast from a late root over shared memory", t, torch.arange(n, dtype=torch.int64) * (late + 1))
+
+    def send_big():
+        if rank == 0:
+            dist.send(big * 3, dst=late)
+        elif rank == late:
+            got = torch.empty_like(big)
+            dist.recv(got, src=0)
+            ck.same("8 MiB received late over shared memory", got, big * 3)
+
+    for what, fn, waiting in (("receivers wait for data", bcast, range(late)),
+                              ("a sender waits for ring space", send_big, (0,))):
+        dist.barrier()
+        roce_pg.reset_counters()
+        if rank == late:
+            time.sleep(1.5)
+        wall0, cpu0 = time.monotonic(), time.process_time()
+        fn()
+        wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+        if rank in waiting:
+            blocked = roce_pg.counters()["blocked_waits"]
+            ck.same(f"shm, {what}: the wait blocked on the doorbell (blocked_waits {blocked})",
+                    torch.tensor([blocked >= 1]), torch.tensor([True]))
+            # Polling would not fail this (sleeps of 1 ms), spinning would; a
+            # blocked wait wakes only for the slow checks (200 ms). One-element
+            # tensors: the Checker reports a mismatch of those with its message.
+            ck.same(f"shm, {what}: CPU {cpu:.3f} s while waiting {wall:.2f} s for the late rank",
+                    torch.tensor([wall > 1.0 and cpu < 0.1 * wall]), torch.tensor([True]))
+
+
 def run(rank, world, port):
     ck = Checker(rank)
     _oneshot_matrix(ck, rank, world)
     _inline_ordering(ck, rank, world)
     _blocking_waits(ck, rank, world)
+    _shm_blocking_waits(ck, rank, world)
     timeout_msg = _errors(ck, rank, world)
     out = ck.result()
     out["timeout_msg"] = timeout_msg

@@ -2,7 +2,8 @@
 the one-shot shared-memory allreduce at every dtype and op around its
 threshold and the two-step one over several chunks, chunk-size mismatches, small collectives run inline on the caller's thread (ordering with
 queued work, completed futures), mismatches and a timeout on that path, and
-network waits that block in poll() (a rank 1.5 s late over TCP)."""
+waits that block in poll() (a rank 1.5 s late over TCP, and over shared memory
+on its doorbell)."""
 import warnings
 
 from .harness import run_group

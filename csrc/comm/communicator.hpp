@@ -93,11 +93,12 @@ class Communicator {
   void waitUntil(const std::function<bool()>& done, const std::function<std::string()>& waitingFor,
                  const std::function<void()>& block = nullptr);
   // Blocks until a transport may have progress to make (a socket readable or
-  // writable, a completion on the CQ), wake() is called, the operation's
-  // deadline or the next slow check is due. `interrupt` is re-checked once the
-  // wait is announced (the engine passes "work was queued"). Returns false
-  // without blocking when some transport has pending work it cannot announce
-  // (shared-memory rings): the caller then backs off by polling.
+  // writable, a completion on the CQ, a local peer rang the shared-memory
+  // doorbell), wake() is called, the operation's deadline or the next slow
+  // check is due. `interrupt` is re-checked once the wait is announced (the
+  // engine passes "work was queued"). Returns Cannot without blocking when
+  // some transport has pending work it cannot announce (shared-memory rings
+  // without a usable doorbell): the caller then backs off by polling.
   enum class Blocked { Cannot, Moved, Slept };  // Moved: found work (or a wake reason) before sleeping
   Blocked blockUntilActivity(const std::function<bool()>& interrupt = nullptr);
   // Interrupts blockUntilActivity from another thread; cheap when nobody blocks.

@@ -109,7 +109,8 @@ bool Communicator::idleRound(IdleWait& w, const std::function<bool()>& interrupt
     case Blocked::Cannot:
       break;
   }
-  // Pending shared-memory traffic, which no descriptor announces: the spin
+  // Pending shared-memory traffic, which no descriptor announces (no usable
+  // doorbell, shm/doorbell.hpp): the spin
   // budget is spent, so yield, then sleep briefly (a spinning rank would take
   // the core from the local peer it waits for).
   w.backoff.skipSpins();
@@ -121,12 +122,25 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
   if (!wakeup_.valid()) return Blocked::Cannot;
   waitFds_.clear();
   waitFds_.push_back(pollfd{wakeup_.fd(), POLLIN, 0});
-  for (auto& t : transports_)
+  // A transport that prepared may have announced the sleep to its peers (the
+  // shared-memory doorbell): every exit below, a throw included, ends its
+  // wait with afterWait().
+  struct EndWait {
+    std::vector<std::unique_ptr<Transport>>& ts;
+    size_t prepared = 0;
+    ~EndWait() {
+      for (size_t i = 0; i < prepared; ++i) ts[i]->afterWait();
+    }
+  } endWait{transports_};
+  for (auto& t : transports_) {
     if (!t->prepareWait(waitFds_, !anySource_.empty())) return Blocked::Cannot;
+    ++endWait.prepared;
+  }
   if (connections_) connections_->addPollFds(waitFds_);
   wakeup_.announce();
-  // What arrived before the transports armed their notifications raises no
-  // event: look once more. Then the conditions a waker sets.
+  // What arrived before the transports armed their notifications (and before
+  // the doorbell's announcement) raises no event: look once more. Then the
+  // conditions a waker sets.
   const uint64_t helperEvents = helperEvents_.load(std::memory_order_acquire);
   const bool helperFinished = helperEvents != helperEventsSeen_;
   helperEventsSeen_ = helperEvents;  // a later wait blocks unless another job ends
@@ -145,9 +159,9 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
   const timespec ts = toTimespec(until - now);
   Counters::add(counters_.blockedWaits, 1);
   int rc = ppoll(waitFds_.data(), waitFds_.size(), &ts, nullptr);
+  const int err = errno;
   wakeup_.withdraw();
-  if (rc < 0 && errno != EINTR) return Blocked::Cannot;  // cannot block here: poll instead
-  for (auto& t : transports_) t->afterWait();
+  if (rc < 0 && err != EINTR) return Blocked::Cannot;  // cannot block here: poll instead
   connectionsReady_ = true;  // a peer may have dialed: look at the sockets at once
   return Blocked::Slept;
 }

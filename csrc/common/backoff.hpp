@@ -1,8 +1,9 @@
 // Waiting without burning a core that another rank needs: spin briefly (lowest
 // latency when every rank has a core), then yield, then sleep with a growing
 // interval capped at 1 ms (ranks often outnumber cores). This is the fallback
-// for waits with nothing to block on (shared-memory rings with pending work);
-// network waits block in poll (Communicator::blockUntilActivity) and the
+// for waits with nothing to block on (shared-memory rings with pending work
+// when the rank has no usable doorbell, transport/shm/doorbell.hpp); network
+// and ring waits block in poll (Communicator::blockUntilActivity) and the
 // shared-memory allreduce barrier on a futex (spin.hpp, futex.hpp).
 #pragma once
 #include <sched.h>

@@ -95,8 +95,10 @@ bool StreamTransport::progress() {
     Peer& p = *peers_[i];
     if (!p.pipe || !p.deadReason.empty()) continue;
     try {
-      moved |= progressSend(i, p);
-      moved |= progressRecv(i, p);
+      bool m = progressSend(i, p);
+      m |= progressRecv(i, p);
+      if (m) p.pipe->moved();
+      moved |= m;
     } catch (const Error& e) {
       killPeer(i, p, e.what());
       moved = true;

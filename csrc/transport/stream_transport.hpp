@@ -26,6 +26,10 @@ class BytePipe {
   // A descriptor that polls readable when read() has bytes (or EOF) and
   // writable when write() can take some; -1 for pipes without one.
   virtual int pollFd() const { return -1; }
+  // Called after a progress round in which write() or read() moved bytes: a
+  // pipe whose other end is announced otherwise (the shared-memory doorbell)
+  // tells it here.
+  virtual void moved() {}
 };
 
 class StreamTransport : public Transport {

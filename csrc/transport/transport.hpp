@@ -119,9 +119,11 @@ class Transport {
   }
   virtual void afterWait() {}
   // After a successful prepareWait: true if a peer may start sending to this
-  // rank without any descriptor announcing it (shared-memory rings); a blocked
-  // wait then wakes every millisecond to drain such traffic, or a sender
-  // filling the ring stalls.
+  // rank without any descriptor announcing it (shared-memory rings without a
+  // usable doorbell); a blocked wait then wakes every millisecond to drain
+  // such traffic, or a sender filling the ring stalls. afterWait() is called
+  // after every prepareWait that returned true, also when the wait did not
+  // sleep (the re-check found work, or a later transport could not block).
   virtual bool hasSilentPeers() const { return false; }
 
   // Where copies into or out of staging are counted (set by the Communicator).

@@ -22,7 +22,8 @@ NodeShm::NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size
   ringsBytes_ = static_cast<size_t>(n) * roundUp(sizeof(ShmRingControl) + ringBytes);
   bytes_ = kPage + ringsBytes_ + 2 * roundUp(slotBytes);
   ShmSegment mine = ShmSegment::create(bytes_, "roce_pg");
-  new (mine.data()) ShmRankControl{};
+  auto* ctl = new (mine.data()) ShmRankControl{};
+  bell_ = std::make_unique<Doorbell>(&ctl->bell);  // before the segment is published
   for (int from = 0; from < n; ++from)
     new (mine.data() + ringOffset(from)) ShmRingControl{};
 

@@ -1,6 +1,7 @@
 // The shared memory of one process group on one machine. Every local rank owns
 // one segment holding
 //   * its barrier counter and the descriptor of the allreduce it is running,
+//   * its doorbell's announce flag and address (doorbell.hpp),
 //   * one inbound ring per local peer (point-to-point messages to this rank),
 //   * two staging slots for the shared-memory allreduce (double-buffered).
 // Every local rank maps every other rank's segment, so a rank reads its peers'
@@ -9,10 +10,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "../../common/futex.hpp"
+#include "doorbell.hpp"
 #include "shm_ring.hpp"
 #include "shm_segment.hpp"
 
@@ -34,6 +37,8 @@ struct alignas(64) ShmRankControl {
   // Peers waiting for this rank to arrive sleep here (futex, across
   // processes); the rank wakes them right after it bumps `arrived`.
   ShmWakeup arrivals;
+  // Peers that moved a ring this rank waits on ring here if it sleeps.
+  ShmBellControl bell;
 };
 
 class NodeShm {
@@ -50,6 +55,7 @@ class NodeShm {
   char* slot(int local, int buffer) const;
   size_t slotBytes() const { return slotBytes_; }
   ShmRankControl* control(int local) const;
+  Doorbell& doorbell() { return *bell_; }
 
  private:
   size_t ringOffset(int from) const;
@@ -57,6 +63,7 @@ class NodeShm {
   int me_;
   size_t ringBytes_, slotBytes_, ringsBytes_, bytes_;
   std::vector<ShmSegment> segs_;
+  std::unique_ptr<Doorbell> bell_;  // its address is in this rank's control page
 };
 
 }  // namespace roce

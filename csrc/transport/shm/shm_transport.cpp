@@ -9,13 +9,21 @@ class ShmPipe : public BytePipe {
  public:
   // A ring never reports EOF: a dead peer is found by the group's lifelines
   // (csrc/comm/lifeline.hpp), which also work across PID namespaces.
-  ShmPipe(ShmRing out, ShmRing in, int peerRank) : out_(out), in_(in), peerRank_(peerRank) {}
+  ShmPipe(ShmRing out, ShmRing in, int peerRank, Doorbell& bell, ShmBellControl* peerBell)
+      : out_(out), in_(in), peerRank_(peerRank), bell_(bell) {
+    peer_.ctl = peerBell;
+  }
   size_t write(const iovec* iov, int n) override { return out_.write(iov, n, peerRank_); }
   size_t read(void* dst, size_t n) override { return in_.read(dst, n, peerRank_); }
+  // Data written into the peer's ring or space freed in ours: the peer may be
+  // waiting for either.
+  void moved() override { bell_.ring(peer_); }
 
  private:
   ShmRing out_, in_;
   int peerRank_;
+  Doorbell& bell_;
+  Doorbell::Peer peer_;
 };
 
 std::vector<std::unique_ptr<BytePipe>> makePipes(int groupSize, NodeShm& shm,
@@ -24,7 +32,8 @@ std::vector<std::unique_ptr<BytePipe>> makePipes(int groupSize, NodeShm& shm,
   const int me = shm.localIndex();
   for (int i = 0; i < static_cast<int>(localRanks.size()); ++i) {
     if (i == me) continue;
-    pipes[localRanks[i]] = std::make_unique<ShmPipe>(shm.ring(me, i), shm.ring(i, me), localRanks[i]);
+    pipes[localRanks[i]] = std::make_unique<ShmPipe>(shm.ring(me, i), shm.ring(i, me), localRanks[i],
+                                                     shm.doorbell(), &shm.control(i)->bell);
   }
   return pipes;
 }
@@ -32,6 +41,20 @@ std::vector<std::unique_ptr<BytePipe>> makePipes(int groupSize, NodeShm& shm,
 }  // namespace
 
 ShmTransport::ShmTransport(int rank, int groupSize, NodeShm& shm, const std::vector<int>& localRanks)
-    : StreamTransport(rank, makePipes(groupSize, shm, localRanks), /*copiesPayload=*/true) {}
+    : StreamTransport(rank, makePipes(groupSize, shm, localRanks), /*copiesPayload=*/true), bell_(shm.doorbell()) {}
+
+bool ShmTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
+  if (!bell_.usable()) return StreamTransport::prepareWait(fds, anySource);
+  fds.push_back(pollfd{bell_.fd(), POLLIN, 0});
+  bell_.announce();
+  announced_ = true;
+  return true;
+}
+
+void ShmTransport::afterWait() {
+  if (!announced_) return;
+  bell_.withdraw();
+  announced_ = false;
+}
 
 }  // namespace roce

@@ -1,6 +1,7 @@
 // Point-to-point messages between ranks on the same machine through the
 // shared-memory rings of NodeShm: one copy into the ring, one copy out, no
-// system call per message.
+// system call per message. Waits block on the rank's doorbell (doorbell.hpp),
+// which a peer rings after moving a ring only while this rank sleeps.
 #pragma once
 #include <memory>
 #include <vector>
@@ -15,6 +16,16 @@ class ShmTransport : public StreamTransport {
   // localRanks[i] is the group rank of local index i; groupSize sizes the peer table.
   ShmTransport(int rank, int groupSize, NodeShm& shm, const std::vector<int>& localRanks);
   const char* name() const override { return "shm"; }
+  // With a usable doorbell every ring is announced by it: the wait announces
+  // itself (the Communicator's re-check follows) and blocks on its socket.
+  // Without one, StreamTransport's: block only while no ring has pending work.
+  bool prepareWait(std::vector<pollfd>& fds, bool anySource) override;
+  void afterWait() override;
+  bool hasSilentPeers() const override { return !announced_ && StreamTransport::hasSilentPeers(); }
+
+ private:
+  Doorbell& bell_;
+  bool announced_ = false;
 };
 
 }  // namespace roce
