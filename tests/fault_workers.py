@@ -219,9 +219,7 @@ def stopped_rank(rank, world, port, victim, scratch, stop_s=4.0, cap_s=20.0):
         # Frozen somewhere in this loop; continues once rank 0 says so.
         while _kill_time(os.path.join(scratch, "continued"), wait_s=0.1) is None:
             pass
-        # Its first allreduce may still complete: the others put their
-        # contributions in before they failed. Later ones have no partners.
-        res = await_failure(lambda: dist.all_reduce(t, async_op=True), scratch, cap_s, loop=True)
+        res = await_failure(lambda: dist.all_reduce(t, async_op=True), scratch, cap_s)
         os.makedirs(done, exist_ok=True)
         mark_time(done)
     else:
