@@ -214,21 +214,14 @@ def stopped_rank(rank, world, port, victim, scratch, stop_s=4.0, cap_s=20.0):
         os.makedirs(os.path.join(scratch, "continued"), exist_ok=True)
         threading.Thread(target=freeze, daemon=True).start()
     t = torch.ones(4)
-    done = os.path.join(scratch, "victim_done")
     if rank == victim:
         # Frozen somewhere in this loop; continues once rank 0 says so.
         while _kill_time(os.path.join(scratch, "continued"), wait_s=0.1) is None:
             pass
         res = await_failure(lambda: dist.all_reduce(t, async_op=True), scratch, cap_s)
-        os.makedirs(done, exist_ok=True)
-        mark_time(done)
     else:
         _kill_time(scratch, wait_s=30.0)  # the victim is frozen now
         res = await_failure(lambda: dist.all_reduce(t, async_op=True), scratch, cap_s)
-        # Stay alive until the victim has its error: exiting now would close
-        # this rank's connections, and the victim could learn of that EOF
-        # ("rank 0 died") before the failure notice it is being tested on.
-        _kill_time(done, wait_s=cap_s + 10)
     res["host"] = socket.gethostname()
     return res
 
