@@ -185,47 +185,6 @@ def kill_while_idle(rank, world, port, victim, scratch, how="recv", cap_s=20.0, 
     return res
 
 
-def stopped_rank(rank, world, port, victim, scratch, stop_s=4.0, cap_s=20.0):
-    """`victim` is frozen (SIGSTOP, as a debugger or a stalled host would) for
-    several heartbeat timeouts, then continued: its process and sockets stay
-    alive, so only the lifeline heartbeat can tell. The others wait on it in an
-    allreduce; the victim, once running again, issues the same allreduce.
-    Every rank must fail naming the victim as the silent one; the victim must
-    not blame a neighbour whose heartbeats it simply had not read yet."""
-    import threading
-
-    pid_file = os.path.join(scratch, "victim_pid")
-    if rank == victim:
-        with open(pid_file + ".tmp", "w") as f:
-            f.write(str(os.getpid()))
-        os.rename(pid_file + ".tmp", pid_file)
-    dist.barrier()
-    if rank == 0:
-        with open(pid_file) as f:
-            pid = int(f.read())
-
-        def freeze():
-            os.kill(pid, signal.SIGSTOP)
-            mark_time(scratch)
-            time.sleep(stop_s)
-            os.kill(pid, signal.SIGCONT)
-            mark_time(os.path.join(scratch, "continued"))
-
-        os.makedirs(os.path.join(scratch, "continued"), exist_ok=True)
-        threading.Thread(target=freeze, daemon=True).start()
-    t = torch.ones(4)
-    if rank == victim:
-        # Frozen somewhere in this loop; continues once rank 0 says so.
-        while _kill_time(os.path.join(scratch, "continued"), wait_s=0.1) is None:
-            pass
-        res = await_failure(lambda: dist.all_reduce(t, async_op=True), scratch, cap_s)
-    else:
-        _kill_time(scratch, wait_s=30.0)  # the victim is frozen now
-        res = await_failure(lambda: dist.all_reduce(t, async_op=True), scratch, cap_s)
-    res["host"] = socket.gethostname()
-    return res
-
-
 def _serve_store(port, ready):
     store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=300))
