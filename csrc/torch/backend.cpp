@@ -3,9 +3,11 @@
 #include <numeric>
 
 #include "../algorithms/algorithms.hpp"
+#include "../algorithms/select.hpp"
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
 #include "../common/log.hpp"
+#include "device_reduce.hpp"
 #include "monitored_barrier.hpp"
 #include "sparse_allreduce.hpp"
 #include "store_bootstrap.hpp"
@@ -169,6 +171,10 @@ uint64_t RoceBackend::traceCollective(OpType type, const OpLabel& what, uint64_t
   return ring.record(e);
 }
 
+int64_t RoceBackend::devicePieceElems(size_t elementSize) const {
+  return std::max<int64_t>(1, cfg_.devicePieceBytes / elementSize);
+}
+
 CallStaging RoceBackend::staging(const at::Tensor& like) {
   if (like.device().is_cpu()) return CallStaging();
   return CallStaging(std::make_shared<DeviceStaging>(lanes_.of(like.device()), pinned_));
@@ -187,7 +193,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::submitElementwise(OpType type, const
                                                               const at::Tensor& flat, CollectiveTask::Body body,
                                                               CallOptions call) {
   const size_t n = flat.numel(), elementSize = flat.element_size();
-  if (st.device) st.device->start(std::max<int64_t>(1, cfg_.devicePieceBytes / elementSize), n);
+  if (st.device) st.device->start(devicePieceElems(elementSize), n);
   return enqueue(type, title, std::move(futureValue), std::move(st), n, std::move(body), call, n * elementSize);
 }
 
@@ -249,6 +255,20 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduceInPlace(OpType type, const 
   const Reduction red = toReduction(op, t);
   CallStaging st = staging(tensors[0]);
   const at::Tensor flat = st.inPlace(tensors, true, true);
+  if (st.device) {
+    // The largest piece decides for all (every rank cuts the same pieces).
+    const int64_t piece = std::min<int64_t>(flat.numel(), devicePieceElems(flat.element_size()));
+    if (piece > 0 && reduceStagedOnDevice(engine_->comm(), piece * flat.element_size())) {
+      const int p = getSize();
+      const at::Tensor rows = st.device->hostBuffer(p * ((piece + p - 1) / p), flat.scalar_type());
+      const c10::Stream stream = st.device->resultStream();
+      return submitElementwise(type, title, tensors, std::move(st), flat,
+                               [flat, rows, stream, red](Communicator& c, size_t first, size_t count) {
+                                 allreduceReducingOnDevice(c, stream, flat.narrow(0, first, count), rows, red);
+                               },
+                               call);
+    }
+  }
   return submitElementwise(type, title, tensors, std::move(st), flat,
                            [flat, t, red](Communicator& c, size_t first, size_t count) {
                              roce::allreduce(c, elementAt(flat, first), count, t, red);
@@ -442,6 +462,15 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::_reduce_scatter_base(at::Tensor& out
   CallStaging st = staging(input);
   const at::Tensor in = st.input(input), out = st.output(output);
   const size_t n = out.numel();
+  if (st.device && n > 0 && reduceStagedOnDevice(engine_->comm(), bytesOf(in))) {
+    const at::Tensor rows = st.device->hostBuffer(in.numel(), in.scalar_type());
+    const c10::Stream stream = st.device->resultStream();
+    return submit(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, std::move(st),
+                  [in, rows, out, stream, red](Communicator& c) {
+                    reduceScatterReducingOnDevice(c, stream, in, rows, out, red);
+                  },
+                  callOf(opts), bytesOf(in));
+  }
   return submit(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, std::move(st),
                 [in, out, n, t, red](Communicator& c) {
                   roce::reduceScatter(c, in.data_ptr(), out.data_ptr(), n, t, red);

@@ -117,6 +117,8 @@ class RoceBackend : public c10d::Backend {
  private:
   // Host buffers for a call whose tensors are on like's device.
   CallStaging staging(const at::Tensor& like);
+  // Elements per staged piece of device tensors (ROCE_PG_DEVICE_PIECE_BYTES).
+  int64_t devicePieceElems(size_t elementSize) const;
   // A collective that runs once on its staged buffers.
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, const char* title, std::vector<at::Tensor> futureValue,
                                         CallStaging st, std::function<void(Communicator&)> body, CallOptions call,
