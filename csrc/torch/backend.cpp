@@ -175,6 +175,34 @@ int64_t RoceBackend::devicePieceElems(size_t elementSize) const {
   return std::max<int64_t>(1, cfg_.devicePieceBytes / elementSize);
 }
 
+CollectiveTask::Body RoceBackend::elementwiseOnDevice(CallStaging& st, const at::Tensor& flat, Reduction red,
+                                                      int root) {
+  if (!st.device) return nullptr;
+  // The largest piece decides for all (every rank cuts the same pieces).
+  const int64_t piece = std::min<int64_t>(flat.numel(), devicePieceElems(flat.element_size()));
+  if (piece == 0 || !reduceStagedOnDevice(engine_->comm(), piece * flat.element_size())) return nullptr;
+  const int p = getSize();
+  const at::Tensor rows = st.device->hostBuffer(p * ((piece + p - 1) / p), flat.scalar_type());
+  const c10::Stream stream = st.device->resultStream();
+  return [flat, rows, stream, red, root](Communicator& c, size_t first, size_t count) {
+    reduceReducingOnDevice(c, stream, flat.narrow(0, first, count), rows, red, root);
+  };
+}
+
+std::function<void(Communicator&)> RoceBackend::reduceScatterBody(CallStaging& st, const at::Tensor& in,
+                                                                  const at::Tensor& out, DataType t, Reduction red) {
+  if (st.device && out.numel() > 0 && reduceStagedOnDevice(engine_->comm(), bytesOf(in))) {
+    const at::Tensor rows = st.device->hostBuffer(in.numel(), in.scalar_type());
+    const c10::Stream stream = st.device->resultStream();
+    return [in, rows, out, stream, red](Communicator& c) {
+      reduceScatterReducingOnDevice(c, stream, in, rows, out, red);
+    };
+  }
+  return [in, out, t, red](Communicator& c) {
+    roce::reduceScatter(c, in.data_ptr(), out.data_ptr(), out.numel(), t, red);
+  };
+}
+
 CallStaging RoceBackend::staging(const at::Tensor& like) {
   if (like.device().is_cpu()) return CallStaging();
   return CallStaging(std::make_shared<DeviceStaging>(lanes_.of(like.device()), pinned_));
@@ -255,20 +283,8 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduceInPlace(OpType type, const 
   const Reduction red = toReduction(op, t);
   CallStaging st = staging(tensors[0]);
   const at::Tensor flat = st.inPlace(tensors, true, true);
-  if (st.device) {
-    // The largest piece decides for all (every rank cuts the same pieces).
-    const int64_t piece = std::min<int64_t>(flat.numel(), devicePieceElems(flat.element_size()));
-    if (piece > 0 && reduceStagedOnDevice(engine_->comm(), piece * flat.element_size())) {
-      const int p = getSize();
-      const at::Tensor rows = st.device->hostBuffer(p * ((piece + p - 1) / p), flat.scalar_type());
-      const c10::Stream stream = st.device->resultStream();
-      return submitElementwise(type, title, tensors, std::move(st), flat,
-                               [flat, rows, stream, red](Communicator& c, size_t first, size_t count) {
-                                 allreduceReducingOnDevice(c, stream, flat.narrow(0, first, count), rows, red);
-                               },
-                               call);
-    }
-  }
+  if (auto body = elementwiseOnDevice(st, flat, red, /*root=*/-1))
+    return submitElementwise(type, title, tensors, std::move(st), flat, std::move(body), call);
   return submitElementwise(type, title, tensors, std::move(st), flat,
                            [flat, t, red](Communicator& c, size_t first, size_t count) {
                              roce::allreduce(c, elementAt(flat, first), count, t, red);
@@ -300,6 +316,8 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce(std::vector<at::Tensor>& tens
   const Reduction red = toReduction(opts.reduceOp, t);
   CallStaging st = staging(tensors[0]);
   const at::Tensor h = st.inPlace(tensors, /*read=*/true, /*write=*/getRank() == root);
+  if (auto body = elementwiseOnDevice(st, h, red, root))
+    return submitElementwise(OpType::REDUCE, "reduce", tensors, std::move(st), h, std::move(body), callOf(opts));
   return submitElementwise(OpType::REDUCE, "reduce", tensors, std::move(st), h,
                            [h, t, red, root](Communicator& c, size_t first, size_t count) {
                              roce::reduce(c, elementAt(h, first), count, t, red, root);
@@ -444,12 +462,9 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter(std::vector<at::Tenso
   const Reduction red = toReduction(opts.reduceOp, t);
   CallStaging st = staging(outputs[0]);
   const at::Tensor flat = st.inputs(inputs[0]), out = st.output(outputs[0]);
-  const size_t n = out.numel();
-  return submit(OpType::REDUCE_SCATTER, "reduce_scatter", outputs, std::move(st),
-                [flat, out, n, t, red](Communicator& c) {
-                  roce::reduceScatter(c, flat.data_ptr(), out.data_ptr(), n, t, red);
-                },
-                callOf(opts), bytesOf(flat));
+  auto body = reduceScatterBody(st, flat, out, t, red);
+  return submit(OpType::REDUCE_SCATTER, "reduce_scatter", outputs, std::move(st), std::move(body), callOf(opts),
+                bytesOf(flat));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -461,20 +476,8 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::_reduce_scatter_base(at::Tensor& out
   const Reduction red = toReduction(opts.reduceOp, t);
   CallStaging st = staging(input);
   const at::Tensor in = st.input(input), out = st.output(output);
-  const size_t n = out.numel();
-  if (st.device && n > 0 && reduceStagedOnDevice(engine_->comm(), bytesOf(in))) {
-    const at::Tensor rows = st.device->hostBuffer(in.numel(), in.scalar_type());
-    const c10::Stream stream = st.device->resultStream();
-    return submit(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, std::move(st),
-                  [in, rows, out, stream, red](Communicator& c) {
-                    reduceScatterReducingOnDevice(c, stream, in, rows, out, red);
-                  },
-                  callOf(opts), bytesOf(in));
-  }
-  return submit(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, std::move(st),
-                [in, out, n, t, red](Communicator& c) {
-                  roce::reduceScatter(c, in.data_ptr(), out.data_ptr(), n, t, red);
-                },
+  auto body = reduceScatterBody(st, in, out, t, red);
+  return submit(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, std::move(st), std::move(body),
                 callOf(opts), bytesOf(in));
 }
 
@@ -497,10 +500,11 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter_tensor_coalesced(std:
   }
   CallStaging st = staging(inputs[0]);
   const size_t bytes = stagePairs(st, inputs, outputs, ins, outs);
+  std::vector<std::function<void(Communicator&)>> bodies;
+  for (size_t i = 0; i < ins.size(); ++i) bodies.push_back(reduceScatterBody(st, ins[i], outs[i], types[i], reds[i]));
   return submit(reduceScatterTensorCoalesced<OpType>(0), "reduce_scatter_tensor_coalesced", outputs, std::move(st),
-                [ins, outs, types, reds](Communicator& c) {
-                  for (size_t i = 0; i < ins.size(); ++i)
-                    roce::reduceScatter(c, ins[i].data_ptr(), outs[i].data_ptr(), outs[i].numel(), types[i], reds[i]);
+                [bodies](Communicator& c) {
+                  for (const auto& body : bodies) body(c);
                 },
                 callOf(opts), bytes);
 }

@@ -99,8 +99,8 @@ at::Tensor reduceRowsOnDevice(const at::Tensor& rows, Reduction red) {
   throwInvalid(str("internal: no device reduction for reduce op ", reduceOpName(red.op)));
 }
 
-void allreduceReducingOnDevice(Communicator& c, c10::Stream stream, const at::Tensor& piece, const at::Tensor& rows,
-                               Reduction red) {
+void reduceReducingOnDevice(Communicator& c, c10::Stream stream, const at::Tensor& piece, const at::Tensor& rows,
+                            Reduction red, int root) {
   const int p = c.size(), me = c.rank();
   const size_t esz = piece.element_size();
   const Slices s{static_cast<size_t>(piece.numel()), p};
@@ -110,11 +110,12 @@ void allreduceReducingOnDevice(Communicator& c, c10::Stream stream, const at::Te
   const at::Tensor mine = piece.narrow(0, static_cast<int64_t>(s.lo(me)), static_cast<int64_t>(m));
   reduceRowsThroughDevice(c, stream, rows.narrow(0, 0, static_cast<int64_t>(p * m)).view({p, static_cast<int64_t>(m)}),
                           mine, red);
-  // Step 3: the reduced slices to everyone (input and output are the piece:
-  // this rank sends from its own slice and receives into the others').
-  std::vector<size_t> sendBytes(p, m * esz), sendOffsets(p, s.lo(me) * esz), recvBytes(p), recvOffsets(p);
+  // Step 3: the reduced slices to everyone, or to the root (input and output
+  // are the piece: this rank sends from its own slice and receives into the others').
+  std::vector<size_t> sendBytes(p), sendOffsets(p, s.lo(me) * esz), recvBytes(p), recvOffsets(p);
   for (int j = 0; j < p; ++j) {
-    recvBytes[j] = s.size(j) * esz;
+    sendBytes[j] = root < 0 || j == root ? m * esz : 0;
+    recvBytes[j] = root < 0 || me == root ? s.size(j) * esz : 0;
     recvOffsets[j] = s.lo(j) * esz;
   }
   alltoallv(c, piece.data_ptr(), sendBytes, sendOffsets, piece.data_ptr(), recvBytes, recvOffsets);

@@ -11,7 +11,8 @@
 //   2. device: the p rows go to the device, are reduced there in rank order
 //      (each rank reduces its own slice, so every rank ends up with the same
 //      bits), and the reduced slice comes back into the piece;
-//   3. allgather (alltoallv, host): every rank sends its reduced slice to all.
+//   3. allgather (alltoallv, host): every rank sends its reduced slice to all
+//      (reduce: to the root only).
 // Reduce-scatter is steps 1 and 2 with one block per rank.
 //
 // Bytes per payload byte, p ranks: network 2(p-1)/p (as a ring); PCIe 1 + 1/p
@@ -33,11 +34,13 @@ class Communicator;
 at::Tensor reduceRowsOnDevice(const at::Tensor& rows, Reduction red);
 
 // In place on `piece` (a pinned host tensor of count elements, this rank's
-// contribution on entry, the result on return). `rows`: a pinned host buffer
-// of at least p * ceil(count / p) elements of the same dtype. The device
-// steps run on `stream`; the call returns once their result is in `piece`.
-void allreduceReducingOnDevice(Communicator& c, c10::Stream stream, const at::Tensor& piece, const at::Tensor& rows,
-                               Reduction red);
+// contribution on entry, the result on return: on every rank for root -1
+// (allreduce), else on `root` only (reduce; the others' piece then holds
+// their own reduced slice and is not copied back). `rows`: a pinned host
+// buffer of at least p * ceil(count / p) elements of the same dtype. The
+// device steps run on `stream`; the call returns once the result is in `piece`.
+void reduceReducingOnDevice(Communicator& c, c10::Stream stream, const at::Tensor& piece, const at::Tensor& rows,
+                            Reduction red, int root);
 
 // `input`: p blocks of out.numel() elements (pinned host); `out`: this rank's
 // reduced block (pinned host). `rows`: pinned host, input.numel() elements.
