@@ -245,6 +245,9 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* tit
   auto task = std::make_shared<CollectiveTask>(work, what, std::move(st), elems, std::move(body));
   task->timeout = effective(call.timeout);
   task->tracePos = tracePos;
+  task->collectiveSeq = collectiveSeq;
+  task->collectiveOp = title;
+  engine_->comm().opProgress().issued(collectiveSeq, title);
   if (inlinable && engine_->runInline(*task)) {
     Counters::add(counters().inlineOps, 1);
     return work;

@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include "../comm/verdict.hpp"
 #include "../algorithms/cost_model.hpp"
 #include "../common/config.hpp"
 #include "../transport/verbs/device_probe.hpp"
@@ -136,6 +137,11 @@ PYBIND11_MODULE(_C, m) {
     d["tree_chunks"] = roce::treeChunks(roce::CostConstants(cfg), shape, bytes);
     return d;
   }, py::arg("ranks"), py::arg("machines"), py::arg("per_machine"), py::arg("bytes"));
+  // The cross-rank verdict from rank -> OpProgress snapshot texts
+  // (csrc/comm/verdict.hpp), for tests of its wording; no group needed.
+  m.def("_format_verdict", [](const std::map<int, std::string>& states, int size) {
+    return roce::formatVerdict(states, size);
+  }, py::arg("states"), py::arg("size"));
   // Where ROCE_PG_DEVICE_REDUCE=auto reduces a staged piece of `bytes` per
   // rank, with both estimates (docs/ACCELERATORS.md); no group needed.
   m.def("_staged_reduce_plan", [](int ranks, int machines, bool sharedMemory, size_t bytes) {
