@@ -82,3 +82,18 @@ def test_verdict_wording():
         "rank 2 has called no collective in this group for 12.0 s; rank 1 is still in broadcast #2; "
         "rank 0 waits in allreduce #4")
     assert C._format_verdict({0: "garbage"}, 2) == ""
+
+
+def test_straggler_report_names_the_slowed_rank():
+    """Issue 28 item 4: while nothing fails, rank 2 of 4 (two simulated
+    machines of two ranks: shared memory and TCP) sleeps 20 ms before each
+    allreduce; every rank's straggler_report() names it, and once it stops,
+    names nobody."""
+    world, env = LAYOUTS["mixed2x2"]
+    results = run_group("tests.verdict_workers.slowed_rank", world, env=env, kwargs={"slow": 2})
+    for r in results:
+        assert r["slowed"]["straggler"] == 2, r["slowed"]
+        assert r["slowed"]["text"].startswith("rank 2 keeps the others waiting"), r["slowed"]["text"]
+        shares = [x["inside_share"] for x in r["slowed"]["ranks"]]
+        assert shares[2] < min(s for i, s in enumerate(shares) if i != 2), shares
+        assert r["even"]["straggler"] is None, r["even"]

@@ -77,7 +77,13 @@ void Engine::settle(std::exception_ptr e) {
 
 void Engine::recordEnd(Task& t, std::exception_ptr e, bool broke) {
   t.endNs = TraceRing::nowNs();
-  if (t.collectiveSeq) comm_->opProgress().ended(t.collectiveSeq, t.collectiveOp);
+  if (t.collectiveSeq) {
+    comm_->opProgress().ended(t.collectiveSeq, t.collectiveOp);
+    if (t.startNs > 0 && t.endNs > t.startNs) {
+      Counters::add(comm_->counters().collectiveNs, static_cast<uint64_t>(t.endNs - t.startNs));
+      Counters::add(comm_->counters().collectivesTimed, 1);
+    }
+  }
   if (!e) {
     trace_.finished(t.tracePos, t.endNs, t.algo, nullptr);
     return;

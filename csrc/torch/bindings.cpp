@@ -46,6 +46,9 @@ PYBIND11_MODULE(_C, m) {
              d["registrations"] = get(c.registrations);
              d["eager_sends"] = get(c.eagerSends);
              d["bytes_reduced_on_device"] = get(c.bytesReducedOnDevice);
+             d["collective_ns"] = get(c.collectiveNs);
+             d["collectives_timed"] = get(c.collectivesTimed);
+             d["window_ns"] = roce::Counters::steadyNs() - c.resetAtNs.load(std::memory_order_relaxed);
              d["cached_mrs"] = get(c.cachedMrs);
              d["connections"] = get(c.connections);
              d["registered_bytes"] = get(c.registeredBytes);
