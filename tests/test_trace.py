@@ -40,3 +40,14 @@ def test_trace_records_every_op_and_feeds_torch_flight_recorder(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "#2 failed" in p.stdout and "timed out" in p.stdout, p.stdout
+
+
+def test_signal_dumps_the_trace_of_a_rank_blocked_in_a_collective(tmp_path):
+    """ROCE_PG_TRACE_SIGNAL (opt-in): the dump is written by roce's own thread
+    while the rank's caller is blocked inside an allreduce."""
+    results = run_group("tests.trace_workers.dump_on_signal", 2,
+                        env={"ROCE_PG_TRACE_SIGNAL": "SIGUSR1", "ROCE_PG_TRACE_DUMP": str(tmp_path / "sig_")},
+                        kwargs={"dump_dir": str(tmp_path)})
+    failures = [f for r in results for f in r["failures"]]
+    assert not failures, "\n".join(failures)
+    assert all(r["value_ok"] for r in results), results

@@ -218,3 +218,41 @@ def run(rank, world, port, dump_dir):
                   and "timed out" in written[1]["error"], f"dump on failure: {written}")
     dist.barrier()  # the world group is unaffected
     return {"failures": failures, **out}
+
+
+def dump_on_signal(rank, world, port, dump_dir):
+    """ROCE_PG_TRACE_SIGNAL=SIGUSR1: rank 0 hangs in an allreduce that rank 1
+    joins late; rank 1 sends rank 0 the signal meanwhile, and rank 0's trace
+    appears with that allreduce still started, while its caller is blocked."""
+    import signal
+
+    pids = [None] * world
+    dist.all_gather_object(pids, os.getpid())
+    t = torch.ones(4)
+    for _ in range(3):
+        dist.all_reduce(t)
+    out = {"failures": []}
+    if rank == 1:
+        # Signals until a dump shows rank 0 inside its 4th allreduce (each
+        # signal rewrites the file; rank 0 may take a moment to get there).
+        path = os.path.join(dump_dir, f"sig_0_{dist.group.WORLD.group_name}.json")
+        deadline, states = time.monotonic() + 30, None
+        while time.monotonic() < deadline and states != ["completed"] * 3 + ["started"]:
+            if os.path.exists(path):
+                os.unlink(path)
+            os.kill(pids[0], signal.SIGUSR1)
+            while not os.path.exists(path) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            try:
+                with open(path) as f:
+                    entries = json.load(f)["entries"]
+                states = [e["state"] for e in entries if e["profiling_name"] == "roce:all_reduce"]
+            except (OSError, ValueError):
+                states = None  # not written yet, or being replaced
+            time.sleep(0.1)
+        if states != ["completed"] * 3 + ["started"]:
+            out["failures"].append(f"rank 0's dump on the signal: allreduce states {states} "
+                                   f"(files: {os.listdir(dump_dir)})")
+    dist.all_reduce(t)  # releases rank 0
+    out["value_ok"] = bool((t == world ** 4).all())
+    return out

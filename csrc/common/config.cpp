@@ -1,6 +1,7 @@
 #include "config.hpp"
 
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -108,6 +109,8 @@ Config Config::read(EnvReader& r) {
   c.shutdownGraceMs = static_cast<int>(r.integer("ROCE_PG_SHUTDOWN_GRACE_MS", c.shutdownGraceMs, 0, 3600000));
   c.traceEntries = r.integer("ROCE_PG_TRACE_ENTRIES", c.traceEntries, 0, 1ll << 24);
   c.traceDump = r.text("ROCE_PG_TRACE_DUMP");
+  const std::string signal = r.oneOf("ROCE_PG_TRACE_SIGNAL", "off", {"off", "SIGUSR1", "SIGUSR2"});
+  c.traceSignal = signal == "SIGUSR1" ? SIGUSR1 : signal == "SIGUSR2" ? SIGUSR2 : 0;
   c.heartbeatTimeoutMs = static_cast<int>(r.integerOrZero(
       "ROCE_PG_HEARTBEAT_TIMEOUT_MS", c.heartbeatTimeoutMs, 1000, 86400000,
       "heartbeats are sent every few hundred ms and a busy machine would declare live peers "

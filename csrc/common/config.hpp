@@ -130,6 +130,10 @@ struct Config {
   // Where a group writes its trace when an operation first breaks it: this
   // prefix + "<global rank>_<group name>.json" (empty: nowhere).
   std::string traceDump;                 // ROCE_PG_TRACE_DUMP
+  // A signal (SIGUSR1/SIGUSR2) on which every group of the process writes its
+  // trace to ROCE_PG_TRACE_DUMP's prefix, or /tmp/roce_trace_ where that is
+  // unset (torch/trace_signal.hpp); 0: off.
+  int traceSignal = 0;                   // ROCE_PG_TRACE_SIGNAL
   // A ring neighbour that sends no heartbeat on its lifeline for this long is
   // declared dead (hung process, machine or network down). 0 disables the
   // check; a killed process is found through its closed connection anyway.

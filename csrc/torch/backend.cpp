@@ -11,6 +11,7 @@
 #include "monitored_barrier.hpp"
 #include "sparse_allreduce.hpp"
 #include "store_bootstrap.hpp"
+#include "trace_signal.hpp"
 
 namespace roce {
 namespace {
@@ -81,13 +82,19 @@ RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     StoreBootstrap bs(store);
     auto comm = std::make_unique<Communicator>(bs, cfg_, rank, size, globalRank, timeout);
     engine_ = std::make_unique<Engine>(std::move(comm));
-    if (!cfg_.traceDump.empty()) engine_->onFailure = [this](const TraceRing& ring) { dumpOnFailure(ring); };
+    if (!cfg_.traceDump.empty())
+      engine_->onFailure = [this](const TraceRing& ring) { dumpTrace(ring, "its first failure"); };
+    if (cfg_.traceSignal)
+      traceSignalId_ = TraceSignal::add(cfg_.traceSignal, [this] { dumpTrace(engine_->trace(), "a signal"); });
   } catch (const Error& e) {
     C10_THROW_ERROR(DistBackendError, e.what());
   }
 }
 
-RoceBackend::~RoceBackend() { engine_.reset(); }
+RoceBackend::~RoceBackend() {
+  if (traceSignalId_) TraceSignal::remove(traceSignalId_);  // no dump of this group runs after this
+  engine_.reset();
+}
 
 void RoceBackend::shutdown() { engine_->shutdown(std::chrono::milliseconds(cfg_.shutdownGraceMs)); }
 
@@ -115,13 +122,15 @@ TraceDumpGroup RoceBackend::dumpGroup() const {
 
 std::string RoceBackend::traceDumpJson() const { return roce::traceDumpJson(engine_->trace(), dumpGroup()); }
 
-void RoceBackend::dumpOnFailure(const TraceRing& ring) {
+void RoceBackend::dumpTrace(const TraceRing& ring, const char* why) {
   const TraceDumpGroup g = dumpGroup();
   const int global = getRank() < static_cast<int>(g.ranks.size()) ? static_cast<int>(g.ranks[getRank()]) : getRank();
-  const std::string path = str(cfg_.traceDump, global, "_", g.name, ".json");
-  std::string why;
-  if (writeTraceDump(path, ring, g, &why)) ROCE_WARN("roce: wrote the trace of group ", g.name, " to ", path);
-  else ROCE_WARN("roce: could not dump the trace of group ", g.name, " (ROCE_PG_TRACE_DUMP): ", why);
+  const std::string prefix = cfg_.traceDump.empty() ? std::string("/tmp/roce_trace_") : cfg_.traceDump;
+  const std::string path = str(prefix, global, "_", g.name, ".json");
+  std::string error;
+  if (writeTraceDump(path, ring, g, &error))
+    ROCE_WARN("roce: wrote the trace of group ", g.name, " to ", path, " (on ", why, ")");
+  else ROCE_WARN("roce: could not dump the trace of group ", g.name, " (ROCE_PG_TRACE_DUMP): ", error);
 }
 
 #ifdef ROCE_TORCH_COMPLETION_HOOKS

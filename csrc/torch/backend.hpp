@@ -145,8 +145,10 @@ class RoceBackend : public c10d::Backend {
                                               int peer, int tag);
   std::chrono::milliseconds effective(std::chrono::milliseconds t) const;
   TraceDumpGroup dumpGroup() const;
-  // The engine's onFailure: the trace to ROCE_PG_TRACE_DUMP, if set.
-  void dumpOnFailure(const TraceRing& ring);
+  // Writes the trace to ROCE_PG_TRACE_DUMP's prefix: on the group's first
+  // failure (the engine's onFailure) or on ROCE_PG_TRACE_SIGNAL; `why` is for the log.
+  void dumpTrace(const TraceRing& ring, const char* why);
+  uint64_t traceSignalId_ = 0;  // TraceSignal registration (0: none)
   OpLabel label(const char* title, size_t bytes) { return {title, ++seq_, bytes}; }
   // An operation's trace entry with the fields every operation has.
   TraceEntry traceEntry(c10d::OpType type, const OpLabel& what, std::chrono::milliseconds timeout,
