@@ -40,7 +40,6 @@ only checks the script before a GPU run.
 """
 import argparse
 import json
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -48,7 +47,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # the in-place build of roce_pg
 
-from small_ops import free_port  # noqa: E402  (a sibling benchmark)
+from local_ranks import spawn_ranks  # noqa: E402  (a sibling module)
 
 WORLD = 2
 MIB = 1 << 20
@@ -169,22 +168,7 @@ def main():
     ap.add_argument("--json", help="also write the rows and the setup here")
     ap.add_argument("--device", default="cuda", help="cuda (default), or testdev to check the script without a GPU")
     args = ap.parse_args()
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, port, args, queue)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    results = {}
-    for _ in range(WORLD):
-        rank, status, value = queue.get(timeout=1800)
-        if status != "ok":
-            for p in procs:
-                p.kill()
-            sys.exit(f"rank {rank} failed:\n{value}")
-        results[rank] = value
-    for p in procs:
-        p.join()
+    results = spawn_ranks(rank_main, WORLD, args)
     info = results[0]["info"]
     print(f"# {info['device']} x{info['gpus']} (rank 0 on {info['rank_device']}, rank 1 on "
           f"{results[1]['info']['rank_device']}), torch {info['torch']}, {WORLD} ranks")

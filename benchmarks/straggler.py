@@ -12,20 +12,14 @@ inside collectives and its wait per collective, and the report's verdict
 it must name nobody.
 """
 import argparse
-import multiprocessing as mp
 import os
-import socket
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # the in-place build of roce_pg
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, HERE)
+from local_ranks import spawn_ranks  # noqa: E402  (a sibling module)
 
 
 def rank_main(rank, port, args, queue):
@@ -64,22 +58,7 @@ def main():
     args = ap.parse_args()
     if not 0 <= args.slow < args.ranks:
         sys.exit(f"--slow must be a rank below --ranks ({args.ranks})")
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, port, args, queue)) for r in range(args.ranks)]
-    for p in procs:
-        p.start()
-    results = {}
-    for _ in range(args.ranks):
-        rank, status, value = queue.get(timeout=1800)
-        if status != "ok":
-            for p in procs:
-                p.kill()
-            sys.exit(f"rank {rank} failed:\n{value}")
-        results[rank] = value
-    for p in procs:
-        p.join()
+    results = spawn_ranks(rank_main, args.ranks, args)
     print(f"# {args.ranks} ranks, rank {args.slow} sleeps before each of {args.rounds} allreduces of {args.mib} MiB")
     print("# per rank: share of the window inside collectives / wait per collective (ms)")
     head = ["delay_ms"] + [f"rank {r}" for r in range(args.ranks)] + ["named", "verdict (rank 0)"]

@@ -78,7 +78,8 @@ def _describe(e):
     return f"{name} {e.get('input_sizes')} {','.join(e.get('input_dtypes') or [])}"
 
 
-def _ranks(ranks):
+def rank_list(ranks):
+    """"0-3, 5, 7-9": ascending, runs of three or more collapsed (as the extension's verdicts write them)."""
     ranks, parts, i = sorted(ranks), [], 0
     while i < len(ranks):
         j = i
@@ -86,7 +87,11 @@ def _ranks(ranks):
             j += 1
         parts.append(f"{ranks[i]}-{ranks[j]}" if j >= i + 2 else ", ".join(map(str, ranks[i:j + 1])))
         i = j + 1
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)
+    return ", ".join(parts)
+
+
+def _ranks(ranks):
+    return ("rank " if len(ranks) == 1 else "ranks ") + rank_list(ranks)
 
 
 def first_divergence(dumps):

@@ -8,19 +8,9 @@ import re
 
 import pytest
 
+from roce_pg._doctor_trace import rank_list
+
 from .harness import LAYOUTS, run_group
-
-def rank_list(ranks):
-    """csrc/comm/verdict.cpp's rankList: runs of three or more collapse."""
-    ranks, parts, i = sorted(ranks), [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(f"{ranks[i]}-{ranks[j]}" if j >= i + 2 else ", ".join(map(str, ranks[i:j + 1])))
-        i = j + 1
-    return ", ".join(parts)
-
 
 def check_verdicts(results, world, hung, timeout_s):
     """Every rank but `hung` failed, and its error carries the verdict naming
