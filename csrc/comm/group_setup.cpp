@@ -12,6 +12,7 @@
 
 #include "../common/error.hpp"
 #include "../common/log.hpp"
+#include "../engine/worker_pool.hpp"
 #include "../transport/shm/node_shm.hpp"
 #include "../transport/shm/shm_transport.hpp"
 #include "../transport/tcp/tcp_connect.hpp"
@@ -93,6 +94,12 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
   topo_ = Topology::build(rank, infos);
   for (const auto& info : infos) hostNames_.push_back(info.hostName());
   cfg_.nChannels = roster.channels;
+  if (cfg_.workers == 0) {
+    // This rank's share of the machine's CPUs (the real machine: simulated
+    // nodes split one host but not its cores). Peers never depend on it.
+    const auto onHost = std::count_if(infos.begin(), infos.end(), [&](const RankInfo& i) { return i.hostId == me.hostId; });
+    cfg_.workers = Config::workersAuto(Config::usableCpus(), static_cast<int>(onHost));
+  }
   cfg_.forceNetwork = roster.forceNetwork;
   endpoints_.resize(size);
   std::vector<uint64_t> nonces;
@@ -123,6 +130,9 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
     nodeShm_ = std::make_unique<NodeShm>(bs, topo_.localRanks, topo_.localIndex, cfg_.shmRingBytes,
                                          cfg_.shmSlotBytes, deadline, timeout_);
     transports_.push_back(std::make_unique<ShmTransport>(rank, size, *nodeShm_, topo_.localRanks));
+    // Created here, on the thread creating the group, so they inherit its CPU
+    // affinity (docs/ARCHITECTURE.md, "Worker threads").
+    if (cfg_.workers > 1) WorkerPool::process().ensureThreads(cfg_.workers - 1, cfg_.spinUs);
     for (int r : topo_.localRanks)
       if (r != rank) routes_[r] = transports_.back().get();
   }

@@ -19,6 +19,7 @@ struct Counters {
   std::atomic<uint64_t> bytesZeroCopy{0}; // payload bytes the NIC moved straight from/into user buffers (verbs)
   std::atomic<uint64_t> registrations{0}; // ibv_reg_mr calls of the verbs registration cache
   std::atomic<uint64_t> eagerSends{0};    // verbs messages sent eagerly (no RTR round trip)
+  std::atomic<uint64_t> workerSlices{0};  // slices of local copies/reductions run by worker-pool threads
   // Gauges, not reset:
   std::atomic<uint64_t> cachedMrs{0};        // memory registrations the verbs cache holds right now
   std::atomic<uint64_t> connections{0};      // network peers connected (TCP socket, or verbs queue pairs)
@@ -28,7 +29,7 @@ struct Counters {
   static void add(std::atomic<uint64_t>& c, uint64_t n) { c.fetch_add(n, std::memory_order_relaxed); }
   void reset() {
     for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends, &blockedWaits, &inlineOps,
-                    &bytesZeroCopy, &registrations, &eagerSends})
+                    &bytesZeroCopy, &registrations, &eagerSends, &workerSlices})
       c->store(0, std::memory_order_relaxed);
   }
 };

@@ -44,6 +44,7 @@ PYBIND11_MODULE(_C, m) {
              d["bytes_zero_copy"] = get(c.bytesZeroCopy);
              d["registrations"] = get(c.registrations);
              d["eager_sends"] = get(c.eagerSends);
+             d["worker_slices"] = get(c.workerSlices);
              d["cached_mrs"] = get(c.cachedMrs);
              d["connections"] = get(c.connections);
              d["registered_bytes"] = get(c.registeredBytes);

@@ -1,0 +1,101 @@
+"""Worker for tests/test_workers.py, run inside every rank of one spawned
+group: the shared-memory allreduce (one-shot and two-step) in four subgroups
+that differ only in ROCE_PG_WORKERS (1, 2, 4, 8), against float64 / exact
+references, bit for bit across the worker counts, with the pool's counter
+showing that worker threads ran slices, and the pool's threads idle without
+using CPU."""
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from .reference import Checker, applicable_ops, inputs_for, make_op, reduce_reference
+
+WORKER_COUNTS = [1, 2, 4, 8]
+# Set by the test (ROCE_PG_SHM_ONESHOT_MAX_BYTES, ROCE_PG_SHM_CHUNK_BYTES):
+# large enough that a call is cut into several 16 KiB+ slices per phase.
+ONESHOT_MAX = 64 << 10
+CHUNK = 128 << 10
+DTYPES = [torch.float32, torch.int32, torch.float64, torch.float16, torch.bfloat16, torch.int8]
+# Every op on one float and one integer type; the others with the ops whose
+# kernels differ (SUM, MIN, and AVG's and PREMUL_SUM's extra passes).
+FULL = (torch.float32, torch.int32)
+SOME_OPS = ["SUM", "MIN", "AVG", "PREMUL_SUM"]
+BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def sizes(dtype):
+    """Element counts: empty, one, odd small ones, one-shot just under its
+    limit, two-step in one chunk, and three chunks with a short last one; the
+    large ones divisible neither by the ranks nor by a cache line."""
+    esz = torch.empty(0, dtype=dtype).element_size()
+    oneshot, chunk = ONESHOT_MAX // esz, CHUNK // esz
+    return [0, 1, 7, oneshot - 3, oneshot + 5, 2 * chunk + 1237]
+
+
+def bits(t):
+    return t.view(BITS[t.element_size()]) if t.numel() else t
+
+
+def _worker_threads():
+    """CPU seconds used so far by each of this process's roce-worker threads."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                if f.read().strip() != "roce-worker":
+                    continue
+            with open(f"/proc/self/task/{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out.append((int(fields[11]) + int(fields[12])) / ticks)  # utime, stime
+        except OSError:
+            pass
+    return out
+
+
+def run(rank, world, port):
+    import roce_pg
+
+    ck = Checker(rank)
+    groups = {}
+    for w in WORKER_COUNTS:
+        os.environ["ROCE_PG_WORKERS"] = str(w)
+        groups[w] = dist.new_group(list(range(world)), backend="roce")
+    os.environ.pop("ROCE_PG_WORKERS")
+    for g in groups.values():
+        roce_pg.reset_counters(g)
+
+    cases, t_ref, t_coll = 0, 0.0, 0.0
+    t_start = time.perf_counter()
+    for dtype in DTYPES:
+        for numel in sizes(dtype):
+            for opname in applicable_ops(dtype) if dtype in FULL else SOME_OPS:
+                t0 = time.perf_counter()
+                xs = inputs_for(world, numel, dtype, opname, salt=26)
+                expected = reduce_reference(xs, opname, dtype)
+                t_ref += time.perf_counter() - t0
+                first = None
+                for w, g in groups.items():
+                    t = xs[rank].clone()
+                    t0 = time.perf_counter()
+                    dist.all_reduce(t, op=make_op(opname, dtype), group=g)
+                    t_coll += time.perf_counter() - t0
+                    what = f"workers={w} {dtype} {opname} n={numel}"
+                    if first is None:
+                        ck.close(what, t, expected, dtype)
+                        first = t
+                    else:  # the same bits as everything on one thread (so as right)
+                        ck.same(f"{what}: bits equal to workers=1", bits(t), bits(first))
+                cases += 1
+
+    slices = {w: roce_pg.counters(g)["worker_slices"] for w, g in groups.items()}
+    threads_before = _worker_threads()
+    time.sleep(1.0)
+    idle_cpu = sum(_worker_threads()) - sum(threads_before)
+    for g in groups.values():
+        dist.destroy_process_group(g)
+    out = ck.result()
+    out.update(times=(t_ref, t_coll, time.perf_counter() - t_start), cases=cases, slices=slices, worker_threads=len(threads_before), idle_cpu=idle_cpu)
+    return out
