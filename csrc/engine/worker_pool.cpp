@@ -31,6 +31,8 @@ void WorkerPool::ensureThreads(int threads, int spinUs) {
     threads_.store(0, std::memory_order_relaxed);
     shared_->spinNs.store(int64_t(spinUs) * 1000, std::memory_order_relaxed);
   }
+  if (int64_t(spinUs) * 1000 < shared_->spinNs.load(std::memory_order_relaxed))
+    shared_->spinNs.store(int64_t(spinUs) * 1000, std::memory_order_relaxed);
   // No job runs while mu_ is held: a new thread starts at the current generation.
   const uint32_t now = generationOf(shared_->claim.load(std::memory_order_relaxed));
   for (int i = threads_.load(std::memory_order_relaxed); i < threads; ++i) {

@@ -44,7 +44,8 @@ class WorkerPool {
   static WorkerPool& process();
 
   // Makes the pool hold at least `threads` threads (never shrinks). `spinUs`:
-  // how long an idle thread spins before it sleeps (the first caller's value).
+  // how long an idle thread, or a caller waiting for the threads, spins
+  // before it sleeps (the smallest value any caller asked for).
   void ensureThreads(int threads, int spinUs);
   int threads() const { return threads_.load(std::memory_order_relaxed); }
 
