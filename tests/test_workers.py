@@ -20,7 +20,7 @@ def test_worker_counts_exact_and_identical():
     failures = [f for r in results for f in r["failures"]]
     assert not failures, "\n".join(failures[:40])
     for r in results:
-        assert r["cases"] > 150 and r["checks"] == len(WORKER_COUNTS) * r["cases"], (r["cases"], r["checks"])
+        assert r["cases"] > 150 and r["checks"] == len(WORKER_COUNTS) * r["cases"] + 1, (r["cases"], r["checks"])
         # workers=1 never touches the pool; the others hand it slices.
         assert r["slices"][1] == 0, r["slices"]
         assert all(r["slices"][w] > 0 for w in WORKER_COUNTS[1:]), r["slices"]

@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <type_traits>
 
@@ -55,8 +56,9 @@ class WorkerPool {
   size_t run(size_t parts, PartFn fn, void* ctx);
 
   // Splits [0, n) into at most `parts` ranges of about `minLen` or more, with
-  // inner boundaries on multiples of `align`, and runs
-  // body(lo, hi) on each. Returns how many ranges the pool's threads ran.
+  // inner boundaries on multiples of `align`, and runs body(lo, hi) on each.
+  // Returns how many ranges the pool's threads ran. An exception from a range
+  // is rethrown here, once every range has finished.
   template <class Body>
   size_t forRanges(size_t n, size_t align, size_t minLen, int parts, Body&& body) {
     size_t p = std::max<size_t>(1, n / std::max<size_t>(1, minLen));
@@ -69,13 +71,22 @@ class WorkerPool {
     struct Job {
       std::remove_reference_t<Body>* body;
       size_t n, align, parts;
+      std::atomic<bool> failed{false};
+      std::exception_ptr error;  // the first range's exception, written by whoever set `failed`
       size_t bound(size_t i) const { return i == parts ? n : n * i / parts / align * align; }
     } job{&body, n, std::max<size_t>(1, align), p};
-    return run(p, [](void* ctx, size_t i) noexcept {
-      const Job& j = *static_cast<const Job*>(ctx);
+    const size_t ran = run(p, [](void* ctx, size_t i) noexcept {
+      Job& j = *static_cast<Job*>(ctx);
       const size_t lo = j.bound(i), hi = j.bound(i + 1);
-      if (lo < hi) (*j.body)(lo, hi);
+      if (lo >= hi) return;
+      try {
+        (*j.body)(lo, hi);
+      } catch (...) {  // e.g. a kernel refusing a dtype: raised on the caller, as without workers
+        if (!j.failed.exchange(true)) j.error = std::current_exception();
+      }
     }, &job);
+    if (job.error) std::rethrow_exception(job.error);  // run() returned: every range has finished
+    return ran;
   }
 
  private:
