@@ -4,11 +4,13 @@ two), four subgroups with 1, 2, 4 and 8 workers run every dtype/op/size case
 of tests/worker_pool_workers.py, one-shot and two-step over several chunks.
 Results must match float64 / exact references and be the same bits for every
 worker count; the pool's threads must actually have run slices (else the test
-proves nothing about them), and idle threads must sleep, not spin."""
+proves nothing about them), and idle threads must sleep, not spin. The same
+over TCP for the receive-side reductions of ring, rd, rabenseifner and tree
+at 1 and 8 workers."""
 import warnings
 
 from .harness import run_group
-from .worker_pool_workers import CHUNK, ONESHOT_MAX, WORKER_COUNTS
+from .worker_pool_workers import CHUNK, NET_ALGOS, NET_CASES, NET_SIZES, NET_WORKERS, ONESHOT_MAX, WORKER_COUNTS
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -20,7 +22,9 @@ def test_worker_counts_exact_and_identical():
     failures = [f for r in results for f in r["failures"]]
     assert not failures, "\n".join(failures[:40])
     for r in results:
-        assert r["cases"] > 150 and r["checks"] == len(WORKER_COUNTS) * r["cases"] + 1, (r["cases"], r["checks"])
+        net_checks = len(NET_ALGOS) * len(NET_CASES) * len(NET_SIZES) * len(NET_WORKERS)
+        assert r["cases"] > 150 and r["checks"] == len(WORKER_COUNTS) * r["cases"] + 1 + net_checks, \
+            (r["cases"], r["checks"])
         # workers=1 never touches the pool; the others hand it slices.
         assert r["slices"][1] == 0, r["slices"]
         assert all(r["slices"][w] > 0 for w in WORKER_COUNTS[1:]), r["slices"]
@@ -28,3 +32,8 @@ def test_worker_counts_exact_and_identical():
         assert r["worker_threads"] == max(WORKER_COUNTS) - 1, r["worker_threads"]
         # Seven idle threads over 1 s: spinning would cost seconds.
         assert r["idle_cpu"] < 0.05, r["idle_cpu"]
+        assert all(r["net_slices"][f"{algo}/1"] == 0 for algo in NET_ALGOS), r["net_slices"]
+    # Every network algorithm handed its reductions to the pool at 8 workers
+    # (summed: with 3 ranks, rd and rabenseifner fold rank 0 out, and it reduces nothing).
+    for algo in NET_ALGOS:
+        assert sum(r["net_slices"][f"{algo}/8"] for r in results) > 0, [r["net_slices"] for r in results]

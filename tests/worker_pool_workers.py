@@ -3,7 +3,8 @@ group: the shared-memory allreduce (one-shot and two-step) in four subgroups
 that differ only in ROCE_PG_WORKERS (1, 2, 4, 8), against float64 / exact
 references, bit for bit across the worker counts, with the pool's counter
 showing that worker threads ran slices, and the pool's threads idle without
-using CPU."""
+using CPU; then the network algorithms' receive-side reductions over TCP at
+1 and 8 workers."""
 import os
 import time
 
@@ -35,6 +36,16 @@ def sizes(dtype):
     return [0, 1, 7, oneshot - 3, oneshot + 5, 2 * chunk + 1237]
 
 
+# The network algorithms' receive-side reductions (ring, including hier's
+# and reduce-scatter's; tree; recursive doubling and Rabenseifner) over TCP
+# between the same ranks, with 1 and 8 workers.
+NET_ALGOS = ["ring", "rd", "rabenseifner", "tree"]
+NET_WORKERS = [1, 8]
+NET_CASES = [(torch.float32, "SUM"), (torch.float32, "AVG"), (torch.float32, "MAX"), (torch.bfloat16, "SUM"),
+             (torch.int32, "BXOR"), (torch.int32, "PREMUL_SUM")]
+NET_SIZES = [0, 1, 7, 100003]
+
+
 def bits(t):
     return t.view(BITS[t.element_size()]) if t.numel() else t
 
@@ -56,15 +67,54 @@ def _worker_threads():
     return out
 
 
+def _new_group(world, **env):
+    """A subgroup of every rank created with these ROCE_PG_* settings (read at creation)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return dist.new_group(list(range(world)), backend="roce")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+
+
+def _network(ck, rank, world):
+    """Each algorithm forced over TCP at 1 and 8 workers: exact, and the same
+    bits; returns the worker_slices counter per (algorithm, workers)."""
+    import roce_pg
+
+    slices = {}
+    for algo in NET_ALGOS:
+        groups = {w: _new_group(world, ROCE_PG_FORCE_NETWORK="1", ROCE_PG_NET_TRANSPORT="tcp",
+                                ROCE_PG_ALGO_ALLREDUCE=algo, ROCE_PG_WORKERS=str(w)) for w in NET_WORKERS}
+        for dtype, opname in NET_CASES:
+            for numel in NET_SIZES:
+                xs = inputs_for(world, numel, dtype, opname, salt=27)
+                expected = reduce_reference(xs, opname, dtype)
+                first = None
+                for w, g in groups.items():
+                    t = xs[rank].clone()
+                    dist.all_reduce(t, op=make_op(opname, dtype), group=g)
+                    what = f"{algo} workers={w} {dtype} {opname} n={numel}"
+                    if first is None:
+                        ck.close(what, t, expected, dtype)
+                        first = t
+                    else:
+                        ck.same(f"{what}: bits equal to workers=1", bits(t), bits(first))
+        for w, g in groups.items():
+            slices[f"{algo}/{w}"] = roce_pg.counters(g)["worker_slices"]
+            dist.destroy_process_group(g)
+    return slices
+
+
 def run(rank, world, port):
     import roce_pg
 
     ck = Checker(rank)
-    groups = {}
-    for w in WORKER_COUNTS:
-        os.environ["ROCE_PG_WORKERS"] = str(w)
-        groups[w] = dist.new_group(list(range(world)), backend="roce")
-    os.environ.pop("ROCE_PG_WORKERS")
+    groups = {w: _new_group(world, ROCE_PG_WORKERS=str(w)) for w in WORKER_COUNTS}
     for g in groups.values():
         roce_pg.reset_counters(g)
 
@@ -100,6 +150,7 @@ def run(rank, world, port):
     idle_cpu = sum(_worker_threads()) - sum(threads_before)
     for g in groups.values():
         dist.destroy_process_group(g)
+    net_slices = _network(ck, rank, world)
     out = ck.result()
-    out.update(errors=errors, cases=cases, slices=slices, worker_threads=len(threads_before), idle_cpu=idle_cpu)
+    out.update(net_slices=net_slices, errors=errors, cases=cases, slices=slices, worker_threads=len(threads_before), idle_cpu=idle_cpu)
     return out

@@ -41,10 +41,10 @@
 #include "../comm/communicator.hpp"
 #include "../common/bytes.hpp"
 #include "../common/error.hpp"
-#include "../engine/worker_pool.hpp"
 #include "../reduce/reduce.hpp"
 #include "../transport/shm/node_shm.hpp"
 #include "algorithms.hpp"
+#include "on_workers.hpp"
 #include "shm_barrier.hpp"
 
 namespace roce::detail {
@@ -108,20 +108,6 @@ const void** inputsArray(int n, int which = 0) {
   thread_local std::vector<const void*> ins[2];
   if (ins[which].size() < static_cast<size_t>(n)) ins[which].resize(n);
   return ins[which].data();
-}
-
-// A slice is only worth another thread above this size: waking a sleeping
-// worker costs microseconds, copying 16 KiB a fraction of one.
-constexpr size_t kMinSliceBytes = 16u << 10;
-
-// Runs body(lo, hi) over element ranges covering [0, n) on the rank's threads,
-// cut at 64-byte multiples from the start (with an aligned buffer, no two
-// threads write one cache line), and counts the ranges the pool's threads ran.
-template <class Body>
-void onWorkers(Communicator& c, size_t n, size_t esz, Body&& body) {
-  const size_t ran = WorkerPool::process().forRanges(n, std::max<size_t>(1, 64 / esz),
-                                                     std::max<size_t>(1, kMinSliceBytes / esz), c.workers(), body);
-  if (ran) Counters::add(c.counters().workerSlices, ran);
 }
 
 // reduceMany over elements [lo, hi) of `out` and of every input.

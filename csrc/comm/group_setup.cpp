@@ -100,6 +100,14 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
       std::count_if(infos.begin(), infos.end(), [&](const RankInfo& i) { return i.hostId == me.hostId; }));
   const int cpus = me.cpus;
   if (cfg_.workers == 0) cfg_.workers = Config::workersAuto(cpus, onHost);
+  // The pool's threads are created here, on the thread creating the group,
+  // so they inherit its CPU affinity (docs/ARCHITECTURE.md, "Worker
+  // threads"). Spinning between jobs only pays when every thread has a core
+  // of its own; with more threads than CPUs a spinning worker takes the core
+  // a peer rank needs (measured: +20% CPU per GB with 2 ranks x 2 workers on
+  // 2 cores, docs/PERFORMANCE.md).
+  const bool ownCores = cfg_.workers * onHost <= cpus;
+  if (cfg_.workers > 1 && size > 1) WorkerPool::process().ensureThreads(cfg_.workers - 1, ownCores ? cfg_.spinUs : 0);
   cfg_.forceNetwork = roster.forceNetwork;
   endpoints_.resize(size);
   std::vector<uint64_t> nonces;
@@ -130,13 +138,6 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
     nodeShm_ = std::make_unique<NodeShm>(bs, topo_.localRanks, topo_.localIndex, cfg_.shmRingBytes,
                                          cfg_.shmSlotBytes, deadline, timeout_);
     transports_.push_back(std::make_unique<ShmTransport>(rank, size, *nodeShm_, topo_.localRanks));
-    // Created here, on the thread creating the group, so they inherit its CPU
-    // affinity (docs/ARCHITECTURE.md, "Worker threads"). Spinning between
-    // jobs only pays when every thread has a core of its own; with more
-    // threads than CPUs a spinning worker takes the core a peer rank needs
-    // (measured: +20% CPU per GB with 2 ranks x 2 workers on 2 cores).
-    const bool ownCores = cfg_.workers * onHost <= cpus;
-    if (cfg_.workers > 1) WorkerPool::process().ensureThreads(cfg_.workers - 1, ownCores ? cfg_.spinUs : 0);
     for (int r : topo_.localRanks)
       if (r != rank) routes_[r] = transports_.back().get();
   }
