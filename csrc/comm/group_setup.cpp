@@ -99,7 +99,11 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
   const int onHost = static_cast<int>(
       std::count_if(infos.begin(), infos.end(), [&](const RankInfo& i) { return i.hostId == me.hostId; }));
   const int cpus = me.cpus;
-  if (cfg_.workers == 0) cfg_.workers = Config::workersAuto(cpus, onHost);
+  // Auto is resolved once per process, by its first group (normally the
+  // world): a later subgroup with fewer ranks here still shares the machine
+  // with the others, and must not grow the pool past their share.
+  static const int autoWorkers = Config::workersAuto(cpus, onHost);
+  if (cfg_.workers == 0) cfg_.workers = autoWorkers;
   // The pool's threads are created here, on the thread creating the group,
   // so they inherit its CPU affinity (docs/ARCHITECTURE.md, "Worker
   // threads"). Spinning between jobs only pays when every thread has a core
