@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "../common/log.hpp"
 #include "../common/spin.hpp"
 
 namespace roce {
@@ -96,9 +97,17 @@ size_t WorkerPool::run(size_t parts, PartFn fn, void* ctx) {
   const size_t mine = runParts(s, generation);
   auto finished = [&] { return s.done.load(std::memory_order_seq_cst) == parts; };
   const auto spin = std::chrono::nanoseconds(s.spinNs.load(std::memory_order_relaxed));
-  if (!spinFor(finished, spin))
-    while (!s.finished.sleep(finished, 1000000)) {
-    }
+  if (!spinFor(finished, spin)) {
+    // A range takes micro- to milliseconds; a wait of seconds means a worker
+    // that holds a range is not being scheduled (or is stuck): say so once,
+    // with the state a debugger would need, instead of hanging silently.
+    for (long slept = 0; !s.finished.sleep(finished, 1000000); ++slept)
+      if (slept == 10000)
+        ROCE_WARN("worker pool: waited 10 s for ", parts - s.done.load(), " of ", parts,
+                  " ranges that worker threads claimed (job ", generation, ", ", threads(),
+                  " threads); still waiting. A worker thread is not being scheduled or is stuck: "
+                  "attach a debugger to threads named roce-worker");
+  }
   return parts - mine;
 }
 
