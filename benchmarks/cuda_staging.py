@@ -10,7 +10,9 @@ are two, else both on GPU 0. For every size (float32):
 
   roce      busbw of dist.all_reduce on CUDA tensors with roce (staged through
             pinned host memory in ROCE_PG_DEVICE_PIECE_BYTES pieces, reduced
-            on the host; docs/ACCELERATORS.md)
+            on the host: ROCE_PG_DEVICE_REDUCE=host; docs/ACCELERATORS.md)
+  roce-dev  the same with the reductions on the device
+            (ROCE_PG_DEVICE_REDUCE=device, a second roce group in the same run)
   gloo      the same call through Gloo's CUDA path
   copy      the yardstick: per rank, both ranks copying at once, the bytes of
             one device-to-host copy into pinned memory plus one host-to-device
@@ -22,6 +24,7 @@ are two, else both on GPU 0. For every size (float32):
   roce/copy the ratio asked for (goal >= 0.7): with the copies out and back
             overlapped and the host part hidden behind them, busbw tends to
             the one-direction copy rate, i.e. to `copy`
+  dev/copy  roce-dev / copy
   host      busbw of roce's allreduce of CPU tensors of the same size: the
             host part alone (reductions and the shared-memory transport), for
             context: roce cannot beat it on CUDA tensors
@@ -89,11 +92,19 @@ def rank_main(rank, port, args, queue):
 
         torch.accelerator.set_device_index(rank % torch.accelerator.device_count())
         dev = torch.device(args.device, torch.accelerator.current_device_index())
+        # A group reads its ROCE_PG_* settings when it is created: the world
+        # group reduces on the host, a second roce group on the device.
+        os.environ["ROCE_PG_DEVICE_REDUCE"] = "host"
         dist.init_process_group("roce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+        os.environ["ROCE_PG_DEVICE_REDUCE"] = "device"
+        on_device = dist.new_group(backend="roce")
+        os.environ["ROCE_PG_DEVICE_REDUCE"] = "host"
         gloo = dist.new_group(backend="gloo")
         sync = lambda: torch.accelerator.synchronize(dev)  # noqa: E731
         barrier = lambda: dist.barrier(group=gloo)  # noqa: E731  (a host barrier on the side group)
-        backends = (("roce", None), ("gloo", gloo)) if args.device == "cuda" else (("roce", None),)
+        backends = (("roce", None), ("roce-dev", on_device))
+        if args.device == "cuda":
+            backends += (("gloo", gloo),)
         rows = []
         for mib in args.sizes_mib:
             nbytes = mib * MIB
@@ -132,6 +143,7 @@ def rank_main(rank, port, args, queue):
 
             row["duplex"] = 2 * nbytes / timed(duplex, iters, barrier, sync) / 1e9
             row["roce/copy"] = row["roce"] / row["copy"]
+            row["dev/copy"] = row["roce-dev"] / row["copy"]
             host = torch.empty(n)
             t = timed(lambda: dist.all_reduce(host), iters, barrier, lambda: None)
             row["host"] = nbytes / t * 2 * (WORLD - 1) / WORLD / 1e9
@@ -177,13 +189,14 @@ def main():
     print(f"# {info['device']} x{info['gpus']} (rank 0 on {info['rank_device']}, rank 1 on "
           f"{results[1]['info']['rank_device']}), torch {info['torch']}, {WORLD} ranks")
     print(f"# GB/s per rank; the slower rank's figure. roce staging buffers: {info['staging']}")
-    cols = ["MiB", "roce", "gloo", "copy", "duplex", "roce/copy", "host"]
+    cols = ["MiB", "roce", "roce-dev", "gloo", "copy", "duplex", "roce/copy", "dev/copy", "host"]
     print("  ".join(f"{c:>9}" for c in cols))
     merged = []
     for r0, r1 in zip(results[0]["rows"], results[1]["rows"]):
-        row = {c: min(r0[c], r1[c]) for c in cols if c not in ("MiB", "roce/copy")}
+        row = {c: min(r0[c], r1[c]) for c in cols if c not in ("MiB", "roce/copy", "dev/copy")}
         row["MiB"] = r0["MiB"]
         row["roce/copy"] = row["roce"] / row["copy"]
+        row["dev/copy"] = row["roce-dev"] / row["copy"]
         merged.append(row)
         print("  ".join(f"{row[c]:>9.3f}" if isinstance(row[c], float) else f"{row[c]:>9}" for c in cols))
     if args.json:

@@ -115,7 +115,8 @@ def _running_doctor():
 if not _running_doctor():
     _load_extension()
 
-__all__ = ["register", "rdma_ports", "build_info", "counters", "reset_counters", "device_staging_stats",
+__all__ = ["register", "rdma_ports", "build_info", "counters", "reset_counters", "straggler_report",
+           "device_staging_stats",
            "trace", "dump_trace", "BACKEND_NAME"]
 
 BACKEND_NAME = "roce"
@@ -220,14 +221,61 @@ def counters(group=None):
     bytes_zero_copy (verbs: payload the NIC read from / wrote into the user's
     buffer directly, counted by the sender), registrations (verbs: ibv_reg_mr
     calls of the registration cache), eager_sends (verbs: messages of at most
-    ROCE_PG_IB_EAGER_MAX_BYTES sent without waiting for the receiver's RTR), worker_slices (slices of
-    local copies and reductions that worker-pool threads ran, not the calling thread; ROCE_PG_WORKERS).
-    Monotonic until reset_counters(), except
+    ROCE_PG_IB_EAGER_MAX_BYTES sent without waiting for the receiver's RTR), bytes_reduced_on_device (device
+    tensors: staged rows reduced on their device, ROCE_PG_DEVICE_REDUCE), worker_slices (slices of local copies
+    and reductions that worker-pool threads ran, not the calling thread; ROCE_PG_WORKERS). Monotonic until
+    reset_counters(), except
     three gauges: cached_mrs (the memory registrations the verbs cache holds now), connections (network peers
     connected: TCP sockets, or verbs peers with queue pairs; peers are connected when first needed) and
     registered_bytes (what the verbs transport registered for its own buffers: landing and staging pools and
     control rings, not user tensors)."""
     return _roce_backend(group)._counters()
+
+
+def straggler_report(group=None, reset=True):
+    """Who keeps the others waiting, while nothing fails. Collective: every rank
+    of `group` (default: the world group) calls it. Each rank counts the time
+    it spends inside collectives (start to end, counters collective_ns and
+    collectives_timed); a rank that arrives late spends little time inside,
+    because the others are already there, and the ranks it keeps waiting spend
+    much. Over the window since the counters were last reset, returns a dict:
+    "ranks" (per rank: inside_s, window_s, collectives, inside_share,
+    wait_ms_per_collective), "straggler" (the rank whose share inside is less
+    than half the others' median and who costs them at least 0.1 ms per
+    collective, else None) and "text" (one line). reset=True starts a new
+    window afterwards (on every rank)."""
+    group = dist.group.WORLD if group is None else group
+    backend = _roce_backend(group, caller="roce_pg.straggler_report")
+    c = backend._counters()
+    mine = torch.tensor([c["collective_ns"], c["window_ns"], c["collectives_timed"]], dtype=torch.int64)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine, group=group)
+    if reset:
+        backend._reset_counters()
+    ranks = []
+    for r, (inside, window, n) in enumerate(t.tolist() for t in every):
+        ranks.append({"rank": r, "inside_s": inside / 1e9, "window_s": window / 1e9, "collectives": n,
+                      "inside_share": inside / window if window else 0.0,
+                      "wait_ms_per_collective": inside / n / 1e6 if n else 0.0})
+    return {"ranks": ranks, **_judge_stragglers(ranks)}
+
+
+def _judge_stragglers(ranks):
+    if len(ranks) < 2 or not all(r["collectives"] for r in ranks):
+        return {"straggler": None, "text": "no straggler: too few ranks or collectives in the window"}
+    low = min(ranks, key=lambda r: r["inside_share"])
+    others = sorted(r["inside_share"] for r in ranks if r is not low)
+    median = others[len(others) // 2]
+    others_wait = sorted(r["wait_ms_per_collective"] for r in ranks if r is not low)[len(others) // 2]
+    cost_ms = others_wait - low["wait_ms_per_collective"]
+    if low["inside_share"] < 0.5 * median and cost_ms >= 0.1:
+        return {"straggler": low["rank"],
+                "text": f"rank {low['rank']} keeps the others waiting: it spends {100 * low['inside_share']:.0f}% "
+                        f"of the last {low['window_s']:.1f} s inside collectives, the others "
+                        f"{100 * median:.0f}% (median), {cost_ms:.2f} ms more per collective"}
+    return {"straggler": None,
+            "text": f"no straggler: every rank spends a similar share of its time inside collectives "
+                    f"({100 * low['inside_share']:.0f}% to {100 * max(r['inside_share'] for r in ranks):.0f}%)"}
 
 
 def reset_counters(group=None):

@@ -3,6 +3,8 @@ between machines, and says how to fix what is wrong.
 
     python -m roce_pg.doctor                  # this machine
     python -m roce_pg.doctor --json out.json  # also as JSON ('-' for stdout)
+    python -m roce_pg.doctor trace DIR        # a job's flight-recorder dumps: first
+                                              # divergence, stragglers, slowest ops
     torchrun --nnodes N --nproc_per_node 1 ... -m roce_pg.doctor
                                               # every machine, plus reachability,
                                               # latency and bandwidth between every
@@ -61,6 +63,11 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["trace"]:
+        from . import _doctor_trace
+
+        return _doctor_trace.main(argv[1:])
     args = parse_args(argv)
     if args.root != "/" and not os.path.isdir(args.root):
         print(f"--root {args.root}: not a directory", file=sys.stderr)

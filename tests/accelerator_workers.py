@@ -431,3 +431,36 @@ def _cache_stays_bounded(ck, acc, world, roce_pg):
     for _ in range(10):
         dist.all_reduce(torch.ones(4096, device=acc.device))
     return {"after_loop": after_loop, "after_repeats": stats()}
+
+
+# --- reductions on the device (ROCE_PG_DEVICE_REDUCE=device) --------------------
+
+
+def device_reductions(rank, world, port, kind):
+    """Every reduction of tests/matrix.py with the arithmetic on the device; the
+    counter proves the device path ran, and every rank holds the same bits."""
+    import roce_pg
+
+    from . import matrix as cpu_matrix
+
+    acc = Accel(kind, rank)
+    roce_pg.reset_counters()
+    result = cpu_matrix.run(rank, world, port, parts=("reductions", "coalesced"), device=str(acc.device),
+                            sizes=[0, 1, 7, 1000, 4099])
+    ck = Checker(rank)
+    ck.checks, ck.failures = result["checks"], result["failures"]
+    reduced = roce_pg.counters()["bytes_reduced_on_device"]
+    ck.true("bytes were reduced on the device", reduced > 0)
+    # Each slice is reduced once, by its owner: float sums in a different order
+    # on different ranks would differ in the last bits; these must not.
+    g = torch.Generator().manual_seed(rank)
+    t = torch.randn(100_003, generator=g).to(acc.device)
+    dist.all_reduce(t)
+    mine = t.cpu()
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    for r in range(world):
+        ck.true(f"rank {r}'s allreduce result has the same bits as rank 0's", torch.equal(every[r], every[0]))
+    report = ck.result()
+    report["bytes_reduced_on_device"] = reduced
+    return report

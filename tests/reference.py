@@ -170,14 +170,24 @@ class Checker:
             else:
                 assert got.dtype == expected.dtype, f"dtype {got.dtype} != {expected.dtype}"
                 if not torch.equal(got, expected):
-                    bad = (got != expected).nonzero()
+                    if got.shape != expected.shape:
+                        raise AssertionError(f"shape {tuple(got.shape)} != {tuple(expected.shape)}")
+                    flat_got, flat_expected = got.reshape(-1), expected.reshape(-1)  # 0-dim tensors too
+                    bad = (flat_got != flat_expected).nonzero()
                     i = int(bad[0][0])
-                    raise AssertionError(f"{len(bad)} elements differ, first at {i}: got {got[i]} expected {expected[i]}")
+                    raise AssertionError(f"{len(bad)} elements differ, first at flat index {i}: "
+                                         f"got {flat_got[i]} expected {flat_expected[i]}")
         except AssertionError as e:
             if len(self.failures) < 50:
                 self.failures.append(f"rank {self.rank}: {what}: {str(e)[:400]}")
             else:
                 self.failures.append("...")
+
+    def true(self, what, ok):
+        """A condition that is not a comparison of values."""
+        self.checks += 1
+        if not ok and len(self.failures) <= 50:
+            self.failures.append(f"rank {self.rank}: {what}: not so")
 
     def same(self, what, got, expected):
         self.close(what, got, expected, got.dtype)

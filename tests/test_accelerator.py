@@ -90,3 +90,37 @@ def test_one_group_for_cpu_and_device(kind, tmp_path):
         assert repeats["allocations"] - loop["allocations"] <= 2, r["cache"]
         assert repeats["reuses"] - loop["reuses"] >= 8, r["cache"]
         assert loop["pinned"], r["cache"]
+
+
+@pytest.mark.parametrize("layout", ["shm2", "shm3", "net3"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_device_reductions(kind, layout):
+    """ROCE_PG_DEVICE_REDUCE=device: every reduce op and dtype of the matrix
+    with the arithmetic on the device (docs/ACCELERATORS.md), exact for
+    integers, within the host path's tolerances for floats."""
+    results = _group(kind, "device_reductions", layout, env={"ROCE_PG_DEVICE_REDUCE": "device"},
+                     kwargs={"kind": kind})
+    _no_failures(results)
+    assert all(r["checks"] > 500 for r in results), [r["checks"] for r in results]
+    assert all(r["bytes_reduced_on_device"] > 0 for r in results), results
+
+
+def test_staged_reduce_plan():
+    """The cost model behind ROCE_PG_DEVICE_REDUCE=auto, with the default
+    constants: the host keeps small pieces (the device's round trip costs more
+    than the reduction), and the device takes large pieces among many ranks
+    of one machine, where the host's reduction work grows and the device's
+    PCIe bytes do not."""
+    import roce_pg._C as C
+
+    small = C._staged_reduce_plan(2, 1, True, 4096)
+    assert small["where"] == "host", small
+    large = C._staged_reduce_plan(8, 1, True, 4 << 20)
+    assert large["where"] == "device", large
+    for ranks, machines, shm in ((2, 1, True), (8, 1, True), (4, 4, False), (16, 2, False)):
+        for size in (4096, 1 << 20, 4 << 20, 64 << 20):
+            plan = C._staged_reduce_plan(ranks, machines, shm, size)
+            assert plan["host_us"] > 0 and plan["device_us"] > 0, plan
+            assert plan["where"] == ("device" if plan["device_us"] < plan["host_us"] else "host"), plan
+    with pytest.raises(ValueError):
+        C._staged_reduce_plan(1, 1, True, 4096)

@@ -438,3 +438,71 @@ def test_import_of_a_build_for_another_torch_names_the_torch_it_needs(tmp_path):
                        timeout=120, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
     assert "roce_pg build" in p.stdout and "built for torch 2.3.1+cu121" in p.stdout, p.stdout + p.stderr
     assert p.returncode == 1
+
+
+# --- python -m roce_pg.doctor trace DIR ------------------------------------------
+
+
+def _entry(seq, op="all_reduce", n=8, created_ns=0, ms=0.1, state="completed", error=None):
+    return {"collective_seq_id": seq, "is_p2p": False, "profiling_name": f"roce:{op}", "input_sizes": [[n]],
+            "input_dtypes": ["Float"], "time_created_ns": created_ns, "duration_ms": ms, "state": state,
+            "algorithm": "ring", "error": error}
+
+
+def _write_dumps(tmp_path, entries_by_rank, members):
+    for rank, entries in entries_by_rank.items():
+        dump = {"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": str(members)}},
+                "entries": entries}
+        (tmp_path / f"roce_trace_{rank}_0.json").write_text(json.dumps(dump))
+
+
+def _trace_report(tmp_path):
+    import io
+
+    from roce_pg import _doctor_trace
+
+    out = io.StringIO()
+    code = _doctor_trace.report(str(tmp_path), out=out)
+    return code, out.getvalue()
+
+
+def test_trace_reader_finds_the_first_divergent_collective(tmp_path):
+    ok = [_entry(s, created_ns=s * 10**6) for s in (1, 2, 3, 4)]
+    odd = ok[:2] + [_entry(3, op="broadcast", created_ns=3 * 10**6), ok[3]]
+    _write_dumps(tmp_path, {0: ok, 1: odd, 2: ok}, [0, 1, 2])
+    code, text = _trace_report(tmp_path)
+    assert code == 1, text
+    assert ("first divergence: collective #3 differs: ranks 0, 2 called all_reduce [[8]] Float; "
+            "rank 1 called broadcast [[8]] Float") in text, text
+
+
+def test_trace_reader_names_the_rank_that_stopped_and_the_straggler(tmp_path):
+    # Ranks 0 and 1 entered #4 and failed in it; rank 2 stopped after #3, and
+    # issued every earlier collective 5 ms after the others.
+    def rank_entries(rank):
+        lag = 5 * 10**6 if rank == 2 else 0
+        es = [_entry(s, created_ns=s * 10**9 + lag) for s in (1, 2, 3)]
+        if rank != 2:
+            es.append(_entry(4, created_ns=4 * 10**9, ms=None, state="started", error="roce: timed out"))
+        return es
+
+    _write_dumps(tmp_path, {r: rank_entries(r) for r in range(3)}, [0, 1, 2, 3])
+    code, text = _trace_report(tmp_path)
+    assert code == 1, text
+    assert "no dump from rank 3" in text, text
+    assert ("collective #4 (all_reduce [[8]] Float) was entered by ranks 0, 1 but not by others: rank 2 last "
+            "recorded #3 (all_reduce [[8]] Float, completed)") in text, text
+    assert "rank 0: #4 failed (rank 1 alike): roce: timed out" in text, text
+    assert "rank 2: last in 3 (100%), on average 5.000 ms after the first" in text, text
+
+
+def test_trace_reader_agreeing_dumps_and_an_empty_directory(tmp_path):
+    same = [_entry(s, created_ns=s) for s in (1, 2)]
+    _write_dumps(tmp_path, {0: same, 1: same}, [0, 1])
+    code, text = _trace_report(tmp_path)
+    assert code == 0 and "first divergence: none" in text, text
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    p = subprocess.run([sys.executable, "-m", "roce_pg.doctor", "trace", str(empty)], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "no dumps" in p.stdout, p.stdout + p.stderr

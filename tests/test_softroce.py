@@ -195,6 +195,14 @@ def test_subgroups_over_verbs_release_their_resources(one_vm):
         assert r["after"]["fds"] <= r["before"]["fds"], r
 
 
+def test_every_waiting_rank_names_the_hung_rank_over_verbs(one_vm):
+    """Issue 28: rank 2 of 8 alive but no longer calling; the others' timeout
+    errors all carry the same verdict, exchanged over the lifelines."""
+    from .test_verdict import check_verdicts
+
+    check_verdicts(_group(one_vm, "verdict/verbs8")["results"], 8, 2, 10)
+
+
 def test_timeouts_abort_and_size_mismatch_over_verbs(one_vm):
     skipped = _group(one_vm, "skipped_collective/verbs2")["results"][0]
     assert skipped["elapsed"] < 10, skipped  # group timeout 3 s

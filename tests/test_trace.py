@@ -34,3 +34,9 @@ def test_trace_records_every_op_and_feeds_torch_flight_recorder(tmp_path):
     assert db.collectives and all(c.pass_check for c in db.collectives), db.collectives
     assert {c.collective_name for c in db.collectives} >= {"roce:all_reduce", "roce:_reduce_scatter_base",
                                                           "roce:all_to_all_single", "roce:barrier"}
+    # roce's own reader of the dumps written at the failure names the failed
+    # operation and its reason (exit 1: something went wrong in that group).
+    p = subprocess.run([sys.executable, "-m", "roce_pg.doctor", "trace", str(tmp_path), "--prefix", "on_failure_"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "#2 failed" in p.stdout and "timed out" in p.stdout, p.stdout

@@ -295,4 +295,26 @@ Choice planAllreduce(const Config& cfg, const Shape& group, size_t bytes) {
   return ch;
 }
 
+double costStagedHostReduce(const Config& cfg, const Shape& s, size_t bytes, bool sharedMemory) {
+  const CostConstants k(cfg);
+  const double n = static_cast<double>(bytes), share = (s.ranks - 1.0) / s.ranks;
+  // shm_allreduce.cpp's two-step: (p-1)/p of the piece copied into the slots
+  // and as much out again, the own slice reduced from p inputs.
+  if (sharedMemory) return 2 * k.shmAlpha + share * n * (2 * k.shmBeta + k.gamma);
+  const Choice ch = planAllreduce(cfg, s, bytes);
+  double best = std::numeric_limits<double>::infinity();
+  for (double e : ch.estimate)
+    if (!std::isnan(e)) best = std::min(best, e);
+  return best;
+}
+
+double costStagedDeviceReduce(const Config& cfg, const Shape& s, size_t bytes, bool sharedMemory) {
+  const CostConstants k(cfg);
+  const double n = static_cast<double>(bytes), share = (s.ranks - 1.0) / s.ranks;
+  const double alpha = sharedMemory ? k.shmAlpha : k.netAlpha, beta = sharedMemory ? k.shmBeta : k.netBeta;
+  const double exchange = (s.ranks - 1) * alpha + share * n * beta;  // alltoallv: p-1 messages, flat
+  const double pcie = (n + n / s.ranks) / (kDevicePcieGBps * 1e9);   // p rows in, one slice out
+  return 2 * exchange + pcie + kDeviceRoundTripUs * 1e-6;
+}
+
 }  // namespace roce

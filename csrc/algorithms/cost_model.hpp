@@ -73,6 +73,19 @@ struct Choice {
 const char* candidateName(int candidate);
 // Allreduce over the whole group (not forced, not on one machine's shared memory).
 Choice planAllreduce(const Config& cfg, const Shape& group, size_t bytes);
+// Staged device tensors (csrc/torch/device_reduce.hpp): estimated seconds of
+// one piece of `bytes` per rank whose reduction runs on the host (the
+// allreduce the group would run: shared memory on one machine, else the
+// plan above) or on the device (two flat exchanges of (p-1)/p of the piece,
+// plus the piece's rows to the device and the reduced slice back, over PCIe
+// at kDevicePcieGBps, plus kDeviceRoundTripUs for the launches and the
+// event). The copies every staged piece makes anyway (out once, back once)
+// are common to both and left out.
+constexpr double kDevicePcieGBps = 25;    // PCIe 4.0 x16, one direction
+constexpr double kDeviceRoundTripUs = 20; // launches, an event, the progress thread's first poll
+double costStagedHostReduce(const Config& cfg, const Shape& s, size_t bytes, bool sharedMemory);
+double costStagedDeviceReduce(const Config& cfg, const Shape& s, size_t bytes, bool sharedMemory);
+
 // The allreduce of hier's shard among the machines: the one
 // ROCE_PG_ALGO_ALLREDUCE_ACROSS forces, else any flat algorithm when the
 // phases run in sequence, a ring or a tree when they overlap (those two

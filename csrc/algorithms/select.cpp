@@ -121,6 +121,15 @@ Algo chooseAllreduce(Communicator& c, size_t bytes) {
   return announce(c, kAllreduce, ch.algo, bytes, [&] { return explain(ch); });
 }
 
+bool reduceStagedOnDevice(const Communicator& c, size_t bytes) {
+  const Config& cfg = c.config();
+  if (c.size() < 2 || cfg.deviceReduce == "host") return false;
+  if (cfg.deviceReduce == "device") return true;
+  const Shape g = groupShape(c);
+  const bool shm = c.nodeShm() != nullptr;
+  return costStagedDeviceReduce(cfg, g, bytes, shm) < costStagedHostReduce(cfg, g, bytes, shm);
+}
+
 Algo chooseAcross(Communicator& c, size_t bytes, bool overlapped) {
   const Choice ch = planAcross(c.config(), groupShape(c), bytes, overlapped);
   return announce(c, kAllreduceAcross, ch.algo, bytes, [&] { return explain(ch); });

@@ -47,6 +47,12 @@ Algo chooseBroadcast(Communicator& c, size_t bytes);
 // from which one ring is worth its latency).
 int channelsFor(const Communicator& c, size_t bytes);
 
+// Staged device tensors: whether the reductions of a piece of `bytes` per
+// rank run on the device (ROCE_PG_DEVICE_REDUCE=device, or auto where the cost
+// model's costStagedDeviceReduce beats costStagedHostReduce). A pure function
+// of the configuration, the group's shape and the size: every rank decides alike.
+bool reduceStagedOnDevice(const Communicator& c, size_t bytes);
+
 // True when the hierarchical algorithms apply: several machines, each with
 // the same number (> 1) of the group's ranks.
 bool hierApplies(const Communicator& c);

@@ -24,6 +24,7 @@
 #include "../common/helper_thread.hpp"
 #include "../common/wakeup.hpp"
 #include "../transport/transport.hpp"
+#include "op_progress.hpp"
 #include "topology.hpp"
 #include "../transport/tcp/tcp_connect.hpp"
 
@@ -54,6 +55,13 @@ class Communicator {
   const char* transportName(int peer) const;
   // Traffic statistics; safe to read from any thread.
   Counters& counters() { return counters_; }
+  // What this rank last issued, started and ended; safe from any thread.
+  OpProgress& opProgress() { return progress_; }
+  // At a failure: every rank's state, collected over the lifelines (at most
+  // kVerdictWait), as one verdict naming who is behind (verdict.hpp); empty
+  // without lifelines. Every rank gets the same text.
+  std::string verdict();
+  static constexpr std::chrono::milliseconds kVerdictWait{2000};
 
   // --- per-operation context -------------------------------------------------
   // Names the running operation in error messages and sets its deadline.
@@ -233,6 +241,7 @@ class Communicator {
   std::vector<Transport*> routes_;  // per peer; null for self
   std::vector<bool> viaShm_;        // per peer: served by shared memory (for the counters)
   Counters counters_;
+  OpProgress progress_;  // before lifeline_: its thread reads this until it is joined
   std::vector<Request*> anySource_;
   Wakeup wakeup_;
   std::vector<pollfd> waitFds_;  // reused by blockUntilActivity

@@ -212,6 +212,7 @@ void Communicator::connectLifelines(TcpAcceptor& acceptor, const std::vector<Tcp
   for (auto& l : links) tuneSocket(l.fd);
   lifeline_ = std::make_unique<Lifeline>(rank(), hostNames_[rank()], std::move(links), cfg_.heartbeatTimeoutMs,
                                          [this](const std::string& why) { onPeerFailure(why); });
+  lifeline_->setStateProvider([this] { return progress_.snapshot(); });
 }
 
 void Communicator::connectAll(const std::vector<bool>& viaNet, Clock::time_point deadline) {

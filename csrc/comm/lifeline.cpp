@@ -18,8 +18,12 @@ namespace {
 
 constexpr uint32_t kRecordMagic = 0x4c494645;  // "LIFE"
 constexpr size_t kMaxText = 4096;
-constexpr size_t kMaxQueued = 64 * 1024;  // a neighbour this far behind is hung anyway
-enum RecordType : uint16_t { kHeartbeat = 1, kBye = 2, kFail = 3 };
+// A neighbour this far behind is hung anyway; room for every rank's state
+// record (~150 bytes each) of a few thousand ranks passing through.
+constexpr size_t kMaxQueued = 1 << 20;
+// kState: "<rank> <OpProgress snapshot>", sent once by every rank when some
+// rank asks (collectStates), forwarded around the ring like a failure notice.
+enum RecordType : uint16_t { kHeartbeat = 1, kBye = 2, kFail = 3, kState = 4 };
 
 struct RecordHeader {
   uint32_t magic;
@@ -75,6 +79,7 @@ void Lifeline::stopThread() {
     uint64_t one = 1;
     (void)!write(wakeFd_, &one, sizeof(one));
   }
+  statesCv_.notify_all();
   if (thread_.joinable()) thread_.join();
   for (auto& p : peers_)
     if (p.fd >= 0) close(p.fd), p.fd = -1;
@@ -127,6 +132,59 @@ void Lifeline::failWith(const std::string& why, int exceptLink) {
     if (static_cast<int>(i) != exceptLink) sendRecord(peers_[i], kFail, why);
 }
 
+void Lifeline::setStateProvider(std::function<std::string()> provider) {
+  std::lock_guard<std::mutex> g(mu_);
+  stateOf_ = std::move(provider);
+}
+
+void Lifeline::sendOwnStateOnce() {
+  std::string record;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (stateSent_ || !stateOf_) return;
+    stateSent_ = true;
+    const std::string mine = stateOf_();
+    states_[rank_] = mine;
+    record = str(rank_, " ", mine);
+  }
+  statesCv_.notify_all();
+  for (auto& p : peers_) sendRecord(p, kState, record);
+}
+
+void Lifeline::receiveState(const std::string& record, int fromLink) {
+  const auto space = record.find(' ');
+  int rank = -1;
+  try {
+    rank = std::stoi(record.substr(0, space));
+  } catch (const std::exception&) {
+    return;  // not ours to judge: the verdict lists the rank as silent
+  }
+  bool fresh;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    fresh = states_.emplace(rank, space == std::string::npos ? "" : record.substr(space + 1)).second;
+  }
+  if (!fresh) return;
+  statesCv_.notify_all();
+  // Someone asked: answer with this rank's own state, then pass theirs on
+  // (the ring carries it both ways, around a dead rank too).
+  sendOwnStateOnce();
+  for (size_t k = 0; k < peers_.size(); ++k)
+    if (static_cast<int>(k) != fromLink) sendRecord(peers_[k], kState, record);
+}
+
+std::map<int, std::string> Lifeline::collectStates(int groupSize, Clock::time_point deadline) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stateWanted_ = true;
+  }
+  uint64_t one = 1;
+  (void)!write(wakeFd_, &one, sizeof(one));
+  std::unique_lock<std::mutex> g(mu_);
+  statesCv_.wait_until(g, deadline, [&] { return states_.size() >= static_cast<size_t>(groupSize) || stop_; });
+  return states_;
+}
+
 void Lifeline::readFrom(size_t i) {
   Peer& p = peers_[i];
   char buf[4096];
@@ -163,7 +221,7 @@ bool Lifeline::parseRecords(size_t i) {
   while (p.inbuf.size() >= sizeof(RecordHeader)) {
     RecordHeader h;
     std::memcpy(&h, p.inbuf.data(), sizeof(h));
-    if (h.magic != kRecordMagic || h.len > kMaxText || h.type < kHeartbeat || h.type > kFail) {
+    if (h.magic != kRecordMagic || h.len > kMaxText || h.type < kHeartbeat || h.type > kState) {
       p.open = false;
       failWith(str("rank ", p.rank, " (host ", p.host, ") sent a corrupted lifeline record to rank ", rank_,
                    " (mixed roce_pg versions?)"),
@@ -179,6 +237,8 @@ bool Lifeline::parseRecords(size_t i) {
       departed_.push_back(p.rank);
     } else if (h.type == kFail) {
       failWith(text, static_cast<int>(i));
+    } else if (h.type == kState) {
+      receiveState(text, static_cast<int>(i));
     }
   }
   return true;
@@ -201,6 +261,12 @@ void Lifeline::run() {
     }
     if (!announce.empty())
       for (auto& p : peers_) sendRecord(p, kFail, announce);
+    bool wanted;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      wanted = stateWanted_;
+    }
+    if (wanted) sendOwnStateOnce();
     if (stop) {
       // Last words: BYE on an orderly exit, otherwise a failure notice so that
       // neighbours still waiting for this rank stop at once.

@@ -14,16 +14,24 @@
 //   * a failure noticed anywhere (these, or a rank's own timeout or mismatch) is
 //     forwarded around the ring in both directions as a FAIL notice, so every
 //     rank learns it within a few hops' latency even when the store is gone
-//     (rank 0 often hosts it) — a killed rank cuts the ring only at itself.
+//     (rank 0 often hosts it) — a killed rank cuts the ring only at itself;
+//   * when an operation times out, its rank asks every rank for its state
+//     (collectStates): each answers once with what it last issued, started
+//     and ended (OpProgress), forwarded the same way, so every rank can name
+//     the same culprit (verdict.hpp).
 // A rank leaving on purpose (shutdown) says BYE first; its EOF is then no failure.
 #pragma once
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "../common/backoff.hpp"
 
 namespace roce {
 
@@ -48,6 +56,14 @@ class Lifeline {
   void leave();
   // Ranks that said BYE (left on purpose), thread-safe.
   bool departed(int peer) const;
+  // What this rank answers when asked for its state (OpProgress::snapshot).
+  // Set before any operation runs; called on the lifeline thread.
+  void setStateProvider(std::function<std::string()> provider);
+  // Asks every rank for its state and waits until all `groupSize` answered or
+  // `deadline` passed; returns what arrived (group rank -> snapshot), this
+  // rank's own included. Thread-safe; every rank answers once per group, so
+  // later calls return the same states.
+  std::map<int, std::string> collectStates(int groupSize, Clock::time_point deadline);
 
  private:
   struct Peer;
@@ -56,6 +72,8 @@ class Lifeline {
   void sendRecord(Peer& p, uint16_t type, const std::string& text);
   void readFrom(size_t i);
   bool parseRecords(size_t i);  // false: a corrupted record failed the link
+  void sendOwnStateOnce();
+  void receiveState(const std::string& record, int fromLink);
   void stopThread();
 
   const int rank_;
@@ -67,6 +85,11 @@ class Lifeline {
   std::thread thread_;
   mutable std::mutex mu_;
   std::string outgoing_;  // failure to announce (set once)
+  std::function<std::string()> stateOf_;
+  std::map<int, std::string> states_;  // collected: group rank -> snapshot
+  bool stateWanted_ = false;           // collectStates() asked
+  bool stateSent_ = false;             // this rank answered (once per group)
+  std::condition_variable statesCv_;
   bool failed_ = false;   // a failure was seen or announced: nothing more travels
   bool stop_ = false, leaving_ = false;
   std::vector<int> departed_;

@@ -10,6 +10,8 @@
 #include "../common/spin.hpp"
 #include "communicator.hpp"
 #include "connection_manager.hpp"
+#include "lifeline.hpp"
+#include "verdict.hpp"
 
 namespace roce {
 
@@ -21,9 +23,11 @@ void Communicator::checkDeadline(const std::function<std::string()>& waitingFor)
   if (peerFailed_.load(std::memory_order_relaxed)) throwIfPeerFailed(opName());  // names only when needed
   if (Clock::now() >= deadline_) {
     auto total = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count();
+    const std::string v = verdict();
     throwTimeout(str(opName(), " on rank ", rank(), " timed out (group timeout ", total, " ms) waiting for ",
                      waitingFor(), ". That rank may have crashed, hung, or called a different "
-                     "collective (every rank must issue the same collectives in the same order)"));
+                     "collective (every rank must issue the same collectives in the same order)",
+                     v.empty() ? "" : str(". Verdict from every rank's last collective: ", v)));
   }
 }
 
@@ -34,7 +38,14 @@ void Communicator::throwIfPeerFailed(const std::string& what) {
     std::lock_guard<std::mutex> g(abortMu_);
     if (Clock::now() - peerFailedAt_ >= kPeerFailureGrace) why = peerFailure_;
   }
+  // A rank that timed out put its verdict into the notice, so this error
+  // names the same culprit; a dead rank is named by the notice itself.
   if (!why.empty()) throwComm(str(what, " on rank ", rank(), " stopped: ", why));
+}
+
+std::string Communicator::verdict() {
+  if (!lifeline_ || size() < 2) return "";
+  return formatVerdict(lifeline_->collectStates(size(), Clock::now() + kVerdictWait), size());
 }
 
 void Communicator::checkHealth() {

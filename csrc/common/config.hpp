@@ -120,6 +120,11 @@ struct Config {
   // way) stays small against a DDP bucket's copies (25 MiB: ~1 ms each way).
   // Every rank must use the same value (it decides the messages).
   size_t devicePieceBytes = 4u << 20;    // ROCE_PG_DEVICE_PIECE_BYTES
+  // Where reductions of staged device tensors run (csrc/torch/device_reduce.hpp):
+  // "host" (roce's host kernels), "device" (ATen ops on the device, the host
+  // only moves bytes) or "auto" (the cost model, per call). Every rank must
+  // use the same value (the two send different messages).
+  std::string deviceReduce = "auto";     // ROCE_PG_DEVICE_REDUCE
   // Most bytes of pinned host staging buffers a group keeps for reuse while no
   // operation uses them; beyond it, released buffers go back to the device's
   // host allocator once their copies are done. 512 MiB: twenty DDP buckets, or

@@ -4,6 +4,7 @@
 // put on which transport; benchmarks to report bytes per rank.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 
 namespace roce {
@@ -19,7 +20,15 @@ struct Counters {
   std::atomic<uint64_t> bytesZeroCopy{0}; // payload bytes the NIC moved straight from/into user buffers (verbs)
   std::atomic<uint64_t> registrations{0}; // ibv_reg_mr calls of the verbs registration cache
   std::atomic<uint64_t> eagerSends{0};    // verbs messages sent eagerly (no RTR round trip)
+  std::atomic<uint64_t> bytesReducedOnDevice{0};  // staged bytes reduced on their device (ROCE_PG_DEVICE_REDUCE)
   std::atomic<uint64_t> workerSlices{0};  // slices of local copies/reductions run by worker-pool threads
+  // Time inside collectives (start to end on the thread that ran them) and
+  // their count: a rank that keeps the others waiting spends little time
+  // inside, the ones it keeps waiting much (roce_pg.straggler_report()).
+  std::atomic<uint64_t> collectiveNs{0};
+  std::atomic<uint64_t> collectivesTimed{0};
+  // When the counters were last reset (steady clock, ns): the window they cover.
+  std::atomic<int64_t> resetAtNs{steadyNs()};
   // Gauges, not reset:
   std::atomic<uint64_t> cachedMrs{0};        // memory registrations the verbs cache holds right now
   std::atomic<uint64_t> connections{0};      // network peers connected (TCP socket, or verbs queue pairs)
@@ -27,10 +36,16 @@ struct Counters {
                                              // (landing and staging pools, control rings; not user tensors)
 
   static void add(std::atomic<uint64_t>& c, uint64_t n) { c.fetch_add(n, std::memory_order_relaxed); }
+  static int64_t steadyNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
   void reset() {
     for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends, &blockedWaits, &inlineOps,
-                    &bytesZeroCopy, &registrations, &eagerSends, &workerSlices})
+                    &bytesZeroCopy, &registrations, &eagerSends, &bytesReducedOnDevice, &collectiveNs, &collectivesTimed,
+                    &workerSlices})
       c->store(0, std::memory_order_relaxed);
+    resetAtNs.store(steadyNs(), std::memory_order_relaxed);
   }
 };
 

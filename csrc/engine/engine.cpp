@@ -77,6 +77,13 @@ void Engine::settle(std::exception_ptr e) {
 
 void Engine::recordEnd(Task& t, std::exception_ptr e, bool broke) {
   t.endNs = TraceRing::nowNs();
+  if (t.collectiveSeq) {
+    comm_->opProgress().ended(t.collectiveSeq, t.collectiveOp);
+    if (t.startNs > 0 && t.endNs > t.startNs) {
+      Counters::add(comm_->counters().collectiveNs, static_cast<uint64_t>(t.endNs - t.startNs));
+      Counters::add(comm_->counters().collectivesTimed, 1);
+    }
+  }
   if (!e) {
     trace_.finished(t.tracePos, t.endNs, t.algo, nullptr);
     return;
@@ -116,6 +123,7 @@ std::exception_ptr Engine::execute(Task& t, bool& finished, bool inlined) {
     t.deadline = now + t.timeout;
     t.startNs = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
     trace_.started(t.tracePos, t.startNs, inlined);
+    if (t.collectiveSeq) comm_->opProgress().started(t.collectiveSeq, t.collectiveOp);
     comm_->lastAlgo = nullptr;
     comm_->beginOperation(t, t.deadline);
     finished = t.start(*comm_);

@@ -44,6 +44,10 @@ class Task : public Describable {
   // learns while running it: when it started and ended (TraceRing::nowNs; set
   // before complete(), which hands them to the Work) and the algorithm used.
   uint64_t tracePos = 0;
+  // Collectives: the group's sequence number and name (a string literal),
+  // for the rank's OpProgress; 0 for point-to-point operations.
+  uint64_t collectiveSeq = 0;
+  const char* collectiveOp = nullptr;
   int64_t startNs = 0, endNs = 0;
   const char* algo = nullptr;
 };

@@ -3,9 +3,11 @@
 #include <numeric>
 
 #include "../algorithms/algorithms.hpp"
+#include "../algorithms/select.hpp"
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
 #include "../common/log.hpp"
+#include "device_reduce.hpp"
 #include "monitored_barrier.hpp"
 #include "sparse_allreduce.hpp"
 #include "store_bootstrap.hpp"
@@ -169,6 +171,38 @@ uint64_t RoceBackend::traceCollective(OpType type, const OpLabel& what, uint64_t
   return ring.record(e);
 }
 
+int64_t RoceBackend::devicePieceElems(size_t elementSize) const {
+  return std::max<int64_t>(1, cfg_.devicePieceBytes / elementSize);
+}
+
+CollectiveTask::Body RoceBackend::elementwiseOnDevice(CallStaging& st, const at::Tensor& flat, Reduction red,
+                                                      int root) {
+  if (!st.device) return nullptr;
+  // The largest piece decides for all (every rank cuts the same pieces).
+  const int64_t piece = std::min<int64_t>(flat.numel(), devicePieceElems(flat.element_size()));
+  if (piece == 0 || !reduceStagedOnDevice(engine_->comm(), piece * flat.element_size())) return nullptr;
+  const int p = getSize();
+  const at::Tensor rows = st.device->hostBuffer(p * ((piece + p - 1) / p), flat.scalar_type());
+  const c10::Stream stream = st.device->resultStream();
+  return [flat, rows, stream, red, root](Communicator& c, size_t first, size_t count) {
+    reduceReducingOnDevice(c, stream, flat.narrow(0, first, count), rows, red, root);
+  };
+}
+
+std::function<void(Communicator&)> RoceBackend::reduceScatterBody(CallStaging& st, const at::Tensor& in,
+                                                                  const at::Tensor& out, DataType t, Reduction red) {
+  if (st.device && out.numel() > 0 && reduceStagedOnDevice(engine_->comm(), bytesOf(in))) {
+    const at::Tensor rows = st.device->hostBuffer(in.numel(), in.scalar_type());
+    const c10::Stream stream = st.device->resultStream();
+    return [in, rows, out, stream, red](Communicator& c) {
+      reduceScatterReducingOnDevice(c, stream, in, rows, out, red);
+    };
+  }
+  return [in, out, t, red](Communicator& c) {
+    roce::reduceScatter(c, in.data_ptr(), out.data_ptr(), out.numel(), t, red);
+  };
+}
+
 CallStaging RoceBackend::staging(const at::Tensor& like) {
   if (like.device().is_cpu()) return CallStaging();
   return CallStaging(std::make_shared<DeviceStaging>(lanes_.of(like.device()), pinned_));
@@ -187,7 +221,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::submitElementwise(OpType type, const
                                                               const at::Tensor& flat, CollectiveTask::Body body,
                                                               CallOptions call) {
   const size_t n = flat.numel(), elementSize = flat.element_size();
-  if (st.device) st.device->start(std::max<int64_t>(1, cfg_.devicePieceBytes / elementSize), n);
+  if (st.device) st.device->start(devicePieceElems(elementSize), n);
   return enqueue(type, title, std::move(futureValue), std::move(st), n, std::move(body), call, n * elementSize);
 }
 
@@ -211,6 +245,9 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* tit
   auto task = std::make_shared<CollectiveTask>(work, what, std::move(st), elems, std::move(body));
   task->timeout = effective(call.timeout);
   task->tracePos = tracePos;
+  task->collectiveSeq = collectiveSeq;
+  task->collectiveOp = title;
+  engine_->comm().opProgress().issued(collectiveSeq, title);
   if (inlinable && engine_->runInline(*task)) {
     Counters::add(counters().inlineOps, 1);
     return work;
@@ -249,6 +286,8 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduceInPlace(OpType type, const 
   const Reduction red = toReduction(op, t);
   CallStaging st = staging(tensors[0]);
   const at::Tensor flat = st.inPlace(tensors, true, true);
+  if (auto body = elementwiseOnDevice(st, flat, red, /*root=*/-1))
+    return submitElementwise(type, title, tensors, std::move(st), flat, std::move(body), call);
   return submitElementwise(type, title, tensors, std::move(st), flat,
                            [flat, t, red](Communicator& c, size_t first, size_t count) {
                              roce::allreduce(c, elementAt(flat, first), count, t, red);
@@ -280,6 +319,8 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce(std::vector<at::Tensor>& tens
   const Reduction red = toReduction(opts.reduceOp, t);
   CallStaging st = staging(tensors[0]);
   const at::Tensor h = st.inPlace(tensors, /*read=*/true, /*write=*/getRank() == root);
+  if (auto body = elementwiseOnDevice(st, h, red, root))
+    return submitElementwise(OpType::REDUCE, "reduce", tensors, std::move(st), h, std::move(body), callOf(opts));
   return submitElementwise(OpType::REDUCE, "reduce", tensors, std::move(st), h,
                            [h, t, red, root](Communicator& c, size_t first, size_t count) {
                              roce::reduce(c, elementAt(h, first), count, t, red, root);
@@ -424,12 +465,9 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter(std::vector<at::Tenso
   const Reduction red = toReduction(opts.reduceOp, t);
   CallStaging st = staging(outputs[0]);
   const at::Tensor flat = st.inputs(inputs[0]), out = st.output(outputs[0]);
-  const size_t n = out.numel();
-  return submit(OpType::REDUCE_SCATTER, "reduce_scatter", outputs, std::move(st),
-                [flat, out, n, t, red](Communicator& c) {
-                  roce::reduceScatter(c, flat.data_ptr(), out.data_ptr(), n, t, red);
-                },
-                callOf(opts), bytesOf(flat));
+  auto body = reduceScatterBody(st, flat, out, t, red);
+  return submit(OpType::REDUCE_SCATTER, "reduce_scatter", outputs, std::move(st), std::move(body), callOf(opts),
+                bytesOf(flat));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -441,11 +479,8 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::_reduce_scatter_base(at::Tensor& out
   const Reduction red = toReduction(opts.reduceOp, t);
   CallStaging st = staging(input);
   const at::Tensor in = st.input(input), out = st.output(output);
-  const size_t n = out.numel();
-  return submit(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, std::move(st),
-                [in, out, n, t, red](Communicator& c) {
-                  roce::reduceScatter(c, in.data_ptr(), out.data_ptr(), n, t, red);
-                },
+  auto body = reduceScatterBody(st, in, out, t, red);
+  return submit(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, std::move(st), std::move(body),
                 callOf(opts), bytesOf(in));
 }
 
@@ -468,10 +503,11 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter_tensor_coalesced(std:
   }
   CallStaging st = staging(inputs[0]);
   const size_t bytes = stagePairs(st, inputs, outputs, ins, outs);
+  std::vector<std::function<void(Communicator&)>> bodies;
+  for (size_t i = 0; i < ins.size(); ++i) bodies.push_back(reduceScatterBody(st, ins[i], outs[i], types[i], reds[i]));
   return submit(reduceScatterTensorCoalesced<OpType>(0), "reduce_scatter_tensor_coalesced", outputs, std::move(st),
-                [ins, outs, types, reds](Communicator& c) {
-                  for (size_t i = 0; i < ins.size(); ++i)
-                    roce::reduceScatter(c, ins[i].data_ptr(), outs[i].data_ptr(), outs[i].numel(), types[i], reds[i]);
+                [bodies](Communicator& c) {
+                  for (const auto& body : bodies) body(c);
                 },
                 callOf(opts), bytes);
 }

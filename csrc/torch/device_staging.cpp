@@ -114,22 +114,25 @@ bool DeviceStaging::copy(Segment& s, const Piece& p, bool toHost, bool lastPiece
 
 bool DeviceStaging::ready(size_t k) const { return !pieces_[k].ready || pieces_[k].ready->query(); }
 
-void DeviceStaging::awaitPiece(size_t k, Communicator& c) {
-  if (ready(k)) return;
+void awaitDeviceEvent(const c10::Event& event, Communicator& c, const std::function<std::string()>& waitingFor) {
+  if (event.query()) return;
   // Device events give no descriptor to block on: poll, sleeping a little
   // longer each time (20 us to 0.5 ms), which costs no core that another rank
   // on this machine needs and adds at most 0.5 ms to a long copy.
   auto nap = std::chrono::microseconds(20);
-  c.waitUntil([&] { return ready(k); },
-              [&] {
-                return str("the copy of piece ", k + 1, " of ", pieces_.size(), " from ", lane_.device().str(),
-                           " to host memory, which follows the kernels queued on the caller's stream before "
-                           "the collective");
-              },
+  c.waitUntil([&] { return event.query(); }, waitingFor,
               [&] {
                 std::this_thread::sleep_for(nap);
                 nap = std::min(nap * 2, std::chrono::microseconds(500));
               });
+}
+
+void DeviceStaging::awaitPiece(size_t k, Communicator& c) {
+  if (!pieces_[k].ready) return;
+  awaitDeviceEvent(*pieces_[k].ready, c, [&] {
+    return str("the copy of piece ", k + 1, " of ", pieces_.size(), " from ", lane_.device().str(),
+               " to host memory, which follows the kernels queued on the caller's stream before the collective");
+  });
 }
 
 void DeviceStaging::copyBack(size_t k) {

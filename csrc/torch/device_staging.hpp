@@ -38,6 +38,11 @@ namespace roce {
 
 class Communicator;
 
+// Returns once `event` has completed, waiting through the Communicator's wait
+// loop (deadline, abort, peer failures), sleeping briefly between polls.
+// `waitingFor` names what the event stands for, for a timeout's message.
+void awaitDeviceEvent(const c10::Event& event, Communicator& c, const std::function<std::string()>& waitingFor);
+
 // The streams a group copies on for one device: `toHost` carries the copies
 // into host memory, `toDevice` the results back. Two streams, so that piece
 // k-1's results travel back while piece k+1 is still being copied out (the

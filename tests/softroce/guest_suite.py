@@ -87,6 +87,11 @@ def groups(phases):
                                               env={"TEST_PG_TIMEOUT_S": "60"})
         g["abort/verbs2"] = _group("verbs2", "tests.api_workers.abort_pending")
         g["size_mismatch_nack/verbs3"] = _group("verbs3", "tests.api_workers.network_mismatch")
+    if "verdict" in phases:
+        # Rank 2 of 8 stops calling collectives: every other rank's timeout
+        # error carries the same verdict (tests/test_verdict.py on the host).
+        g["verdict/verbs8"] = _group("verbs8", "tests.verdict_workers.hung_rank", kwargs={"hung": 2},
+                                     env={"TEST_PG_TIMEOUT_S": "10"}, deadline_s=600)
     if "faults" in phases:
         g["kill_allreduce/verbs3"] = _group("verbs3", "tests.fault_workers.kill_during_allreduce",
                                             kwargs={"victim": 2, "nbytes": 8 << 20, "rounds": 2, "cap_s": 30.0},
@@ -151,7 +156,7 @@ def run_one(spec):
 
 def main():
     out = sys.argv[1]
-    phases = sys.argv[2:] or ["matrix", "api", "faults", "scale", "zerocopy"]
+    phases = sys.argv[2:] or ["matrix", "api", "verdict", "faults", "scale", "zerocopy"]
     report = {"phases": phases, "kernel": platform.release(), "rdma_before": rdma_resources(), "groups": {}}
     t_start = time.time()
     for name, spec in groups(phases).items():

@@ -1,0 +1,133 @@
+#include "device_reduce.hpp"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+
+#include <vector>
+
+#include "../algorithms/algorithms.hpp"
+#include "../comm/communicator.hpp"
+#include "../common/counters.hpp"
+#include "../common/error.hpp"
+#include "device_staging.hpp"
+
+namespace roce {
+namespace {
+
+bool integral(const at::Tensor& t) { return c10::isIntegralType(t.scalar_type(), /*includeBool=*/false); }
+
+// Folds the rows with an in-place binary op, in rank order.
+template <class Op>
+at::Tensor foldRows(const at::Tensor& rows, Op op) {
+  at::Tensor acc = rows[0].clone();
+  for (int64_t j = 1; j < rows.size(0); ++j) op(acc, rows[j]);
+  return acc;
+}
+
+// The slices of a piece of `count` elements among p ranks (as the host
+// shared-memory allreduce cuts its chunks): rank j owns [lo(j), lo(j+1)).
+struct Slices {
+  size_t count;
+  int p;
+  size_t lo(int j) const { return count * static_cast<size_t>(j) / static_cast<size_t>(p); }
+  size_t size(int j) const { return lo(j + 1) - lo(j); }
+};
+
+// On `stream`: rows (pinned host, p x m) to the device, reduced, the result
+// into `out` (pinned host, m elements). Returns once `out` holds it.
+void reduceRowsThroughDevice(Communicator& c, c10::Stream stream, const at::Tensor& rows, const at::Tensor& out,
+                             Reduction red) {
+  if (out.numel() == 0) return;
+  c10::Event done(stream.device_type());
+  {
+    at::NoGradGuard noGrad;
+    // The scratch tensors are allocated on `stream` (the caching allocator
+    // ties a block to the stream current at allocation), so freeing them
+    // here, before the kernels ran, is stream-ordered and safe.
+    c10::StreamGuard guard(stream);
+    at::Tensor onDevice = at::empty(rows.sizes(), rows.options().device(stream.device()).pinned_memory(false));
+    onDevice.copy_(rows, /*non_blocking=*/true);
+    out.copy_(reduceRowsOnDevice(onDevice, red), /*non_blocking=*/true);
+    done.record(stream);
+  }
+  awaitDeviceEvent(done, c, [&] {
+    return str("the reduction of ", rows.size(0), " rows of ", out.numel(), " elements on ", stream.device().str());
+  });
+  Counters::add(c.counters().bytesReducedOnDevice, rows.numel() * rows.element_size());
+}
+
+// Step 1 of both collectives: block j of `input` (at byteOffset(j), blockBytes(j))
+// to rank j; row j of `rows` (rowBytes each) receives this rank's block from rank j.
+template <class Offset, class Size>
+void exchangeBlocks(Communicator& c, const at::Tensor& input, Offset byteOffset, Size blockBytes,
+                    const at::Tensor& rows, size_t rowBytes) {
+  const int p = c.size();
+  std::vector<size_t> sendBytes(p), sendOffsets(p), recvBytes(p, rowBytes), recvOffsets(p);
+  for (int j = 0; j < p; ++j) {
+    sendBytes[j] = blockBytes(j);
+    sendOffsets[j] = byteOffset(j);
+    recvOffsets[j] = static_cast<size_t>(j) * rowBytes;
+  }
+  alltoallv(c, input.data_ptr(), sendBytes, sendOffsets, rows.data_ptr(), recvBytes, recvOffsets);
+}
+
+}  // namespace
+
+at::Tensor reduceRowsOnDevice(const at::Tensor& rows, Reduction red) {
+  const bool isBool = rows.scalar_type() == at::kBool;
+  const at::ScalarType dtype = rows.scalar_type();
+  switch (red.op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:
+    case ReduceOp::PreMulSum: {
+      at::Tensor scaled = rows;
+      if (red.op == ReduceOp::PreMulSum)  // each rank's input, as the host's scaleCopy
+        scaled = integral(rows) ? (rows.to(at::kDouble) * red.factor).to(dtype) : rows * red.factor;
+      at::Tensor sum = isBool ? scaled.any(0) : scaled.sum(0, /*keepdim=*/false, dtype);
+      if (red.op == ReduceOp::Avg)
+        sum = integral(sum) ? sum.div(rows.size(0), "trunc") : sum.div(rows.size(0));
+      return sum;
+    }
+    case ReduceOp::Product: return isBool ? rows.all(0) : rows.prod(0, /*keepdim=*/false, dtype);
+    case ReduceOp::Min: return isBool ? rows.all(0) : rows.amin(0);
+    case ReduceOp::Max: return isBool ? rows.any(0) : rows.amax(0);
+    case ReduceOp::BAnd: return foldRows(rows, [](at::Tensor& a, const at::Tensor& b) { a.bitwise_and_(b); });
+    case ReduceOp::BOr: return foldRows(rows, [](at::Tensor& a, const at::Tensor& b) { a.bitwise_or_(b); });
+    case ReduceOp::BXor: return foldRows(rows, [](at::Tensor& a, const at::Tensor& b) { a.bitwise_xor_(b); });
+  }
+  throwInvalid(str("internal: no device reduction for reduce op ", reduceOpName(red.op)));
+}
+
+void reduceReducingOnDevice(Communicator& c, c10::Stream stream, const at::Tensor& piece, const at::Tensor& rows,
+                            Reduction red, int root) {
+  const int p = c.size(), me = c.rank();
+  const size_t esz = piece.element_size();
+  const Slices s{static_cast<size_t>(piece.numel()), p};
+  const size_t m = s.size(me);
+  exchangeBlocks(
+      c, piece, [&](int j) { return s.lo(j) * esz; }, [&](int j) { return s.size(j) * esz; }, rows, m * esz);
+  const at::Tensor mine = piece.narrow(0, static_cast<int64_t>(s.lo(me)), static_cast<int64_t>(m));
+  reduceRowsThroughDevice(c, stream, rows.narrow(0, 0, static_cast<int64_t>(p * m)).view({p, static_cast<int64_t>(m)}),
+                          mine, red);
+  // Step 3: the reduced slices to everyone, or to the root (input and output
+  // are the piece: this rank sends from its own slice and receives into the others').
+  std::vector<size_t> sendBytes(p), sendOffsets(p, s.lo(me) * esz), recvBytes(p), recvOffsets(p);
+  for (int j = 0; j < p; ++j) {
+    sendBytes[j] = root < 0 || j == root ? m * esz : 0;
+    recvBytes[j] = root < 0 || me == root ? s.size(j) * esz : 0;
+    recvOffsets[j] = s.lo(j) * esz;
+  }
+  alltoallv(c, piece.data_ptr(), sendBytes, sendOffsets, piece.data_ptr(), recvBytes, recvOffsets);
+}
+
+void reduceScatterReducingOnDevice(Communicator& c, c10::Stream stream, const at::Tensor& input,
+                                   const at::Tensor& rows, const at::Tensor& out, Reduction red) {
+  const int p = c.size();
+  const size_t blockBytes = out.numel() * out.element_size();
+  exchangeBlocks(
+      c, input, [&](int j) { return j * blockBytes; }, [&](int) { return blockBytes; }, rows, blockBytes);
+  reduceRowsThroughDevice(c, stream, rows.view({p, out.numel()}), out, red);
+}
+
+}  // namespace roce
