@@ -81,6 +81,24 @@ def _new_group(world, **env):
                 os.environ[k] = v
 
 
+def _case(ck, rank, world, groups, dtype, opname, numel, salt, label=""):
+    """One allreduce case in every group of `groups` (workers -> group, the
+    first with 1 worker): that one against the reference, the others bit for
+    bit against it (so as right, and independent of the worker count)."""
+    xs = inputs_for(world, numel, dtype, opname, salt=salt)
+    expected = reduce_reference(xs, opname, dtype)
+    first = None
+    for w, g in groups.items():
+        t = xs[rank].clone()
+        dist.all_reduce(t, op=make_op(opname, dtype), group=g)
+        what = f"{label}workers={w} {dtype} {opname} n={numel}"
+        if first is None:
+            ck.close(what, t, expected, dtype)
+            first = t
+        else:
+            ck.same(f"{what}: bits equal to workers=1", bits(t), bits(first))
+
+
 def _network(ck, rank, world):
     """Each algorithm forced over TCP at 1 and 8 workers: exact, and the same
     bits; returns the worker_slices counter per (algorithm, workers)."""
@@ -92,18 +110,7 @@ def _network(ck, rank, world):
                                 ROCE_PG_ALGO_ALLREDUCE=algo, ROCE_PG_WORKERS=str(w)) for w in NET_WORKERS}
         for dtype, opname in NET_CASES:
             for numel in NET_SIZES:
-                xs = inputs_for(world, numel, dtype, opname, salt=27)
-                expected = reduce_reference(xs, opname, dtype)
-                first = None
-                for w, g in groups.items():
-                    t = xs[rank].clone()
-                    dist.all_reduce(t, op=make_op(opname, dtype), group=g)
-                    what = f"{algo} workers={w} {dtype} {opname} n={numel}"
-                    if first is None:
-                        ck.close(what, t, expected, dtype)
-                        first = t
-                    else:
-                        ck.same(f"{what}: bits equal to workers=1", bits(t), bits(first))
+                _case(ck, rank, world, groups, dtype, opname, numel, salt=27, label=f"{algo} ")
         for w, g in groups.items():
             slices[f"{algo}/{w}"] = roce_pg.counters(g)["worker_slices"]
             dist.destroy_process_group(g)
@@ -122,18 +129,7 @@ def run(rank, world, port):
     for dtype in DTYPES:
         for numel in sizes(dtype):
             for opname in applicable_ops(dtype) if dtype in FULL else SOME_OPS:
-                xs = inputs_for(world, numel, dtype, opname, salt=26)
-                expected = reduce_reference(xs, opname, dtype)
-                first = None
-                for w, g in groups.items():
-                    t = xs[rank].clone()
-                    dist.all_reduce(t, op=make_op(opname, dtype), group=g)
-                    what = f"workers={w} {dtype} {opname} n={numel}"
-                    if first is None:
-                        ck.close(what, t, expected, dtype)
-                        first = t
-                    else:  # the same bits as everything on one thread (so as right)
-                        ck.same(f"{what}: bits equal to workers=1", bits(t), bits(first))
+                _case(ck, rank, world, groups, dtype, opname, numel, salt=26)
                 cases += 1
 
     slices = {w: roce_pg.counters(g)["worker_slices"] for w, g in groups.items()}
@@ -152,5 +148,6 @@ def run(rank, world, port):
         dist.destroy_process_group(g)
     net_slices = _network(ck, rank, world)
     out = ck.result()
-    out.update(net_slices=net_slices, errors=errors, cases=cases, slices=slices, worker_threads=len(threads_before), idle_cpu=idle_cpu)
+    out.update(net_slices=net_slices, errors=errors, cases=cases, slices=slices, worker_threads=len(threads_before),
+               idle_cpu=idle_cpu)
     return out
