@@ -222,7 +222,9 @@ def counters(group=None):
     buffer directly, counted by the sender), registrations (verbs: ibv_reg_mr
     calls of the registration cache), eager_sends (verbs: messages of at most
     ROCE_PG_IB_EAGER_MAX_BYTES sent without waiting for the receiver's RTR), bytes_reduced_on_device (device
-    tensors: staged rows reduced on their device, ROCE_PG_DEVICE_REDUCE). Monotonic until reset_counters(), except
+    tensors: staged rows reduced on their device, ROCE_PG_DEVICE_REDUCE), worker_slices (slices of local copies
+    and reductions that worker-pool threads ran, not the calling thread; ROCE_PG_WORKERS). Monotonic until
+    reset_counters(), except
     three gauges: cached_mrs (the memory registrations the verbs cache holds now), connections (network peers
     connected: TCP sockets, or verbs peers with queue pairs; peers are connected when first needed) and
     registered_bytes (what the verbs transport registered for its own buffers: landing and staging pools and

@@ -57,6 +57,7 @@ SETTINGS = {
     "ROCE_PG_SOCKET_IFNAME": ("text",),
     "ROCE_PG_CHUNK_BYTES": ("int", 4096, 1 << 30, False),
     "ROCE_PG_NCHANNELS": ("int", 0, 8, False),
+    "ROCE_PG_WORKERS": ("int", 0, 64, False),
     "ROCE_PG_SHM_SLOT_BYTES": ("int", 4096, 1 << 30, False),
     "ROCE_PG_SHM_RING_BYTES": ("int", 4096, 1 << 30, False),
     "ROCE_PG_SHM_ONESHOT_MAX_BYTES": ("int", 0, 1 << 30, False),

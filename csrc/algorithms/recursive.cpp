@@ -13,6 +13,7 @@
 
 #include "../comm/communicator.hpp"
 #include "../reduce/reduce.hpp"
+#include "on_workers.hpp"
 #include "ring.hpp"
 
 namespace roce {
@@ -56,7 +57,7 @@ void foldIn(Communicator& c, const Team& team, const Survivors& s, uint64_t tag,
   } else {
     char* tmp = static_cast<char*>(c.scratch(bytes, kScratch));
     c.wait(*c.post(Request::Kind::Recv, team.rankAt(i - 1), tag, tmp, bytes));
-    reduceInto(t, op, data, tmp, count);
+    detail::reduceIntoOnWorkers(c, t, op, data, tmp, count);
   }
 }
 
@@ -82,7 +83,7 @@ void recursiveDoublingAllreduce(Communicator& c, const Team& team, uint64_t tag,
     for (int mask = 1; mask < s.p2; mask <<= 1) {
       const int peer = team.rankAt(s.position(s.v ^ mask));
       exchange(c, peer, tag, buf, bytes, tmp, bytes);
-      reduceInto(t, op, buf, tmp, count);
+      detail::reduceIntoOnWorkers(c, t, op, buf, tmp, count);
     }
   }
   foldOut(c, team, s, tag, buf, bytes);
@@ -109,7 +110,7 @@ void rabenseifnerAllreduce(Communicator& c, const Team& team, uint64_t tag, void
       const int sendLo = upper ? lo : mid, sendHi = upper ? mid : hi;
       const size_t keepN = start(keepHi) - start(keepLo), sendN = start(sendHi) - start(sendLo);
       exchange(c, peer, tag, buf + start(sendLo) * esz, sendN * esz, tmp, keepN * esz);
-      reduceInto(t, op, buf + start(keepLo) * esz, tmp, keepN);
+      detail::reduceIntoOnWorkers(c, t, op, buf + start(keepLo) * esz, tmp, keepN);
       lo = keepLo;
       hi = keepHi;
     }

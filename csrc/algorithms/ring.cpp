@@ -6,6 +6,7 @@
 #include "../common/error.hpp"
 #include "../common/helper_thread.hpp"
 #include "../reduce/reduce.hpp"
+#include "on_workers.hpp"
 
 namespace roce {
 namespace {
@@ -83,8 +84,8 @@ void RingPass::runReduce(void* job) {
 bool RingPass::reduced(int seg, size_t at, size_t n) {
   void* dst = this->at(seg, at);
   const void* src = incoming_[step_ % 2] + at * esz_;
-  if (!helper_) {
-    reduceInto(t_, op_, dst, src, n);
+  if (!helper_) {  // channel 0, or no channels: on the progress thread and the worker pool
+    detail::reduceIntoOnWorkers(c_, t_, op_, dst, src, n);
     return true;
   }
   if (!reducing_) {

@@ -28,6 +28,12 @@
 // instead of ~2; double buffering again removes the trailing barrier (a rank
 // reuses a slot only after the next op's barrier, which every peer reaches
 // only once it stopped reading this op's slots).
+//
+// Every copy and reduction above is split over the rank's threads
+// (ROCE_PG_WORKERS: the caller plus worker-pool threads, engine/worker_pool.hpp)
+// by element range. A range is computed exactly as the whole would be (the
+// same inputs in the same slot order per element), so the bits do not depend
+// on the worker count, and peers never see it.
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -38,6 +44,7 @@
 #include "../reduce/reduce.hpp"
 #include "../transport/shm/node_shm.hpp"
 #include "algorithms.hpp"
+#include "on_workers.hpp"
 #include "shm_barrier.hpp"
 
 namespace roce::detail {
@@ -94,11 +101,21 @@ void announce(NodeShm& shm, int buf, size_t count, uint32_t kind) {
   mine->opKind[buf].store(kind, std::memory_order_relaxed);
 }
 
-// Slot pointers for the reduction; no allocation per call for usual sizes.
-const void** inputsArray(int n) {
-  thread_local std::vector<const void*> ins;
-  if (ins.size() < static_cast<size_t>(n)) ins.resize(n);
-  return ins.data();
+// Input pointers for a reduction; no allocation per call for usual sizes.
+// Per thread (workers build their own), and two of them: the whole inputs
+// (`which` 0) and those of one element range (1).
+const void** inputsArray(int n, int which = 0) {
+  thread_local std::vector<const void*> ins[2];
+  if (ins[which].size() < static_cast<size_t>(n)) ins[which].resize(n);
+  return ins[which].data();
+}
+
+// reduceMany over elements [lo, hi) of `out` and of every input.
+void reduceRange(DataType t, ReduceOp op, char* out, const void* const* ins, int n, size_t lo, size_t hi,
+                 size_t esz) {
+  const void** part = inputsArray(n, 1);
+  for (int j = 0; j < n; ++j) part[j] = static_cast<const char*>(ins[j]) + lo * esz;
+  reduceMany(t, op, out + lo * esz, part, n, hi - lo);
 }
 
 void oneShotAllreduce(Communicator& c, NodeShm& shm, void* data, size_t count, DataType t, Reduction red) {
@@ -107,14 +124,22 @@ void oneShotAllreduce(Communicator& c, NodeShm& shm, void* data, size_t count, D
   const uint32_t kind = describe(t, red, true, 1);  // one-shot has no chunks: ranks may differ in ROCE_PG_SHM_CHUNK_BYTES
   const int buf = static_cast<int>(c.shmIteration++ & 1);
   announce(shm, buf, count, kind);
-  if (red.op == ReduceOp::PreMulSum) scaleCopy(t, shm.slot(me, buf), data, count, red.factor);
-  else copyBytes(shm.slot(me, buf), data, bytes);
+  const size_t esz = elementSize(t);
+  char* const out = static_cast<char*>(data);
+  char* const mySlot = shm.slot(me, buf);
+  onWorkers(c, count, esz, [&](size_t lo, size_t hi) {
+    if (red.op == ReduceOp::PreMulSum) scaleCopy(t, mySlot + lo * esz, out + lo * esz, hi - lo, red.factor);
+    else copyBytes(mySlot + lo * esz, out + lo * esz, (hi - lo) * esz);
+  });
   shmBarrier(c, shm);
   checkSameCall(c, shm, buf, count, kind);
   const void** ins = inputsArray(n);
   for (int j = 0; j < n; ++j) ins[j] = shm.slot(j, buf);
-  reduceMany(t, kernelOp(red.op), data, ins, n, count);
-  if (red.op == ReduceOp::Avg) divideBy(t, data, count, n);
+  const ReduceOp op = kernelOp(red.op);
+  onWorkers(c, count, esz, [&](size_t lo, size_t hi) {
+    reduceRange(t, op, out, ins, n, lo, hi, esz);
+    if (red.op == ReduceOp::Avg) divideBy(t, out + lo * esz, hi - lo, n);
+  });
   // Published into the slot (what peers read) = copied once.
   Counters::add(c.counters().bytesSentShm, bytes);
   Counters::add(c.counters().bytesCopied, bytes);
@@ -143,15 +168,24 @@ void shmAllreduce(Communicator& c, void* data, size_t count, DataType t, Reducti
     char* mySlot = shm.slot(me, buf);
     char* chunk = out + off * esz;
     auto lo = [&](int j) { return m * j / n; };
-    auto bytesOf = [&](int j) { return (lo(j + 1) - lo(j)) * esz; };
     const size_t myLo = lo(me), myN = lo(me + 1) - myLo;
-    for (int j = 0; j < n; ++j) {
-      char* src = chunk + lo(j) * esz;
-      if (red.op == ReduceOp::PreMulSum)  // own slice is scaled in place (it is overwritten anyway)
-        scaleCopy(t, j == me ? src : mySlot + lo(j) * esz, src, lo(j + 1) - lo(j), red.factor);
-      else if (j != me)
-        copyBytes(mySlot + lo(j) * esz, src, bytesOf(j));
-    }
+    // Calls f(j, a, b) for the part [a, b) of element range [from, to) of
+    // the chunk that lies in slice j.
+    auto eachSlice = [&](size_t from, size_t to, auto&& f) {
+      for (int j = 0; j < n; ++j) {
+        const size_t a = std::max(from, lo(j)), b = std::min(to, lo(j + 1));
+        if (a < b) f(j, a, b);
+      }
+    };
+    onWorkers(c, m, esz, [&](size_t from, size_t to) {
+      eachSlice(from, to, [&](int j, size_t a, size_t b) {
+        char* src = chunk + a * esz;
+        if (red.op == ReduceOp::PreMulSum)  // own slice is scaled in place (it is overwritten anyway)
+          scaleCopy(t, j == me ? src : mySlot + a * esz, src, b - a, red.factor);
+        else if (j != me)
+          copyBytes(mySlot + a * esz, src, (b - a) * esz);
+      });
+    });
     shmBarrier(c, shm);
     if (first) checkSameCall(c, shm, buf, count, kind);
     first = false;
@@ -159,13 +193,18 @@ void shmAllreduce(Communicator& c, void* data, size_t count, DataType t, Reducti
     char* mine = chunk + myLo * esz;
     for (int j = 0; j < n; ++j) ins[j] = j == me ? mine : shm.slot(j, buf) + myLo * esz;
     if (myN) {
-      reduceMany(t, op, mine, ins.data(), n, myN);
-      if (red.op == ReduceOp::Avg) divideBy(t, mine, myN, n);
-      copyBytes(mySlot + myLo * esz, mine, myN * esz);
+      onWorkers(c, myN, esz, [&](size_t a, size_t b) {
+        reduceRange(t, op, mine, ins.data(), n, a, b, esz);
+        if (red.op == ReduceOp::Avg) divideBy(t, mine + a * esz, b - a, n);
+        copyBytes(mySlot + (myLo + a) * esz, mine + a * esz, (b - a) * esz);
+      });
     }
     shmBarrier(c, shm);
-    for (int j = 0; j < n; ++j)
-      if (j != me) copyBytes(chunk + lo(j) * esz, shm.slot(j, buf) + lo(j) * esz, bytesOf(j));
+    onWorkers(c, m, esz, [&](size_t from, size_t to) {
+      eachSlice(from, to, [&](int j, size_t a, size_t b) {
+        if (j != me) copyBytes(chunk + a * esz, shm.slot(j, buf) + a * esz, (b - a) * esz);
+      });
+    });
     // Into the slot: the others' slices and the reduced own slice (what peers
     // read); out of the slots: the others' reduced slices.
     Counters::add(c.counters().bytesSentShm, m * esz);

@@ -21,6 +21,7 @@
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
 #include "../reduce/reduce.hpp"
+#include "on_workers.hpp"
 #include "ring.hpp"
 
 namespace roce {
@@ -124,7 +125,7 @@ bool TreePass::advanceHalf(Half& h) {
     if (!ready) break;
     char* mine = h.base + chunkOffset(k) * esz_;
     for (int i = 0; i < children; ++i)
-      reduceInto(t_, op_, mine, h.landing[i] + chunkOffset(k) * esz_, chunkCount(h, k));
+      detail::reduceIntoOnWorkers(c_, t_, op_, mine, h.landing[i] + chunkOffset(k) * esz_, chunkCount(h, k));
     if (root) sendDown(h, k);
     else h.up.push_back(c_.post(Request::Kind::Send, h.node.parent, h.tag, mine, chunkCount(h, k) * esz_));
     ++h.reduced;

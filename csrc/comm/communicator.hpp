@@ -168,6 +168,10 @@ class Communicator {
   // kept for the group's life). Waits in waitUntil() wake when a job ends.
   HelperThread& helper(int index);
 
+  // Threads this rank's local copies and reductions are split over (the
+  // caller plus workers()-1 of WorkerPool::process(); ROCE_PG_WORKERS, resolved).
+  int workers() const { return cfg_.workers; }
+
   // Scratch memory reused across operations (index selects an independent buffer).
   void* scratch(size_t bytes, int index = 0);
 

@@ -12,6 +12,7 @@
 
 #include "../common/error.hpp"
 #include "../common/log.hpp"
+#include "../engine/worker_pool.hpp"
 #include "../transport/shm/node_shm.hpp"
 #include "../transport/shm/shm_transport.hpp"
 #include "../transport/tcp/tcp_connect.hpp"
@@ -93,6 +94,24 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
   topo_ = Topology::build(rank, infos);
   for (const auto& info : infos) hostNames_.push_back(info.hostName());
   cfg_.nChannels = roster.channels;
+  // This rank's share of the machine's CPUs (the real machine: simulated
+  // nodes split one host but not its cores). Peers never depend on it.
+  const int onHost = static_cast<int>(
+      std::count_if(infos.begin(), infos.end(), [&](const RankInfo& i) { return i.hostId == me.hostId; }));
+  const int cpus = me.cpus;
+  // Auto is resolved once per process, by its first group (normally the
+  // world): a later subgroup with fewer ranks here still shares the machine
+  // with the others, and must not grow the pool past their share.
+  static const int autoWorkers = Config::workersAuto(cpus, onHost);
+  if (cfg_.workers == 0) cfg_.workers = autoWorkers;
+  // The pool's threads are created here, on the thread creating the group,
+  // so they inherit its CPU affinity (docs/ARCHITECTURE.md, "Worker
+  // threads"). Spinning between jobs only pays when every thread has a core
+  // of its own; with more threads than CPUs a spinning worker takes the core
+  // a peer rank needs (measured: +20% CPU per GB with 2 ranks x 2 workers on
+  // 2 cores, docs/PERFORMANCE.md).
+  const bool ownCores = cfg_.workers * onHost <= cpus;
+  if (cfg_.workers > 1 && size > 1) WorkerPool::process().ensureThreads(cfg_.workers - 1, ownCores ? cfg_.spinUs : 0);
   cfg_.forceNetwork = roster.forceNetwork;
   endpoints_.resize(size);
   std::vector<uint64_t> nonces;

@@ -87,6 +87,7 @@ Config Config::read(EnvReader& r) {
   c.socketIfname = r.text("ROCE_PG_SOCKET_IFNAME");
   c.chunkBytes = r.integer("ROCE_PG_CHUNK_BYTES", c.chunkBytes, 4096, 1ll << 30);
   c.nChannels = static_cast<int>(r.integer("ROCE_PG_NCHANNELS", 0, 0, kMaxChannels));
+  c.workers = static_cast<int>(r.integer("ROCE_PG_WORKERS", 0, 0, kMaxWorkers));
   c.shmSlotBytes = r.integer("ROCE_PG_SHM_SLOT_BYTES", c.shmSlotBytes, 4096, 1ll << 30);
   c.shmRingBytes = r.integer("ROCE_PG_SHM_RING_BYTES", c.shmRingBytes, 4096, 1ll << 30);
   c.shmOneShotMaxBytes = r.integer("ROCE_PG_SHM_ONESHOT_MAX_BYTES", c.shmOneShotMaxBytes, 0, 1ll << 30);
@@ -162,6 +163,8 @@ int Config::channelsAuto(int cpus, int localRanks) {
   return std::clamp(cpus / (2 * std::max(1, localRanks)), 1, 4);
 }
 
+int Config::workersAuto(int cpus, int localRanks) { return std::clamp(cpus / std::max(1, localRanks), 1, 8); }
+
 const std::string& testFault() {
   static const std::string fault = [] {
     EnvReader environment;
@@ -197,7 +200,7 @@ std::string Config::describe() const {
              " hier_min_bytes=", hierMinBytes, " bruck_max_bytes=", bruckMaxBytes, " net_alpha_us=", netAlphaUs,
              " net_gbps=", netGBps, " nic_gbps=", nicGBps, " shm_alpha_us=", shmAlphaUs, " shm_gbps=", shmGBps,
              " reduce_gbps=", reduceGBps,
-             " net_transport=", netTransport, " connect=", connect, " chunk_bytes=", chunkBytes, " nchannels=", nChannels,
+             " net_transport=", netTransport, " connect=", connect, " chunk_bytes=", chunkBytes, " nchannels=", nChannels, " workers=", workers,
              " shm_slot_bytes=", shmSlotBytes, " shm_chunk_bytes=", shmChunkBytes, " shm_oneshot_max_bytes=", shmOneShotMaxBytes,
              " inline_max_bytes=", inlineMaxBytes, " sync_inline_max_bytes=", syncInlineMaxBytes, " spin_us=", spinUs, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
              " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,

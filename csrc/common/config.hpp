@@ -61,6 +61,13 @@ struct Config {
   // Communicator at group creation from every rank's CPUs, stored here).
   int nChannels = 0;                     // ROCE_PG_NCHANNELS (0: auto, else 1..kMaxChannels)
   static constexpr int kMaxChannels = 8;
+  // Threads that share a rank's local copies and reductions (the
+  // shared-memory allreduce): the caller plus workers-1 threads of the
+  // process's worker pool (csrc/engine/worker_pool.hpp). 1: everything on the
+  // calling thread. 0 = auto: workersAuto(), resolved by the Communicator at
+  // group creation. A per-rank setting: peers never depend on it.
+  int workers = 0;                       // ROCE_PG_WORKERS (0: auto, else 1..kMaxWorkers)
+  static constexpr int kMaxWorkers = 64;
   // Per-rank staging slot of the shared-memory allreduce (two of them per rank).
   size_t shmSlotBytes = 1u << 20;        // ROCE_PG_SHM_SLOT_BYTES
   // Pipelining granularity of the two-step shared-memory allreduce (capped by
@@ -152,6 +159,10 @@ struct Config {
   // machine: one per two CPUs each local rank gets (each channel beyond the
   // first keeps a helper thread busy beside the progress thread), 1 to 4.
   static int channelsAuto(int cpus, int localRanks);
+  // Threads for a rank's local work with `cpus` usable CPUs and `localRanks`
+  // ranks on its machine: its share of the CPUs, 1 to 8 (beyond 8, the memory
+  // bandwidth of a socket is saturated long before the threads are busy).
+  static int workersAuto(int cpus, int localRanks);
   std::string describe() const;
   // The settings every rank of a group must share for the algorithms to pair
   // up their messages (ROCE_PG_ALGO*, thresholds, cost model constants,

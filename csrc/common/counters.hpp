@@ -21,6 +21,7 @@ struct Counters {
   std::atomic<uint64_t> registrations{0}; // ibv_reg_mr calls of the verbs registration cache
   std::atomic<uint64_t> eagerSends{0};    // verbs messages sent eagerly (no RTR round trip)
   std::atomic<uint64_t> bytesReducedOnDevice{0};  // staged bytes reduced on their device (ROCE_PG_DEVICE_REDUCE)
+  std::atomic<uint64_t> workerSlices{0};  // slices of local copies/reductions run by worker-pool threads
   // Time inside collectives (start to end on the thread that ran them) and
   // their count: a rank that keeps the others waiting spends little time
   // inside, the ones it keeps waiting much (roce_pg.straggler_report()).
@@ -41,7 +42,8 @@ struct Counters {
   }
   void reset() {
     for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends, &blockedWaits, &inlineOps,
-                    &bytesZeroCopy, &registrations, &eagerSends, &bytesReducedOnDevice, &collectiveNs, &collectivesTimed})
+                    &bytesZeroCopy, &registrations, &eagerSends, &bytesReducedOnDevice, &collectiveNs, &collectivesTimed,
+                    &workerSlices})
       c->store(0, std::memory_order_relaxed);
     resetAtNs.store(steadyNs(), std::memory_order_relaxed);
   }

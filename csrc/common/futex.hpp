@@ -23,8 +23,8 @@ inline void futexWait(std::atomic<uint32_t>* word, uint32_t expected, long ns) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 
-inline void futexWakeAll(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+inline void futexWake(std::atomic<uint32_t>* word, int count) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, count, nullptr, nullptr, 0);
 }
 
 // A wake-up channel in shared memory: the publisher of some state calls
@@ -37,10 +37,13 @@ struct alignas(64) ShmWakeup {
   std::atomic<uint32_t> word{0};      // bumped on every notify that may wake someone
   std::atomic<uint32_t> sleepers{0};  // waiters inside sleep()
 
-  void notify() {
-    if (sleepers.load(std::memory_order_seq_cst) == 0) return;
+  // `count`: wake at most this many sleepers (a worker pool wakes only as
+  // many threads as a job has parts for); the others sleep on until their
+  // timeout or a later notify.
+  void notify(int count = INT_MAX) {
+    if (count <= 0 || sleepers.load(std::memory_order_seq_cst) == 0) return;
     word.fetch_add(1, std::memory_order_seq_cst);
-    futexWakeAll(&word);
+    futexWake(&word, count);
   }
   // Blocks for at most `ns` unless ready() already holds; returns ready().
   template <class Ready>

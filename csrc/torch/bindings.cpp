@@ -49,6 +49,7 @@ PYBIND11_MODULE(_C, m) {
              d["collective_ns"] = get(c.collectiveNs);
              d["collectives_timed"] = get(c.collectivesTimed);
              d["window_ns"] = roce::Counters::steadyNs() - c.resetAtNs.load(std::memory_order_relaxed);
+             d["worker_slices"] = get(c.workerSlices);
              d["cached_mrs"] = get(c.cachedMrs);
              d["connections"] = get(c.connections);
              d["registered_bytes"] = get(c.registeredBytes);

@@ -1,0 +1,121 @@
+"""Shared-memory allreduce with 1, 2, ... worker threads per rank
+(ROCE_PG_WORKERS), side by side with Gloo: bus bandwidth and CPU seconds.
+
+    PYTHONPATH=. python benchmarks/workers.py                     # 2 ranks, workers 1 and 2
+    PYTHONPATH=. python benchmarks/workers.py --ranks 4 --workers 1 2 4 --sizes 16 256
+
+One group per worker count (the setting is read when a group is created) and
+one Gloo group live in the same ranks; for each size the groups take turns
+--rounds times, so all see the same machine load, and each keeps its fastest
+round. Per group and size: bus bandwidth (slowest rank: 2(n-1)/n x size per
+call, nccl-tests' busbw) and CPU seconds per GB per rank: the process's CPU
+time (user + system, every thread: progress, pool workers, helpers, Gloo's
+threads) during the timed calls, divided by the GB of tensor the rank
+allreduced, averaged over the ranks. More workers must not cost more CPU
+per GB; they can only add bandwidth where the rank has idle cores.
+
+The last line is the yardstick of this run: a plain 256 MiB tensor copy
+(torch, one thread), all ranks copying at once, in GB/s per rank.
+"""
+import argparse
+import json
+import os
+import time
+
+from small_ops import run_ranks
+
+MiB = 1 << 20
+
+
+def timed(dist, torch, group, size, total):
+    """Allreduces a size-byte float32 tensor total/size times (at least 4);
+    returns (slowest rank's seconds per call, this rank's CPU seconds per GB)."""
+    t = torch.ones(size // 4)
+    for _ in range(2):
+        dist.all_reduce(t, group=group)
+    n = max(4, total // size)
+    dist.barrier(group=group)
+    c0, w0 = time.process_time(), time.perf_counter()
+    for _ in range(n):
+        dist.all_reduce(t, group=group)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    slowest = torch.tensor([wall / n], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    return slowest.item(), cpu / (size * n / 1e9)
+
+
+def copy_rate(torch, dist, size=256 * MiB, reps=5):
+    src, dst = torch.ones(size // 4), torch.empty(size // 4)
+    dst.copy_(src)
+    dist.barrier()
+    w0 = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    return size * reps / (time.perf_counter() - w0) / 1e9
+
+
+def bench_rank(rank, world, port, args, queue):
+    import torch
+    import torch.distributed as dist
+
+    import roce_pg  # noqa: F401  (registers "roce")
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    groups = {}
+    for w in args.workers:
+        os.environ["ROCE_PG_WORKERS"] = str(w)  # read when the group is created
+        groups[f"roce w={w}"] = dist.new_group(list(range(world)), backend="roce")
+    if args.gloo:
+        groups["gloo"] = dist.new_group(list(range(world)), backend="gloo")
+    best, runs = {name: {} for name in groups}, []
+    for size in args.sizes:
+        for rnd in range(args.rounds):
+            for name, group in groups.items():
+                per_call, cpu_per_gb = timed(dist, torch, group, size * MiB, args.total_mib * MiB)
+                # Every rank's CPU, averaged (the ranks share the work evenly, not the load).
+                cpu = torch.tensor([cpu_per_gb], dtype=torch.float64)
+                dist.all_reduce(cpu)
+                r = {"busbw_GBps": size * MiB / per_call * 2 * (world - 1) / world / 1e9,
+                     "cpu_s_per_GB": cpu.item() / world, "us_per_call": per_call * 1e6}
+                runs.append({"group": name, "size_mib": size, "round": rnd, **r})
+                if size not in best[name] or r["us_per_call"] < best[name][size]["us_per_call"]:
+                    best[name][size] = r
+    rate = torch.tensor([copy_rate(torch, dist)], dtype=torch.float64)
+    dist.all_reduce(rate)
+    if rank == 0:
+        queue.put({"best": best, "runs": runs, "copy_GBps_per_rank": rate.item() / world,
+                   "cpus": len(os.sched_getaffinity(0))})
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="ROCE_PG_WORKERS values")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16, 64, 256], help="MiB per rank")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--total-mib", type=int, default=1024, help="MiB per rank allreduced per timed round")
+    ap.add_argument("--no-gloo", dest="gloo", action="store_false")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--json", help="write every round here")
+    args = ap.parse_args()
+    res = run_ranks(bench_rank, args.ranks, (args,), args.timeout, "workers")
+    best = res["best"]
+    base = f"roce w={args.workers[0]}"
+    print(f"allreduce float32 sum, {args.ranks} ranks on one machine ({res['cpus']} usable CPUs), fastest of "
+          f"{args.rounds} alternating rounds; CPU: user+sys seconds per GB of tensor, per rank (mean)")
+    print(f"{'MiB':>5} {'group':>10} {'busbw GB/s':>11} {'vs ' + base:>12} {'CPU s/GB':>9}")
+    for size in args.sizes:
+        for name in best:
+            r = best[name][size]
+            print(f"{size:>5} {name:>10} {r['busbw_GBps']:>11.2f} {r['busbw_GBps'] / best[base][size]['busbw_GBps']:>12.2f} "
+                  f"{r['cpu_s_per_GB']:>9.3f}")
+    print(f"plain 256 MiB copy, all ranks at once: {res['copy_GBps_per_rank']:.2f} GB/s per rank")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+#include "worker_pool.hpp"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "../common/log.hpp"
+#include "../common/spin.hpp"
+
+namespace roce {
+namespace {
+uint32_t generationOf(uint64_t claim) { return static_cast<uint32_t>(claim >> 32); }
+}  // namespace
+
+WorkerPool& WorkerPool::process() {
+  // Never destroyed: its threads run until the process exits, and static
+  // destructors must not pull the shared state from under them.
+  static WorkerPool* pool = new WorkerPool;
+  return *pool;
+}
+
+void WorkerPool::ensureThreads(int threads, int spinUs) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (pid_ != getpid()) {
+    // First use, or a forked child: the parent's threads do not exist here.
+    // The old state stays allocated (the parent's threads, in the parent,
+    // are not ours to free); a job in the child ran on its caller alone.
+    if (pid_ != 0) shared_ = new Shared;
+    pid_ = getpid();
+    threads_.store(0, std::memory_order_relaxed);
+    shared_->spinNs.store(int64_t(spinUs) * 1000, std::memory_order_relaxed);
+  }
+  if (int64_t(spinUs) * 1000 < shared_->spinNs.load(std::memory_order_relaxed))
+    shared_->spinNs.store(int64_t(spinUs) * 1000, std::memory_order_relaxed);
+  // No job runs while mu_ is held: a new thread starts at the current generation.
+  const uint32_t now = generationOf(shared_->claim.load(std::memory_order_relaxed));
+  for (int i = threads_.load(std::memory_order_relaxed); i < threads; ++i) {
+    std::thread(loop, shared_, now).detach();
+    threads_.store(i + 1, std::memory_order_relaxed);
+  }
+}
+
+size_t WorkerPool::runParts(Shared& s, uint32_t generation) {
+  size_t ran = 0;
+  uint64_t c = s.claim.load(std::memory_order_acquire);
+  while (generationOf(c) == generation) {
+    // Read before the claim: if the job changed since `c` was loaded, the
+    // compare-exchange below fails (the generation is part of the word).
+    const size_t parts = s.parts.load(std::memory_order_relaxed);
+    const PartFn fn = s.fn.load(std::memory_order_relaxed);
+    void* ctx = s.ctx.load(std::memory_order_relaxed);
+    const uint32_t part = static_cast<uint32_t>(c);
+    if (part >= parts) break;
+    if (!s.claim.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    fn(ctx, part);
+    ++ran;
+    // seq_cst: the waiter's "announce a sleeper, re-check" (futex.hpp).
+    s.done.fetch_add(1, std::memory_order_seq_cst);
+    s.finished.notify();
+    c = s.claim.load(std::memory_order_acquire);
+  }
+  return ran;
+}
+
+void WorkerPool::loop(Shared* s, uint32_t seen) {
+  pthread_setname_np(pthread_self(), "roce-worker");  // top -H, py-spy, tests (threads' CPU time)
+  auto ready = [&] { return generationOf(s->claim.load(std::memory_order_seq_cst)) != seen; };
+  for (;;) {
+    const auto spin = std::chrono::nanoseconds(s->spinNs.load(std::memory_order_relaxed));
+    if (!spinFor(ready, spin))
+      while (!s->jobs.sleep(ready, 100000000)) {
+      }
+    seen = generationOf(s->claim.load(std::memory_order_acquire));
+    runParts(*s, seen);
+  }
+}
+
+size_t WorkerPool::run(size_t parts, PartFn fn, void* ctx) {
+  std::unique_lock<std::mutex> busy(mu_, std::try_to_lock);
+  if (!busy.owns_lock() || threads_.load(std::memory_order_relaxed) == 0 || pid_ != getpid()) {
+    // Another job holds the pool (or there is none): queueing behind it would
+    // only add its latency to ours; the caller's core does the whole job.
+    for (size_t i = 0; i < parts; ++i) fn(ctx, i);
+    return 0;
+  }
+  Shared& s = *shared_;
+  s.done.store(0, std::memory_order_relaxed);
+  s.parts.store(parts, std::memory_order_relaxed);
+  s.fn.store(fn, std::memory_order_relaxed);
+  s.ctx.store(ctx, std::memory_order_relaxed);
+  const uint32_t generation = generationOf(s.claim.load(std::memory_order_relaxed)) + 1;
+  s.claim.store(uint64_t(generation) << 32, std::memory_order_seq_cst);  // publishes the job
+  // Wake at most the threads that can get a part (the caller takes one).
+  s.jobs.notify(static_cast<int>(std::min<size_t>(parts - 1, INT32_MAX)));
+  const size_t mine = runParts(s, generation);
+  auto finished = [&] { return s.done.load(std::memory_order_seq_cst) == parts; };
+  const auto spin = std::chrono::nanoseconds(s.spinNs.load(std::memory_order_relaxed));
+  if (!spinFor(finished, spin)) {
+    // A range takes micro- to milliseconds; a wait of seconds means a worker
+    // that holds a range is not being scheduled (or is stuck): say so once,
+    // with the state a debugger would need, instead of hanging silently.
+    for (long slept = 0; !s.finished.sleep(finished, 1000000); ++slept)
+      if (slept == 10000)
+        ROCE_WARN("worker pool: waited 10 s for ", parts - s.done.load(), " of ", parts,
+                  " ranges that worker threads claimed (job ", generation, ", ", threads(),
+                  " threads); still waiting. A worker thread is not being scheduled or is stuck: "
+                  "attach a debugger to threads named roce-worker");
+  }
+  return parts - mine;
+}
+
+}  // namespace roce
