@@ -238,12 +238,13 @@ def straggler_report(group=None, reset=True):
     it spends inside collectives (start to end, counters collective_ns and
     collectives_timed); a rank that arrives late spends little time inside,
     because the others are already there, and the ranks it keeps waiting spend
-    much. Over the window since the counters were last reset, returns a dict:
+    much. Over the window since the last report or reset_counters(), returns a dict:
     "ranks" (per rank: inside_s, window_s, collectives, inside_share,
     wait_ms_per_collective), "straggler" (the rank whose share inside is less
     than half the others' median and who costs them at least 0.1 ms per
     collective, else None) and "text" (one line). reset=True starts a new
-    window afterwards (on every rank)."""
+    window afterwards (on every rank), zeroing only collective_ns,
+    collectives_timed and window_ns, not the traffic counters."""
     group = dist.group.WORLD if group is None else group
     backend = _roce_backend(group, caller="roce_pg.straggler_report")
     c = backend._counters()
@@ -251,7 +252,7 @@ def straggler_report(group=None, reset=True):
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(every, mine, group=group)
     if reset:
-        backend._reset_counters()
+        backend._reset_straggler_window()  # the traffic counters are left alone
     ranks = []
     for r, (inside, window, n) in enumerate(t.tolist() for t in every):
         ranks.append({"rank": r, "inside_s": inside / 1e9, "window_s": window / 1e9, "collectives": n,

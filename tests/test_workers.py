@@ -1,4 +1,4 @@
-"""The worker pool (ROCE_PG_WORKERS, csrc/engine/worker_pool.hpp) under the
+"""The worker pool (ROCE_PG_WORKERS, csrc/common/worker_pool.hpp) under the
 shared-memory allreduce: in one spawned group of three ranks (not a power of
 two), four subgroups with 1, 2, 4 and 8 workers run every dtype/op/size case
 of tests/worker_pool_workers.py, one-shot and two-step over several chunks.

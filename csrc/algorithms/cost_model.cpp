@@ -308,6 +308,10 @@ double costStagedHostReduce(const Config& cfg, const Shape& s, size_t bytes, boo
   return best;
 }
 
+bool stagedReducePrefersDevice(const Config& cfg, const Shape& s, size_t bytes, bool sharedMemory) {
+  return costStagedDeviceReduce(cfg, s, bytes, sharedMemory) < costStagedHostReduce(cfg, s, bytes, sharedMemory);
+}
+
 double costStagedDeviceReduce(const Config& cfg, const Shape& s, size_t bytes, bool sharedMemory) {
   const CostConstants k(cfg);
   const double n = static_cast<double>(bytes), share = (s.ranks - 1.0) / s.ranks;

@@ -85,6 +85,8 @@ constexpr double kDevicePcieGBps = 25;    // PCIe 4.0 x16, one direction
 constexpr double kDeviceRoundTripUs = 20; // launches, an event, the progress thread's first poll
 double costStagedHostReduce(const Config& cfg, const Shape& s, size_t bytes, bool sharedMemory);
 double costStagedDeviceReduce(const Config& cfg, const Shape& s, size_t bytes, bool sharedMemory);
+// ROCE_PG_DEVICE_REDUCE=auto's answer: the device's estimate is the smaller.
+bool stagedReducePrefersDevice(const Config& cfg, const Shape& s, size_t bytes, bool sharedMemory);
 
 // The allreduce of hier's shard among the machines: the one
 // ROCE_PG_ALGO_ALLREDUCE_ACROSS forces, else any flat algorithm when the

@@ -1,4 +1,4 @@
-// The algorithms' door to the process's worker pool (engine/worker_pool.hpp):
+// The algorithms' door to the process's worker pool (common/worker_pool.hpp):
 // a rank's local copies and reductions split by element range over the
 // calling thread and ROCE_PG_WORKERS - 1 pool threads. A range computes
 // exactly what the whole would for its elements, so results are the same
@@ -8,7 +8,7 @@
 #include <cstddef>
 
 #include "../comm/communicator.hpp"
-#include "../engine/worker_pool.hpp"
+#include "../common/worker_pool.hpp"
 #include "../reduce/reduce.hpp"
 
 namespace roce::detail {

@@ -125,9 +125,7 @@ bool reduceStagedOnDevice(const Communicator& c, size_t bytes) {
   const Config& cfg = c.config();
   if (c.size() < 2 || cfg.deviceReduce == "host") return false;
   if (cfg.deviceReduce == "device") return true;
-  const Shape g = groupShape(c);
-  const bool shm = c.nodeShm() != nullptr;
-  return costStagedDeviceReduce(cfg, g, bytes, shm) < costStagedHostReduce(cfg, g, bytes, shm);
+  return stagedReducePrefersDevice(cfg, groupShape(c), bytes, c.nodeShm() != nullptr);
 }
 
 Algo chooseAcross(Communicator& c, size_t bytes, bool overlapped) {

@@ -30,7 +30,7 @@
 // only once it stopped reading this op's slots).
 //
 // Every copy and reduction above is split over the rank's threads
-// (ROCE_PG_WORKERS: the caller plus worker-pool threads, engine/worker_pool.hpp)
+// (ROCE_PG_WORKERS: the caller plus worker-pool threads, common/worker_pool.hpp)
 // by element range. A range is computed exactly as the whole would be (the
 // same inputs in the same slot order per element), so the bits do not depend
 // on the worker count, and peers never see it.

@@ -12,7 +12,7 @@
 
 #include "../common/error.hpp"
 #include "../common/log.hpp"
-#include "../engine/worker_pool.hpp"
+#include "../common/worker_pool.hpp"
 #include "../transport/shm/node_shm.hpp"
 #include "../transport/shm/shm_transport.hpp"
 #include "../transport/tcp/tcp_connect.hpp"

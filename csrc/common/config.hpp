@@ -63,7 +63,7 @@ struct Config {
   static constexpr int kMaxChannels = 8;
   // Threads that share a rank's local copies and reductions (the
   // shared-memory allreduce): the caller plus workers-1 threads of the
-  // process's worker pool (csrc/engine/worker_pool.hpp). 1: everything on the
+  // process's worker pool (csrc/common/worker_pool.hpp). 1: everything on the
   // calling thread. 0 = auto: workersAuto(), resolved by the Communicator at
   // group creation. A per-rank setting: peers never depend on it.
   int workers = 0;                       // ROCE_PG_WORKERS (0: auto, else 1..kMaxWorkers)

@@ -42,9 +42,15 @@ struct Counters {
   }
   void reset() {
     for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends, &blockedWaits, &inlineOps,
-                    &bytesZeroCopy, &registrations, &eagerSends, &bytesReducedOnDevice, &collectiveNs, &collectivesTimed,
-                    &workerSlices})
+                    &bytesZeroCopy, &registrations, &eagerSends, &bytesReducedOnDevice, &workerSlices})
       c->store(0, std::memory_order_relaxed);
+    resetWindow();
+  }
+  // Only the straggler window (collectiveNs, collectivesTimed, resetAtNs):
+  // straggler_report() starts a new one without zeroing the traffic counters.
+  void resetWindow() {
+    collectiveNs.store(0, std::memory_order_relaxed);
+    collectivesTimed.store(0, std::memory_order_relaxed);
     resetAtNs.store(steadyNs(), std::memory_order_relaxed);
   }
 };

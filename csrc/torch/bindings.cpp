@@ -19,6 +19,17 @@
 
 namespace py = pybind11;
 
+namespace {
+
+// The cost model's view of `ranks` over `machines`, `perMachine` each (0: uneven).
+roce::Shape shapeOf(const roce::Config& cfg, int ranks, int machines, int perMachine) {
+  const bool even = perMachine > 0 && perMachine * machines == ranks;
+  const int most = even ? perMachine : (ranks + machines - 1) / machines;
+  return roce::Shape::group(ranks, machines, most, even, cfg.forceNetwork);
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "roce: a torch.distributed backend over RDMA verbs, shared memory and TCP";
   py::object backendBase = py::module_::import("torch.distributed").attr("Backend");
@@ -56,6 +67,7 @@ PYBIND11_MODULE(_C, m) {
              return d;
            })
       .def("_reset_counters", [](roce::RoceBackend& b) { b.counters().reset(); })
+      .def("_reset_straggler_window", [](roce::RoceBackend& b) { b.counters().resetWindow(); })
       .def("_wait_engine_parked", &roce::RoceBackend::waitEngineParked, py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
       .def("_trace_capacity", [](const roce::RoceBackend& b) { return b.trace().capacity(); })
@@ -127,9 +139,7 @@ PYBIND11_MODULE(_C, m) {
     if (ranks < 1 || machines < 1 || machines > ranks || perMachine < 0 || perMachine * machines > ranks)
       throw std::invalid_argument("_allreduce_plan: need 1 <= machines <= ranks and per_machine * machines <= ranks");
     const roce::Config cfg = roce::Config::fromEnv();
-    const bool even = perMachine > 0 && perMachine * machines == ranks;
-    const int most = even ? perMachine : (ranks + machines - 1) / machines;
-    const roce::Shape shape = roce::Shape::group(ranks, machines, most, even, cfg.forceNetwork);
+    const roce::Shape shape = shapeOf(cfg, ranks, machines, perMachine);
     const roce::Choice ch = roce::planAllreduce(cfg, shape, bytes);
     py::dict d, estimates;
     d["algo"] = roce::algoName(ch.algo);
@@ -153,13 +163,11 @@ PYBIND11_MODULE(_C, m) {
       throw std::invalid_argument("_staged_reduce_plan: need 2 <= ranks, 1 <= machines <= ranks, and one machine "
                                   "for shared memory");
     const roce::Config cfg = roce::Config::fromEnv();
-    const bool even = ranks % machines == 0;
-    const roce::Shape shape =
-        roce::Shape::group(ranks, machines, (ranks + machines - 1) / machines, even, cfg.forceNetwork);
+    const roce::Shape shape = shapeOf(cfg, ranks, machines, ranks % machines == 0 ? ranks / machines : 0);
     py::dict d;
     d["host_us"] = roce::costStagedHostReduce(cfg, shape, bytes, sharedMemory) * 1e6;
     d["device_us"] = roce::costStagedDeviceReduce(cfg, shape, bytes, sharedMemory) * 1e6;
-    d["where"] = d["device_us"].cast<double>() < d["host_us"].cast<double>() ? "device" : "host";
+    d["where"] = roce::stagedReducePrefersDevice(cfg, shape, bytes, sharedMemory) ? "device" : "host";
     return d;
   }, py::arg("ranks"), py::arg("machines"), py::arg("shared_memory"), py::arg("bytes"));
   // The verbs transport's registered bytes per rank for `peers` connected

@@ -6,8 +6,8 @@
 #include <chrono>
 #include <thread>
 
-#include "../common/log.hpp"
-#include "../common/spin.hpp"
+#include "log.hpp"
+#include "spin.hpp"
 
 namespace roce {
 namespace {

@@ -32,7 +32,7 @@
 #include <mutex>
 #include <type_traits>
 
-#include "../common/futex.hpp"
+#include "futex.hpp"
 
 namespace roce {
 
