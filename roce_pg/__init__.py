@@ -129,11 +129,31 @@ def _create_backend(dist_backend_opts, backend_options):
     global_rank = ranks[opts.group_rank] if ranks else opts.group_rank
     backend = _C.RoceBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, global_rank)
     backend._set_trace_ranks(ranks or list(range(opts.group_size)))  # named in trace dumps
+    _tell_torch_who_records(backend)
     devices = _devices_of_group_being_created()
     template = getattr(opts, "process_group", None)
     if template is None or not devices or set(devices.values()) != {BACKEND_NAME}:
         return backend  # shares the group with other backends: torch registers it
     return _named_group(backend, opts, template, devices)
+
+
+def _tell_torch_who_records(backend):
+    """Right after this creator returns, torch decides whether to attach its
+    generic flight-recorder hook to the new group, skipping backends in
+    _FR_SELF_RECORDING_BACKENDS (Gloo, NCCL: they record themselves). roce
+    records every operation natively, so by default it joins that set and
+    saves each call the hook's ~2 us; with ROCE_PG_TORCH_FR=hook, or roce's
+    recorder off (ROCE_PG_TRACE_ENTRIES=0), it leaves it and torch's hook
+    records the group, fed roce's completions. Decided per group, as torch
+    reads the set per group. The set is torch's registrars' (Gloo's, NCCL's)
+    and not public API: where a torch lacks it, torch's hook stays."""
+    recorders = getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if not isinstance(recorders, set):
+        return
+    if backend._records_natively():
+        recorders.add(BACKEND_NAME)
+    else:
+        recorders.discard(BACKEND_NAME)
 
 
 def _devices_of_group_being_created():

@@ -70,6 +70,7 @@ SETTINGS = {
     "ROCE_PG_SHM_CHUNK_BYTES": ("int", 4096, 1 << 30, True),
     "ROCE_PG_SHUTDOWN_GRACE_MS": ("int", 0, 3600000, False),
     "ROCE_PG_TRACE_ENTRIES": ("int", 0, 1 << 24, False),
+    "ROCE_PG_TORCH_FR": ("choice", ("native", "hook")),
     "ROCE_PG_TRACE_DUMP": ("text",),
     "ROCE_PG_TRACE_SIGNAL": ("choice", ("off", "SIGUSR1", "SIGUSR2")),
     "ROCE_PG_HEARTBEAT_TIMEOUT_MS": ("int", 1000, 86400000, True),

@@ -3,7 +3,9 @@ every collective and point-to-point op recorded with its sizes, dtypes, peer,
 algorithm and times; torch's flight-recorder hook sees each roce op once and
 retires it as completed through roce's completion hook; dump_trace() in
 torch's layout, which torch's analyzer reads; the ring wraps; 0 entries turns
-it off; a timed-out op is recorded as failed with its reason and dumped.
+it off; a timed-out op is recorded as failed with its reason and dumped;
+with ROCE_PG_TORCH_FR=native (the default) torch attaches no hook to the
+group (this test runs its groups with "hook" to check that path too).
 The recording cost is benchmarks/trace_cost.cpp (docs/PERFORMANCE.md)."""
 import pickle
 import subprocess
@@ -16,7 +18,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def test_trace_records_every_op_and_feeds_torch_flight_recorder(tmp_path):
-    results = run_group("tests.trace_workers.run", 2, env={"TEST_PG_TIMEOUT_S": "60"},
+    results = run_group("tests.trace_workers.run", 2, env={"TEST_PG_TIMEOUT_S": "60", "ROCE_PG_TORCH_FR": "hook"},
                         kwargs={"dump_dir": str(tmp_path)})
     failures = [f for r in results for f in r["failures"]]
     assert not failures, "\n".join(failures[:40])

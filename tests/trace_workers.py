@@ -40,10 +40,11 @@ def _torch_entries_settled(group, retired=None, timeout_s=5):
         time.sleep(0.01)
 
 
-def _new_group(world, entries, dump=None, **kw):
+def _new_group(world, entries, dump=None, torch_fr=None, **kw):
     """A subgroup whose recorder keeps `entries` operations and dumps to the
-    prefix `dump` on failure (both read at creation)."""
-    settings = {"ROCE_PG_TRACE_ENTRIES": str(entries), "ROCE_PG_TRACE_DUMP": dump}
+    prefix `dump` on failure, with ROCE_PG_TORCH_FR=`torch_fr` if given (all
+    read at creation)."""
+    settings = {"ROCE_PG_TRACE_ENTRIES": str(entries), "ROCE_PG_TRACE_DUMP": dump, "ROCE_PG_TORCH_FR": torch_fr}
     old = {k: os.environ.get(k) for k in settings}
     for k, v in settings.items():
         if v is not None:
@@ -217,6 +218,23 @@ def run(rank, world, port, dump_dir):
             check(len(written) == 2 and written[1]["retired"] and written[1]["state"] != "completed"
                   and "timed out" in written[1]["error"], f"dump on failure: {written}")
     dist.barrier()  # the world group is unaffected
+
+    # 7. ROCE_PG_TORCH_FR=native (the default; this test's groups run with
+    # "hook" so that part 2 can compare): torch attaches no hook to the group
+    # and its recorder gets nothing from it, while roce's records every call;
+    # with roce's recorder off, torch's hook records the group after all.
+    hooks = dist.distributed_c10d._world.pg_flight_recorder_hooks
+    check(world_pg in hooks, "ROCE_PG_TORCH_FR=hook: torch's hook should be attached to the world group")
+    native = _new_group(world, 100, torch_fr="native")
+    for _ in range(3):
+        dist.all_reduce(torch.ones(2), group=native)
+    check(native not in hooks and _torch_entries(native) == [],
+          f"native: torch's hook attached ({native in hooks}) or recorded {len(_torch_entries(native))} entries")
+    check(len(roce_pg.trace(native)) == 3, f"native: roce recorded {len(roce_pg.trace(native))} of 3 calls")
+    unrecorded = _new_group(world, 0, torch_fr="native")
+    dist.all_reduce(torch.ones(2), group=unrecorded)
+    check(unrecorded in hooks and len(_torch_entries_settled(unrecorded)) == 1,
+          "ROCE_PG_TRACE_ENTRIES=0: torch's hook should record the group")
     return {"failures": failures, **out}
 
 

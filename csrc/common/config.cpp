@@ -109,6 +109,7 @@ Config Config::read(EnvReader& r) {
   c.shmChunkBytes = floorPow2(c.shmChunkBytes);
   c.shutdownGraceMs = static_cast<int>(r.integer("ROCE_PG_SHUTDOWN_GRACE_MS", c.shutdownGraceMs, 0, 3600000));
   c.traceEntries = r.integer("ROCE_PG_TRACE_ENTRIES", c.traceEntries, 0, 1ll << 24);
+  c.torchFlightRecorder = r.oneOf("ROCE_PG_TORCH_FR", c.torchFlightRecorder, {"native", "hook"});
   c.traceDump = r.text("ROCE_PG_TRACE_DUMP");
   const std::string signal = r.oneOf("ROCE_PG_TRACE_SIGNAL", "off", {"off", "SIGUSR1", "SIGUSR2"});
   c.traceSignal = signal == "SIGUSR1" ? SIGUSR1 : signal == "SIGUSR2" ? SIGUSR2 : 0;

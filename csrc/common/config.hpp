@@ -134,6 +134,13 @@ struct Config {
   int shutdownGraceMs = 5000;            // ROCE_PG_SHUTDOWN_GRACE_MS
   // Operations each group's flight recorder keeps (csrc/engine/trace.hpp); 0: off.
   size_t traceEntries = 2000;            // ROCE_PG_TRACE_ENTRIES
+  // Whether torch's generic flight-recorder hook also records this group:
+  // "native" declares roce self-recording (like Gloo), so torch skips it and
+  // a call saves the hook's ~2 us; "hook" keeps torch's hook, fed roce's
+  // completions, for tools that read torch's own dumps. With the recorder
+  // off (traceEntries 0) torch's hook stays whatever this says.
+  std::string torchFlightRecorder = "native";  // ROCE_PG_TORCH_FR
+  bool recordsNatively() const { return traceEntries > 0 && torchFlightRecorder == "native"; }
   // Where a group writes its trace when an operation first breaks it: this
   // prefix + "<global rank>_<group name>.json" (empty: nowhere).
   std::string traceDump;                 // ROCE_PG_TRACE_DUMP

@@ -71,6 +71,7 @@ PYBIND11_MODULE(_C, m) {
       .def("_wait_engine_parked", &roce::RoceBackend::waitEngineParked, py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
       .def("_trace_capacity", [](const roce::RoceBackend& b) { return b.trace().capacity(); })
+      .def("_records_natively", &roce::RoceBackend::recordsNatively)
       .def("_trace_dump_json", &roce::RoceBackend::traceDumpJson)
       .def("_set_trace_ranks", &roce::RoceBackend::setTraceRanks)
       .def("_trace",
