@@ -8,9 +8,9 @@ processes on a busy machine barely count:
                    path alone (torch's floor)
   roce bare        roce with both flight recorders off: + roce's adapter
                    (checks, Work and future, task, inline run, completion)
-  roce trace       + roce's own recorder (ROCE_PG_TRACE_ENTRIES default)
-  roce trace+fr    + torch's flight-recorder hook, which torch attaches to
-                   roce groups (torch's defaults)
+  roce trace       + roce's own recorder: roce's and torch's defaults
+                   (ROCE_PG_TORCH_FR=native: torch's hook skips the group)
+  roce trace+fr    + torch's flight-recorder hook (ROCE_PG_TORCH_FR=hook)
 
     PYTHONPATH=. python benchmarks/call_breakdown.py [--calls 20000] [--blocks 15]
 
@@ -28,7 +28,7 @@ def main():
     p.add_argument("--calls", type=int, default=20000, help="calls per block")
     p.add_argument("--blocks", type=int, default=15, help="blocks per group, alternating")
     args = p.parse_args()
-    for var in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "ROCE_PG_TRACE_ENTRIES"):
+    for var in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "ROCE_PG_TRACE_ENTRIES", "ROCE_PG_TORCH_FR"):
         os.environ.pop(var, None)
     import torch
     import torch.distributed as dist
@@ -36,14 +36,18 @@ def main():
 
     import roce_pg
 
-    # Both settings are read when a group is created; torch's recorder for
+    # The settings are read when a group is created; torch's recorder for
     # roce is created (enabled) with the first group, which keeps its hook.
+    os.environ["ROCE_PG_TORCH_FR"] = "hook"
     dist.init_process_group("roce", store=dist.HashStore(), rank=0, world_size=1)
-    os.environ["TORCH_FR_BUFFER_SIZE"] = "0"  # later groups get no hook
+    os.environ.pop("ROCE_PG_TORCH_FR")  # the default: torch's hook skips roce's groups
     traced = dist.new_group([0])
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "0"  # no hook whatever roce says
     os.environ["ROCE_PG_TRACE_ENTRIES"] = "0"
     bare = dist.new_group([0])
     fake = dist.new_group([0], backend="fake")
+    hooks = dist.distributed_c10d._world.pg_flight_recorder_hooks
+    assert dist.group.WORLD in hooks and traced not in hooks and bare not in hooks
     groups = {"fake": fake, "roce bare": bare, "roce trace": traced, "roce trace+fr": dist.group.WORLD}
     assert roce_pg.trace(bare) == [] and roce_pg._roce_backend(traced)._trace_capacity() > 0
     t = torch.ones(2)

@@ -20,13 +20,15 @@ ratios taken in one run, not absolute numbers across runs.
 A backend named NAME-nofr (the default list has roce-nofr and gloo-nofr) is
 NAME with PyTorch's flight recorder off (TORCH_FR_BUFFER_SIZE=0 in its ranks);
 NAME-notrace (also NAME-nofr-notrace) turns roce's own recorder off
-(ROCE_PG_TRACE_ENTRIES=0); `fake` is torch's FakeProcessGroup, the floor of
-torch's own per-call path.
+(ROCE_PG_TRACE_ENTRIES=0); NAME-frhook runs roce with ROCE_PG_TORCH_FR=hook;
+`fake` is torch's FakeProcessGroup, the floor of torch's own per-call path.
 Since torch 2.15, init_process_group attaches a recording hook to every group
-whose backend does not record natively, i.e. to roce but not to gloo; it costs
-each roce collective ~1.5 us of torch's time (capturing the caller's stack and
-thread name), about a third of an 8-byte dist.all_reduce. The rows with the
-recorder off show what roce costs without it, and gloo's native recorder off.
+whose backend does not record natively. roce records natively and by default
+asks torch to skip its groups, as torch skips gloo's; with -frhook torch's hook
+records roce's groups too, which costs each collective ~1.5-2.5 us of torch's
+time (capturing the caller's stack and thread name), about a third of an
+8-byte dist.all_reduce. The -nofr rows show each backend with torch's
+recorder off (gloo's native one included).
 
 Torch ranks are spawned by this script (a TCP store on a free port); the MPI
 column runs `mpirun -np N python small_ops.py --mpi-worker` (as root it passes
@@ -66,9 +68,13 @@ def time_blocks(fn, iters, reps, barrier):
 
 NO_FLIGHT_RECORDER = "-nofr"
 NO_ROCE_TRACE = "-notrace"  # roce's own flight recorder off (ROCE_PG_TRACE_ENTRIES=0)
+TORCH_FR_HOOK = "-frhook"  # torch's flight-recorder hook on roce's groups too (ROCE_PG_TORCH_FR=hook)
 
 
 def torch_rank(rank, world, port, backend, args, queue):
+    if backend.endswith(TORCH_FR_HOOK):
+        backend = backend[:-len(TORCH_FR_HOOK)]
+        os.environ["ROCE_PG_TORCH_FR"] = "hook"
     if backend.endswith(NO_ROCE_TRACE):
         backend = backend[:-len(NO_ROCE_TRACE)]
         os.environ["ROCE_PG_TRACE_ENTRIES"] = "0"
@@ -221,8 +227,9 @@ def main():
     p.add_argument("--big-iters", type=int, default=20, help="32 MiB calls per timed block")
     p.add_argument("--reps", type=int, default=5, help="timed blocks (the median is reported)")
     p.add_argument("--warmup", type=int, default=200)
-    p.add_argument("--backends", default="fake,roce,gloo,roce-nofr,gloo-nofr",
-                   help="comma-separated; NAME-nofr runs NAME with torch's flight recorder off; fake is "
+    p.add_argument("--backends", default="fake,roce,gloo,roce-frhook,gloo-nofr",
+                   help="comma-separated; NAME-nofr runs NAME with torch's flight recorder off, roce-frhook with "
+                        "ROCE_PG_TORCH_FR=hook; fake is "
                         "torch's FakeProcessGroup (the floor of torch's own per-call path)")
     p.add_argument("--rounds", type=int, default=1,
                    help="run the backend list this many times, interleaved, and keep each backend's best round "
