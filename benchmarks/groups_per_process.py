@@ -1,0 +1,124 @@
+"""What each extra process group costs a rank (issue 27's baseline): file
+descriptors, threads, listening TCP ports, RSS and verbs-registered bytes
+per rank after 1, 4, 16 and 64 groups, each formed over every rank with one
+allreduce in it (as a 3-D-parallel job's DeviceMesh and new_group calls do).
+
+    PYTHONPATH=.:benchmarks .venv/bin/python benchmarks/groups_per_process.py \\
+        [--ranks 4] [--groups 1 4 16 64] [--transport tcp|verbs] [--backend roce|gloo]
+
+By default each rank is its own simulated machine (ROCE_PG_FORCE_NETWORK=1)
+so every peer is reached over the network transport, as on a cluster; with
+--transport verbs it needs an RDMA device (the Soft-RoCE VM). Counts are
+read from /proc/self (fd, task, net/tcp{,6} LISTEN sockets whose inodes the
+process holds) and from roce's counters (registered_bytes, summed over the
+groups). Printed: the maximum over ranks, and per extra group the growth
+from the first to the last point.
+"""
+import argparse
+import os
+
+from local_ranks import spawn_ranks
+
+
+def _socket_inodes():
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    return inodes
+
+
+def _listening_ports():
+    """TCP ports this process listens on (LISTEN state 0A, inode it holds)."""
+    mine, ports = _socket_inodes(), set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    cols = line.split()
+                    if cols[3] == "0A" and cols[9] in mine:
+                        ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+        except OSError:
+            pass
+    return len(ports)
+
+
+def _rss_kib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _snapshot(groups, backend):
+    registered = 0
+    if backend == "roce":
+        import roce_pg
+
+        registered = sum(roce_pg.counters(g)["registered_bytes"] for g in groups)
+    return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
+            "listen": _listening_ports(), "rss_kib": _rss_kib(), "registered": registered}
+
+
+def rank_main(rank, port, args, queue):
+    try:
+        os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        if args.backend == "roce" and not args.local:
+            os.environ.update({"ROCE_PG_FORCE_NETWORK": "1", "ROCE_PG_NET_TRANSPORT": args.transport})
+        import torch
+        import torch.distributed as dist
+
+        if args.backend == "roce":
+            import roce_pg  # noqa: F401  (registers "roce")
+        dist.init_process_group(args.backend, rank=rank, world_size=args.ranks)
+        groups, points = [dist.group.WORLD], {}
+        t = torch.ones(1024)
+        dist.all_reduce(t)
+        for target in sorted(args.groups):
+            while len(groups) - 1 < target:
+                g = dist.new_group(list(range(args.ranks)))
+                dist.all_reduce(t, group=g)
+                groups.append(g)
+            dist.barrier()
+            points[target] = _snapshot(groups, args.backend)
+        dist.destroy_process_group()
+        queue.put((rank, "ok", points))
+    except Exception:  # noqa: BLE001  (reported by the parent)
+        import traceback
+
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--groups", type=int, nargs="+", default=[1, 4, 16, 64], help="extra groups per point")
+    p.add_argument("--transport", choices=["tcp", "verbs"], default="tcp")
+    p.add_argument("--backend", choices=["roce", "gloo"], default="roce")
+    p.add_argument("--local", action="store_true", help="ranks share memory as one machine (roce only)")
+    args = p.parse_args()
+    results = spawn_ranks(rank_main, args.ranks, args)
+    keys = ["fds", "threads", "listen", "rss_kib", "registered"]
+    where = "one machine" if args.local else f"each its own machine, {args.transport}"
+    print(f"# {args.backend}: {args.ranks} ranks ({where}); per rank, maximum over ranks, "
+          "after the world group plus N groups")
+    print("  N groups  " + "  ".join(f"{k:>12s}" for k in keys))
+    points = sorted(args.groups)
+    for n in points:
+        row = [max(results[r][n][k] for r in results) for k in keys]
+        print(f"  {n:8d}  " + "  ".join(f"{v:12d}" for v in row))
+    if len(points) > 1:
+        lo, hi = points[0], points[-1]
+        per = [(max(results[r][hi][k] for r in results) - max(results[r][lo][k] for r in results)) / (hi - lo)
+               for k in keys]
+        print("  per group " + "  ".join(f"{v:12.1f}" for v in per))
+
+
+if __name__ == "__main__":
+    main()
