@@ -35,6 +35,11 @@ const char* Communicator::transportName(int peer) const {
   return routes_.at(peer) ? routes_[peer]->name() : "self";
 }
 
+bool Communicator::registersDmabuf(int peer, std::string* why) const {
+  if (!routes_.at(peer)) return *why = "no transport", false;
+  return routes_[peer]->registersDmabuf(why);
+}
+
 Transport* Communicator::route(int peer) const {
   if (peer < 0 || peer >= size() || !routes_[peer])
     throwInvalid(str("rank ", rank(), ": no transport to rank ", peer, " (group size ", size(), ")"));
