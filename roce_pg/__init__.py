@@ -242,7 +242,9 @@ def counters(group=None):
     buffer directly, counted by the sender), registrations (verbs: ibv_reg_mr
     calls of the registration cache), eager_sends (verbs: messages of at most
     ROCE_PG_IB_EAGER_MAX_BYTES sent without waiting for the receiver's RTR), bytes_reduced_on_device (device
-    tensors: staged rows reduced on their device, ROCE_PG_DEVICE_REDUCE), worker_slices (slices of local copies
+    tensors: staged rows reduced on their device, ROCE_PG_DEVICE_REDUCE), device_bytes_staged (device tensor
+    bytes copied through pinned host buffers), device_bytes_direct (device tensor bytes handed to the verbs
+    transport itself: GPUDirect RDMA, ROCE_PG_GPUDIRECT), worker_slices (slices of local copies
     and reductions that worker-pool threads ran, not the calling thread; ROCE_PG_WORKERS). Monotonic until
     reset_counters(), except
     three gauges: cached_mrs (the memory registrations the verbs cache holds now), connections (network peers
@@ -313,6 +315,25 @@ def _wait_engine_parked(group=None, timeout=10.0):
     from datetime import timedelta
 
     return _roce_backend(group)._wait_engine_parked(timedelta(seconds=timeout))
+
+
+def declare_device_memory(device, path="pointer"):
+    """Declares how the NIC reaches memory of `device` (a device type such as
+    "cuda" or a renamed PrivateUse1 backend): "pointer" (ibv_reg_mr takes its
+    addresses, as with a peer-memory kernel module) or "staged" (never hand it
+    to the NIC). Overrides roce's detection; every rank must declare alike.
+    Data-movement calls over verbs then use GPUDirect RDMA (docs/ACCELERATORS.md)."""
+    from . import _C
+    _C._declare_device_memory(device, path)
+
+
+def device_memory_path(device):
+    """What `device`'s side allows GPUDirect RDMA (docs/ACCELERATORS.md): a dict with dmabuf (its memory
+    exports as dma-bufs) and pointer (ibv_reg_mr takes its pointers: a peer-memory module, or declared), each
+    with a *_why. A group uses dma-buf where its NIC's provider registers dma-bufs too, else peer memory, else
+    stages; the path a group took is in its log (ROCE_PG_DEBUG=INFO) and `python -m roce_pg.doctor`."""
+    from . import _C
+    return _C._device_memory_path(device)
 
 
 def device_staging_stats(group=None, device="cpu"):

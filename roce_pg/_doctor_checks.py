@@ -10,6 +10,7 @@ from typing import Dict, List, Mapping, Optional
 
 from . import _doctor_settings as settings
 from . import _doctor_sysfs as sysfs
+from ._doctor_gpudirect import check_gpudirect
 from ._doctor_rows import FAIL, OK, WARN, Row, fmt_bytes
 
 DEFAULT_SLOTS, DEFAULT_POOL, DEFAULT_SLOT = 8, 16 << 20, 64 << 10
@@ -475,6 +476,8 @@ def local_checks(root: str = "/", env: Optional[Mapping[str, str]] = None, verbs
         rows += [check_port(m, p), check_gids(m, p), check_mtu(m, p)]
     rows += [check_choice(m), check_gid_index(m), check_hca(m), check_settings(m, settings.table()),
              check_memlock(m, remote_peers), check_rp_filter(m)]
+    choice = m.choice()
+    rows.append(check_gpudirect(m, choice.port.device if choice.port else None))
     return [r for r in rows if r is not None]
 
 

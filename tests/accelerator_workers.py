@@ -17,9 +17,13 @@ QUICK_S = 0.1  # "did not wait for it": far below SLOW_MS
 
 def load_testdev():
     """run_group(prepare=...): the device must exist before roce_pg registers."""
+    import sys
+
     from tests import testdev
 
     testdev.load()
+    if "roce_pg" in sys.modules:  # imported before the device existed (ranks forked in the VM): add it
+        sys.modules["roce_pg"].register()
 
 
 class Accel:
@@ -464,3 +468,53 @@ def device_reductions(rank, world, port, kind):
     report = ck.result()
     report["bytes_reduced_on_device"] = reduced
     return report
+
+
+# --- GPUDirect RDMA (docs/ACCELERATORS.md): device memory to the NIC -----------
+
+
+def _pattern(n, dtype, shift):
+    # Positions differ (a misplaced byte shows) and every value is exact in bfloat16.
+    return ((torch.arange(n) % 120) + shift).to(dtype)
+
+
+def gpudirect(rank, world, port, kind, sizes=(1, 5000, 300_000)):
+    """Broadcast and send/recv of device tensors, each produced by a slow
+    kernel that is still running when the call is issued, and read by a kernel
+    queued after wait(); the sent tensor is dropped right after isend and its
+    size allocated again (the poisoning allocator would hand the memory out if
+    nothing kept it). Run with testdev's peer-memory mode: over verbs the
+    calls go to the NIC with no staging copy, over TCP or shared memory they
+    are staged. Returns the counters of these calls alone."""
+    import roce_pg
+
+    acc = Accel(kind, rank)
+    ck = Checker(rank)
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    roce_pg.reset_counters()
+    for n in sizes:
+        for dtype in (torch.float32, torch.int64, torch.bfloat16):
+            for root in range(world):
+                t = _pattern(n, dtype, 0).to(acc.device) if rank == root else torch.empty(n, dtype=dtype, device=acc.device)
+                if rank == root:
+                    acc.busy(SLOW_MS if n == sizes[-1] else 1)
+                    t.add_(root + 1)  # queued after the slow kernel: only then is t the payload
+                dist.broadcast(t, root)
+                t.mul_(2)  # a consumer on the current stream, after wait()
+                ck.same(f"broadcast n={n} {dtype} root={root}", t, _pattern(n, dtype, root + 1) * 2)
+            x = _pattern(n, dtype, 0).to(acc.device)
+            acc.busy(SLOW_MS if n == sizes[-1] else 1)
+            x.add_(rank + 1)
+            got = torch.empty(n, dtype=dtype, device=acc.device)
+            works = [dist.isend(x, nxt), dist.irecv(got, prev)]
+            del x  # only roce holds it now
+            fresh = torch.full((n,), 3, dtype=dtype, device=acc.device)
+            for w in works:
+                w.wait()
+            got.mul_(2)
+            ck.same(f"send/recv n={n} {dtype}", got, _pattern(n, dtype, prev + 1) * 2)
+            ck.same(f"tensor allocated after isend's was dropped n={n} {dtype}", fresh, torch.full((n,), 3, dtype=dtype))
+    acc.synchronize()
+    counters = roce_pg.counters()
+    return {**ck.result(), "counters": counters, "device_memory": roce_pg.device_memory_path(acc.kind),
+            "log": roce_pg._roce_backend(None)._gpudirect_log(), "nic_dmabuf": roce_pg._C._probe_dmabuf()}

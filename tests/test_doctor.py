@@ -122,6 +122,41 @@ def test_healthy_machine_is_all_ok(tmp_path):
     assert "rdma-core 44.0" in rows["rdma-core"].detail
 
 
+def test_gpudirect_row_gives_each_gpus_path_and_why(tmp_path):
+    make_tree(tmp_path)
+    row = rows_of(tmp_path)["GPUDirect RDMA"]
+    assert row.status == doctor.OK and row.detail.startswith("no NVIDIA GPU: CUDA tensors would be staged"), row
+    assert "rdma-core 44.0" in row.detail and "no nvidia_peermem in /proc/modules" in row.detail, row
+    for pci, cls in (("0000:17:00.0", "0x030200"), ("0000:65:00.0", "0x030000"), ("0000:18:00.0", "0x068000")):
+        _write(tmp_path / f"sys/bus/pci/devices/{pci}/vendor", "0x10de\n")  # the last: an NVIDIA bridge, no GPU
+        _write(tmp_path / f"sys/bus/pci/devices/{pci}/class", cls + "\n")
+    # No peer-memory module (the driver is not asked in a copied tree): staged, with the fix.
+    row = rows_of(tmp_path)["GPUDirect RDMA"]
+    assert row.status == doctor.WARN and "modprobe nvidia-peermem" in row.fix, row
+    assert "cuda:0 (0000:17:00.0): staged" in row.detail and "cuda:1 (0000:65:00.0): staged" in row.detail, row
+    assert "0000:18:00.0" not in row.detail, row
+    _write(tmp_path / "proc/modules", "nvidia 1 0 - Live 0x0\nnvidia_peermem 16384 0 - Live 0x0\n")
+    row = rows_of(tmp_path)["GPUDirect RDMA"]
+    assert row.status == doctor.OK and "cuda:1 (0000:65:00.0): peer memory" in row.detail, row
+    assert "nvidia_peermem loaded" in row.detail, row
+    assert "ROCE_PG_GPUDIRECT=off: device tensors are staged" in \
+        rows_of(tmp_path, env={"ROCE_PG_GPUDIRECT": "off"})["GPUDirect RDMA"].detail
+    make_tree(tmp_path / "no_nic", devices={})
+    for pci in ("0000:17:00.0",):
+        _write(tmp_path / f"no_nic/sys/bus/pci/devices/{pci}/vendor", "0x10de\n")
+        _write(tmp_path / f"no_nic/sys/bus/pci/devices/{pci}/class", "0x030200\n")
+    assert "1 NVIDIA GPU(s) but no RDMA port" in rows_of(tmp_path / "no_nic")["GPUDirect RDMA"].detail
+
+
+def test_gpudirect_order_is_the_extensions():
+    from roce_pg._doctor_gpudirect import gpu_path
+
+    assert gpu_path(True, True, None) == "dma-buf"
+    assert gpu_path(True, False, "nvidia_peermem") == "peer memory"  # the provider refuses dma-bufs (rxe)
+    assert gpu_path(False, True, None) == "staged"
+    assert gpu_path(None, None, None) == "staged"
+
+
 @pytest.mark.parametrize("value, status, words", [
     ("2", doctor.FAIL, ["RoCE v1"]),                    # the classic: RoCE v1 index on mlx5
     ("5", doctor.FAIL, ["empty entry", "in use: 0, 1, 2, 3"]),

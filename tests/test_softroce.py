@@ -308,6 +308,35 @@ def test_zero_copy_size_mismatch_and_kill(one_vm):
         assert res["dist_backend_error"] and "rank 2" in res["msg"], (r, res)
 
 
+# ---------------------------------------------------------------- one VM: GPUDirect RDMA (testdev peer memory)
+
+def test_gpudirect_testdev_peer_memory_crosses_verbs_with_no_staging(one_vm):
+    g = _group(one_vm, "gpudirect/verbs2")  # rxe's packets grew by at least the payload / MTU
+    print(f"\ngpudirect/verbs2: {g['packets']} packets (>= {g['min_packets']}), rxe {g['hw_delta']}")
+    for r, res in enumerate(g["results"]):
+        c = res["counters"]
+        print(f"rank {r}: {res['log']}; NIC: {res['nic_dmabuf']}; {c}")
+        assert not res["failures"], "\n".join(res["failures"][:40])
+        assert res["checks"] >= 3 * 3 * 4, res["checks"]
+        # dma-buf first: testdev exports none, and rxe refuses ibv_reg_dmabuf_mr; so peer memory, one log line.
+        assert res["nic_dmabuf"][0] is False and "rxe0 refuses ibv_reg_dmabuf_mr" in res["nic_dmabuf"][1], res
+        assert res["device_memory"]["pointer"] and not res["device_memory"]["dmabuf"], res["device_memory"]
+        assert res["log"].startswith(f"rank {r}: testdev:") and "to the NIC directly, by peer memory (no dma-buf: " \
+            "testdev has no dma-buf export hook (unsupported); peer memory: declared pointer" in res["log"], res["log"]
+        # Nothing staged, nothing copied by a CPU: every byte went by RDMA.
+        assert c["device_bytes_staged"] == 0 and c["bytes_copied"] == 0, c
+        assert c["device_bytes_direct"] > 0 and c["bytes_zero_copy"] > 0 and c["eager_sends"] == 0, c
+
+
+def test_gpudirect_over_the_device_registration_limit_is_staged(one_vm):
+    for r, res in enumerate(_group(one_vm, "gpudirect_limit/verbs2")["results"]):
+        c = res["counters"]
+        print(f"\ngpudirect_limit rank {r}: {c}")
+        assert not res["failures"], "\n".join(res["failures"][:40])
+        # 1 and 5000 elements fit 64 KiB and go directly; 300,000 are staged.
+        assert c["device_bytes_direct"] > 0 and c["device_bytes_staged"] > 0, c
+
+
 # Private RSS after handing cached free memory back (fault_workers._rss_kib runs
 # malloc_trim): without the trim, glibc's per-thread arenas kept 25-100 KiB more
 # per verbs group cycle in the VM, which looked like a leak; with it, 50 cycles

@@ -1,6 +1,6 @@
 """`python -m roce_pg.doctor` inside one Soft-RoCE VM (real rdma_rxe sysfs and
 libibverbs; see scripts/softroce/README.md), five ways in one boot: default
-(every check OK for rxe0), ROCE_PG_IB_GID_INDEX set to an empty and to a
+(every check OK for rxe0, and rxe's answer to dma-buf registration), ROCE_PG_IB_GID_INDEX set to an empty and to a
 link-local index, and `ulimit -l 64` with and without CAP_IPC_LOCK. The doctor
 imports no torch on one machine, so the whole test is a boot plus a few Python
 start-ups: about 2 minutes on a quiet 2-core host; the VM is killed after 6.
@@ -43,6 +43,9 @@ def test_doctor_in_a_softroce_vm():
     assert "index 1" in rows["GID index"]["detail"] and "10.99.0.1" in rows["GID index"]["detail"]
     assert "active_mtu 1024" in rows["MTU rxe0:1"]["detail"] and "dummy0 MTU 1500" in rows["MTU rxe0:1"]["detail"]
     assert "unlimited" in rows["memlock"]["detail"]
+    # GPUDirect: no GPU here, but the provider's answer to dma-buf registration is asked for real.
+    gd = rows["GPUDirect RDMA"]["detail"]
+    assert gd.startswith("no NVIDIA GPU") and "rxe0 refuses ibv_reg_dmabuf_mr" in gd and "rdma-core" in gd, gd
 
     # A GID index that is empty on rxe0: FAIL, with the index to use instead.
     rows, doc = _rows(out, "gid_index_empty")

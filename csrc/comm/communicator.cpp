@@ -35,6 +35,11 @@ const char* Communicator::transportName(int peer) const {
   return routes_.at(peer) ? routes_[peer]->name() : "self";
 }
 
+bool Communicator::registersDmabuf(int peer, std::string* why) const {
+  if (!routes_.at(peer)) return *why = "no transport", false;
+  return routes_[peer]->registersDmabuf(why);
+}
+
 Transport* Communicator::route(int peer) const {
   if (peer < 0 || peer >= size() || !routes_[peer])
     throwInvalid(str("rank ", rank(), ": no transport to rank ", peer, " (group size ", size(), ")"));
@@ -95,10 +100,12 @@ Request* Communicator::post(Request::Kind kind, int peer, uint64_t tag, void* bu
 }
 
 void Communicator::attachOwner(Request& r) const {
-  // Below the zero-copy threshold no transport registers the buffer.
-  if (cfg_.ibZeroCopyMinBytes == 0 || r.len < cfg_.ibZeroCopyMinBytes) return;
+  // Below the zero-copy threshold no transport registers host buffers; device
+  // memory (GPUDirect) always goes with its owner: the CPU must not touch it.
+  const bool small = cfg_.ibZeroCopyMinBytes == 0 || r.len < cfg_.ibZeroCopyMinBytes;
   for (const BufferOwner& o : taskOwners_)
-    if (o.covers(r.buf, r.len)) { r.owner = o; return; }
+    if ((o.device || !small) && o.covers(r.buf, r.len)) { r.owner = o; return; }
+  if (small) return;
   for (size_t i = 0; i < scratch_.size(); ++i) {
     BufferOwner o{std::static_pointer_cast<void>(scratch_[i]), scratch_[i].get(), scratch_[i].get(), scratchBytes_[i]};
     if (o.covers(r.buf, r.len)) { r.owner = std::move(o); return; }

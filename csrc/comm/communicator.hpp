@@ -53,6 +53,8 @@ class Communicator {
   // Non-null when every rank of the group shares this machine's memory.
   NodeShm* nodeShm() const { return topo_.allLocal() ? nodeShm_.get() : nullptr; }
   const char* transportName(int peer) const;
+  // Whether the transport serving `peer` registers dma-bufs (Transport::registersDmabuf).
+  bool registersDmabuf(int peer, std::string* why) const;
   // Traffic statistics; safe to read from any thread.
   Counters& counters() { return counters_; }
   // What this rank last issued, started and ended; safe from any thread.

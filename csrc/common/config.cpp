@@ -84,6 +84,7 @@ Config Config::read(EnvReader& r) {
   c.ibEagerMaxBytes = r.integer("ROCE_PG_IB_EAGER_MAX_BYTES", c.ibEagerMaxBytes, 0, 1ll << 30);
   c.ibZeroCopyMinBytes = r.integer("ROCE_PG_IB_ZERO_COPY_MIN_BYTES", c.ibZeroCopyMinBytes, 0, 1ll << 40);
   c.ibRegCacheBytes = r.integer("ROCE_PG_IB_REG_CACHE_BYTES", 0, 0, 1ll << 50);
+  c.ibDeviceRegBytes = r.integer("ROCE_PG_IB_DEVICE_REG_BYTES", c.ibDeviceRegBytes, 0, 1ll << 50);
   c.socketIfname = r.text("ROCE_PG_SOCKET_IFNAME");
   c.chunkBytes = r.integer("ROCE_PG_CHUNK_BYTES", c.chunkBytes, 4096, 1ll << 30);
   c.nChannels = static_cast<int>(r.integer("ROCE_PG_NCHANNELS", 0, 0, kMaxChannels));
@@ -95,6 +96,7 @@ Config Config::read(EnvReader& r) {
   c.syncInlineMaxBytes = r.integer("ROCE_PG_SYNC_INLINE_MAX_BYTES", c.syncInlineMaxBytes, 0, 1ll << 40);
   c.devicePieceBytes = r.integer("ROCE_PG_DEVICE_PIECE_BYTES", c.devicePieceBytes, 4096, 1ll << 40);
   c.deviceReduce = r.oneOf("ROCE_PG_DEVICE_REDUCE", c.deviceReduce, {"auto", "host", "device"});
+  c.gpudirect = r.oneOf("ROCE_PG_GPUDIRECT", c.gpudirect, {"auto", "off"});
   c.deviceStagingCacheBytes =
       r.integer("ROCE_PG_DEVICE_STAGING_CACHE_BYTES", c.deviceStagingCacheBytes, 0, 1ll << 50);
   c.spinUs = static_cast<int>(r.integer("ROCE_PG_SPIN_US", c.spinUs, 0, 1000000));
@@ -190,7 +192,7 @@ std::string Config::algorithmSettings() const {
              " ROCE_PG_ALGO_REDUCE_GBPS=", exact(reduceGBps), " ROCE_PG_CHUNK_BYTES=", chunkBytes,
              " ROCE_PG_NCHANNELS=", nChannels == 0 ? std::string("auto") : std::to_string(nChannels),
              " ROCE_PG_FORCE_NETWORK=", forceNetwork ? 1 : 0, " ROCE_PG_DEVICE_PIECE_BYTES=", devicePieceBytes,
-             " ROCE_PG_DEVICE_REDUCE=", deviceReduce);
+             " ROCE_PG_DEVICE_REDUCE=", deviceReduce, " ROCE_PG_GPUDIRECT=", gpudirect);
 }
 
 std::string Config::describe() const {
@@ -206,7 +208,7 @@ std::string Config::describe() const {
              " inline_max_bytes=", inlineMaxBytes, " sync_inline_max_bytes=", syncInlineMaxBytes, " spin_us=", spinUs, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
              " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,
              " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots, " ib_pool_bytes=", ibPoolBytes, " ib_slot_bytes=", ibSlotBytes, " ib_eager_max_bytes=", ibEagerMaxBytes, " ib_zero_copy_min_bytes=", ibZeroCopyMinBytes,
-             " ib_reg_cache_bytes=", ibRegCacheBytes, " device_piece_bytes=", devicePieceBytes, " device_reduce=", deviceReduce,
+             " ib_reg_cache_bytes=", ibRegCacheBytes, " ib_device_reg_bytes=", ibDeviceRegBytes, " gpudirect=", gpudirect, " device_piece_bytes=", devicePieceBytes, " device_reduce=", deviceReduce,
              " device_staging_cache_bytes=", deviceStagingCacheBytes,
              " heartbeat_timeout_ms=", heartbeatTimeoutMs, " trace_entries=", traceEntries,
              " trace_dump=", traceDump.empty() ? "<off>" : traceDump);

@@ -110,6 +110,12 @@ struct Config {
   size_t ibZeroCopyMinBytes = 64 << 10;  // ROCE_PG_IB_ZERO_COPY_MIN_BYTES: RDMA straight from/into tensors
                                          // from this size on (0: never, always copy through staging)
   size_t ibRegCacheBytes = 0;            // ROCE_PG_IB_REG_CACHE_BYTES: registration cache limit (0: auto)
+  // Device memory the verbs transport keeps registered (GPUDirect RDMA; a
+  // cache of its own: device memory is scarcer than host memory, and the
+  // registrations keep tensors alive). 2 GiB: a DDP model's buckets or a few
+  // FSDP all-gather buffers of a large model, a small part of a GPU's memory.
+  // A device call larger than this is staged through host memory.
+  size_t ibDeviceRegBytes = size_t(2) << 30;  // ROCE_PG_IB_DEVICE_REG_BYTES
   // Accelerator tensors (docs/ACCELERATORS.md). Element-wise collectives on
   // device tensors are staged through host memory in pieces of this many bytes,
   // each a collective of its own, so that the host part of piece k overlaps the
@@ -125,6 +131,12 @@ struct Config {
   // only moves bytes) or "auto" (the cost model, per call). Every rank must
   // use the same value (the two send different messages).
   std::string deviceReduce = "auto";     // ROCE_PG_DEVICE_REDUCE
+  // Whether data-movement collectives hand device memory to the verbs
+  // transport itself (docs/ACCELERATORS.md, GPUDirect RDMA): "auto" where the
+  // device's memory can be registered and every peer is served by verbs,
+  // "off" always stages. Every rank must use the same value (the two differ
+  // in the messages they send).
+  std::string gpudirect = "auto";        // ROCE_PG_GPUDIRECT
   // Most bytes of pinned host staging buffers a group keeps for reuse while no
   // operation uses them; beyond it, released buffers go back to the device's
   // host allocator once their copies are done. 512 MiB: twenty DDP buckets, or

@@ -7,6 +7,7 @@
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
 #include "../common/log.hpp"
+#include "device_memory.hpp"
 #include "device_reduce.hpp"
 #include "monitored_barrier.hpp"
 #include "sparse_allreduce.hpp"
@@ -217,6 +218,37 @@ CallStaging RoceBackend::staging(const at::Tensor& like) {
   return CallStaging(std::make_shared<DeviceStaging>(lanes_.of(like.device()), pinned_));
 }
 
+CallStaging RoceBackend::staging(const at::Tensor& like, int peer) {
+  if (like.device().is_cpu() || !like.is_contiguous() || like.numel() == 0) return staging(like);
+  const GpudirectChoice choice = gpudirect(like, peer);
+  if (choice.path == DeviceMemoryPath::Staged) return staging(like);
+  CallStaging st(std::make_shared<DeviceStaging>(lanes_.of(like.device()), pinned_), /*direct=*/true);
+  if (choice.path == DeviceMemoryPath::Dmabuf) st.exportDmabuf = deviceMemoryPath(like.device()).exportDmabuf;
+  return st;
+}
+
+GpudirectChoice RoceBackend::gpudirect(const at::Tensor& t, int peer) {
+  Communicator& c = engine_->comm();
+  std::vector<std::string> peers(c.size());
+  int nicPeer = -1;
+  for (int p = 0; p < c.size(); ++p)
+    if (p != c.rank() && (peer < 0 || p == peer)) {
+      peers[p] = c.transportName(p);
+      nicPeer = p;
+    }
+  std::string nicWhy = "no peer";
+  const bool nicDmabuf = nicPeer >= 0 && c.registersDmabuf(nicPeer, &nicWhy);
+  GpudirectChoice choice = chooseGpudirect(cfg_.gpudirect, deviceMemoryPath(t.device()), nicDmabuf, nicWhy, peers,
+                                           t.storage().nbytes(), cfg_.ibDeviceRegBytes);
+  std::call_once(gpudirectLogged_, [&] {
+    gpudirectLog_ = str("rank ", c.rank(), ": ", t.device().str(), " tensors of data-movement calls go ",
+                        choice.path == DeviceMemoryPath::Staged ? "through host staging" : "to the NIC directly, by ",
+                        choice.path == DeviceMemoryPath::Staged ? "" : pathName(choice.path), " (", choice.why, ")");
+    ROCE_INFO(gpudirectLog_);
+  });
+  return choice;
+}
+
 c10::intrusive_ptr<c10d::Work> RoceBackend::submit(OpType type, const char* title, std::vector<at::Tensor> futureValue,
                                                    CallStaging st, std::function<void(Communicator&)> body,
                                                    CallOptions call, size_t bytes) {
@@ -270,7 +302,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::broadcast(std::vector<at::Tensor>& t
   checkSingle(tensors, "broadcast");
   checkRank(opts.rootRank, getSize(), "root", "broadcast");
   const int root = static_cast<int>(opts.rootRank);
-  CallStaging st = staging(tensors[0]);
+  CallStaging st = staging(tensors[0], /*peer=*/-1);
   const at::Tensor h = st.inPlace(tensors, /*read=*/getRank() == root, /*write=*/getRank() != root);
   return submitElementwise(OpType::BROADCAST, "broadcast", tensors, std::move(st), h,
                            [h, root](Communicator& c, size_t first, size_t count) {
@@ -621,7 +653,8 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char
     TORCH_CHECK(peer != getRank(), "roce: ", title, ": rank ", getRank(), " cannot ", sending ? "send to" : "receive from",
                 " itself");
   }
-  CallStaging st = staging(tensors[0]);
+  // A receive from any rank may be served by any transport: staged.
+  CallStaging st = peer >= 0 ? staging(tensors[0], peer) : staging(tensors[0]);
   const at::Tensor host = sending ? st.input(tensors[0]) : st.output(tensors[0]);
   if (st.device) st.device->start(/*pieceElems=*/0, 0);
   const OpLabel what = label(title, bytesOf(host));

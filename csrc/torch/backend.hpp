@@ -9,11 +9,13 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 
 #include "../common/config.hpp"
 #include "../common/counters.hpp"
 #include "../engine/engine.hpp"
 #include "device_staging.hpp"
+#include "device_memory.hpp"
 #include "pinned_cache.hpp"
 #include "trace_dump.hpp"
 #include "work.hpp"
@@ -119,6 +121,21 @@ class RoceBackend : public c10d::Backend {
  private:
   // Host buffers for a call whose tensors are on like's device.
   CallStaging staging(const at::Tensor& like);
+  // The same, but a single contiguous device tensor goes to the transport
+  // itself where gpudirect() says so (data-movement calls only: the
+  // algorithms must not touch it with the CPU). peer -1: every other rank.
+  CallStaging staging(const at::Tensor& like, int peer);
+  // GPUDirect RDMA for t in a call with `peer` (-1: all)? Decided before the
+  // call is issued from what is alike on every rank: ROCE_PG_GPUDIRECT, the
+  // device type's registration path (device_memory.hpp), every peer served
+  // by verbs, t's allocation within ROCE_PG_IB_DEVICE_REG_BYTES.
+  GpudirectChoice gpudirect(const at::Tensor& t, int peer);
+
+ public:
+  // The line logged (ROCE_PG_DEBUG=INFO) at the group's first choice, for tests.
+  std::string gpudirectLog() const { return gpudirectLog_; }
+
+ private:
   // Elements per staged piece of device tensors (ROCE_PG_DEVICE_PIECE_BYTES).
   int64_t devicePieceElems(size_t elementSize) const;
   // Staged reductions on the device (ROCE_PG_DEVICE_REDUCE, device_reduce.hpp):
@@ -166,6 +183,8 @@ class RoceBackend : public c10d::Backend {
   uint64_t monitoredBarriers_ = 0;             // calls so far; the same count on every rank
   CompletionHooks completionHooks_;       // before engine_: completions fire them until it is gone
   DeviceLanes lanes_;                     // copy streams per device
+  std::once_flag gpudirectLogged_;        // the path device tensors take, logged once per group
+  std::string gpudirectLog_;
   std::shared_ptr<PinnedCache> pinned_;   // staging buffers of device tensors
   std::unique_ptr<Engine> engine_;        // after the two above: its tasks use them
   std::atomic<uint64_t> seq_{0};          // every operation, for messages

@@ -13,8 +13,10 @@
 #include "../algorithms/cost_model.hpp"
 #include "../common/config.hpp"
 #include "../transport/verbs/device_probe.hpp"
+#include "../transport/verbs/dmabuf.hpp"
 #include "../transport/verbs/verbs_transport.hpp"
 #include "backend.hpp"
+#include "device_memory.hpp"
 #include "process_group.hpp"
 
 namespace py = pybind11;
@@ -57,6 +59,8 @@ PYBIND11_MODULE(_C, m) {
              d["registrations"] = get(c.registrations);
              d["eager_sends"] = get(c.eagerSends);
              d["bytes_reduced_on_device"] = get(c.bytesReducedOnDevice);
+             d["device_bytes_staged"] = get(c.deviceBytesStaged);
+             d["device_bytes_direct"] = get(c.deviceBytesDirect);
              d["collective_ns"] = get(c.collectiveNs);
              d["collectives_timed"] = get(c.collectivesTimed);
              d["window_ns"] = roce::Counters::steadyNs() - c.resetAtNs.load(std::memory_order_relaxed);
@@ -66,6 +70,7 @@ PYBIND11_MODULE(_C, m) {
              d["registered_bytes"] = get(c.registeredBytes);
              return d;
            })
+      .def("_gpudirect_log", &roce::RoceBackend::gpudirectLog)
       .def("_reset_counters", [](roce::RoceBackend& b) { b.counters().reset(); })
       .def("_reset_straggler_window", [](roce::RoceBackend& b) { b.counters().resetWindow(); })
       .def("_wait_engine_parked", &roce::RoceBackend::waitEngineParked, py::arg("timeout"),
@@ -171,6 +176,37 @@ PYBIND11_MODULE(_C, m) {
     d["where"] = roce::stagedReducePrefersDevice(cfg, shape, bytes, sharedMemory) ? "device" : "host";
     return d;
   }, py::arg("ranks"), py::arg("machines"), py::arg("shared_memory"), py::arg("bytes"));
+  // How memory of a device type reaches the NIC (device_memory.hpp): the
+  // declaration roce_pg.declare_device_memory() makes, and the answer.
+  m.def("_declare_device_memory", [](const std::string& device, const std::string& path) {
+    if (path != "pointer" && path != "staged")
+      throw std::invalid_argument("declare_device_memory: path must be \"pointer\" or \"staged\", not \"" + path + "\"");
+    roce::declareDeviceMemory(c10::Device(device).type(), path == "pointer",
+                              "declared " + path + " (roce_pg.declare_device_memory)");
+  }, py::arg("device"), py::arg("path"));
+  m.def("_device_memory_path", [](const std::string& device) {
+    const roce::DeviceMemoryAnswer a = roce::deviceMemoryPath(c10::Device(device));
+    py::dict d;
+    d["dmabuf"] = a.dmabuf;
+    d["dmabuf_why"] = a.dmabufWhy;
+    d["pointer"] = a.pointer;
+    d["pointer_why"] = a.pointerWhy;
+    return d;
+  }, py::arg("device"));
+  // The provider's answer to ibv_reg_dmabuf_mr on the first RDMA device.
+  m.def("_probe_dmabuf", [] {
+    const roce::DmabufAnswer a = roce::probeDmabufFirstDevice();
+    return py::make_tuple(a.supported, a.why);
+  });
+  m.def("_choose_gpudirect", [](const std::string& mode, bool dmabuf, bool pointer, bool nicDmabuf,
+                                const std::vector<std::string>& peers, size_t allocationBytes, size_t limitBytes) {
+    roce::DeviceMemoryAnswer a{dmabuf, "device dma-buf " + std::to_string(dmabuf), pointer,
+                               "device pointer " + std::to_string(pointer), nullptr};
+    const roce::GpudirectChoice c = roce::chooseGpudirect(mode, a, nicDmabuf, "nic dma-buf " + std::to_string(nicDmabuf),
+                                                          peers, allocationBytes, limitBytes);
+    return py::make_tuple(roce::pathName(c.path), c.why);
+  });
+  m.def("_peer_memory_module_loaded", &roce::peerMemoryModuleLoaded, py::arg("modules_text"));
   // The verbs transport's registered bytes per rank for `peers` connected
   // peers with the ROCE_PG_* settings of this process (the doctor mirrors it).
   m.def("verbs_registered_bytes", [](int peers) { return roce::verbsRegisteredBytes(roce::Config::fromEnv(), peers); });

@@ -31,14 +31,18 @@ DeviceStaging::DeviceStaging(DeviceLane lane, std::shared_ptr<PinnedCache> cache
   // the inputs, earlier readers of the outputs) comes before our copies.
   const c10::Device device = lane_.device();
   c10::impl::VirtualGuardImpl impl(device.type());
-  c10::Event issued(device.type());
-  issued.record(impl.getStream(device));
-  issued.block(lane_.toHost);
-  issued.block(lane_.toDevice);
+  issued_ = std::make_shared<c10::Event>(device.type());
+  issued_->record(impl.getStream(device));
+  issued_->block(lane_.toHost);
+  issued_->block(lane_.toDevice);
+}
+
+void DeviceStaging::addDirect(const at::Tensor& user) {
+  if (user.numel() > 0) direct_.push_back(user);
 }
 
 DeviceStaging::~DeviceStaging() {
-  if (end_ || (blocks_.empty() && segments_.empty())) return;
+  if (end_ || (blocks_.empty() && segments_.empty() && direct_.empty())) return;
   try {
     finish();
   } catch (const std::exception& e) {
@@ -67,6 +71,10 @@ void DeviceStaging::add(const at::Tensor& user, const at::Tensor& host, bool rea
 }
 
 void DeviceStaging::start(int64_t pieceElems, int64_t totalElems) {
+  if (!direct_.empty()) {  // nothing to copy; the transport reads once the producers are done
+    pieces_.push_back(Piece{0, totalElems, issued_});
+    return;
+  }
   if (pieceElems <= 0) {
     pieces_.push_back(Piece{0, totalElems, nullptr});
   } else {
@@ -160,6 +168,7 @@ std::shared_ptr<c10::Event> DeviceStaging::finish() {
   // streams that still use it (add()).
   segments_.clear();
   hostTensors_.clear();
+  direct_.clear();
   return end_;
 }
 

@@ -82,6 +82,12 @@ class DeviceStaging {
   // contiguous is copied whole, with the first piece it overlaps (in) or the
   // last (back).
   void add(const at::Tensor& user, const at::Tensor& host, bool read, bool write, int64_t offset = 0);
+  // GPUDirect RDMA: `user` (contiguous) goes to the transport itself, no
+  // copy. The call then runs as one piece, which waits for the caller's
+  // stream (the NIC must not read before the producers finished); held until
+  // finish(), and kept alive beyond it by the transport's registration.
+  void addDirect(const at::Tensor& user);
+  const std::vector<at::Tensor>& directTensors() const { return direct_; }
   // Queues the copies to the host. pieceElems > 0: pieces of that many
   // elements over [0, totalElems) (at least one); 0: one piece, everything.
   void start(int64_t pieceElems, int64_t totalElems);
@@ -130,6 +136,8 @@ class DeviceStaging {
   std::vector<Segment> segments_;
   std::vector<Piece> pieces_;
   std::shared_ptr<c10::Event> end_;
+  std::shared_ptr<c10::Event> issued_;  // on the caller's stream at the call
+  std::vector<at::Tensor> direct_;
 };
 
 }  // namespace roce

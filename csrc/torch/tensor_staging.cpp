@@ -56,8 +56,15 @@ Staged stage(const at::Tensor& t, bool readable) {
   return s;
 }
 
+at::Tensor CallStaging::directly(const at::Tensor& t) {
+  TORCH_INTERNAL_ASSERT(t.is_contiguous(), "roce: GPUDirect was chosen for a non-contiguous tensor");
+  device->addDirect(t);
+  return t.view(-1);
+}
+
 at::Tensor CallStaging::input(const at::Tensor& t) {
   if (!device) return stage(t, true).host;
+  if (direct) return directly(t);
   at::Tensor host = device->hostBuffer(t.numel(), t.scalar_type());
   device->add(t, host.view(t.sizes()), /*read=*/true, /*write=*/false);
   return host;
@@ -68,6 +75,7 @@ at::Tensor CallStaging::output(const at::Tensor& t) {
     cpuOutputs.push_back(stage(t, false));
     return cpuOutputs.back().host;
   }
+  if (direct) return directly(t);
   at::Tensor host = device->hostBuffer(t.numel(), t.scalar_type());
   device->add(t, host.view(t.sizes()), /*read=*/false, /*write=*/true);
   return host;
@@ -102,6 +110,8 @@ at::Tensor CallStaging::inPlace(const std::vector<at::Tensor>& ts, bool read, bo
       for (auto& s : slicesOf(flat, ts)) cpuOutputs.push_back(s);
     return flat;
   }
+  if (direct && ts.size() == 1) return directly(ts[0]);
+  TORCH_INTERNAL_ASSERT(!direct, "roce: GPUDirect was chosen for a call of several tensors");
   at::Tensor flat = device->hostBuffer(totalNumel(ts), ts[0].scalar_type());
   int64_t at = 0;
   for (const auto& t : ts) {

@@ -40,7 +40,8 @@ Staged stage(const at::Tensor& t, bool readable);
 class CallStaging {
  public:
   CallStaging() = default;  // CPU tensors
-  explicit CallStaging(std::shared_ptr<DeviceStaging> device) : device(std::move(device)) {}
+  explicit CallStaging(std::shared_ptr<DeviceStaging> device, bool direct = false)
+      : device(std::move(device)), direct(direct) {}
 
   // Holds t's contents.
   at::Tensor input(const at::Tensor& t);
@@ -57,6 +58,14 @@ class CallStaging {
 
   std::vector<Staged> cpuOutputs;
   std::shared_ptr<DeviceStaging> device;  // null for CPU tensors
+  // GPUDirect RDMA (device only): single contiguous tensors are handed to the
+  // algorithm as they are, no host buffer (RoceBackend::gpudirect decided).
+  bool direct = false;
+  // direct by dma-buf: the device type's export (device_memory.hpp); null: by pointer.
+  int (*exportDmabuf)(const void* base, size_t len, int deviceIndex, uint64_t* offset) = nullptr;
+
+ private:
+  at::Tensor directly(const at::Tensor& t);  // direct: t itself, flat
 };
 
 // Argument checks that raise c10::Error naming the operation. Tensors may be

@@ -25,9 +25,8 @@ std::vector<c10::Device> devicesOf(const std::vector<at::Tensor>& ts) {
 // address reused) while a transport holds a registration of it.
 // Only for buffers large enough for zero copy (minBytes; 0: zero copy off):
 // small operations, the latency-bound ones, allocate nothing for it.
-BufferOwner ownerOf(const at::Tensor& host, size_t minBytes) {
-  if (minBytes == 0 || !host.defined() || !host.has_storage() || !host.is_cpu() || host.nbytes() < minBytes) return {};
-  const c10::Storage& st = host.storage();
+BufferOwner storageOwner(const at::Tensor& t) {
+  const c10::Storage& st = t.storage();
   if (!st.data() || st.nbytes() == 0) return {};
   auto keep = std::make_shared<c10::Storage>(st);
   BufferOwner o;
@@ -36,7 +35,29 @@ BufferOwner ownerOf(const at::Tensor& host, size_t minBytes) {
   o.len = st.nbytes();
   o.keep = std::move(keep);
   o.released = [](const void* k) { return static_cast<const c10::Storage*>(k)->use_count() == 1; };
+  o.device = !t.is_cpu();
   return o;
+}
+
+BufferOwner ownerOf(const at::Tensor& host, size_t minBytes) {
+  if (minBytes == 0 || !host.defined() || !host.has_storage() || !host.is_cpu() || host.nbytes() < minBytes) return {};
+  return storageOwner(host);
+}
+
+// A device tensor handed to the transport itself (GPUDirect): always owned,
+// whatever its size (the transport must register it), and counted.
+BufferOwner directOwner(const at::Tensor& t, const CallStaging& st, Communicator& c) {
+  Counters::add(c.counters().deviceBytesDirect, t.nbytes());
+  BufferOwner o = storageOwner(t);
+  o.exportDmabuf = st.exportDmabuf;
+  o.deviceIndex = t.device().has_index() ? t.device().index() : 0;
+  return o;
+}
+
+void countStaged(const DeviceStaging& d, Communicator& c) {
+  size_t n = 0;
+  for (const auto& h : d.hostTensors()) n += h.nbytes();
+  Counters::add(c.counters().deviceBytesStaged, n);
 }
 
 }  // namespace
@@ -158,6 +179,8 @@ bool CollectiveTask::start(Communicator& c) {
   DeviceStaging* device = staging_.device.get();
   if (device) {
     for (const auto& h : device->hostTensors()) own(h);
+    for (const auto& t : device->directTensors()) owners.push_back(directOwner(t, staging_, c));
+    countStaged(*device, c);
   } else {
     for (const auto& s : staging_.cpuOutputs) own(s.host);
   }
@@ -192,7 +215,12 @@ PointToPointTask::PointToPointTask(c10::intrusive_ptr<RoceWork> work, std::strin
 }
 
 bool PointToPointTask::start(Communicator& c) {
-  req_.owner = ownerOf(host_, c.config().ibZeroCopyMinBytes);
+  if (staging_.direct) {
+    req_.owner = directOwner(host_, staging_, c);
+  } else {
+    req_.owner = ownerOf(host_, c.config().ibZeroCopyMinBytes);
+    if (staging_.device) countStaged(*staging_.device, c);
+  }
   // A send from a device first waits for its copy to the host, as a
   // collective would (an idle engine blocks on descriptors, which a device
   // event does not have, so polling it from poll() could sleep through it).

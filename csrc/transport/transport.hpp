@@ -41,6 +41,17 @@ struct BufferOwner {
   // True when nothing but `keep` refers to the allocation any more (the user
   // freed it): the cache may drop it first. Null: only keep.use_count() counts.
   bool (*released)(const void* keep) = nullptr;
+  // Device memory (GPUDirect RDMA, docs/ACCELERATORS.md): the CPU must never
+  // read or write it, so only a transport that registers it with the NIC
+  // (verbs) is given such a buffer, and it moves it by RDMA at every size:
+  // never eagerly, never through its staging or landing slots.
+  bool device = false;
+  // Device memory the NIC should reach through a dma-buf (registered with
+  // ibv_reg_dmabuf_mr): exports one for the allocation holding [base, len)
+  // on device `deviceIndex` and gives base's offset in it; -1 if it cannot
+  // (the transport then registers the pointer, as with peer memory).
+  int (*exportDmabuf)(const void* base, size_t len, int deviceIndex, uint64_t* offset) = nullptr;
+  int deviceIndex = -1;
 
   explicit operator bool() const { return keep != nullptr; }
   bool covers(const void* p, size_t n) const {
@@ -125,6 +136,13 @@ class Transport {
   // after every prepareWait that returned true, also when the wait did not
   // sleep (the re-check found work, or a later transport could not block).
   virtual bool hasSilentPeers() const { return false; }
+
+  // GPUDirect RDMA by dma-buf: whether this transport's NIC registers
+  // dma-bufs (the provider's answer; only verbs can), and why.
+  virtual bool registersDmabuf(std::string* why) const {
+    *why = std::string(name()) + " does not take device memory";
+    return false;
+  }
 
   // Where copies into or out of staging are counted (set by the Communicator).
   void setCounters(Counters* c) { counters_ = c; }

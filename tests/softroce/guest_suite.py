@@ -19,6 +19,11 @@ Phases (argv after the report path; default: all of them):
           copied and nothing registered in steady state; freed-and-reallocated
           tensors; eviction under a 3 MiB ROCE_PG_IB_REG_CACHE_BYTES; 4 QPs with
           3 slots; 3 channels (ROCE_PG_NCHANNELS) on 3 ranks; the size-mismatch NACK and kill -9 during a zero-copy allreduce
+  gpudirect  testdev tensors in peer-memory mode (GPUDirect RDMA): broadcast and
+          send/recv go to the NIC with no staging copy (device_bytes_staged 0),
+          exact, stream-ordered with slow kernels and the poisoning allocator;
+          the same under a 64 KiB ROCE_PG_IB_DEVICE_REG_BYTES, where the larger
+          tensors are staged instead
   scale   8 ranks with a small pool (issue 19): connections, queue pairs and
           registered bytes follow the peers an algorithm talks to
 
@@ -27,7 +32,7 @@ have put on the wire, so a silent fall-back to TCP fails. The JSON report
 (argv[1]) is rewritten after every group: a run stopped by its time limit
 still tells how far it got.
 
-    python -m tests.softroce.guest_suite OUT.json [matrix] [api] [faults] [scale] [zerocopy]
+    python -m tests.softroce.guest_suite OUT.json [matrix] [api] [faults] [scale] [zerocopy] [gpudirect]
 """
 import json
 import os
@@ -130,6 +135,15 @@ def groups(phases):
                                            kwargs={"victim": 2, "nbytes": 8 << 20, "rounds": 2, "cap_s": 30.0},
                                            env={**DEFAULT_CHUNK, "TEST_PG_TIMEOUT_S": "300"}, proof=False,
                                            expect_dead={2}, scratch=True, min_packets=2 * (3 - 1) * (8 << 20) // MTU)
+    if "gpudirect" in phases:
+        gd = dict(kwargs={"kind": "testdev"}, prepare="tests.accelerator_workers.load_testdev")
+        peer = {**DEFAULT_CHUNK, "TESTDEV_PEER_MEMORY": "1"}
+        # Each rank sends every size in three dtypes (bfloat16: half) per broadcast root and once in the ring.
+        payload = (1 + 5000 + 300_000) * (4 + 8 + 2) * 3
+        g["gpudirect/verbs2"] = _group("verbs2", "tests.accelerator_workers.gpudirect", env=peer,
+                                       min_packets=proof_packets(2) + payload // MTU, **gd)
+        g["gpudirect_limit/verbs2"] = _group("verbs2", "tests.accelerator_workers.gpudirect",
+                                             env={**peer, "ROCE_PG_IB_DEVICE_REG_BYTES": str(64 << 10)}, **gd)
     return g
 
 
@@ -142,7 +156,7 @@ def run_one(spec):
     t0, pkts0, hw0 = time.time(), sent_packets(), hw_counters()
     try:
         entry["results"] = run_group(spec["target"], spec["world"], env=spec["env"], kwargs=kwargs,
-                                     init=spec.get("init", True), start_method="fork",
+                                     init=spec.get("init", True), start_method="fork", prepare=spec.get("prepare"),
                                      deadline_s=spec.get("deadline_s", 600), expect_dead=spec.get("expect_dead", ()))
     except Exception:  # noqa: BLE001
         entry["error"] = traceback.format_exc()[-6000:]
@@ -156,7 +170,7 @@ def run_one(spec):
 
 def main():
     out = sys.argv[1]
-    phases = sys.argv[2:] or ["matrix", "api", "verdict", "faults", "scale", "zerocopy"]
+    phases = sys.argv[2:] or ["matrix", "api", "verdict", "faults", "scale", "zerocopy", "gpudirect"]
     report = {"phases": phases, "kernel": platform.release(), "rdma_before": rdma_resources(), "groups": {}}
     t_start = time.time()
     for name, spec in groups(phases).items():

@@ -27,7 +27,12 @@ What it models:
   mul, div_ are queued on the current stream; every other op waits for the
   current stream and runs synchronously on the CPU;
 - slow kernels (sleep_on_stream, slow_fill_) and a copy delay
-  (set_copy_delay_ms) to catch host-side waits that should not be there.
+  (set_copy_delay_ms) to catch host-side waits that should not be there;
+- a peer-memory mode (peer_memory(), or TESTDEV_PEER_MEMORY=1 at load()):
+  its memory declared registrable by pointer, as a GPU's is with
+  nvidia-peermem loaded, so roce hands testdev tensors of data-movement calls
+  to the verbs transport itself (GPUDirect RDMA; ibv_reg_mr takes them, they
+  are host memory). No dma-buf export: that path answers "unsupported".
 
 What it does not model: pageable host memory (every non_blocking copy is
 asynchronous, including to/from ordinary CPU tensors, where CUDA would copy
@@ -40,6 +45,7 @@ synchronization of that stream, like a CUDA kernel error.
 import atexit
 import contextlib
 import fcntl
+import os
 import pathlib
 import sys
 
@@ -73,7 +79,16 @@ def load():
         torch._register_device_module(NAME, sys.modules[__name__])
         # Queued tasks must not run while libtorch tears down at exit.
         atexit.register(_drain)
+        if os.environ.get("TESTDEV_PEER_MEMORY") == "1":
+            peer_memory()
     return sys.modules[__name__]
+
+
+def peer_memory():
+    """Declares testdev memory registrable by pointer with roce (see above)."""
+    import roce_pg
+
+    roce_pg.declare_device_memory(NAME, "pointer")
 
 
 def _build():

@@ -1,12 +1,14 @@
 #include "reg_cache.hpp"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "../../common/error.hpp"
 #include "../../common/log.hpp"
+#include "dmabuf.hpp"
 #include "verbs_device.hpp"
 
 namespace roce {
@@ -20,7 +22,8 @@ size_t defaultRegCacheBytes(size_t configured) {
   return limit;
 }
 
-RegCache::RegCache(VerbsDevice& dev, size_t limitBytes, int rank) : dev_(dev), limit_(limitBytes), rank_(rank) {}
+RegCache::RegCache(VerbsDevice& dev, size_t limitBytes, int rank, bool overcommit)
+    : dev_(dev), limit_(limitBytes), rank_(rank), overcommit_(overcommit) {}
 
 RegCache::~RegCache() {
   // The owner of this cache destroys its queue pairs first: nothing can use
@@ -62,7 +65,7 @@ bool RegCache::makeRoom(size_t need) {
       drop(victim);
     }
   }
-  return bytes_ + need <= limit_;
+  return overcommit_ || bytes_ + need <= limit_;
 }
 
 RegCache::Entry* RegCache::acquire(const BufferOwner& o, const void* p, size_t n) {
@@ -82,7 +85,8 @@ RegCache::Entry* RegCache::acquire(const BufferOwner& o, const void* p, size_t n
   }
   if (!makeRoom(o.len)) return nullptr;
   const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-  ibv_mr* mr = ibv_reg_mr(dev_.pd(), o.base, o.len, access);
+  ibv_mr* mr = o.exportDmabuf ? registerDmabuf(o, access) : nullptr;
+  if (!mr) mr = ibv_reg_mr(dev_.pd(), o.base, o.len, access);
   if (!mr && (errno == ENOMEM || errno == EAGAIN) && !lru_.empty()) {
     // Locked memory ran out: give back what is not in use and try once more.
     for (auto it = lru_.begin(); it != lru_.end();) {
@@ -91,6 +95,13 @@ RegCache::Entry* RegCache::acquire(const BufferOwner& o, const void* p, size_t n
       it = next;
     }
     mr = ibv_reg_mr(dev_.pd(), o.base, o.len, access);
+  }
+  if (!mr && o.device) {
+    // The request fails with the remedy (VerbsTransport::deviceRegFailure);
+    // the errno is the provider's answer for device memory.
+    ROCE_WARN("rank ", rank_, ": ibv_reg_mr of ", o.len >> 10, " KiB of device memory on ", dev_.describe(),
+              " failed (", std::strerror(errno), "): is the peer-memory module (nvidia_peermem) loaded?");
+    return nullptr;
   }
   if (!mr) {
     if (!warnedRegFailure_) {
@@ -114,6 +125,21 @@ RegCache::Entry* RegCache::acquire(const BufferOwner& o, const void* p, size_t n
   bytes_ += o.len;
   byId_[o.id] = lru_.begin();
   return &lru_.front();
+}
+
+ibv_mr* RegCache::registerDmabuf(const BufferOwner& o, int access) {
+  uint64_t offset = 0;
+  const int fd = regDmabufMr() ? o.exportDmabuf(o.base, o.len, o.deviceIndex, &offset) : -1;
+  ibv_mr* mr = fd >= 0 ? regDmabufMr()(dev_.pd(), offset, o.len, reinterpret_cast<uint64_t>(o.base), fd, access) : nullptr;
+  const int e = errno;
+  if (fd >= 0) ::close(fd);  // the MR holds the dma-buf now
+  if (!mr && !warnedDmabufFailure_) {
+    warnedDmabufFailure_ = true;
+    ROCE_WARN("rank ", rank_, ": registering device memory on ", dev_.describe(), " by dma-buf failed (",
+              fd < 0 ? std::string("the driver exported none") : std::string(std::strerror(e)),
+              "); registering it by pointer (peer memory) instead");
+  }
+  return mr;
 }
 
 void RegCache::release(Entry* e) {

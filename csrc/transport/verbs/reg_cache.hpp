@@ -39,7 +39,11 @@ class RegCache {
     int inUse = 0;  // transfers currently using the MR
   };
 
-  RegCache(VerbsDevice& dev, size_t limitBytes, int rank);
+  // overcommit (device memory): a buffer within the limit is never refused
+  // for lack of room; entries in use may push the total over the limit until
+  // they are released. The adapter chose the direct path for such a buffer
+  // before the call was issued, and the CPU cannot copy it instead.
+  RegCache(VerbsDevice& dev, size_t limitBytes, int rank, bool overcommit = false);
   ~RegCache();
   RegCache(const RegCache&) = delete;
   RegCache& operator=(const RegCache&) = delete;
@@ -60,15 +64,18 @@ class RegCache {
   void drop(Iter it);
   bool makeRoom(size_t need);
   void dropReleased();
+  ibv_mr* registerDmabuf(const BufferOwner& o, int access);  // null: by pointer instead
 
   VerbsDevice& dev_;
   size_t limit_;
   int rank_;
+  bool overcommit_;
   size_t bytes_ = 0;
   std::list<Entry> lru_;  // most recently used first
   std::unordered_map<const void*, Iter> byId_;
   Counters* counters_ = nullptr;
   bool warnedRegFailure_ = false;
+  bool warnedDmabufFailure_ = false;
 };
 
 // ROCE_PG_IB_REG_CACHE_BYTES when set; else 1 GiB, at most half the

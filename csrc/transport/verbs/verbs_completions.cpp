@@ -133,8 +133,12 @@ void VerbsTransport::onCtrl(int p, const Ctrl& msg) {
       Request* r = it->second.r;
       regCache_->release(it->second.zc);  // the sender never wrote into it
       peer.recvs.erase(it);
-      r->fail(str("rank ", rank_, " expected a message of ", r->len, " bytes from rank ", p, " but rank ", p,
-                  " sent ", msg.len, " bytes: every rank must pass tensors of the same size and dtype to this operation"));
+      if (msg.len == r->len)  // the sizes agree: the sender could not send it by RDMA (device memory)
+        r->fail(str("rank ", p, " could not send its ", r->len, " bytes to rank ", rank_,
+                    " by RDMA (device memory; rank ", p, "'s error says why)"));
+      else
+        r->fail(str("rank ", rank_, " expected a message of ", r->len, " bytes from rank ", p, " but rank ", p,
+                    " sent ", msg.len, " bytes: every rank must pass tensors of the same size and dtype to this operation"));
       break;
     }
     default:
@@ -192,6 +196,14 @@ void VerbsTransport::onData(int p, uint32_t slot, uint32_t byteLen) {
                            h.offset, ", length ", h.len, ", ", byteLen, " bytes written, chunk size ", chunk,
                            st.seen.size() > index && st.seen[index] ? ", already received" : "",
                            "): corrupted slot header"));
+  if (!zc && st.r->owner.device) {
+    // A peer that staged this call copies into landing slots; the CPU must
+    // not write the payload into device memory.
+    st.r->fail(deviceRegFailure(*st.r, "receive"));
+    regCache_->release(st.zc);
+    peer.recvs.erase(it);
+    return landingConsumed(p, slot);
+  }
   st.seen[index] = true;
   if (!zc) {
     if (h.len) std::memcpy(static_cast<char*>(st.r->buf) + h.offset, src + sizeof(h), h.len);

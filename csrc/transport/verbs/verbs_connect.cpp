@@ -60,6 +60,11 @@ VerbsTransport::VerbsTransport(int rank, int size, std::shared_ptr<VerbsDevice> 
   zeroCopyMin_ = cfg.ibZeroCopyMinBytes;
   eagerMax_ = cfg.ibEagerMaxBytes;
   regCache_ = std::make_unique<RegCache>(*dev_, defaultRegCacheBytes(cfg.ibRegCacheBytes), rank_);
+  deviceRegCache_ = std::make_unique<RegCache>(*dev_, cfg.ibDeviceRegBytes, rank_, /*overcommit=*/true);
+  // Asked before any call could hand over a dma-buf (a failed registration
+  // costs microseconds): GPUDirect's choice needs the answer at issue time.
+  if (cfg.gpudirect != "off") dmabuf_ = probeDmabuf(dev_->pd(), dev_->describe());
+  else dmabuf_.why = "ROCE_PG_GPUDIRECT=off";
   slotBytes_ = std::min<size_t>(cfg.ibSlotBytes, maxMsg_ - sizeof(SlotHeader));
   stride_ = (sizeof(SlotHeader) + slotBytes_ + 63) & ~size_t(63);
   poolBytes_ = cfg.ibPoolBytes;

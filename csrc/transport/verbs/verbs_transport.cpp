@@ -147,7 +147,7 @@ void VerbsTransport::postSend(Request* r) {
   Peer& peer = peerOf(r->peer);
   if (!peer.deadReason.empty()) return r->fail(peer.deadReason);
   ActiveSend* eager = nullptr;
-  if (r->len <= eagerLimit()) {
+  if (r->len <= eagerLimit() && !r->owner.device) {
     peer.active.push_back(ActiveSend{r, 0, 1});
     eager = &peer.active.back();
   }
@@ -205,6 +205,8 @@ void VerbsTransport::postRecv(Request* r) {
     const uint64_t piece = zeroCopyPiece(r->len, r->lane > 0 ? 1 : qpsPerPeer_);
     peer.recvs[id] = {r, 0, 0, {}, zc, piece, 0};
     queueCtrl(r->peer, Ctrl{kRtr, id, r->tag, r->len, 0, zc->mr->rkey, reinterpret_cast<uint64_t>(r->buf), piece, {}});
+  } else if (r->owner.device) {
+    return r->fail(deviceRegFailure(*r, "receive"));
   } else {
     const uint64_t chunks = std::max<uint64_t>(1, (r->len + slotBytes_ - 1) / slotBytes_);
     peer.recvs[id] = {r, chunks, 0, std::vector<bool>(chunks, false), nullptr, 0, 1};
@@ -232,15 +234,32 @@ void VerbsTransport::deliverEager(int p, uint32_t id, const char* data, uint64_t
   if (len != r->len)
     return r->fail(str("rank ", rank_, " expected a message of ", r->len, " bytes from rank ", p, " but rank ", p,
                        " sent ", len, " bytes: every rank must pass tensors of the same size and dtype to this operation"));
+  if (r->owner.device) return r->fail(deviceRegFailure(*r, "receive"));  // the CPU must not write it
   if (len) std::memcpy(r->buf, data, len);
   countCopied(len);
   r->done = true;
 }
 
 RegCache::Entry* VerbsTransport::registerUserBuffer(const Request& r) {
+  if (r.owner.device) {  // zero copy at every size: the CPU must not touch it
+    deviceRegCache_->setCounters(counters());
+    return deviceRegCache_->acquire(r.owner, r.buf, r.len);
+  }
   if (zeroCopyMin_ == 0 || r.len < zeroCopyMin_ || !r.owner) return nullptr;
   regCache_->setCounters(counters());
   return regCache_->acquire(r.owner, r.buf, r.len);
+}
+
+// Why a device buffer could not go by RDMA, and what to do about it. Only
+// reachable when the ranks disagree (one staged the call, e.g. a different
+// ROCE_PG_IB_DEVICE_REG_BYTES) or the provider refused the registration.
+std::string VerbsTransport::deviceRegFailure(const Request& r, const char* what) const {
+  return str("rank ", rank_, ": the ", what, " of ", r.len, " bytes of device memory with rank ", r.peer,
+             " cannot go by RDMA (", what == std::string("send") ? "rank " + std::to_string(r.peer) +
+             " offered no registered buffer, or " : "", "registering it on ", dev_->describe(),
+             " failed or exceeds ROCE_PG_IB_DEVICE_REG_BYTES=", deviceRegCache_->limit(),
+             "); the CPU must not touch device memory, so it fails. Set ROCE_PG_GPUDIRECT=off on every rank "
+             "to stage device tensors through host memory, and the same ROCE_PG_IB_DEVICE_REG_BYTES everywhere");
 }
 
 uint64_t VerbsTransport::zeroCopyPiece(uint64_t len, int qps) const {
@@ -291,6 +310,11 @@ void VerbsTransport::matchSend(int p, Request* r, const Ctrl& rtr) {
   // Zero copy when the receiver offered it and our buffer registers too.
   if (rtr.addr != 0 && rtr.piece >= 4096 && rtr.piece <= maxMsg_ && rtr.piece <= (uint64_t(1) << 30))
     as.zc = registerUserBuffer(*r);
+  if (!as.zc && r->owner.device) {
+    r->fail(deviceRegFailure(*r, "send"));
+    queueCtrl(p, Ctrl{kNack, recvId, r->tag, r->len, 0, 0, 0, 0, {}});
+    return;
+  }
   if (as.zc) {
     as.piece = rtr.piece;
     as.chunks = (r->len + as.piece - 1) / as.piece;

@@ -34,6 +34,12 @@
 //   them. Every receive still sends its RTR: the sender consumes RTRs strictly
 //   in order per tag, and an eager send completes only once its write is done
 //   and its RTR arrived, failing on a size mismatch as a rendezvous send does.
+//   Device memory (BufferOwner::device, GPUDirect RDMA): zero copy at every
+//   size, never eager, registered in a cache of its own; the adapter hands
+//   the transport device buffers only when every rank of the call does the
+//   same (ROCE_PG_GPUDIRECT, same on every rank), so both ends are
+//   registered. A device buffer that cannot take zero copy fails its request
+//   rather than let the CPU touch it.
 //   Inline sends (IBV_SEND_INLINE) carry control messages and chunks of up to
 //   the granted inline size (asked: 256 bytes) without a DMA read.
 // Memory (issue 19: per rank, independent of the world size): one landing
@@ -67,6 +73,7 @@
 
 #include "../transport.hpp"
 #include "cq_set.hpp"
+#include "dmabuf.hpp"
 #include "reg_cache.hpp"
 #include "slot_pool.hpp"
 #include "verbs_device.hpp"
@@ -101,6 +108,10 @@ class VerbsTransport : public Transport {
   bool prepareWait(std::vector<pollfd>& fds, bool anySource) override;
   void afterWait() override;
   bool needsConnection(int peer) const override;
+  bool registersDmabuf(std::string* why) const override {
+    *why = dmabuf_.why;
+    return dmabuf_.supported;
+  }
   void adoptConnection(int peer, int fd) override;
 
  private:
@@ -134,6 +145,7 @@ class VerbsTransport : public Transport {
   void toRendezvous(int peer, ActiveSend& as);
   void finishSend(int peer, ActiveSend& as);
   RegCache::Entry* registerUserBuffer(const Request& r);
+  std::string deviceRegFailure(const Request& r, const char* why) const;
   uint64_t zeroCopyPiece(uint64_t len, int qps) const;
   // ---- landing slots granted to peers (verbs_grants.cpp) ----
   int need(const Peer& peer) const;
@@ -163,6 +175,8 @@ class VerbsTransport : public Transport {
   // Declared before peers_: destroyed after their queue pairs, so no MR or CQ
   // goes while a queue pair could still use it.
   std::unique_ptr<RegCache> regCache_;
+  std::unique_ptr<RegCache> deviceRegCache_;  // device memory: ROCE_PG_IB_DEVICE_REG_BYTES
+  DmabufAnswer dmabuf_;  // the provider's answer, asked once at construction
   std::unique_ptr<CqSet> cqs_;
   std::unique_ptr<SlotPool> landing_, staging_;
   std::vector<int> landingOwner_;  // per landing slot: the peer it is granted to, -1 while in the pool

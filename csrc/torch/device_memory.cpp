@@ -1,0 +1,93 @@
+#include "device_memory.hpp"
+
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "cuda_dmabuf.hpp"
+
+namespace roce {
+namespace {
+
+std::mutex mu;
+std::map<c10::DeviceType, DeviceMemoryAnswer>& declared() {
+  static std::map<c10::DeviceType, DeviceMemoryAnswer> m;
+  return m;
+}
+
+std::string procModules() {
+  std::ifstream f("/proc/modules");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+const char* pathName(DeviceMemoryPath p) {
+  switch (p) {
+    case DeviceMemoryPath::Dmabuf: return "dma-buf";
+    case DeviceMemoryPath::Pointer: return "peer memory";
+    default: return "staged";
+  }
+}
+
+void declareDeviceMemory(c10::DeviceType type, bool pointer, std::string why) {
+  DeviceMemoryAnswer a;
+  a.dmabufWhy = c10::DeviceTypeName(type, true) + " has no dma-buf export hook (unsupported)";
+  a.pointer = pointer;
+  a.pointerWhy = std::move(why);
+  std::lock_guard<std::mutex> g(mu);
+  declared()[type] = std::move(a);
+}
+
+bool peerMemoryModuleLoaded(const std::string& modulesText) {
+  std::istringstream in(modulesText);
+  std::string line;
+  while (std::getline(in, line)) {
+    const std::string name = line.substr(0, line.find(' '));
+    if (name == "nvidia_peermem" || name == "nv_peer_mem") return true;
+  }
+  return false;
+}
+
+DeviceMemoryAnswer deviceMemoryPath(c10::Device device) {
+  {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = declared().find(device.type());
+    if (it != declared().end()) return it->second;
+  }
+  DeviceMemoryAnswer a;
+  const std::string type = c10::DeviceTypeName(device.type(), true);
+  if (device.type() != c10::DeviceType::CUDA) {
+    a.dmabufWhy = type + " has no dma-buf export hook";
+    a.pointerWhy = "no peer-memory registration is known for " + type + " (roce_pg.declare_device_memory)";
+    return a;
+  }
+  a.dmabuf = cudaDmabufSupported(device.has_index() ? device.index() : 0, &a.dmabufWhy);
+  if (a.dmabuf) a.exportDmabuf = exportCudaDmabuf;
+  a.pointer = peerMemoryModuleLoaded(procModules());
+  a.pointerWhy = a.pointer ? "nvidia_peermem is loaded (/proc/modules): ibv_reg_mr takes device pointers"
+                           : "no peer-memory module loaded (nvidia_peermem not in /proc/modules)";
+  return a;
+}
+
+GpudirectChoice chooseGpudirect(const std::string& mode, const DeviceMemoryAnswer& device, bool nicDmabuf,
+                                const std::string& nicWhy, const std::vector<std::string>& peers,
+                                size_t allocationBytes, size_t limitBytes) {
+  if (mode == "off") return {DeviceMemoryPath::Staged, "ROCE_PG_GPUDIRECT=off"};
+  for (size_t p = 0; p < peers.size(); ++p)
+    if (!peers[p].empty() && peers[p] != "verbs")
+      return {DeviceMemoryPath::Staged, "rank " + std::to_string(p) + " is reached through " + peers[p] +
+                                            ", which copies with the CPU (only verbs takes device memory)"};
+  if (allocationBytes > limitBytes)
+    return {DeviceMemoryPath::Staged, "the tensor's allocation (" + std::to_string(allocationBytes) +
+                                          " bytes) exceeds ROCE_PG_IB_DEVICE_REG_BYTES=" + std::to_string(limitBytes)};
+  if (device.dmabuf && nicDmabuf) return {DeviceMemoryPath::Dmabuf, device.dmabufWhy + "; " + nicWhy};
+  const std::string noDmabuf = "no dma-buf: " + (device.dmabuf ? nicWhy : device.dmabufWhy);
+  if (device.pointer) return {DeviceMemoryPath::Pointer, noDmabuf + "; peer memory: " + device.pointerWhy};
+  return {DeviceMemoryPath::Staged, noDmabuf + "; no peer memory: " + device.pointerWhy};
+}
+
+}  // namespace roce
