@@ -24,8 +24,11 @@ struct Config {
   // hier's allreduce among the machines (auto: the cost model). rd and
   // rabenseifner cannot overlap hier's phases: forcing them runs hier in sequence.
   std::string algoAllreduceAcross = "auto";  // ROCE_PG_ALGO_ALLREDUCE_ACROSS: auto|rd|rabenseifner|ring|tree
-  std::string algoAllgather = "auto";    // ROCE_PG_ALGO_ALLGATHER: auto|ring|bruck|hier
-  std::string algoReduceScatter = "auto";  // ROCE_PG_ALGO_REDUCE_SCATTER: auto|ring|hier
+  // "shm" (the auto choice where the whole group is on one machine): through
+  // the node's shared-memory slots; the others force the point-to-point route.
+  std::string algoAllgather = "auto";    // ROCE_PG_ALGO_ALLGATHER: auto|shm|ring|bruck|hier
+  std::string algoReduceScatter = "auto";  // ROCE_PG_ALGO_REDUCE_SCATTER: auto|shm|ring|hier
+  std::string algoBroadcast = "auto";    // ROCE_PG_ALGO_BROADCAST: auto|shm|binomial|chain
   // Thresholds, in bytes per rank (allgather: output bytes). The allreduce
   // ones override the cost model below where set (*Set; docs/ALGORITHMS.md,
   // "Precedence"); the values also size the ring's channels and hier's pieces,
