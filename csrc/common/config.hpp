@@ -65,15 +65,16 @@ struct Config {
   int nChannels = 0;                     // ROCE_PG_NCHANNELS (0: auto, else 1..kMaxChannels)
   static constexpr int kMaxChannels = 8;
   // Threads that share a rank's local copies and reductions (the
-  // shared-memory allreduce): the caller plus workers-1 threads of the
+  // shared-memory collectives, the network algorithms' reductions): the caller plus workers-1 threads of the
   // process's worker pool (csrc/common/worker_pool.hpp). 1: everything on the
   // calling thread. 0 = auto: workersAuto(), resolved by the Communicator at
   // group creation. A per-rank setting: peers never depend on it.
   int workers = 0;                       // ROCE_PG_WORKERS (0: auto, else 1..kMaxWorkers)
   static constexpr int kMaxWorkers = 64;
-  // Per-rank staging slot of the shared-memory allreduce (two of them per rank).
+  // Per-rank staging slot of the shared-memory collectives (two of them per rank).
   size_t shmSlotBytes = 1u << 20;        // ROCE_PG_SHM_SLOT_BYTES
-  // Pipelining granularity of the two-step shared-memory allreduce (capped by
+  // Pipelining granularity of the two-step shared-memory allreduce and of the
+  // shared-memory allgather, broadcast and reduce-scatter (capped by
   // the slot; a power of two). Chunks that stay in the cache between a rank
   // writing its slot and the peers reading it halve the memory traffic; the
   // default is half this CPU's per-core L2 (shmChunkAuto()).
