@@ -230,8 +230,8 @@ def _roce_backend(group, device="cpu", caller="roce_pg.counters"):
 
 def counters(group=None):
     """This rank's traffic counters for `group` (default: the world group), a dict:
-    bytes_sent_shm (payload posted to peers on this machine, incl. shared-memory
-    allreduce slots), bytes_sent_net (payload posted to the network transport,
+    bytes_sent_shm (payload posted to peers on this machine, incl. the slots of
+    the shared-memory collectives), bytes_sent_net (payload posted to the network transport,
     TCP or verbs), bytes_copied (bytes the transports memcpy'd into or out of
     staging: shared-memory rings and slots, verbs staging, early-arrival buffers),
     ops (operations begun), sends (messages posted: an algorithm's rounds),

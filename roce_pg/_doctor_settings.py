@@ -28,8 +28,9 @@ SETTINGS = {
     "ROCE_PG_ALGO_ALLREDUCE": ("choice", _ALLREDUCE),
     "ROCE_PG_ALGO_ALLREDUCE_ACROSS": ("choice", ("auto", "rd", "rabenseifner", "ring", "tree")),
     "ROCE_PG_CONNECT": ("choice", ("lazy", "eager")),
-    "ROCE_PG_ALGO_ALLGATHER": ("choice", ("auto", "ring", "bruck", "hier")),
-    "ROCE_PG_ALGO_REDUCE_SCATTER": ("choice", ("auto", "ring", "hier")),
+    "ROCE_PG_ALGO_ALLGATHER": ("choice", ("auto", "shm", "ring", "bruck", "hier")),
+    "ROCE_PG_ALGO_REDUCE_SCATTER": ("choice", ("auto", "shm", "ring", "hier")),
+    "ROCE_PG_ALGO_BROADCAST": ("choice", ("auto", "shm", "binomial", "chain")),
     "ROCE_PG_ALGO_RD_MAX_BYTES": ("int", 0, _SIZE, False),
     "ROCE_PG_ALGO_RING_MIN_BYTES": ("int", 0, _SIZE, False),
     "ROCE_PG_ALGO_HIER_MIN_BYTES": ("int", 0, _SIZE, False),
@@ -86,7 +87,7 @@ SETTINGS = {
 # expects the same count) and the transport (each rank picks it itself).
 SAME_EVERYWHERE = (
     "ROCE_PG_ALGO", "ROCE_PG_ALGO_ALLREDUCE", "ROCE_PG_ALGO_ALLREDUCE_ACROSS", "ROCE_PG_ALGO_ALLGATHER",
-    "ROCE_PG_ALGO_REDUCE_SCATTER", "ROCE_PG_ALGO_RD_MAX_BYTES", "ROCE_PG_ALGO_RING_MIN_BYTES",
+    "ROCE_PG_ALGO_REDUCE_SCATTER", "ROCE_PG_ALGO_BROADCAST", "ROCE_PG_ALGO_RD_MAX_BYTES", "ROCE_PG_ALGO_RING_MIN_BYTES",
     "ROCE_PG_ALGO_HIER_MIN_BYTES", "ROCE_PG_ALGO_BRUCK_MAX_BYTES", "ROCE_PG_ALGO_NET_ALPHA_US",
     "ROCE_PG_ALGO_NET_GBPS", "ROCE_PG_ALGO_NIC_GBPS", "ROCE_PG_ALGO_SHM_ALPHA_US", "ROCE_PG_ALGO_SHM_GBPS",
     "ROCE_PG_ALGO_REDUCE_GBPS", "ROCE_PG_CHUNK_BYTES", "ROCE_PG_NCHANNELS", "ROCE_PG_FORCE_NETWORK",

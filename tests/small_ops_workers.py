@@ -3,6 +3,7 @@ group: the one-shot shared-memory allreduce around its threshold, the inline
 execution of small collectives (ordering with queued work, completed Works
 and futures, errors and timeouts), network and shared-memory waits that block
 in poll(), all against exact / float64 references."""
+import os
 from datetime import timedelta
 
 import torch
@@ -219,9 +220,15 @@ def _shm_blocking_waits(ck, rank, world):
     n = 32 * 1024  # 256 KiB of int64: the binomial broadcast
     big = torch.arange(1 << 20, dtype=torch.int64)  # 8 MiB; the rings are 2 MiB
 
-    def bcast():
+    # The world group broadcasts through the shared-memory slots (a barrier,
+    # not the rings); a subgroup forcing the binomial tree uses the rings.
+    os.environ["ROCE_PG_ALGO_BROADCAST"] = "binomial"
+    rings = dist.new_group(list(range(world)))
+    del os.environ["ROCE_PG_ALGO_BROADCAST"]
+
+    def bcast(group=rings):
         t = torch.arange(n, dtype=torch.int64) * (rank + 1) if rank == late else torch.zeros(n, dtype=torch.int64)
-        dist.broadcast(t, src=late)
+        dist.broadcast(t, src=late, group=group)
         ck.same("broadcast from a late root over shared memory", t, torch.arange(n, dtype=torch.int64) * (late + 1))
 
     def send_big():
@@ -232,24 +239,30 @@ def _shm_blocking_waits(ck, rank, world):
             dist.recv(got, src=0)
             ck.same("8 MiB received late over shared memory", got, big * 3)
 
-    for what, fn, waiting in (("receivers wait for data", bcast, range(late)),
-                              ("a sender waits for ring space", send_big, (0,))):
+    # (what, call, ranks that wait, group, whether they wait on a ring: the
+    # slots' barrier sleeps on the late rank's futex, not on the doorbell).
+    for what, fn, waiting, group, on_ring in (
+            ("receivers wait for data", bcast, range(late), rings, True),
+            ("a sender waits for ring space", send_big, (0,), None, True),
+            ("slot readers wait for the root", lambda: bcast(None), range(late), None, False)):
         dist.barrier()
-        roce_pg.reset_counters()
+        roce_pg.reset_counters(group)
         if rank == late:
             time.sleep(1.5)
         wall0, cpu0 = time.monotonic(), time.process_time()
         fn()
         wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
-        if rank in waiting:
-            blocked = roce_pg.counters()["blocked_waits"]
+        if rank in waiting and on_ring:
+            blocked = roce_pg.counters(group)["blocked_waits"]
             ck.same(f"shm, {what}: the wait blocked on the doorbell (blocked_waits {blocked})",
                     torch.tensor([blocked >= 1]), torch.tensor([True]))
+        if rank in waiting:
             # Polling would not fail this (sleeps of 1 ms), spinning would; a
             # blocked wait wakes only for the slow checks (200 ms). One-element
             # tensors: the Checker reports a mismatch of those with its message.
             ck.same(f"shm, {what}: CPU {cpu:.3f} s while waiting {wall:.2f} s for the late rank",
                     torch.tensor([wall > 1.0 and cpu < 0.1 * wall]), torch.tensor([True]))
+    dist.destroy_process_group(rings)
 
 
 def run(rank, world, port):

@@ -358,7 +358,7 @@ def test_every_algorithm_the_extension_accepts_is_ok(tmp_path):
             row = rows_of(tmp_path, {name: value})["ROCE_PG_* settings"]
             assert row.status == doctor.OK, row
     row = rows_of(tmp_path, {"ROCE_PG_ALGO_ALLGATHER": "tree"})["ROCE_PG_* settings"]
-    assert row.status == doctor.FAIL and "expected auto, ring, bruck, hier" in row.detail, row
+    assert row.status == doctor.FAIL and "expected auto, shm, ring, bruck, hier" in row.detail, row
 
 
 def test_same_everywhere_is_what_joining_a_group_compares():

@@ -6,7 +6,10 @@ Results must match float64 / exact references and be the same bits for every
 worker count; the pool's threads must actually have run slices (else the test
 proves nothing about them), and idle threads must sleep, not spin. The same
 over TCP for the receive-side reductions of ring, rd, rabenseifner and tree
-at 1 and 8 workers."""
+at 1 and 8 workers. And, in the same four subgroups, allgather (tensor and
+list), broadcast (every root) and reduce_scatter (tensor and list, every op
+and several dtypes) through the shared-memory slots, plus their mismatched
+calls failing on every rank and the old point-to-point route forced."""
 import warnings
 
 from .harness import run_group
@@ -23,8 +26,19 @@ def test_worker_counts_exact_and_identical():
     assert not failures, "\n".join(failures[:40])
     for r in results:
         net_checks = len(NET_ALGOS) * len(NET_CASES) * len(NET_SIZES) * len(NET_WORKERS)
-        assert r["cases"] > 150 and r["checks"] == len(WORKER_COUNTS) * r["cases"] + 1 + net_checks, \
-            (r["cases"], r["checks"])
+        shm = r["shm_cases"]
+        # Per case: allgather and reduce_scatter check two forms per worker
+        # count, broadcast one; then 2 checks after the mismatches, 3 forced p2p.
+        shm_checks = len(WORKER_COUNTS) * (2 * shm["allgather"] + shm["broadcast"] + 2 * shm["reduce_scatter"]) + 5
+        assert r["cases"] > 150 and r["checks"] == len(WORKER_COUNTS) * r["cases"] + 1 + net_checks + shm_checks, \
+            (r["cases"], r["checks"], shm)
+        assert shm["allgather"] >= 15 and shm["broadcast"] >= 45 and shm["reduce_scatter"] >= 150, shm
+        # The shared-memory route sent no point-to-point message; the forced
+        # old route did; the pool's threads ran slices of the new collectives.
+        assert all(s == 0 for s in r["shm_sends"].values()), r["shm_sends"]
+        assert r["p2p_sends"] > 0, r["p2p_sends"]
+        assert r["shm_slices"][1] == 0 and all(r["shm_slices"][w] > 0 for w in WORKER_COUNTS[1:]), r["shm_slices"]
+        assert len(r["shm_errors"]) == 6, r["shm_errors"]
         # workers=1 never touches the pool; the others hand it slices.
         assert r["slices"][1] == 0, r["slices"]
         assert all(r["slices"][w] > 0 for w in WORKER_COUNTS[1:]), r["slices"]

@@ -1,6 +1,7 @@
 // Collective algorithms. They see only comm::Communicator (point-to-point
 // requests routed to whatever transport serves each peer) and, for the
-// single-machine allreduce, the node's shared memory. Buffers are contiguous
+// single-machine allreduce, allgather, broadcast and reduce-scatter, the
+// node's shared memory. Buffers are contiguous
 // host memory; the adapter above handles tensors, devices and layouts.
 //
 // Every function is collective over the group and must be called by all ranks
@@ -44,6 +45,12 @@ void barrier(Communicator& c);
 // Building blocks shared by the algorithms above.
 namespace detail {
 void shmAllreduce(Communicator& c, void* data, size_t count, DataType t, Reduction red);
+// The same through the node's shared-memory slots (shm_copies.cpp,
+// shm_reduce_scatter.cpp), for a group on one machine; arguments as above.
+void shmAllgather(Communicator& c, const void* input, void* output, size_t blockBytes);
+void shmBroadcast(Communicator& c, void* data, size_t bytes, int root);
+void shmReduceScatter(Communicator& c, const void* input, void* output, size_t blockCount, DataType t,
+                      Reduction red);
 // Kernel-level building blocks: `op` is a kernel operator (AVG and PREMUL_SUM
 // are applied by the callers), `tag` the collective's tag.
 // Ring reduce-scatter + allgather among `order` (group ranks, ring order).

@@ -1,5 +1,6 @@
 // Allreduce and the reductions built on the same pieces (reduce, reduce-scatter),
-// plus allgather, which is the second half of the ring allreduce.
+// plus allgather, which is the second half of the ring allreduce. On one
+// machine all three go through the shared-memory slots instead (shm_*.cpp).
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -114,7 +115,9 @@ void reduceScatter(Communicator& c, const void* input, void* output, size_t bloc
   const size_t esz = elementSize(t), blockBytes = blockCount * esz;
   const int n = c.size();
   const size_t total = blockCount * n;
-  const bool hier = chooseReduceScatter(c, total * esz) == Algo::Hier;
+  const Algo algo = chooseReduceScatter(c, total * esz);
+  if (algo == Algo::Shm) return detail::shmReduceScatter(c, input, output, blockCount, t, red);
+  const bool hier = algo == Algo::Hier;
   // A working copy (the input is left as it was), pre-scaled for PREMUL_SUM;
   // hier wants the blocks shard-major.
   char* work = static_cast<char*>(c.scratch(total * esz, 1));
@@ -140,10 +143,12 @@ void reduceScatter(Communicator& c, const void* input, void* output, size_t bloc
 void allgather(Communicator& c, const void* input, void* output, size_t blockBytes) {
   char* out = static_cast<char*>(output);
   char* mine = out + static_cast<size_t>(c.rank()) * blockBytes;
+  const Algo algo = c.size() == 1 ? Algo::Ring : chooseAllgather(c, blockBytes * c.size());
+  if (algo == Algo::Shm) return detail::shmAllgather(c, input, output, blockBytes);
   if (mine != input) moveBytes(mine, input, blockBytes);
   const uint64_t tag = c.nextCollectiveTag();
   if (c.size() == 1) return;
-  switch (chooseAllgather(c, blockBytes * c.size())) {
+  switch (algo) {
     case Algo::Bruck: return detail::bruckAllgather(c, tag, mine, out, blockBytes);
     case Algo::Hier: return detail::hierAllgather(c, tag, mine, out, blockBytes);
     default: break;

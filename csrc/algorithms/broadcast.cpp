@@ -6,6 +6,8 @@
 //    every rank sends the message once, so with chunks in flight the time
 //    approaches one message's transfer), from
 //    ROCE_PG_ALGO_RING_MIN_BYTES on groups of 3 or more.
+// (A group on one machine broadcasts through the shared-memory slots instead,
+// shm_copies.cpp, unless ROCE_PG_ALGO_BROADCAST names one of these two.)
 #include <algorithm>
 
 #include "../comm/communicator.hpp"
@@ -49,10 +51,12 @@ Links chain(const std::vector<int>& order, int me, int root) {
 
 void broadcast(Communicator& c, void* data, size_t bytes, int root) {
   const int n = c.size();
+  const Algo algo = n == 1 ? Algo::Binomial : chooseBroadcast(c, bytes);
+  if (algo == Algo::Shm) return detail::shmBroadcast(c, data, bytes, root);
   const uint64_t tag = c.nextCollectiveTag();
   if (n == 1) return;
-  const Links links = chooseBroadcast(c, bytes) == Algo::Chain ? chain(c.topology().ringOrder, c.rank(), root)
-                                                                : binomial(c.rank(), n, root);
+  const Links links = algo == Algo::Chain ? chain(c.topology().ringOrder, c.rank(), root)
+                                          : binomial(c.rank(), n, root);
   const size_t chunk = c.config().chunkBytes;
   const size_t numChunks = bytes == 0 ? 1 : (bytes + chunk - 1) / chunk;
   char* base = static_cast<char*>(data);

@@ -150,13 +150,29 @@ Algo hierOrRing(Communicator& c, Kind kind, const std::string& setting, size_t b
   return announce(c, kind, Algo::Ring, bytes, "auto");
 }
 
+// The shared-memory route of allgather, broadcast and reduce_scatter
+// (shm_copies.cpp, shm_reduce_scatter.cpp): where the whole group shares one
+// machine's memory (as for the shm allreduce), unless `setting` forces a
+// point-to-point algorithm. Forced "shm" elsewhere falls back to auto.
+bool shmRoute(const Communicator& c, const std::string& setting) {
+  return c.nodeShm() && c.size() > 1 && (setting == "auto" || setting == "shm");
+}
+
+Algo announceShm(Communicator& c, Kind kind, const std::string& setting, size_t bytes, const char* forcedWhy) {
+  return announce(c, kind, Algo::Shm, bytes,
+                  setting == "shm" ? forcedWhy : "auto: the whole group shares one machine's memory");
+}
+
 }  // namespace
 
 Algo chooseAllgather(Communicator& c, size_t totalBytes) {
   const Config& cfg = c.config();
+  if (shmRoute(c, cfg.algoAllgather))
+    return announceShm(c, kAllgather, cfg.algoAllgather, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER");
   if (cfg.algoAllgather == "bruck")
     return announce(c, kAllgather, Algo::Bruck, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER");
-  if (cfg.algoAllgather == "auto" && c.size() > 2 && totalBytes <= cfg.bruckMaxBytes)
+  const bool automatic = cfg.algoAllgather == "auto" || cfg.algoAllgather == "shm";
+  if (automatic && c.size() > 2 && totalBytes <= cfg.bruckMaxBytes)
     return announce(c, kAllgather, Algo::Bruck, totalBytes, "auto: at most ROCE_PG_ALGO_BRUCK_MAX_BYTES");
   return hierOrRing(c, kAllgather, cfg.algoAllgather, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER",
                     "ROCE_PG_ALGO_ALLGATHER=hier does not apply (one machine, one rank per machine, or machines "
@@ -164,6 +180,9 @@ Algo chooseAllgather(Communicator& c, size_t totalBytes) {
 }
 
 Algo chooseReduceScatter(Communicator& c, size_t totalBytes) {
+  const std::string& setting = c.config().algoReduceScatter;
+  if (shmRoute(c, setting))
+    return announceShm(c, kReduceScatter, setting, totalBytes, "forced by ROCE_PG_ALGO_REDUCE_SCATTER");
   return hierOrRing(c, kReduceScatter, c.config().algoReduceScatter, totalBytes,
                     "forced by ROCE_PG_ALGO_REDUCE_SCATTER",
                     "ROCE_PG_ALGO_REDUCE_SCATTER=hier does not apply (one machine, one rank per machine, or machines "
@@ -181,6 +200,12 @@ Algo chooseReduce(Communicator& c, size_t bytes) {
 }
 
 Algo chooseBroadcast(Communicator& c, size_t bytes) {
+  const std::string& setting = c.config().algoBroadcast;
+  if (shmRoute(c, setting))
+    return announceShm(c, kBroadcast, setting, bytes, "forced by ROCE_PG_ALGO_BROADCAST");
+  if (setting == "binomial" || setting == "chain")
+    return announce(c, kBroadcast, setting == "chain" ? Algo::Chain : Algo::Binomial, bytes,
+                    "forced by ROCE_PG_ALGO_BROADCAST");
   if (c.size() > 2 && bytes >= c.config().ringMinBytes)
     return announce(c, kBroadcast, Algo::Chain, bytes, "at least ROCE_PG_ALGO_RING_MIN_BYTES");
   return announce(c, kBroadcast, Algo::Binomial, bytes, "below ROCE_PG_ALGO_RING_MIN_BYTES");

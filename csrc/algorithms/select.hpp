@@ -31,15 +31,16 @@ Shape groupShape(const Communicator& c);
 int treeChunksFor(const Communicator& c, size_t bytes, bool acrossMachines);
 // Pieces of hier's overlapped allreduce for shards of `shardBytes` (< 2: in sequence).
 int hierPiecesFor(const Communicator& c, size_t shardBytes);
-// For allgather of `totalBytes` of output per rank: Bruck, Hier or Ring.
+// For allgather of `totalBytes` of output per rank: Shm (the whole group on
+// one machine), Bruck, Hier or Ring.
 Algo chooseAllgather(Communicator& c, size_t totalBytes);
-// For reduce-scatter of `totalBytes` of input per rank: Hier or Ring.
+// For reduce-scatter of `totalBytes` of input per rank: Shm, Hier or Ring.
 Algo chooseReduceScatter(Communicator& c, size_t totalBytes);
 // For reduce of `bytes`: an Allreduce on a copy, or RsGather (ring
 // reduce-scatter, then the segments to the root) for large messages.
 Algo chooseReduce(Communicator& c, size_t bytes);
 
-// For broadcast of `bytes`: Binomial tree, or pipelined Chain for large messages.
+// For broadcast of `bytes`: Shm, Binomial tree, or pipelined Chain for large messages.
 Algo chooseBroadcast(Communicator& c, size_t bytes);
 
 // Channels for a ring allreduce of `bytes` per rank: up to the group's

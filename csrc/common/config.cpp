@@ -55,8 +55,9 @@ Config Config::read(EnvReader& r) {
   c.algoAllreduce = r.oneOf("ROCE_PG_ALGO_ALLREDUCE", r.oneOf("ROCE_PG_ALGO", "auto", kAllreduceAlgos), kAllreduceAlgos);
   c.algoAllreduceAcross = r.oneOf("ROCE_PG_ALGO_ALLREDUCE_ACROSS", "auto", {"auto", "rd", "rabenseifner", "ring", "tree"});
   c.connect = r.oneOf("ROCE_PG_CONNECT", "lazy", {"lazy", "eager"});
-  c.algoAllgather = r.oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "ring", "bruck", "hier"});
-  c.algoReduceScatter = r.oneOf("ROCE_PG_ALGO_REDUCE_SCATTER", "auto", {"auto", "ring", "hier"});
+  c.algoAllgather = r.oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "shm", "ring", "bruck", "hier"});
+  c.algoReduceScatter = r.oneOf("ROCE_PG_ALGO_REDUCE_SCATTER", "auto", {"auto", "shm", "ring", "hier"});
+  c.algoBroadcast = r.oneOf("ROCE_PG_ALGO_BROADCAST", "auto", {"auto", "shm", "binomial", "chain"});
   c.rdMaxBytes = r.integer("ROCE_PG_ALGO_RD_MAX_BYTES", c.rdMaxBytes, 0, 1ll << 40);
   c.ringMinBytes = r.integer("ROCE_PG_ALGO_RING_MIN_BYTES", c.ringMinBytes, 0, 1ll << 40);
   c.hierMinBytes = r.integer("ROCE_PG_ALGO_HIER_MIN_BYTES", c.hierMinBytes, 0, 1ll << 40);
@@ -182,7 +183,7 @@ std::string Config::algorithmSettings() const {
   auto threshold = [](bool set, size_t v) { return set ? std::to_string(v) : std::string("auto"); };
   return str("ROCE_PG_ALGO_ALLREDUCE=", algoAllreduce, " ROCE_PG_ALGO_ALLREDUCE_ACROSS=", algoAllreduceAcross,
              " ROCE_PG_ALGO_ALLGATHER=", algoAllgather,
-             " ROCE_PG_ALGO_REDUCE_SCATTER=", algoReduceScatter,
+             " ROCE_PG_ALGO_REDUCE_SCATTER=", algoReduceScatter, " ROCE_PG_ALGO_BROADCAST=", algoBroadcast,
              " ROCE_PG_ALGO_RD_MAX_BYTES=", threshold(rdMaxBytesSet, rdMaxBytes),
              " ROCE_PG_ALGO_RING_MIN_BYTES=", threshold(ringMinBytesSet, ringMinBytes),
              " ROCE_PG_ALGO_HIER_MIN_BYTES=", threshold(hierMinBytesSet, hierMinBytes),
@@ -199,7 +200,7 @@ std::string Config::describe() const {
   return str("force_network=", forceNetwork, " sim_ranks_per_node=", simRanksPerNode,
              simNode.empty() ? "" : str(" sim_node=", simNode), " algo_allreduce=", algoAllreduce,
              " algo_allreduce_across=", algoAllreduceAcross,
-             " algo_allgather=", algoAllgather, " algo_reduce_scatter=", algoReduceScatter, " rd_max_bytes=", rdMaxBytes, " ring_min_bytes=", ringMinBytes,
+             " algo_allgather=", algoAllgather, " algo_reduce_scatter=", algoReduceScatter, " algo_broadcast=", algoBroadcast, " rd_max_bytes=", rdMaxBytes, " ring_min_bytes=", ringMinBytes,
              " hier_min_bytes=", hierMinBytes, " bruck_max_bytes=", bruckMaxBytes, " net_alpha_us=", netAlphaUs,
              " net_gbps=", netGBps, " nic_gbps=", nicGBps, " shm_alpha_us=", shmAlphaUs, " shm_gbps=", shmGBps,
              " reduce_gbps=", reduceGBps,

@@ -24,8 +24,11 @@ struct Config {
   // hier's allreduce among the machines (auto: the cost model). rd and
   // rabenseifner cannot overlap hier's phases: forcing them runs hier in sequence.
   std::string algoAllreduceAcross = "auto";  // ROCE_PG_ALGO_ALLREDUCE_ACROSS: auto|rd|rabenseifner|ring|tree
-  std::string algoAllgather = "auto";    // ROCE_PG_ALGO_ALLGATHER: auto|ring|bruck|hier
-  std::string algoReduceScatter = "auto";  // ROCE_PG_ALGO_REDUCE_SCATTER: auto|ring|hier
+  // "shm" (the auto choice where the whole group is on one machine): through
+  // the node's shared-memory slots; the others force the point-to-point route.
+  std::string algoAllgather = "auto";    // ROCE_PG_ALGO_ALLGATHER: auto|shm|ring|bruck|hier
+  std::string algoReduceScatter = "auto";  // ROCE_PG_ALGO_REDUCE_SCATTER: auto|shm|ring|hier
+  std::string algoBroadcast = "auto";    // ROCE_PG_ALGO_BROADCAST: auto|shm|binomial|chain
   // Thresholds, in bytes per rank (allgather: output bytes). The allreduce
   // ones override the cost model below where set (*Set; docs/ALGORITHMS.md,
   // "Precedence"); the values also size the ring's channels and hier's pieces,
@@ -62,15 +65,16 @@ struct Config {
   int nChannels = 0;                     // ROCE_PG_NCHANNELS (0: auto, else 1..kMaxChannels)
   static constexpr int kMaxChannels = 8;
   // Threads that share a rank's local copies and reductions (the
-  // shared-memory allreduce): the caller plus workers-1 threads of the
+  // shared-memory collectives, the network algorithms' reductions): the caller plus workers-1 threads of the
   // process's worker pool (csrc/common/worker_pool.hpp). 1: everything on the
   // calling thread. 0 = auto: workersAuto(), resolved by the Communicator at
   // group creation. A per-rank setting: peers never depend on it.
   int workers = 0;                       // ROCE_PG_WORKERS (0: auto, else 1..kMaxWorkers)
   static constexpr int kMaxWorkers = 64;
-  // Per-rank staging slot of the shared-memory allreduce (two of them per rank).
+  // Per-rank staging slot of the shared-memory collectives (two of them per rank).
   size_t shmSlotBytes = 1u << 20;        // ROCE_PG_SHM_SLOT_BYTES
-  // Pipelining granularity of the two-step shared-memory allreduce (capped by
+  // Pipelining granularity of the two-step shared-memory allreduce and of the
+  // shared-memory allgather, broadcast and reduce-scatter (capped by
   // the slot; a power of two). Chunks that stay in the cache between a rank
   // writing its slot and the peers reading it halve the memory traffic; the
   // default is half this CPU's per-core L2 (shmChunkAuto()).

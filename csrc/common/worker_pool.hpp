@@ -1,6 +1,6 @@
 // The per-process worker pool: threads that take slices of a rank's local
-// copies and reductions (the shared-memory allreduce, algorithms/
-// shm_allreduce.cpp), so a rank uses more than its progress thread's core.
+// copies and reductions (the shared-memory collectives, algorithms/shm_*.cpp,
+// and the network algorithms' reductions), so a rank uses more than its progress thread's core.
 //
 // One pool per process, shared by every group: a job is split into parts that
 // the submitting thread and the pool's threads claim one at a time from a

@@ -1,9 +1,10 @@
 // The shared memory of one process group on one machine. Every local rank owns
 // one segment holding
-//   * its barrier counter and the descriptor of the allreduce it is running,
+//   * its barrier counter and the descriptor of the shared-memory collective
+//     it is running (algorithms/shm_call.hpp),
 //   * its doorbell's announce flag and address (doorbell.hpp),
 //   * one inbound ring per local peer (point-to-point messages to this rank),
-//   * two staging slots for the shared-memory allreduce (double-buffered).
+//   * two staging slots for the shared-memory collectives (double-buffered).
 // Every local rank maps every other rank's segment, so a rank reads its peers'
 // slots directly and writes straight into the rings of its peers.
 #pragma once
@@ -26,10 +27,10 @@ class Bootstrap;
 struct alignas(64) ShmRankControl {
   std::atomic<uint64_t> arrived;  // barrier generation this rank has reached
   char pad0[64 - sizeof(std::atomic<uint64_t>)];
-  // What the rank's current shared-memory allreduce is, checked by all ranks
+  // What the rank's current shared-memory collective is, checked by all ranks
   // before reducing so that mismatched calls fail everywhere instead of
   // corrupting memory or hanging. One per slot parity, like the slots: after
-  // a one-shot allreduce's only barrier a fast peer may already announce its
+  // a one-barrier call's only barrier a fast peer may already announce its
   // next call, which must not overwrite what a slow rank is about to check.
   std::atomic<uint64_t> opCount[2];
   std::atomic<uint32_t> opKind[2];
