@@ -15,8 +15,8 @@ def _C():
 
 
 def _choose(mode="auto", dmabuf=False, pointer=True, nic_dmabuf=False, peers=("", "verbs"), nbytes=1 << 20,
-            limit=2 << 30):
-    return _C()._choose_gpudirect(mode, dmabuf, pointer, nic_dmabuf, list(peers), nbytes, limit)
+            limit=2 << 30, shared_machine=False):
+    return _C()._choose_gpudirect(mode, dmabuf, pointer, nic_dmabuf, list(peers), shared_machine, nbytes, limit)
 
 
 @pytest.mark.parametrize("peers, why", [
@@ -28,6 +28,15 @@ def test_every_peer_must_be_served_by_verbs(peers, why):
     assert path == "staged" and why in reason, reason
     assert _choose(dmabuf=True, nic_dmabuf=True, peers=["", "verbs", "verbs"])[0] == "dma-buf"
     assert _choose(peers=["", "", "verbs"])[0] == "peer memory"  # ranks a call does not talk to do not count
+
+
+def test_a_collective_stages_where_a_machine_holds_several_ranks():
+    """A rank alone on its machine sees only verbs peers, but the group's
+    ranks that share a machine stage (shared memory copies with the CPU), and a
+    collective's ranks must choose alike: the topology decides for all."""
+    path, why = _choose(dmabuf=True, nic_dmabuf=True, peers=["", "verbs", "verbs"], shared_machine=True)
+    assert path == "staged" and "one rank per machine" in why, why
+    assert _choose(peers=["", "verbs", "verbs"], shared_machine=False)[0] == "peer memory"
 
 
 def test_dmabuf_first_peer_memory_second_staged_last():

@@ -193,7 +193,8 @@ std::string Config::algorithmSettings() const {
              " ROCE_PG_ALGO_REDUCE_GBPS=", exact(reduceGBps), " ROCE_PG_CHUNK_BYTES=", chunkBytes,
              " ROCE_PG_NCHANNELS=", nChannels == 0 ? std::string("auto") : std::to_string(nChannels),
              " ROCE_PG_FORCE_NETWORK=", forceNetwork ? 1 : 0, " ROCE_PG_DEVICE_PIECE_BYTES=", devicePieceBytes,
-             " ROCE_PG_DEVICE_REDUCE=", deviceReduce, " ROCE_PG_GPUDIRECT=", gpudirect);
+             " ROCE_PG_DEVICE_REDUCE=", deviceReduce, " ROCE_PG_GPUDIRECT=", gpudirect,
+             " ROCE_PG_IB_DEVICE_REG_BYTES=", ibDeviceRegBytes);
 }
 
 std::string Config::describe() const {

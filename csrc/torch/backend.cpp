@@ -238,8 +238,13 @@ GpudirectChoice RoceBackend::gpudirect(const at::Tensor& t, int peer) {
     }
   std::string nicWhy = "no peer";
   const bool nicDmabuf = nicPeer >= 0 && c.registersDmabuf(nicPeer, &nicWhy);
+  // A collective's ranks must choose alike, and a rank sees only its own
+  // peers: where a machine holds several of the group's ranks (and
+  // ROCE_PG_FORCE_NETWORK, the roster's, is off), those have a shared-memory
+  // peer, so every rank of a collective stages. The topology is everyone's.
+  const bool sharedMachine = peer < 0 && !c.config().forceNetwork && c.topology().numNodes != c.size();
   GpudirectChoice choice = chooseGpudirect(cfg_.gpudirect, deviceMemoryPath(t.device()), nicDmabuf, nicWhy, peers,
-                                           t.storage().nbytes(), cfg_.ibDeviceRegBytes);
+                                           sharedMachine, t.storage().nbytes(), cfg_.ibDeviceRegBytes);
   std::call_once(gpudirectLogged_, [&] {
     gpudirectLog_ = str("rank ", c.rank(), ": ", t.device().str(), " tensors of data-movement calls go ",
                         choice.path == DeviceMemoryPath::Staged ? "through host staging" : "to the NIC directly, by ",

@@ -199,11 +199,12 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(a.supported, a.why);
   });
   m.def("_choose_gpudirect", [](const std::string& mode, bool dmabuf, bool pointer, bool nicDmabuf,
-                                const std::vector<std::string>& peers, size_t allocationBytes, size_t limitBytes) {
+                                const std::vector<std::string>& peers, bool sharedMachine, size_t allocationBytes,
+                                size_t limitBytes) {
     roce::DeviceMemoryAnswer a{dmabuf, "device dma-buf " + std::to_string(dmabuf), pointer,
                                "device pointer " + std::to_string(pointer), nullptr};
     const roce::GpudirectChoice c = roce::chooseGpudirect(mode, a, nicDmabuf, "nic dma-buf " + std::to_string(nicDmabuf),
-                                                          peers, allocationBytes, limitBytes);
+                                                          peers, sharedMachine, allocationBytes, limitBytes);
     return py::make_tuple(roce::pathName(c.path), c.why);
   });
   m.def("_peer_memory_module_loaded", &roce::peerMemoryModuleLoaded, py::arg("modules_text"));

@@ -65,22 +65,36 @@ DeviceMemoryAnswer deviceMemoryPath(c10::Device device) {
     a.pointerWhy = "no peer-memory registration is known for " + type + " (roce_pg.declare_device_memory)";
     return a;
   }
-  a.dmabuf = cudaDmabufSupported(device.has_index() ? device.index() : 0, &a.dmabufWhy);
+  // Asked per call (broadcast, send/recv of a device tensor): the driver's
+  // and the kernel's answers are read once per device and kept.
+  static std::map<int, DeviceMemoryAnswer> cuda;
+  const int index = device.has_index() ? device.index() : 0;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = cuda.find(index);
+    if (it != cuda.end()) return it->second;
+  }
+  a.dmabuf = cudaDmabufSupported(index, &a.dmabufWhy);
   if (a.dmabuf) a.exportDmabuf = exportCudaDmabuf;
   a.pointer = peerMemoryModuleLoaded(procModules());
   a.pointerWhy = a.pointer ? "nvidia_peermem is loaded (/proc/modules): ibv_reg_mr takes device pointers"
                            : "no peer-memory module loaded (nvidia_peermem not in /proc/modules)";
-  return a;
+  std::lock_guard<std::mutex> g(mu);
+  return cuda.emplace(index, a).first->second;
 }
 
 GpudirectChoice chooseGpudirect(const std::string& mode, const DeviceMemoryAnswer& device, bool nicDmabuf,
                                 const std::string& nicWhy, const std::vector<std::string>& peers,
-                                size_t allocationBytes, size_t limitBytes) {
+                                bool sharedMachine, size_t allocationBytes, size_t limitBytes) {
   if (mode == "off") return {DeviceMemoryPath::Staged, "ROCE_PG_GPUDIRECT=off"};
   for (size_t p = 0; p < peers.size(); ++p)
     if (!peers[p].empty() && peers[p] != "verbs")
       return {DeviceMemoryPath::Staged, "rank " + std::to_string(p) + " is reached through " + peers[p] +
                                             ", which copies with the CPU (only verbs takes device memory)"};
+  if (sharedMachine)
+    return {DeviceMemoryPath::Staged, "a machine of this group holds several of its ranks, whose shared-memory "
+                                      "transport copies with the CPU; collectives go to the NIC directly only with "
+                                      "one rank per machine"};
   if (allocationBytes > limitBytes)
     return {DeviceMemoryPath::Staged, "the tensor's allocation (" + std::to_string(allocationBytes) +
                                           " bytes) exceeds ROCE_PG_IB_DEVICE_REG_BYTES=" + std::to_string(limitBytes)};

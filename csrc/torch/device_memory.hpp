@@ -41,15 +41,18 @@ DeviceMemoryAnswer deviceMemoryPath(c10::Device device);
 // from what every rank sees alike: `mode` (ROCE_PG_GPUDIRECT), the device's
 // answer, the provider's (`nicDmabuf`, `nicWhy`), the transports serving the
 // ranks the call talks to (`peers`: one name per rank, "" for ranks it does
-// not talk to), the bytes of the tensor's allocation against
-// ROCE_PG_IB_DEVICE_REG_BYTES. `why` says what decided, for the log line.
+// not talk to), whether the call is a collective of a group some machine of
+// which holds several ranks (`sharedMachine`: those ranks reach each other
+// through shared memory, so all must stage), the bytes of the tensor's
+// allocation against ROCE_PG_IB_DEVICE_REG_BYTES. `why` says what decided,
+// for the log line.
 struct GpudirectChoice {
   DeviceMemoryPath path = DeviceMemoryPath::Staged;
   std::string why;
 };
 GpudirectChoice chooseGpudirect(const std::string& mode, const DeviceMemoryAnswer& device, bool nicDmabuf,
                                 const std::string& nicWhy, const std::vector<std::string>& peers,
-                                size_t allocationBytes, size_t limitBytes);
+                                bool sharedMachine, size_t allocationBytes, size_t limitBytes);
 
 // True if /proc/modules' text lists a peer-memory module for NVIDIA GPUs.
 bool peerMemoryModuleLoaded(const std::string& modulesText);

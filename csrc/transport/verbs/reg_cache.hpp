@@ -53,6 +53,9 @@ class RegCache {
   // everything in use, or ibv_reg_mr failed): the caller copies instead.
   Entry* acquire(const BufferOwner& o, const void* p, size_t n);
   void release(Entry* e);
+  // Deregisters entries not in use whose buffers only the cache still holds
+  // (their tensors were freed): the cache's reference keeps them allocated.
+  void dropReleased();
 
   void setCounters(Counters* c) { counters_ = c; }
   size_t entries() const { return lru_.size(); }
@@ -63,7 +66,6 @@ class RegCache {
   using Iter = std::list<Entry>::iterator;
   void drop(Iter it);
   bool makeRoom(size_t need);
-  void dropReleased();
   ibv_mr* registerDmabuf(const BufferOwner& o, int access);  // null: by pointer instead
 
   VerbsDevice& dev_;

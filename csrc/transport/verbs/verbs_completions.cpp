@@ -133,6 +133,7 @@ void VerbsTransport::onCtrl(int p, const Ctrl& msg) {
       Request* r = it->second.r;
       regCache_->release(it->second.zc);  // the sender never wrote into it
       peer.recvs.erase(it);
+      if (!r) break;  // failed already (a device receive fed copy-mode chunks)
       if (msg.len == r->len)  // the sizes agree: the sender could not send it by RDMA (device memory)
         r->fail(str("rank ", p, " could not send its ", r->len, " bytes to rank ", rank_,
                     " by RDMA (device memory; rank ", p, "'s error says why)"));
@@ -175,6 +176,12 @@ void VerbsTransport::onData(int p, uint32_t slot, uint32_t byteLen) {
                            " has not posted (corrupted slot header)"));
   auto& st = it->second;
   const bool zc = h.flags & kSlotZeroCopy;
+  if (!st.r) {
+    // A device receive already failed by a copy-mode chunk: the rest of its
+    // chunks still come (the sender does not know), and are dropped unread.
+    if (++st.got >= st.expected) peer.recvs.erase(it);
+    return landingConsumed(p, slot);
+  }
   if (st.mode == 0) {  // zero copy was offered: the first chunk says what the sender chose
     st.mode = zc ? 2 : 1;
     const uint64_t step = zc ? st.piece : slotBytes_;
@@ -201,7 +208,9 @@ void VerbsTransport::onData(int p, uint32_t slot, uint32_t byteLen) {
     // not write the payload into device memory.
     st.r->fail(deviceRegFailure(*st.r, "receive"));
     regCache_->release(st.zc);
-    peer.recvs.erase(it);
+    st.zc = nullptr;
+    st.r = nullptr;  // failed: its owner may free it; later chunks are only counted
+    if (++st.got >= st.expected) peer.recvs.erase(it);
     return landingConsumed(p, slot);
   }
   st.seen[index] = true;
@@ -356,7 +365,7 @@ void VerbsTransport::killPeer(int p, const std::string& why) {
   peer.active.clear();
   for (auto& [id, st] : peer.recvs) {
     regCache_->release(st.zc);
-    st.r->fail(why);
+    if (st.r) st.r->fail(why);  // null: failed already, only its chunks were awaited
   }
   peer.recvs.clear();
   peer.ctrlQueue.clear();

@@ -205,9 +205,12 @@ void VerbsTransport::postRecv(Request* r) {
     const uint64_t piece = zeroCopyPiece(r->len, r->lane > 0 ? 1 : qpsPerPeer_);
     peer.recvs[id] = {r, 0, 0, {}, zc, piece, 0};
     queueCtrl(r->peer, Ctrl{kRtr, id, r->tag, r->len, 0, zc->mr->rkey, reinterpret_cast<uint64_t>(r->buf), piece, {}});
-  } else if (r->owner.device) {
-    return r->fail(deviceRegFailure(*r, "receive"));
   } else {
+    // A device buffer that could not be registered still posts its RTR, in
+    // order: the sender pairs RTRs with sends strictly in order per tag, so a
+    // receive that skipped it would hang its sender and hand the next
+    // receive on the tag this message. Whatever arrives for it fails it
+    // (deliverEager, onData): the CPU must not write device memory.
     const uint64_t chunks = std::max<uint64_t>(1, (r->len + slotBytes_ - 1) / slotBytes_);
     peer.recvs[id] = {r, chunks, 0, std::vector<bool>(chunks, false), nullptr, 0, 1};
     queueCtrl(r->peer, Ctrl{kRtr, id, r->tag, r->len, 0, 0, 0, 0, {}});
@@ -243,6 +246,10 @@ void VerbsTransport::deliverEager(int p, uint32_t id, const char* data, uint64_t
 RegCache::Entry* VerbsTransport::registerUserBuffer(const Request& r) {
   if (r.owner.device) {  // zero copy at every size: the CPU must not touch it
     deviceRegCache_->setCounters(counters());
+    // A cached registration keeps its tensor's storage alive: let go of the
+    // ones whose tensors the user freed now, not when room runs out, or up to
+    // ROCE_PG_IB_DEVICE_REG_BYTES of freed device memory stays allocated.
+    deviceRegCache_->dropReleased();
     return deviceRegCache_->acquire(r.owner, r.buf, r.len);
   }
   if (zeroCopyMin_ == 0 || r.len < zeroCopyMin_ || !r.owner) return nullptr;
