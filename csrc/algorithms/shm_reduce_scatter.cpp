@@ -30,6 +30,13 @@ void shmReduceScatter(Communicator& c, const void* input, void* output, size_t b
   // A slot holds one piece per rank; pieces of whole cache lines where they
   // can be, so no two threads write one line of a slot.
   size_t per = std::min(shm.slotBytes(), c.config().shmChunkBytes) / esz / n;
+  // The same on every rank (slot size, chunk, dtype, local ranks), so every
+  // rank refuses alike, before any barrier.
+  if (per == 0)
+    throwInvalid(str("reduce_scatter through shared memory needs one ", dataTypeName(t), " element per local rank in a "
+                     "slot: ", n, " ranks x ", esz, " bytes > ROCE_PG_SHM_SLOT_BYTES/ROCE_PG_SHM_CHUNK_BYTES (",
+                     std::min(shm.slotBytes(), c.config().shmChunkBytes), "); raise them, or set "
+                     "ROCE_PG_ALGO_REDUCE_SCATTER=ring on every rank"));
   if (per > unit) per -= per % unit;
   const bool scaled = red.op == ReduceOp::PreMulSum;
   const int skip = scaled ? -1 : me;  // unscaled, the own block is read from the input
