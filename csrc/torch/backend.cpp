@@ -7,7 +7,6 @@
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
 #include "../common/log.hpp"
-#include "device_memory.hpp"
 #include "device_reduce.hpp"
 #include "monitored_barrier.hpp"
 #include "sparse_allreduce.hpp"
@@ -223,21 +222,24 @@ CallStaging RoceBackend::staging(const at::Tensor& like, int peer) {
   const GpudirectChoice choice = gpudirect(like, peer);
   if (choice.path == DeviceMemoryPath::Staged) return staging(like);
   CallStaging st(std::make_shared<DeviceStaging>(lanes_.of(like.device()), pinned_), /*direct=*/true);
-  if (choice.path == DeviceMemoryPath::Dmabuf) st.exportDmabuf = deviceMemoryPath(like.device()).exportDmabuf;
+  st.exportDmabuf = choice.exportDmabuf;  // null unless by dma-buf
   return st;
 }
 
 GpudirectChoice RoceBackend::gpudirect(const at::Tensor& t, int peer) {
   Communicator& c = engine_->comm();
-  std::vector<std::string> peers(c.size());
-  int nicPeer = -1;
-  for (int p = 0; p < c.size(); ++p)
-    if (p != c.rank() && (peer < 0 || p == peer)) {
-      peers[p] = c.transportName(p);
-      nicPeer = p;
-    }
+  // The ranks the call talks to and their transports: one for send/recv; every
+  // other rank for a collective, listed once per group (routes are fixed at
+  // setup), so a call does not walk the group.
+  std::call_once(collectivePeersListed_, [&] {
+    for (int p = 0; p < c.size(); ++p)
+      if (p != c.rank()) collectivePeers_.emplace_back(p, c.transportName(p));
+  });
+  const std::vector<CallPeer> one = peer >= 0 ? std::vector<CallPeer>{{peer, c.transportName(peer)}}
+                                              : std::vector<CallPeer>{};
+  const std::vector<CallPeer>& peers = peer >= 0 ? one : collectivePeers_;
   std::string nicWhy = "no peer";
-  const bool nicDmabuf = nicPeer >= 0 && c.registersDmabuf(nicPeer, &nicWhy);
+  const bool nicDmabuf = !peers.empty() && c.registersDmabuf(peers.back().first, &nicWhy);
   // A collective's ranks must choose alike, and a rank sees only its own
   // peers: where a machine holds several of the group's ranks (and
   // ROCE_PG_FORCE_NETWORK, the roster's, is off), those have a shared-memory

@@ -184,6 +184,8 @@ class RoceBackend : public c10d::Backend {
   CompletionHooks completionHooks_;       // before engine_: completions fire them until it is gone
   DeviceLanes lanes_;                     // copy streams per device
   std::once_flag gpudirectLogged_;        // the path device tensors take, logged once per group
+  std::once_flag collectivePeersListed_;  // collectivePeers_: every other rank and its transport
+  std::vector<CallPeer> collectivePeers_;
   std::string gpudirectLog_;
   std::shared_ptr<PinnedCache> pinned_;   // staging buffers of device tensors
   std::unique_ptr<Engine> engine_;        // after the two above: its tasks use them

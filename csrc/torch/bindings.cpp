@@ -203,8 +203,12 @@ PYBIND11_MODULE(_C, m) {
                                 size_t limitBytes) {
     roce::DeviceMemoryAnswer a{dmabuf, "device dma-buf " + std::to_string(dmabuf), pointer,
                                "device pointer " + std::to_string(pointer), nullptr};
+    // `peers`: a transport name per rank, "" for ranks the call does not talk to.
+    std::vector<roce::CallPeer> talks;
+    for (size_t p = 0; p < peers.size(); ++p)
+      if (!peers[p].empty()) talks.emplace_back(static_cast<int>(p), peers[p].c_str());
     const roce::GpudirectChoice c = roce::chooseGpudirect(mode, a, nicDmabuf, "nic dma-buf " + std::to_string(nicDmabuf),
-                                                          peers, sharedMachine, allocationBytes, limitBytes);
+                                                          talks, sharedMachine, allocationBytes, limitBytes);
     return py::make_tuple(roce::pathName(c.path), c.why);
   });
   m.def("_peer_memory_module_loaded", &roce::peerMemoryModuleLoaded, py::arg("modules_text"));

@@ -84,12 +84,12 @@ DeviceMemoryAnswer deviceMemoryPath(c10::Device device) {
 }
 
 GpudirectChoice chooseGpudirect(const std::string& mode, const DeviceMemoryAnswer& device, bool nicDmabuf,
-                                const std::string& nicWhy, const std::vector<std::string>& peers,
+                                const std::string& nicWhy, const std::vector<CallPeer>& peers,
                                 bool sharedMachine, size_t allocationBytes, size_t limitBytes) {
   if (mode == "off") return {DeviceMemoryPath::Staged, "ROCE_PG_GPUDIRECT=off"};
-  for (size_t p = 0; p < peers.size(); ++p)
-    if (!peers[p].empty() && peers[p] != "verbs")
-      return {DeviceMemoryPath::Staged, "rank " + std::to_string(p) + " is reached through " + peers[p] +
+  for (const auto& [p, transport] : peers)
+    if (std::string(transport) != "verbs")
+      return {DeviceMemoryPath::Staged, "rank " + std::to_string(p) + " is reached through " + transport +
                                             ", which copies with the CPU (only verbs takes device memory)"};
   if (sharedMachine)
     return {DeviceMemoryPath::Staged, "a machine of this group holds several of its ranks, whose shared-memory "
@@ -98,7 +98,8 @@ GpudirectChoice chooseGpudirect(const std::string& mode, const DeviceMemoryAnswe
   if (allocationBytes > limitBytes)
     return {DeviceMemoryPath::Staged, "the tensor's allocation (" + std::to_string(allocationBytes) +
                                           " bytes) exceeds ROCE_PG_IB_DEVICE_REG_BYTES=" + std::to_string(limitBytes)};
-  if (device.dmabuf && nicDmabuf) return {DeviceMemoryPath::Dmabuf, device.dmabufWhy + "; " + nicWhy};
+  if (device.dmabuf && nicDmabuf)
+    return {DeviceMemoryPath::Dmabuf, device.dmabufWhy + "; " + nicWhy, device.exportDmabuf};
   const std::string noDmabuf = "no dma-buf: " + (device.dmabuf ? nicWhy : device.dmabufWhy);
   if (device.pointer) return {DeviceMemoryPath::Pointer, noDmabuf + "; peer memory: " + device.pointerWhy};
   return {DeviceMemoryPath::Staged, noDmabuf + "; no peer memory: " + device.pointerWhy};

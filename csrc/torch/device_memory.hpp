@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace roce {
@@ -40,8 +41,7 @@ DeviceMemoryAnswer deviceMemoryPath(c10::Device device);
 // Whether a call's device tensor goes to the transport itself, and how,
 // from what every rank sees alike: `mode` (ROCE_PG_GPUDIRECT), the device's
 // answer, the provider's (`nicDmabuf`, `nicWhy`), the transports serving the
-// ranks the call talks to (`peers`: one name per rank, "" for ranks it does
-// not talk to), whether the call is a collective of a group some machine of
+// ranks the call talks to (`peers`), whether the call is a collective of a group some machine of
 // which holds several ranks (`sharedMachine`: those ranks reach each other
 // through shared memory, so all must stage), the bytes of the tensor's
 // allocation against ROCE_PG_IB_DEVICE_REG_BYTES. `why` says what decided,
@@ -49,9 +49,12 @@ DeviceMemoryAnswer deviceMemoryPath(c10::Device device);
 struct GpudirectChoice {
   DeviceMemoryPath path = DeviceMemoryPath::Staged;
   std::string why;
+  decltype(DeviceMemoryAnswer::exportDmabuf) exportDmabuf = nullptr;  // the device's hook, for Dmabuf
 };
+// A rank the call talks to and the name of the transport serving it.
+using CallPeer = std::pair<int, const char*>;
 GpudirectChoice chooseGpudirect(const std::string& mode, const DeviceMemoryAnswer& device, bool nicDmabuf,
-                                const std::string& nicWhy, const std::vector<std::string>& peers,
+                                const std::string& nicWhy, const std::vector<CallPeer>& peers,
                                 bool sharedMachine, size_t allocationBytes, size_t limitBytes);
 
 // True if /proc/modules' text lists a peer-memory module for NVIDIA GPUs.
