@@ -127,7 +127,12 @@ def _create_backend(dist_backend_opts, backend_options):
     opts = dist_backend_opts
     ranks = list(opts.global_ranks_in_group or [])
     global_rank = ranks[opts.group_rank] if ranks else opts.group_rank
-    backend = _C.RoceBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, global_rank)
+    parent = _world_backend_to_derive_from(ranks, opts)
+    if parent is not None:
+        backend = _C.RoceBackend._from_parent(parent, opts.store, opts.group_rank, ranks, str(opts.group_id),
+                                              opts.timeout)
+    else:
+        backend = _C.RoceBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, global_rank)
     backend._set_trace_ranks(ranks or list(range(opts.group_size)))  # named in trace dumps
     _tell_torch_who_records(backend)
     devices = _devices_of_group_being_created()
@@ -135,6 +140,33 @@ def _create_backend(dist_backend_opts, backend_options):
     if template is None or not devices or set(devices.values()) != {BACKEND_NAME}:
         return backend  # shares the group with other backends: torch registers it
     return _named_group(backend, opts, template, devices)
+
+
+def _world_backend_to_derive_from(ranks, opts):
+    """The world group's roce backend when the group being created can form
+    from its roster with no join of its own (issue 27), else None.
+
+    Every member decides alike: the world group is the same on every rank,
+    and ROCE_PG_SUBGROUPS (parent|join) was checked equal on every rank when
+    the world formed. The group name torch passes (opts.group_id) is the same
+    on every member and names the subgroup's keys."""
+    if len(ranks) < 2 or not getattr(opts, "group_id", None):
+        return None
+    try:
+        world = dist.distributed_c10d._get_default_group()
+    except (RuntimeError, ValueError):
+        return None  # the world group itself is being created
+    if world is None or world.size() < 2:
+        return None
+    try:
+        backend = world._get_backend(torch.device("cpu"))
+    except RuntimeError:
+        return None
+    if not isinstance(backend, _C.RoceBackend) or not backend._forms_subgroups():
+        return None
+    if world.size() != dist.get_world_size() or max(ranks) >= world.size():
+        return None
+    return backend
 
 
 def _tell_torch_who_records(backend):

@@ -28,6 +28,7 @@ SETTINGS = {
     "ROCE_PG_ALGO_ALLREDUCE": ("choice", _ALLREDUCE),
     "ROCE_PG_ALGO_ALLREDUCE_ACROSS": ("choice", ("auto", "rd", "rabenseifner", "ring", "tree")),
     "ROCE_PG_CONNECT": ("choice", ("lazy", "eager")),
+    "ROCE_PG_SUBGROUPS": ("choice", ("parent", "join")),
     "ROCE_PG_ALGO_ALLGATHER": ("choice", ("auto", "shm", "ring", "bruck", "hier")),
     "ROCE_PG_ALGO_REDUCE_SCATTER": ("choice", ("auto", "shm", "ring", "hier")),
     "ROCE_PG_ALGO_BROADCAST": ("choice", ("auto", "shm", "binomial", "chain")),
@@ -92,7 +93,7 @@ SAME_EVERYWHERE = (
     "ROCE_PG_ALGO_NET_GBPS", "ROCE_PG_ALGO_NIC_GBPS", "ROCE_PG_ALGO_SHM_ALPHA_US", "ROCE_PG_ALGO_SHM_GBPS",
     "ROCE_PG_ALGO_REDUCE_GBPS", "ROCE_PG_CHUNK_BYTES", "ROCE_PG_NCHANNELS", "ROCE_PG_FORCE_NETWORK",
     "ROCE_PG_DEVICE_PIECE_BYTES", "ROCE_PG_DEVICE_REDUCE", "ROCE_PG_GPUDIRECT", "ROCE_PG_IB_DEVICE_REG_BYTES",
-    "ROCE_PG_IB_QPS_PER_CONNECTION", "ROCE_PG_NET_TRANSPORT",
+    "ROCE_PG_IB_QPS_PER_CONNECTION", "ROCE_PG_NET_TRANSPORT", "ROCE_PG_SUBGROUPS",
 )
 
 

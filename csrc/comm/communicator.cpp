@@ -1,5 +1,7 @@
 #include "communicator.hpp"
 
+#include "../runtime/front_desk.hpp"
+
 // Routing requests to transports, the operation context, and failure
 // handling. Group formation is in group_setup.cpp, waiting in wait_loop.cpp.
 #include <cstdlib>

@@ -25,8 +25,9 @@
 #include "../common/wakeup.hpp"
 #include "../transport/transport.hpp"
 #include "op_progress.hpp"
+#include "roster.hpp"
 #include "topology.hpp"
-#include "../transport/tcp/tcp_connect.hpp"
+#include "../runtime/connect.hpp"
 
 namespace roce {
 
@@ -34,7 +35,8 @@ class ConnectionManager;
 class Lifeline;
 class NodeShm;
 class TcpAcceptor;
-class TcpListener;
+class VerbsDevice;
+class MailboxLease;
 
 class Communicator {
  public:
@@ -44,7 +46,16 @@ class Communicator {
   // (keys under the leader's incarnation prefix).
   Communicator(Bootstrap& store, const Config& cfg, int rank, int size, int globalRank,
                std::chrono::milliseconds timeout);
+  // A subgroup of `parent` with no join (issue 27): its members are the
+  // parent's ranks `parentRanks` (this rank among them, at `rank`), the roster
+  // is derived from the parent's (deriveRoster, named by `groupName`, which
+  // every member passes alike). Collective over the members only. `store` is
+  // used for the members' shared-memory names, if any share a machine.
+  Communicator(const Communicator& parent, Bootstrap& store, const Config& cfg, int rank,
+               const std::vector<int>& parentRanks, const std::string& groupName, std::chrono::milliseconds timeout);
   ~Communicator();
+  // Store operations this group's formation made (tests count them).
+  int formationStoreOps() const { return formationStoreOps_; }
 
   int rank() const { return topo_.rank; }
   int size() const { return topo_.size; }
@@ -220,7 +231,9 @@ class Communicator {
   void slowChecks();
   void throwIfPeerFailed(const std::string& what);
   // probe(peer) returns a check that throws when `peer` will never connect.
-  void connectLifelines(TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& eps, uint64_t nonce,
+  // The steps after the roster is known, shared by both constructors.
+  void form(Bootstrap& store, Roster roster, const std::string& incarnation, int rank, Clock::time_point deadline);
+  void connectLifelines(TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& eps, const std::vector<uint64_t>& nonces,
                         Clock::time_point deadline, const std::function<std::function<void()>(int)>& probe);
   // ROCE_PG_CONNECT=eager: connects every network peer before init returns.
   void connectAll(const std::vector<bool>& viaNet, Clock::time_point deadline);
@@ -230,11 +243,17 @@ class Communicator {
 
   Config cfg_;
   Topology topo_;
+  Roster roster_;                       // what subgroups derive theirs from
+  std::shared_ptr<VerbsDevice> verbsDev_;  // the process's, when this rank opened one
+  int formationStoreOps_ = 0;
   std::chrono::milliseconds timeout_;
-  std::unique_ptr<TcpListener> listener_;
+  // Where the process's front desk leaves this group's connections (closed
+  // last: a connection arriving meanwhile is simply dropped).
+  std::unique_ptr<MailboxLease> mailbox_;
   std::unique_ptr<NodeShm> nodeShm_;
   std::vector<std::string> hostNames_;  // per rank, for messages
-  std::vector<TcpEndpoint> endpoints_;  // per rank: its listener (loopback on this host)
+  std::vector<TcpEndpoint> endpoints_;  // per rank: its process's listener (loopback on this host)
+  std::vector<uint64_t> nonces_;        // per rank: what it published; the front desk's key for its connections
   std::vector<std::unique_ptr<Transport>> transports_;
   // Network peers' connections, made on demand (null without network peers;
   // destroyed before the transports, see the member order below).

@@ -7,7 +7,6 @@
 
 #include "../common/error.hpp"
 #include "../common/log.hpp"
-#include "../transport/tcp/tcp_transport.hpp"
 
 namespace roce {
 namespace {
@@ -37,15 +36,14 @@ struct ConnectionManager::Dial {
 };
 
 ConnectionManager::ConnectionManager(int rank, std::string transport, const std::vector<TcpEndpoint>& endpoints,
-                                     const std::vector<std::string>& hostNames, uint64_t nonce, std::unique_ptr<TcpListener> listener,
+                                     const std::vector<std::string>& hostNames, const std::vector<uint64_t>& nonces,
                                      std::unique_ptr<TcpAcceptor> acceptor, Connected connected, Failed failed,
                                      Counters& counters)
     : rank_(rank),
       transport_(std::move(transport)),
       endpoints_(endpoints),
       hostNames_(hostNames),
-      nonce_(nonce),
-      listener_(std::move(listener)),
+      nonces_(nonces),
       acceptor_(std::move(acceptor)),
       onConnected_(std::move(connected)),
       onFailed_(std::move(failed)),
@@ -90,6 +88,15 @@ void ConnectionManager::onIncoming(int peer, UniqueFd fd) {
   accepted(peer, std::move(fd));
 }
 
+void ConnectionManager::refused(int peer) {
+  const std::string why =
+      str("rank ", peer, " (host ", hostNames_.at(peer), ", ", endpoints_.at(peer).host, ":", endpoints_.at(peer).port,
+          ") refused the ", transport_, " connection from rank ", rank_,
+          ": its process exited or destroyed the process group");
+  dials_.erase(peer);
+  onFailed_(peer, why);
+}
+
 bool ConnectionManager::advanceDial(int peer, Dial& d, Clock::time_point now) {
   auto retry = [&](std::string why) {
     d.lastError = std::move(why);
@@ -112,18 +119,13 @@ bool ConnectionManager::advanceDial(int peer, Dial& d, Clock::time_point now) {
       }
       const int err = connectResult(d.fd.get());
       if (err == ECONNREFUSED) {
-        // Every rank's listener is open before the roster exists and stays
-        // open for the group's life: a refusal means the peer is gone.
-        const std::string why =
-            str("rank ", peer, " (host ", hostNames_.at(peer), ", ", endpoints_.at(peer).host, ":",
-                endpoints_.at(peer).port, ") refused the ", transport_, " connection from rank ", rank_,
-                ": its process exited or destroyed the process group");
-        dials_.erase(peer);  // `d` is gone from here on
-        onFailed_(peer, why);
+        // Every process's listener is open before the roster exists and
+        // stays open for its life: a refusal means the peer's process is gone.
+        refused(peer);  // `d` is gone from here on
         return true;
       }
       if (err != 0) return retry(std::strerror(err));
-      if (!sendHello(d.fd.get(), LinkKind::Mesh, rank_, peer, nonce_)) return retry("the connection closed at once");
+      if (!sendHello(d.fd.get(), LinkKind::Mesh, rank_, peer, nonces_.at(rank_), nonces_.at(peer))) return retry("the connection closed at once");
       d.phase = Dial::AwaitReply;
       return true;
     }
@@ -135,6 +137,10 @@ bool ConnectionManager::advanceDial(int peer, Dial& d, Clock::time_point now) {
         return retry(e.what());  // a refusal on the next attempt tells a dead peer apart
       }
       if (!reply) return false;
+      if (*reply == HelloReply::Gone) {  // the process lives, the group there does not
+        refused(peer);
+        return true;
+      }
       UniqueFd fd = std::move(d.fd);
       dials_.erase(peer);
       if (*reply == HelloReply::Accepted) accepted(peer, std::move(fd));

@@ -29,11 +29,9 @@
 
 #include "../common/backoff.hpp"
 #include "../common/counters.hpp"
-#include "../transport/tcp/tcp_connect.hpp"
+#include "../runtime/connect.hpp"
 
 namespace roce {
-
-class TcpListener;
 
 class ConnectionManager {
  public:
@@ -45,7 +43,8 @@ class ConnectionManager {
   // `endpoints` and `hostNames` (per group rank) must outlive the manager;
   // `transport` ("tcp", "verbs") is what the connections serve, for messages.
   ConnectionManager(int rank, std::string transport, const std::vector<TcpEndpoint>& endpoints,
-                    const std::vector<std::string>& hostNames, uint64_t nonce, std::unique_ptr<TcpListener> listener, std::unique_ptr<TcpAcceptor> acceptor,
+                    const std::vector<std::string>& hostNames, const std::vector<uint64_t>& nonces,
+                    std::unique_ptr<TcpAcceptor> acceptor,
                     Connected connected, Failed failed, Counters& counters);
   ~ConnectionManager();
 
@@ -57,7 +56,7 @@ class ConnectionManager {
   // set (after a poll() said one of them is ready), so a busy wait's spin
   // costs no system call per round.
   bool progress(bool now = false);
-  // The listener, half-open connections and dials in flight.
+  // The mailbox and the dials in flight.
   void addPollFds(std::vector<pollfd>& fds) const;
   // Why `peer` is not connected yet, for timeout messages ("" if it is).
   std::string status(int peer) const;
@@ -69,13 +68,13 @@ class ConnectionManager {
   void startDial(int peer, Dial& d);
   bool advanceDial(int peer, Dial& d, Clock::time_point now);
   void accepted(int peer, UniqueFd fd);
+  void refused(int peer);  // fails the peer's requests; drops its dial
 
   const int rank_;
   const std::string transport_;
   const std::vector<TcpEndpoint>& endpoints_;
   const std::vector<std::string>& hostNames_;
-  const uint64_t nonce_;
-  std::unique_ptr<TcpListener> listener_;
+  const std::vector<uint64_t>& nonces_;  // per rank (must outlive the manager)
   std::unique_ptr<TcpAcceptor> acceptor_;
   Connected onConnected_;
   Failed onFailed_;

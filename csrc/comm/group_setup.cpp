@@ -15,7 +15,9 @@
 #include "../common/worker_pool.hpp"
 #include "../transport/shm/node_shm.hpp"
 #include "../transport/shm/shm_transport.hpp"
-#include "../transport/tcp/tcp_connect.hpp"
+#include "../runtime/connect.hpp"
+#include "../runtime/front_desk.hpp"
+#include "../runtime/process_runtime.hpp"
 #include "../transport/tcp/tcp_transport.hpp"
 #include "../transport/verbs/device_probe.hpp"
 #include "../transport/verbs/verbs_transport.hpp"
@@ -50,10 +52,35 @@ uint64_t randomNonce() {
 
 }  // namespace
 
-Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int size, int globalRank,
+namespace {
+// Counts the store operations of a group's formation (tests: a subgroup
+// formed from its parent makes none of its own beyond shared memory).
+class CountingBootstrap : public Bootstrap {
+ public:
+  CountingBootstrap(Bootstrap& inner, int& count) : inner_(inner), count_(count) {}
+  void set(const std::string& k, const std::string& v) override { ++count_, inner_.set(k, v); }
+  int64_t add(const std::string& k, int64_t d) override { return ++count_, inner_.add(k, d); }
+  bool wait(const std::vector<std::string>& k, std::chrono::milliseconds t) override { return ++count_, inner_.wait(k, t); }
+  std::vector<std::string> multiGet(const std::vector<std::string>& k) override { return ++count_, inner_.multiGet(k); }
+  bool check(const std::string& k) override { return ++count_, inner_.check(k); }
+
+ private:
+  Bootstrap& inner_;
+  int& count_;
+};
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+}  // namespace
+
+Communicator::Communicator(Bootstrap& outerStore, const Config& cfg, int rank, int size, int globalRank,
                            std::chrono::milliseconds timeout)
     : cfg_(cfg), timeout_(timeout) {
   const auto deadline = Clock::now() + timeout_;
+  CountingBootstrap store(outerStore, formationStoreOps_);
   raiseDescriptorLimit();
   RankInfo me;
   me.hostId = localHostId();
@@ -66,32 +93,58 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
   me.shmSlotBytes = cfg_.shmSlotBytes;
   me.algorithms = cfg_.algorithmSettings();
   me.cpus = Config::usableCpus();
-  std::shared_ptr<VerbsDevice> verbsDev;
   if (size > 1) {
-    listener_ = std::make_unique<TcpListener>();
+    // The process's one listener; connections naming this rank's nonce come
+    // to this group's mailbox (runtime/front_desk.hpp).
+    FrontDesk& desk = ProcessRuntime::get().desk();
+    mailbox_ = std::make_unique<MailboxLease>(desk, me.nonce);
     me.tcpHost = tcpAdvertiseAddress(cfg_);
-    me.tcpPort = listener_->port();
+    me.tcpPort = desk.port();
     if (cfg_.netTransport != "tcp") {
       // Open the RDMA port now, so the leader can tell whether every rank has one.
       if (auto choice = chooseVerbsPort(cfg_, me.noVerbsWhy)) {
         try {
-          verbsDev = std::make_shared<VerbsDevice>(*choice, cfg_);
+          verbsDev_ = VerbsDevice::shared(*choice, cfg_);  // one per port per process
         } catch (const Error& e) {
           me.noVerbsWhy = e.what();
         }
       }
-      me.verbs = verbsDev != nullptr;
+      me.verbs = verbsDev_ != nullptr;
     } else {
       me.noVerbsWhy = "ROCE_PG_NET_TRANSPORT=tcp";
     }
   }
   // A group of one needs nobody and touches no store key.
-  const Joined joined = size > 1 ? joinGroup(store, *listener_, rank, size, me, cfg_, deadline, timeout_)
-                                 : Joined{planGroup(cfg_, {me}), ""};
-  const Roster& roster = joined.roster;
-  ScopedBootstrap bs(store, str("roce/", joined.incarnation, "/"));  // this incarnation's keys
+  Joined joined = size > 1 ? joinGroup(store, *mailbox_->box(), rank, size, me, cfg_, deadline, timeout_)
+                           : Joined{planGroup(cfg_, {me}), ""};
+  form(store, std::move(joined.roster), joined.incarnation, rank, deadline);
+}
+
+Communicator::Communicator(const Communicator& parent, Bootstrap& outerStore, const Config& cfg, int rank,
+                           const std::vector<int>& parentRanks, const std::string& groupName,
+                           std::chrono::milliseconds timeout)
+    : cfg_(cfg), timeout_(timeout) {
+  const auto deadline = Clock::now() + timeout_;
+  CountingBootstrap store(outerStore, formationStoreOps_);
+  Roster roster = deriveRoster(cfg_, parent.roster_, parentRanks, groupName);
+  if (rank < 0 || rank >= static_cast<int>(roster.ranks.size()) || parentRanks[rank] != parent.rank())
+    throwInvalid(str("subgroup rank ", rank, " is not this process's parent rank ", parent.rank()));
+  verbsDev_ = parent.verbsDev_;
+  if (roster.ranks.size() > 1)
+    mailbox_ = std::make_unique<MailboxLease>(ProcessRuntime::get().desk(), roster.ranks[rank].nonce);
+  const std::string incarnation = hex64(roster.ranks[0].nonce);
+  form(store, std::move(roster), incarnation, rank, deadline);
+}
+
+void Communicator::form(Bootstrap& store, Roster formed, const std::string& incarnation, int myRank,
+                        Clock::time_point deadline) {
+  roster_ = std::move(formed);
+  const Roster& roster = roster_;
+  ScopedBootstrap bs(store, str("roce/", incarnation, "/"));  // this incarnation's keys
   const std::vector<RankInfo>& infos = roster.ranks;
-  topo_ = Topology::build(rank, infos);
+  topo_ = Topology::build(myRank, infos);
+  const int rank = myRank, size = static_cast<int>(infos.size());
+  const RankInfo& me = infos[rank];
   for (const auto& info : infos) hostNames_.push_back(info.hostName());
   cfg_.nChannels = roster.channels;
   // This rank's share of the machine's CPUs (the real machine: simulated
@@ -114,14 +167,13 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
   if (cfg_.workers > 1 && size > 1) WorkerPool::process().ensureThreads(cfg_.workers - 1, ownCores ? cfg_.spinUs : 0);
   cfg_.forceNetwork = roster.forceNetwork;
   endpoints_.resize(size);
-  std::vector<uint64_t> nonces;
   for (int r = 0; r < size; ++r) {
     endpoints_[r] = {infos[r].hostId == me.hostId ? "127.0.0.1" : infos[r].tcpHost, infos[r].tcpPort};
-    nonces.push_back(infos[r].nonce);
+    nonces_.push_back(infos[r].nonce);
   }
   std::unique_ptr<TcpAcceptor> acceptor;
   if (size > 1) {
-    acceptor = std::make_unique<TcpAcceptor>(*listener_, rank, nonces);
+    acceptor = std::make_unique<TcpAcceptor>(mailbox_->box(), rank, nonces_);
     // While waiting for a neighbour's lifeline: every rank's listener was open
     // before it joined, so one that refuses connections means that rank is
     // gone (it exited after joining), and waiting longer cannot help.
@@ -133,7 +185,7 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
                         "joining the group; see that rank's log"));
       };
     };
-    connectLifelines(*acceptor, endpoints_, me.nonce, deadline, probe);
+    connectLifelines(*acceptor, endpoints_, nonces_, deadline, probe);
   }
 
   routes_.assign(size, nullptr);
@@ -154,7 +206,7 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
   }
   const std::string& net = roster.network;
   if (anyNet && net == "verbs") {
-    transports_.push_back(std::make_unique<VerbsTransport>(rank, size, verbsDev, cfg_));
+    transports_.push_back(std::make_unique<VerbsTransport>(rank, size, verbsDev_, cfg_));
   } else if (anyNet) {
     transports_.push_back(std::make_unique<TcpTransport>(rank, size, hostNames_));
   }
@@ -164,17 +216,16 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
   for (int r = 0; r < size; ++r) viaShm_[r] = routes_[r] && !viaNet[r];
   for (auto& t : transports_) t->setCounters(&counters_);
   if (anyNet) {
-    // The listener stays open for the group's life: peers connect when they
+    // The mailbox stays open for the group's life: peers connect when they
     // first need this rank (TCP: the socket carries the data; verbs: it
     // carries the queue-pair handshake).
     connections_ = std::make_unique<ConnectionManager>(
-        rank, net, endpoints_, hostNames_, me.nonce, std::move(listener_), std::move(acceptor),
+        rank, net, endpoints_, hostNames_, nonces_, std::move(acceptor),
         [this](int peer, UniqueFd fd) { route(peer)->adoptConnection(peer, fd.release()); },
         [this](int peer, const std::string& why) { route(peer)->failPeer(peer, why); }, counters_);
     if (cfg_.connect == "eager") connectAll(viaNet, deadline);
   }
   acceptor.reset();
-  listener_.reset();
 
   if (logLevel() >= LogLevel::Info && rank == 0) {
     std::string rdma;
@@ -183,12 +234,13 @@ Communicator::Communicator(Bootstrap& store, const Config& cfg, int rank, int si
     ROCE_INFO("group of ", size, " ranks on ", topo_.numNodes, " node(s); rank 0 has ",
               topo_.localRanks.size(), " local rank(s); shared memory ", useShm ? "on" : "off",
               "; network transport ", anyNet ? net : "none",
-              net == "verbs" && verbsDev ? str(" (", verbsDev->describe(), ")") : "", "; RDMA ports seen: ",
+              net == "verbs" && verbsDev_ ? str(" (", verbsDev_->describe(), ")") : "", "; RDMA ports seen: ",
               rdma.empty() ? "none" : rdma, "; ", cfg_.describe());
   }
 }
 
-void Communicator::connectLifelines(TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& eps, uint64_t nonce,
+void Communicator::connectLifelines(TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& eps,
+                                    const std::vector<uint64_t>& nonces,
                                     Clock::time_point deadline,
                                     const std::function<std::function<void()>(int)>& probe) {
   // The ring neighbours (one of them for two ranks); the lower rank of a pair dials.
@@ -201,7 +253,7 @@ void Communicator::connectLifelines(TcpAcceptor& acceptor, const std::vector<Tcp
   try {
     for (int peer : neighbours)
       if (peer > rank())
-        links.push_back({peer, hostNames_[peer], dialRank(eps[peer], LinkKind::Lifeline, rank(), peer, nonce, deadline, probe(peer)).release()});
+        links.push_back({peer, hostNames_[peer], dialRank(eps[peer], LinkKind::Lifeline, rank(), peer, nonces[rank()], nonces[peer], deadline, probe(peer)).release()});
     for (int peer : neighbours)
       if (peer < rank())
         links.push_back({peer, hostNames_[peer], acceptor.take(LinkKind::Lifeline, peer, deadline, "lifeline setup", probe(peer)).release()});

@@ -16,27 +16,15 @@
 #include "../common/config.hpp"
 #include "../common/error.hpp"
 #include "../common/parse.hpp"
-#include "../transport/tcp/tcp_connect.hpp"
-#include "../transport/tcp/tcp_transport.hpp"
+#include "../runtime/connect.hpp"
+#include "../runtime/front_desk.hpp"
 
 namespace roce {
 namespace {
 
 constexpr const char* kLeaderKey = "roce/leader";
-constexpr uint32_t kJoinMagic = 0x4a4f494e;  // "JOIN"
-constexpr uint16_t kJoinVersion = 1;
 constexpr uint32_t kMaxInfoBytes = 64 * 1024;
 enum Reply : char { kAccepted = 'A', kStale = 'S' };
-
-struct JoinHeader {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t reserved;
-  int32_t rank;
-  uint32_t infoLen;
-  uint64_t leaderNonce;  // the record the joiner read: proves it is this incarnation's
-};
-static_assert(sizeof(JoinHeader) == 24);
 
 // A joiner that connected but does not finish its message within this long
 // is dropped (the leader never waits on one connection).
@@ -81,7 +69,8 @@ struct LeaderRecord {
   }
 };
 
-// One joiner's connection to the leader, read without blocking.
+// One joiner's connection to the leader, read without blocking (`buf`
+// starts with the header the front desk read).
 struct Pending {
   UniqueFd fd;
   std::string buf;
@@ -122,7 +111,7 @@ bool takeJoin(Pending& p, const RankInfo& me, int size, std::vector<RankInfo>& i
   return true;
 }
 
-std::vector<RankInfo> gatherAtLeader(Bootstrap& store, TcpListener& listener, int size, const RankInfo& me,
+std::vector<RankInfo> gatherAtLeader(Bootstrap& store, Mailbox& mailbox, int size, const RankInfo& me,
                                      const std::string& inc, Clock::time_point deadline,
                                      std::chrono::milliseconds timeout) {
   std::vector<RankInfo> infos(size);
@@ -147,14 +136,11 @@ std::vector<RankInfo> gatherAtLeader(Bootstrap& store, TcpListener& listener, in
       store.set(waitingKey(inc), missing());  // the others name these in their own timeout messages
       nextProgress = Clock::now() + kProgressEvery;
     }
-    fds.assign(1, pollfd{listener.fd(), POLLIN, 0});
+    fds.assign(1, pollfd{mailbox.fd(), POLLIN, 0});
     for (auto& p : pending) fds.push_back(pollfd{p.fd.get(), POLLIN, 0});
     poll(fds.data(), fds.size(), static_cast<int>(std::clamp(msLeft(deadline), 1LL, 100LL)));
-    for (;;) {
-      const int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) break;
-      pending.push_back(Pending{UniqueFd(fd)});
-    }
+    for (Arrival& a : mailbox.takeAll())
+      if (a.kind == LinkKind::Join) pending.push_back(Pending{std::move(a.fd), std::move(a.head)});
     pending.erase(std::remove_if(pending.begin(), pending.end(),
                                  [&](Pending& p) { return takeJoin(p, me, size, infos, have); }),
                   pending.end());
@@ -241,14 +227,14 @@ LeaderRecord joinLeader(Bootstrap& store, const RankInfo& me, int rank, Clock::t
 
 }  // namespace
 
-Joined joinGroup(Bootstrap& store, TcpListener& listener, int rank, int size, const RankInfo& me, const Config& cfg,
+Joined joinGroup(Bootstrap& store, Mailbox& mailbox, int rank, int size, const RankInfo& me, const Config& cfg,
                  Clock::time_point deadline, std::chrono::milliseconds timeout) {
   Joined j;
   if (rank == 0) {
     j.incarnation = hex64(me.nonce);
     store.set(kLeaderKey, LeaderRecord{me.hostId, me.tcpHost, me.tcpPort, me.nonce, me.pid}.encode());
     try {
-      j.roster = planGroup(cfg, gatherAtLeader(store, listener, size, me, j.incarnation, deadline, timeout));
+      j.roster = planGroup(cfg, gatherAtLeader(store, mailbox, size, me, j.incarnation, deadline, timeout));
     } catch (const Error& e) {
       store.set(rosterKey(j.incarnation), errorRecord(e));  // every rank raises the same verdict
       throw;

@@ -31,7 +31,7 @@
 namespace roce {
 
 class Bootstrap;
-class TcpListener;
+class Mailbox;
 struct Config;
 
 struct Joined {
@@ -40,8 +40,9 @@ struct Joined {
 };
 
 // Collective over the group. `me` must carry this rank's listener address and
-// nonce; `listener` is the one it names (the leader accepts joins on it).
-Joined joinGroup(Bootstrap& store, TcpListener& listener, int rank, int size, const RankInfo& me, const Config& cfg,
+// nonce; `mailbox` is where the front desk leaves connections naming that
+// nonce (the leader's joins arrive there).
+Joined joinGroup(Bootstrap& store, Mailbox& mailbox, int rank, int size, const RankInfo& me, const Config& cfg,
                  std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout);
 
 }  // namespace roce

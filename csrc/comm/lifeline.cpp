@@ -1,7 +1,6 @@
 #include "lifeline.hpp"
 
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -46,18 +45,22 @@ struct Lifeline::Peer {
 
 Lifeline::Lifeline(int rank, std::string host, std::vector<Link> links, int heartbeatTimeoutMs,
                    std::function<void(const std::string&)> onFailure)
-    : rank_(rank), host_(std::move(host)), heartbeatTimeout_(heartbeatTimeoutMs), onFailure_(std::move(onFailure)) {
+    : rank_(rank),
+      host_(std::move(host)),
+      heartbeatTimeout_(heartbeatTimeoutMs),
+      onFailure_(std::move(onFailure)),
+      runtime_(ProcessRuntime::get()) {
+  using std::chrono::milliseconds;
+  interval_ = heartbeatTimeout_.count() > 0 ? std::clamp(heartbeatTimeout_ / 8, milliseconds(100), milliseconds(1000))
+                                            : milliseconds(1000);
   for (auto& l : links) {
     Peer p{l.peer, l.host, l.fd};
     p.lastHeard = Clock::now();
     peers_.push_back(std::move(p));
   }
-  wakeFd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wakeFd_ < 0) {
-    for (auto& p : peers_) close(p.fd);
-    throwComm(str("eventfd() failed: ", std::strerror(errno)));
-  }
-  thread_ = std::thread([this] { run(); });
+  nextBeat_ = lastRound_ = Clock::now();
+  runtime_.attach(this);
+  attached_ = true;
 }
 
 Lifeline::~Lifeline() { stopThread(); }
@@ -71,19 +74,19 @@ void Lifeline::leave() {
 }
 
 void Lifeline::stopThread() {
+  bool leaving;
   {
     std::lock_guard<std::mutex> g(mu_);
     stop_ = true;
-  }
-  if (wakeFd_ >= 0) {
-    uint64_t one = 1;
-    (void)!write(wakeFd_, &one, sizeof(one));
+    leaving = leaving_;
   }
   statesCv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (!attached_) return;
+  runtime_.detach(this);  // from here on only this thread touches the peers
+  attached_ = false;
+  lastWords(leaving);
   for (auto& p : peers_)
     if (p.fd >= 0) close(p.fd), p.fd = -1;
-  if (wakeFd_ >= 0) close(wakeFd_), wakeFd_ = -1;
 }
 
 bool Lifeline::departed(int peer) const {
@@ -98,8 +101,7 @@ void Lifeline::announceFailure(const std::string& why) {
     failed_ = true;
     outgoing_ = why;
   }
-  uint64_t one = 1;
-  (void)!write(wakeFd_, &one, sizeof(one));
+  runtime_.poke();
 }
 
 void Lifeline::sendRecord(Peer& p, uint16_t type, const std::string& text) {
@@ -178,8 +180,7 @@ std::map<int, std::string> Lifeline::collectStates(int groupSize, Clock::time_po
     std::lock_guard<std::mutex> g(mu_);
     stateWanted_ = true;
   }
-  uint64_t one = 1;
-  (void)!write(wakeFd_, &one, sizeof(one));
+  runtime_.poke();
   std::unique_lock<std::mutex> g(mu_);
   statesCv_.wait_until(g, deadline, [&] { return states_.size() >= static_cast<size_t>(groupSize) || stop_; });
   return states_;
@@ -244,105 +245,97 @@ bool Lifeline::parseRecords(size_t i) {
   return true;
 }
 
-void Lifeline::run() {
-  using std::chrono::milliseconds;
-  const milliseconds interval =
-      heartbeatTimeout_.count() > 0 ? std::clamp(heartbeatTimeout_ / 8, milliseconds(100), milliseconds(1000))
-                                    : milliseconds(1000);
-  Clock::time_point nextBeat = Clock::now(), lastRound = nextBeat;
-  for (;;) {
-    std::string announce;
-    bool stop, leaving;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      stop = stop_;
-      leaving = leaving_;
-      announce.swap(outgoing_);
-    }
-    if (!announce.empty())
-      for (auto& p : peers_) sendRecord(p, kFail, announce);
-    bool wanted;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      wanted = stateWanted_;
-    }
-    if (wanted) sendOwnStateOnce();
-    if (stop) {
-      // Last words: BYE on an orderly exit, otherwise a failure notice so that
-      // neighbours still waiting for this rank stop at once.
-      bool alreadyFailed;
-      {
-        std::lock_guard<std::mutex> g(mu_);
-        alreadyFailed = failed_;
-      }
-      for (auto& p : peers_) {
-        if (leaving) sendRecord(p, kBye, "");
-        else if (!alreadyFailed)
-          sendRecord(p, kFail, str("rank ", rank_, " (host ", host_, ") aborted or destroyed its process group "
-                                   "without shutting it down"));
-        // Give the kernel a moment to take what is queued (bounded: the peer may be hung).
-        for (int tries = 0; tries < 10 && p.open && !p.outbuf.empty(); ++tries) {
-          pollfd pfd{p.fd, POLLOUT, 0};
-          if (poll(&pfd, 1, 10) > 0) {
-            ssize_t n = send(p.fd, p.outbuf.data(), p.outbuf.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-            if (n <= 0) break;
-            p.outbuf.erase(0, static_cast<size_t>(n));
-          }
-        }
-      }
-      return;
-    }
-    const auto now = Clock::now();
-    // This thread should run at least every `interval`; far later means the
-    // process was not scheduled (an overloaded machine, a stopped process) and
-    // its neighbours may be about to declare it hung. Say so in its own log.
-    if (heartbeatTimeout_.count() > 0 && now - lastRound > heartbeatTimeout_ / 4)
-      ROCE_WARN("rank ", rank_, " lifeline: this thread did not run for ",
-                std::chrono::duration_cast<milliseconds>(now - lastRound).count(), " ms (overloaded machine or "
-                "stopped process); neighbours declare a rank hung after ", heartbeatTimeout_.count(),
-                " ms (ROCE_PG_HEARTBEAT_TIMEOUT_MS)");
-    lastRound = now;
-    if (now >= nextBeat) {
-      for (auto& p : peers_) sendRecord(p, kHeartbeat, "");
-      nextBeat = now + interval;
-    }
-    // Judge silence only after reading what has arrived: when this thread
-    // itself was not scheduled for a while, its neighbours' heartbeats wait
-    // unread in the sockets, and judging first blamed a live neighbour for
-    // this rank's own stall (seen on a 2-core machine at load 30).
-    for (size_t i = 0; i < peers_.size(); ++i)
-      if (peers_[i].open) readFrom(i);
-    for (size_t i = 0; i < peers_.size(); ++i) {
-      Peer& p = peers_[i];
-      if (!p.open || p.departed || heartbeatTimeout_.count() <= 0 || now - p.lastHeard < heartbeatTimeout_) continue;
-      p.open = false;
-      failWith(str("rank ", p.rank, " (host ", p.host, ") sent no heartbeat to rank ", rank_, " for ",
-                   heartbeatTimeout_.count(), " ms although its connection is open: the process is stopped or hung "
-                   "(SIGSTOP, debugger, swapping), or its machine or network went down. "
-                   "ROCE_PG_HEARTBEAT_TIMEOUT_MS sets this limit"),
-               static_cast<int>(i));
-    }
-    std::vector<pollfd> fds{{wakeFd_, POLLIN, 0}};
-    std::vector<size_t> which;
-    for (size_t i = 0; i < peers_.size(); ++i) {
-      if (!peers_[i].open) continue;
-      fds.push_back({peers_[i].fd, static_cast<short>(POLLIN | (peers_[i].outbuf.empty() ? 0 : POLLOUT)), 0});
-      which.push_back(i);
-    }
-    auto waitMs = std::chrono::duration_cast<milliseconds>(nextBeat - Clock::now()).count();
-    poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(waitMs, 1)));
-    if (fds[0].revents & POLLIN) {
-      uint64_t v;
-      (void)!read(wakeFd_, &v, sizeof(v));
-    }
-    for (size_t k = 1; k < fds.size(); ++k) {
-      Peer& p = peers_[which[k - 1]];
-      if (fds[k].revents & POLLOUT && !p.outbuf.empty()) {
+void Lifeline::lastWords(bool leaving) {
+  // BYE on an orderly exit, otherwise a failure notice so that neighbours
+  // still waiting for this rank stop at once.
+  bool alreadyFailed;
+  std::string announce;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    alreadyFailed = failed_;
+    announce.swap(outgoing_);
+  }
+  for (auto& p : peers_) {
+    if (!announce.empty()) sendRecord(p, kFail, announce);
+    if (leaving) sendRecord(p, kBye, "");
+    else if (!alreadyFailed)
+      sendRecord(p, kFail, str("rank ", rank_, " (host ", host_, ") aborted or destroyed its process group "
+                               "without shutting it down"));
+    // Give the kernel a moment to take what is queued (bounded: the peer may be hung).
+    for (int tries = 0; tries < 10 && p.open && !p.outbuf.empty(); ++tries) {
+      pollfd pfd{p.fd, POLLOUT, 0};
+      if (poll(&pfd, 1, 10) > 0) {
         ssize_t n = send(p.fd, p.outbuf.data(), p.outbuf.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n > 0) p.outbuf.erase(0, static_cast<size_t>(n));
+        if (n <= 0) break;
+        p.outbuf.erase(0, static_cast<size_t>(n));
       }
-      if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) readFrom(which[k - 1]);
     }
+  }
+}
+
+Clock::time_point Lifeline::tick(Clock::time_point now) {
+  using std::chrono::milliseconds;
+  std::string announce;
+  bool wanted;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    announce.swap(outgoing_);
+    wanted = stateWanted_;
+  }
+  if (!announce.empty())
+    for (auto& p : peers_) sendRecord(p, kFail, announce);
+  if (wanted) sendOwnStateOnce();
+  // The runtime thread should come by at least every interval; far later
+  // means the process was not scheduled (an overloaded machine, a stopped
+  // process) and its neighbours may be about to declare it hung. Say so in
+  // its own log.
+  if (heartbeatTimeout_.count() > 0 && now - lastRound_ > heartbeatTimeout_ / 4)
+    ROCE_WARN("rank ", rank_, " lifeline: the runtime thread did not run for ",
+              std::chrono::duration_cast<milliseconds>(now - lastRound_).count(), " ms (overloaded machine or "
+              "stopped process); neighbours declare a rank hung after ", heartbeatTimeout_.count(),
+              " ms (ROCE_PG_HEARTBEAT_TIMEOUT_MS)");
+  lastRound_ = now;
+  if (now >= nextBeat_) {
+    for (auto& p : peers_) sendRecord(p, kHeartbeat, "");
+    nextBeat_ = now + interval_;
+  }
+  // Judge silence only after reading what has arrived: when this thread
+  // itself was not scheduled for a while, its neighbours' heartbeats wait
+  // unread in the sockets, and judging first blamed a live neighbour for
+  // this rank's own stall (seen on a 2-core machine at load 30).
+  for (size_t i = 0; i < peers_.size(); ++i)
+    if (peers_[i].open) readFrom(i);
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    Peer& p = peers_[i];
+    if (!p.open || p.departed || heartbeatTimeout_.count() <= 0 || now - p.lastHeard < heartbeatTimeout_) continue;
+    p.open = false;
+    failWith(str("rank ", p.rank, " (host ", p.host, ") sent no heartbeat to rank ", rank_, " for ",
+                 heartbeatTimeout_.count(), " ms although its connection is open: the process is stopped or hung "
+                 "(SIGSTOP, debugger, swapping), or its machine or network went down. "
+                 "ROCE_PG_HEARTBEAT_TIMEOUT_MS sets this limit"),
+             static_cast<int>(i));
+  }
+  return nextBeat_;
+}
+
+void Lifeline::addPollFds(std::vector<pollfd>& fds) {
+  polledPeers_.clear();
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    if (!peers_[i].open) continue;
+    fds.push_back({peers_[i].fd, static_cast<short>(POLLIN | (peers_[i].outbuf.empty() ? 0 : POLLOUT)), 0});
+    polledPeers_.push_back(i);
+  }
+}
+
+void Lifeline::polled(const pollfd* fds, size_t n) {
+  for (size_t k = 0; k < n && k < polledPeers_.size(); ++k) {
+    Peer& p = peers_[polledPeers_[k]];
+    if (!p.open) continue;
+    if (fds[k].revents & POLLOUT && !p.outbuf.empty()) {
+      ssize_t sent = send(p.fd, p.outbuf.data(), p.outbuf.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (sent > 0) p.outbuf.erase(0, static_cast<size_t>(sent));
+    }
+    if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) readFrom(polledPeers_[k]);
   }
 }
 

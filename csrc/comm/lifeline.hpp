@@ -1,9 +1,10 @@
 // Liveness of the ranks of a group, independent of the data transports.
 //
 // Every rank keeps one TCP connection to each of its ring neighbours (the
-// node-sorted ring of Topology), watched by a thread of its own that blocks in
-// poll() — no cost while nothing happens, and it keeps watching while the
-// progress thread is busy or idle:
+// node-sorted ring of Topology), watched by the process's runtime thread
+// (runtime/process_runtime.hpp: one thread for every group's lifelines), which
+// blocks in poll() — no cost while nothing happens, and it keeps watching
+// while the group's progress thread is busy or idle:
 //   * a peer process that dies, however it dies (SIGKILL, OOM killer, segfault),
 //     closes its sockets in the kernel: EOF arrives at once, on every transport
 //     (shared-memory and verbs peers give no such signal themselves) and across
@@ -28,24 +29,24 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "../common/backoff.hpp"
+#include "../runtime/process_runtime.hpp"
 
 namespace roce {
 
-class Lifeline {
+class Lifeline : public RuntimeService {
  public:
   struct Link {
     int peer;         // group rank
     std::string host; // for messages
     int fd;           // connected socket (owned from now on)
   };
-  // onFailure(reason) runs on the lifeline thread, once, for the first failure.
+  // onFailure(reason) runs on the runtime thread, once, for the first failure.
   Lifeline(int rank, std::string host, std::vector<Link> links, int heartbeatTimeoutMs,
            std::function<void(const std::string&)> onFailure);
-  ~Lifeline();  // leaves with a FAIL notice unless leave() was called
+  ~Lifeline() override;  // leaves with a FAIL notice unless leave() was called
   Lifeline(const Lifeline&) = delete;
   Lifeline& operator=(const Lifeline&) = delete;
 
@@ -57,7 +58,7 @@ class Lifeline {
   // Ranks that said BYE (left on purpose), thread-safe.
   bool departed(int peer) const;
   // What this rank answers when asked for its state (OpProgress::snapshot).
-  // Set before any operation runs; called on the lifeline thread.
+  // Set before any operation runs; called on the runtime thread.
   void setStateProvider(std::function<std::string()> provider);
   // Asks every rank for its state and waits until all `groupSize` answered or
   // `deadline` passed; returns what arrived (group rank -> snapshot), this
@@ -67,7 +68,10 @@ class Lifeline {
 
  private:
   struct Peer;
-  void run();
+  Clock::time_point tick(Clock::time_point now) override;
+  void addPollFds(std::vector<pollfd>& fds) override;
+  void polled(const pollfd* fds, size_t n) override;
+  void lastWords(bool leaving);
   void failWith(const std::string& why, int exceptLink);
   void sendRecord(Peer& p, uint16_t type, const std::string& text);
   void readFrom(size_t i);
@@ -81,8 +85,11 @@ class Lifeline {
   const std::chrono::milliseconds heartbeatTimeout_;
   std::function<void(const std::string&)> onFailure_;
   std::vector<Peer> peers_;
-  int wakeFd_ = -1;  // eventfd: wakes the thread for an outgoing notice or stop
-  std::thread thread_;
+  ProcessRuntime& runtime_;
+  bool attached_ = false;
+  std::chrono::milliseconds interval_;  // between heartbeats
+  Clock::time_point nextBeat_, lastRound_;
+  std::vector<size_t> polledPeers_;  // the peers addPollFds() listed, in order
   mutable std::mutex mu_;
   std::string outgoing_;  // failure to announce (set once)
   std::function<std::string()> stateOf_;

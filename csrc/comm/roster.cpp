@@ -180,4 +180,34 @@ Roster Roster::decodeOrThrow(const std::string& text, int size) {
   return decode(text, size);
 }
 
+uint64_t derivedNonce(uint64_t parentNonce, const std::string& groupName) {
+  // FNV-1a of the name, then splitmix64 of the mix: every rank computes the
+  // same value, and nobody can tell one group's keys from another's without
+  // the parent's (random) nonces.
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char ch : groupName) h = (h ^ ch) * 1099511628211ULL;
+  uint64_t z = parentNonce ^ h;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+Roster deriveRoster(const Config& cfg, const Roster& parent, const std::vector<int>& parentRanks,
+                    const std::string& groupName) {
+  Roster r;
+  for (int p : parentRanks) {
+    if (p < 0 || p >= static_cast<int>(parent.ranks.size()))
+      throwInvalid(str("subgroup rank ", p, " is not a rank of the parent group (", parent.ranks.size(), " ranks)"));
+    RankInfo info = parent.ranks[p];
+    info.nonce = derivedNonce(info.nonce, groupName);
+    r.ranks.push_back(std::move(info));
+  }
+  const Topology topo = Topology::build(0, r.ranks);
+  r.forceNetwork = parent.forceNetwork;
+  const bool needsNet = r.forceNetwork ? topo.size > 1 : topo.numNodes > 1;
+  r.network = needsNet ? parent.network : "none";
+  r.channels = groupChannels(cfg, r.ranks, topo);
+  return r;
+}
+
 }  // namespace roce

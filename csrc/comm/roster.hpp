@@ -3,6 +3,7 @@
 // what the leader decided for all (the network transport, the channel count)
 // after checking what every rank must agree on.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -33,5 +34,16 @@ struct Roster {
 // variable to fix): algorithm settings equal everywhere, one shared-memory
 // layout per machine, a usable network transport, the channel count.
 Roster planGroup(const Config& leaderCfg, const std::vector<RankInfo>& infos);
+
+// A subgroup's roster from its parent's, with no join (issue 27): the members
+// are the parent ranks `parentRanks` in order, and each member's nonce is
+// derivedNonce(its parent nonce, `groupName`), the same on every rank, so
+// every member computes the same roster and the front desk can route the
+// subgroup's connections by it. The parent checked everything planGroup
+// checks; the network transport is the parent's (or none if the members
+// share a machine); the channel count is recomputed for the members.
+Roster deriveRoster(const Config& cfg, const Roster& parent, const std::vector<int>& parentRanks,
+                    const std::string& groupName);
+uint64_t derivedNonce(uint64_t parentNonce, const std::string& groupName);
 
 }  // namespace roce

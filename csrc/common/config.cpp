@@ -55,6 +55,7 @@ Config Config::read(EnvReader& r) {
   c.algoAllreduce = r.oneOf("ROCE_PG_ALGO_ALLREDUCE", r.oneOf("ROCE_PG_ALGO", "auto", kAllreduceAlgos), kAllreduceAlgos);
   c.algoAllreduceAcross = r.oneOf("ROCE_PG_ALGO_ALLREDUCE_ACROSS", "auto", {"auto", "rd", "rabenseifner", "ring", "tree"});
   c.connect = r.oneOf("ROCE_PG_CONNECT", "lazy", {"lazy", "eager"});
+  c.subgroups = r.oneOf("ROCE_PG_SUBGROUPS", "parent", {"parent", "join"});
   c.algoAllgather = r.oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "shm", "ring", "bruck", "hier"});
   c.algoReduceScatter = r.oneOf("ROCE_PG_ALGO_REDUCE_SCATTER", "auto", {"auto", "shm", "ring", "hier"});
   c.algoBroadcast = r.oneOf("ROCE_PG_ALGO_BROADCAST", "auto", {"auto", "shm", "binomial", "chain"});
@@ -194,7 +195,7 @@ std::string Config::algorithmSettings() const {
              " ROCE_PG_NCHANNELS=", nChannels == 0 ? std::string("auto") : std::to_string(nChannels),
              " ROCE_PG_FORCE_NETWORK=", forceNetwork ? 1 : 0, " ROCE_PG_DEVICE_PIECE_BYTES=", devicePieceBytes,
              " ROCE_PG_DEVICE_REDUCE=", deviceReduce, " ROCE_PG_GPUDIRECT=", gpudirect,
-             " ROCE_PG_IB_DEVICE_REG_BYTES=", ibDeviceRegBytes);
+             " ROCE_PG_IB_DEVICE_REG_BYTES=", ibDeviceRegBytes, " ROCE_PG_SUBGROUPS=", subgroups);
 }
 
 std::string Config::describe() const {
@@ -205,7 +206,7 @@ std::string Config::describe() const {
              " hier_min_bytes=", hierMinBytes, " bruck_max_bytes=", bruckMaxBytes, " net_alpha_us=", netAlphaUs,
              " net_gbps=", netGBps, " nic_gbps=", nicGBps, " shm_alpha_us=", shmAlphaUs, " shm_gbps=", shmGBps,
              " reduce_gbps=", reduceGBps,
-             " net_transport=", netTransport, " connect=", connect, " chunk_bytes=", chunkBytes, " nchannels=", nChannels, " workers=", workers,
+             " net_transport=", netTransport, " connect=", connect, " subgroups=", subgroups, " chunk_bytes=", chunkBytes, " nchannels=", nChannels, " workers=", workers,
              " shm_slot_bytes=", shmSlotBytes, " shm_chunk_bytes=", shmChunkBytes, " shm_oneshot_max_bytes=", shmOneShotMaxBytes,
              " inline_max_bytes=", inlineMaxBytes, " sync_inline_max_bytes=", syncInlineMaxBytes, " spin_us=", spinUs, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
              " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,

@@ -78,17 +78,35 @@ RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     : c10d::Backend(rank, size), timeout_(timeout), store_(store) {
   try {
     cfg_ = Config::fromEnv();
-    pinned_ = std::make_shared<PinnedCache>(cfg_.deviceStagingCacheBytes);
     StoreBootstrap bs(store);
-    auto comm = std::make_unique<Communicator>(bs, cfg_, rank, size, globalRank, timeout);
-    engine_ = std::make_unique<Engine>(std::move(comm));
-    if (!cfg_.traceDump.empty())
-      engine_->onFailure = [this](const TraceRing& ring) { dumpTrace(ring, "its first failure"); };
-    if (cfg_.traceSignal)
-      traceSignalId_ = TraceSignal::add(cfg_.traceSignal, [this] { dumpTrace(engine_->trace(), "a signal"); });
+    start(std::make_unique<Communicator>(bs, cfg_, rank, size, globalRank, timeout));
   } catch (const Error& e) {
     C10_THROW_ERROR(DistBackendError, e.what());
   }
+}
+
+RoceBackend::RoceBackend(const RoceBackend& parent, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                         const std::vector<int>& parentRanks, const std::string& groupName,
+                         std::chrono::milliseconds timeout)
+    : c10d::Backend(rank, static_cast<int>(parentRanks.size())), timeout_(timeout), store_(store) {
+  try {
+    cfg_ = Config::fromEnv();
+    StoreBootstrap bs(store);
+    start(std::make_unique<Communicator>(parent.engine_->comm(), bs, cfg_, rank, parentRanks, groupName, timeout));
+  } catch (const Error& e) {
+    C10_THROW_ERROR(DistBackendError, e.what());
+  }
+}
+
+int RoceBackend::formationStoreOps() const { return engine_->comm().formationStoreOps(); }
+
+void RoceBackend::start(std::unique_ptr<Communicator> comm) {
+  pinned_ = std::make_shared<PinnedCache>(cfg_.deviceStagingCacheBytes);
+  engine_ = std::make_unique<Engine>(std::move(comm));
+  if (!cfg_.traceDump.empty())
+    engine_->onFailure = [this](const TraceRing& ring) { dumpTrace(ring, "its first failure"); };
+  if (cfg_.traceSignal)
+    traceSignalId_ = TraceSignal::add(cfg_.traceSignal, [this] { dumpTrace(engine_->trace(), "a signal"); });
 }
 
 RoceBackend::~RoceBackend() {

@@ -47,7 +47,15 @@ class RoceBackend : public c10d::Backend {
   // Collective over the group: connects every rank (see Communicator).
   RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
               std::chrono::milliseconds timeout, int globalRank);
+  // A subgroup of `parent` formed from its roster, with no join (issue 27):
+  // collective over the parent's ranks `parentRanks` (Communicator).
+  RoceBackend(const RoceBackend& parent, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+              const std::vector<int>& parentRanks, const std::string& groupName, std::chrono::milliseconds timeout);
   ~RoceBackend() override;
+  // Whether subgroups of this group form from it (ROCE_PG_SUBGROUPS=parent).
+  bool formsSubgroups() const { return cfg_.subgroups == "parent"; }
+  // Store operations this group's formation made.
+  int formationStoreOps() const;
 
   const std::string getBackendName() const override { return "roce"; }
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
@@ -119,6 +127,7 @@ class RoceBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
  private:
+  void start(std::unique_ptr<Communicator> comm);  // the engine and the trace hooks
   // Host buffers for a call whose tensors are on like's device.
   CallStaging staging(const at::Tensor& like);
   // The same, but a single contiguous device tensor goes to the transport

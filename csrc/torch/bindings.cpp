@@ -10,6 +10,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "../comm/verdict.hpp"
+#include "../runtime/front_desk.hpp"
+#include "../runtime/process_runtime.hpp"
 #include "../algorithms/cost_model.hpp"
 #include "../common/config.hpp"
 #include "../transport/verbs/device_probe.hpp"
@@ -43,6 +45,16 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("global_rank"),
            py::call_guard<py::gil_scoped_release>())
+      .def_static(
+          "_from_parent",
+          [](const roce::RoceBackend& parent, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+             const std::vector<int>& parentRanks, const std::string& groupName, std::chrono::milliseconds timeout) {
+            return c10::make_intrusive<roce::RoceBackend>(parent, store, rank, parentRanks, groupName, timeout);
+          },
+          py::arg("parent"), py::arg("store"), py::arg("rank"), py::arg("parent_ranks"), py::arg("group_name"),
+          py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
+      .def("_forms_subgroups", &roce::RoceBackend::formsSubgroups)
+      .def("_formation_store_ops", &roce::RoceBackend::formationStoreOps)
       .def("_counters",
            [](roce::RoceBackend& b) {
              auto& c = b.counters();
@@ -237,6 +249,18 @@ PYBIND11_MODULE(_C, m) {
   });
   // The settings every rank of a group must share ("NAME=value ..."): what
   // joining a group compares (Config::algorithmSettings()); for the doctor's test.
+  // The per-process runtime (issue 27), for tests and the doctor: what every
+  // group of this process shares.
+  m.def("_runtime_stats", [] {
+    auto& rt = roce::ProcessRuntime::get();
+    py::dict d;
+    d["listen_port"] = rt.desk().port();
+    d["mailboxes"] = rt.desk().openMailboxes();
+    d["parked"] = rt.desk().parked();
+    d["services"] = rt.services();
+    d["verbs_devices"] = roce::VerbsDevice::openCount();
+    return d;
+  });
   m.def("_algorithm_settings", [] { return roce::Config::fromEnv().algorithmSettings(); });
   m.def("rdma_ports", [] {
     py::list out;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "../../csrc/common/bootstrap.hpp"
-#include "../../csrc/transport/tcp/tcp_connect.hpp"
+#include "../../csrc/runtime/connect.hpp"
 
 namespace scale {
 

@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../../csrc/transport/tcp/tcp_connect.hpp"
+#include "../../csrc/runtime/connect.hpp"
 
 namespace scale {
 

@@ -17,6 +17,7 @@
 #include "../../common/backoff.hpp"
 #include "../../common/config.hpp"
 #include "../../common/error.hpp"
+#include "../../common/sockets.hpp"
 
 namespace roce {
 namespace {
@@ -56,43 +57,6 @@ class TcpPipe : public BytePipe {
 };
 
 }  // namespace
-
-TcpListener::TcpListener() {
-  fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd_ < 0) throwComm(str("socket() failed: ", std::strerror(errno)));
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof(sa);
-  setNonBlocking(fd_, true);  // TcpAcceptor drains it with accept4 until EAGAIN
-  if (bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || listen(fd_, 1024) != 0 ||
-      getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len) != 0)
-    throwComm(str("could not open a TCP listening socket: ", std::strerror(errno)));
-  port_ = ntohs(sa.sin_port);
-}
-
-TcpListener::~TcpListener() {
-  if (fd_ >= 0) close(fd_);
-}
-
-std::string tcpAdvertiseAddress(const Config& cfg) {
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return "127.0.0.1";
-  std::string chosen, seen;
-  for (ifaddrs* a = list; a; a = a->ifa_next) {
-    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || !(a->ifa_flags & IFF_UP)) continue;
-    char buf[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof(buf));
-    seen += str(seen.empty() ? "" : ", ", a->ifa_name, "=", buf);
-    bool wanted = cfg.socketIfname.empty() ? !(a->ifa_flags & IFF_LOOPBACK) : cfg.socketIfname == a->ifa_name;
-    if (wanted && chosen.empty()) chosen = buf;
-  }
-  freeifaddrs(list);
-  if (chosen.empty() && !cfg.socketIfname.empty())
-    throwInvalid(str("ROCE_PG_SOCKET_IFNAME=", cfg.socketIfname, " names no up IPv4 interface; "
-                     "available: ", seen.empty() ? "none" : seen));
-  return chosen.empty() ? "127.0.0.1" : chosen;
-}
 
 TcpTransport::TcpTransport(int rank, int size, const std::vector<std::string>& hostNames)
     : StreamTransport(rank, std::vector<std::unique_ptr<BytePipe>>(size)), hostNames_(hostNames) {}

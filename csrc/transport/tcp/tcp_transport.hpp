@@ -7,30 +7,10 @@
 #include <vector>
 
 #include "../stream_transport.hpp"
-#include "tcp_connect.hpp"
 
 namespace roce {
 
 struct Config;
-
-// Listening socket opened before the bootstrap exchange so its port can be published.
-class TcpListener {
- public:
-  TcpListener();
-  ~TcpListener();
-  TcpListener(const TcpListener&) = delete;
-  TcpListener& operator=(const TcpListener&) = delete;
-  int port() const { return port_; }
-  int fd() const { return fd_; }
-
- private:
-  int fd_ = -1;
-  int port_ = 0;
-};
-
-// The IPv4 address peers on other machines should dial: the one of
-// ROCE_PG_SOCKET_IFNAME if set, else the first up, non-loopback interface.
-std::string tcpAdvertiseAddress(const Config& cfg);
 
 class TcpTransport : public StreamTransport {
  public:

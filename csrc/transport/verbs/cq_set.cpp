@@ -89,5 +89,11 @@ void CqSet::consumeEvents() {
   }
 }
 
+std::string CqSet::errorOn(const VerbsDevice& dev) const {
+  for (const auto& c : cqs_)
+    if (std::string e = dev.cqError(c.cq); !e.empty()) return e;
+  return {};
+}
+
 }  // namespace roce
 

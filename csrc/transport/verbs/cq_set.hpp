@@ -7,6 +7,7 @@
 #pragma once
 #include <infiniband/verbs.h>
 
+#include <string>
 #include <vector>
 
 namespace roce {
@@ -22,6 +23,8 @@ class CqSet {
 
   // A CQ with room for `entries` more completions; its capacity is spoken for.
   ibv_cq* reserve(int entries);
+  // The first asynchronous error the device recorded for one of these CQs.
+  std::string errorOn(const VerbsDevice& dev) const;
   // Up to `max` completions from all CQs; negative if polling failed.
   int poll(ibv_wc* wcs, int max);
 

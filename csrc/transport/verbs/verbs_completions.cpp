@@ -297,9 +297,23 @@ void VerbsTransport::afterWait() {
 }
 
 std::string VerbsTransport::checkPeers() {
-  if (std::string e = dev_->asyncError(); !e.empty()) {
+  // The device is the process's (shared by its groups): a device or port
+  // error fails every group; an error naming a CQ or queue pair only the
+  // group (or peer) it belongs to.
+  std::string e = dev_->asyncError();
+  if (e.empty()) e = cqs_->errorOn(*dev_);
+  if (!e.empty()) {
     failAll(e);
     return e;
+  }
+  for (int p : live_) {
+    Peer& peer = *peers_[p];
+    if (!peer.deadReason.empty()) continue;
+    for (const Qp& q : peer.qps)
+      if (std::string qe = q.qp ? dev_->qpError(q.qp) : std::string(); !qe.empty()) {
+        killPeer(p, str(qe, " (queue pair to rank ", p, ")"));
+        break;
+      }
   }
   // A peer that left closes its side channel: EOF. What it sent before is in
   // the CQs already (its writes completed before it closed), so take that

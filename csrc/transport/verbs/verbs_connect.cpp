@@ -13,7 +13,7 @@
 #include "../../common/config.hpp"
 #include "../../common/error.hpp"
 #include "../../common/page_memory.hpp"
-#include "../tcp/tcp_connect.hpp"  // setNonBlocking
+#include "../../common/sockets.hpp"
 #include "verbs_endpoint.hpp"
 #include "verbs_transport.hpp"
 

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <unistd.h>
 #include <poll.h>
 #include <sys/resource.h>
 
@@ -133,6 +134,10 @@ std::optional<VerbsPortChoice> chooseVerbsPort(const Config& cfg, std::string& w
   return found;
 }
 
+namespace {
+std::atomic<int> devicesOpen{0};  // VerbsDevice::openCount
+}  // namespace
+
 VerbsDevice::VerbsDevice(const VerbsPortChoice& choice, const Config& cfg) : choice_(choice), tc_(cfg.ibTc) {
   // Registered pages must not be shared copy-on-write with forked children
   // (DataLoader workers): tell libibverbs before the first registration.
@@ -153,13 +158,17 @@ VerbsDevice::VerbsDevice(const VerbsPortChoice& choice, const Config& cfg) : cho
   if (!pd_) throwComm(str("ibv_alloc_pd on ", choice.device, " failed: ", std::strerror(errno)));
   int fl = fcntl(ctx_->async_fd, F_GETFL);
   fcntl(ctx_->async_fd, F_SETFL, fl | O_NONBLOCK);
-  asyncThread_ = std::thread([this] { asyncLoop(); });
+  ProcessRuntime::get().attach(this);  // its async events
+  attached_ = true;
+  devicesOpen.fetch_add(1);
   ROCE_INFO("verbs: ", describe(), ", max_msg_sz ", portAttr_.max_msg_sz, ", max_qp_wr ", devAttr_.max_qp_wr);
 }
 
 VerbsDevice::~VerbsDevice() {
-  stop_ = true;
-  if (asyncThread_.joinable()) asyncThread_.join();
+  if (attached_) {
+    ProcessRuntime::get().detach(this);
+    devicesOpen.fetch_sub(1);
+  }
   if (pd_) ibv_dealloc_pd(pd_);
   if (ctx_) ibv_close_device(ctx_);
 }
@@ -177,27 +186,57 @@ std::string VerbsDevice::asyncError() const {
   return asyncError_;
 }
 
-void VerbsDevice::asyncLoop() {
-  while (!stop_) {
-    pollfd p{ctx_->async_fd, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    ibv_async_event ev{};
-    if (ibv_get_async_event(ctx_, &ev) != 0) continue;
+std::string VerbsDevice::qpError(const ibv_qp* qp) const {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = objectErrors_.find(qp);
+  return it == objectErrors_.end() ? std::string() : it->second;
+}
+
+std::string VerbsDevice::cqError(const ibv_cq* cq) const {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = objectErrors_.find(cq);
+  return it == objectErrors_.end() ? std::string() : it->second;
+}
+
+void VerbsDevice::addPollFds(std::vector<pollfd>& fds) { fds.push_back({ctx_->async_fd, POLLIN, 0}); }
+
+void VerbsDevice::polled(const pollfd* fds, size_t n) {
+  if (n == 0 || !(fds[0].revents & POLLIN)) return;
+  ibv_async_event ev{};
+  while (ibv_get_async_event(ctx_, &ev) == 0) {  // non-blocking: until EAGAIN
     const auto type = ev.event_type;
-    // A port event matters only for the port this group uses (a multi-port NIC
-    // reports the others' flaps too).
+    // A port event matters only for the port this device serves (a multi-port
+    // NIC reports the others' flaps too).
     const bool ourPort = type != IBV_EVENT_PORT_ERR || ev.element.port_num == choice_.port;
-    bool fatal = ourPort && (type == IBV_EVENT_DEVICE_FATAL || type == IBV_EVENT_QP_FATAL || type == IBV_EVENT_CQ_ERR ||
-                             type == IBV_EVENT_QP_REQ_ERR || type == IBV_EVENT_QP_ACCESS_ERR || type == IBV_EVENT_PORT_ERR);
+    const bool qpEvent = type == IBV_EVENT_QP_FATAL || type == IBV_EVENT_QP_REQ_ERR || type == IBV_EVENT_QP_ACCESS_ERR;
+    const bool fatal = ourPort && (type == IBV_EVENT_DEVICE_FATAL || type == IBV_EVENT_CQ_ERR || qpEvent ||
+                                   type == IBV_EVENT_PORT_ERR);
+    const void* object = qpEvent ? static_cast<const void*>(ev.element.qp)
+                         : type == IBV_EVENT_CQ_ERR ? static_cast<const void*>(ev.element.cq) : nullptr;
     ibv_ack_async_event(&ev);
     if (fatal) {
+      const std::string what =
+          str("asynchronous RDMA error on ", describe(), ": ", ibv_event_type_str(type),
+              type == IBV_EVENT_PORT_ERR ? " (the port went down: check the link / cable / switch)" : "");
       std::lock_guard<std::mutex> g(mu_);
-      if (asyncError_.empty())
-        asyncError_ = str("asynchronous RDMA error on ", describe(), ": ", ibv_event_type_str(type),
-                          type == IBV_EVENT_PORT_ERR ? " (the port went down: check the link / cable / switch)" : "");
+      if (object) objectErrors_.emplace(object, what);
+      else if (asyncError_.empty()) asyncError_ = what;
     }
     ROCE_WARN("verbs async event on ", choice_.device, ": ", ibv_event_type_str(type));
   }
+}
+
+int VerbsDevice::openCount() { return devicesOpen.load(); }
+
+std::shared_ptr<VerbsDevice> VerbsDevice::shared(const VerbsPortChoice& choice, const Config& cfg) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<VerbsDevice>> open;
+  const std::string key = str(choice.device, ":", choice.port, ":", choice.gidIndex, ":", getpid());
+  std::lock_guard<std::mutex> g(mu);
+  if (auto dev = open[key].lock()) return dev;
+  auto dev = std::make_shared<VerbsDevice>(choice, cfg);
+  open[key] = dev;
+  return dev;
 }
 
 ibv_mr* VerbsDevice::registerMemory(void* addr, size_t len, int access, const char* what) {

@@ -2,7 +2,13 @@
 // filter (ROCE_PG_IB_HCA, NCCL syntax), an active port with Ethernet (RoCE) or
 // InfiniBand link layer, and the GID (RoCE v2, IPv4-mapped unless
 // ROCE_PG_IB_GID_INDEX says otherwise). Also owns the protection domain, the
-// async-event thread and the process-wide checks (memlock, fork safety).
+// async events (read on the process's runtime thread) and the process-wide
+// checks (memlock, fork safety). One VerbsDevice per port per process
+// (VerbsDevice::shared, issue 27): every group of the process uses the same
+// context and protection domain, so a job with 20 groups opens the NIC once.
+// An asynchronous error that names a queue pair or CQ is kept for that object
+// only: one group's broken queue pair fails that group's peer, not the
+// groups beside it; a device or port error fails every group on the port.
 #pragma once
 #include <infiniband/verbs.h>
 
@@ -11,7 +17,10 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
+#include <map>
+#include <memory>
+
+#include "../../runtime/process_runtime.hpp"
 
 namespace roce {
 
@@ -27,10 +36,16 @@ struct VerbsPortChoice {
 // The port to use, or nullopt with `why` explaining what was looked for.
 std::optional<VerbsPortChoice> chooseVerbsPort(const Config& cfg, std::string& why);
 
-class VerbsDevice {
+class VerbsDevice : public RuntimeService {
  public:
+  // The process's device for `choice` (opened on first use, closed when the
+  // last group using it goes).
+  static std::shared_ptr<VerbsDevice> shared(const VerbsPortChoice& choice, const Config& cfg);
+  // How many VerbsDevices the process holds open (tests).
+  static int openCount();
+
   VerbsDevice(const VerbsPortChoice& choice, const Config& cfg);
-  ~VerbsDevice();
+  ~VerbsDevice() override;
   VerbsDevice(const VerbsDevice&) = delete;
   VerbsDevice& operator=(const VerbsDevice&) = delete;
 
@@ -43,13 +58,18 @@ class VerbsDevice {
   uint32_t maxMsgSize() const { return portAttr_.max_msg_sz; }
   // "rxe0 port 1, GID index 1 (::ffff:10.99.0.1), MTU 1024, TC 0" for messages.
   std::string describe() const;
-  // First fatal asynchronous event (device/port/QP/CQ error), empty if none.
+  // First fatal asynchronous event of the device or the port, empty if none.
   std::string asyncError() const;
+  // First fatal asynchronous event naming this queue pair / CQ, empty if none.
+  std::string qpError(const ibv_qp* qp) const;
+  std::string cqError(const ibv_cq* cq) const;
   // Registers memory, with the memlock fix in the error message on failure.
   ibv_mr* registerMemory(void* addr, size_t len, int access, const char* what);
 
  private:
-  void asyncLoop();
+  Clock::time_point tick(Clock::time_point now) override { return now + std::chrono::seconds(1); }
+  void addPollFds(std::vector<pollfd>& fds) override;
+  void polled(const pollfd* fds, size_t n) override;
 
   VerbsPortChoice choice_;
   int tc_;
@@ -58,10 +78,10 @@ class VerbsDevice {
   ibv_port_attr portAttr_{};
   ibv_device_attr devAttr_{};
   ibv_gid gid_{};
-  std::atomic<bool> stop_{false};
   mutable std::mutex mu_;
   std::string asyncError_;
-  std::thread asyncThread_;
+  std::map<const void*, std::string> objectErrors_;  // by ibv_qp* / ibv_cq*
+  bool attached_ = false;
 };
 
 std::string gidToString(const ibv_gid& g);

@@ -1,14 +1,15 @@
-// Establishing TCP connections between the ranks of a group, for the TCP
-// transport's mesh and for the lifelines (csrc/comm/lifeline.*).
+// TCP connections between the ranks of a group, for the TCP transport's mesh,
+// the verbs handshake and the lifelines (comm/lifeline.*), made over the
+// process's one listener (front_desk.hpp).
 //
-// Every connection starts with a fixed-size Hello from the dialer naming the
-// purpose, both ranks and the dialer's per-group random nonce (published in the
-// store with its rank info). The acceptor reads hellos from any number of
-// half-open connections at once under short deadlines, so a stray client that
-// never speaks cannot stall init, and a connection from another group, an old
-// incarnation of this one or an unrelated local process is closed before
-// anything is allocated for it. Connections for a purpose not asked for yet are
-// kept until asked for: ranks run their setup steps at different speeds.
+// Every connection starts with a fixed-size Hello (hello.hpp) from the dialer
+// naming the purpose, both ranks, the dialer's per-group random nonce
+// (published with its rank info) and the destination's, which the front desk
+// routes by. A group's TcpAcceptor takes what the desk left in the group's
+// mailbox and checks it against the roster, so a connection from an old
+// incarnation or a miswired peer is closed before anything is allocated for
+// it. Connections for a purpose not asked for yet are kept until asked for:
+// ranks run their setup steps at different speeds.
 #pragma once
 #include <poll.h>
 
@@ -16,34 +17,40 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "../../common/backoff.hpp"
+#include "../common/backoff.hpp"
+#include "../common/sockets.hpp"
+#include "../common/unique_fd.hpp"
+#include "hello.hpp"
 
 namespace roce {
 
-class TcpListener;
+struct Config;
+class Mailbox;
 
-enum class LinkKind : uint16_t { Mesh = 1, Lifeline = 2 };
-
-// Owns a socket descriptor (closes it unless released).
-class UniqueFd {
+// The process's listening socket (FrontDesk owns the one instance).
+class TcpListener {
  public:
-  explicit UniqueFd(int fd = -1) : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd();
-  int get() const { return fd_; }
-  int release() { int f = fd_; fd_ = -1; return f; }
+  TcpListener();
+  ~TcpListener();
+  TcpListener(const TcpListener&) = delete;
+  TcpListener& operator=(const TcpListener&) = delete;
+  int port() const { return port_; }
+  int fd() const { return fd_; }
 
  private:
-  int fd_;
+  int fd_ = -1;
+  int port_ = 0;
 };
+
+// The IPv4 address peers on other machines should dial: the one of
+// ROCE_PG_SOCKET_IFNAME if set, else the first up, non-loopback interface.
+std::string tcpAdvertiseAddress(const Config& cfg);
 
 struct TcpEndpoint {
   std::string host;  // address to dial (127.0.0.1 for peers on this very host)
@@ -55,22 +62,24 @@ struct TcpEndpoint {
 // yet), calling `probe` about once a second meanwhile (it throws when the peer
 // is known never to come: a lifeline peer that refuses connections, see group_setup.cpp).
 UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint64_t selfNonce,
-                  Clock::time_point deadline, const std::function<void()>& probe = nullptr);
+                  uint64_t peerNonce, Clock::time_point deadline, const std::function<void()>& probe = nullptr);
 
 // ---- Non-blocking pieces, for connections made on demand ------------------
 // (csrc/comm/connection_manager.*). A data connection (LinkKind::Mesh) is
 // used only after the acceptor answered its hello: when two ranks dial each
 // other at once, the acceptor tells the loser its dial was superseded.
-enum class HelloReply : uint16_t { Accepted = 1, Superseded = 2 };
+// Gone: the front desk found no group behind the hello's key (the peer
+// destroyed the group, or is a later incarnation): the dialer stops trying.
+enum class HelloReply : uint16_t { Accepted = 1, Superseded = 2, Gone = 3 };
 
 // Starts a non-blocking connect() to `ep`; the socket polls writable once it
 // completed (then connectResult()). Throws on local failures (no descriptors).
 UniqueFd startDial(const TcpEndpoint& ep, int peer);
 // 0 once the connect() succeeded, else its errno.
 int connectResult(int fd);
-// Sends the hello (or the reply) on a connected socket: 24 (8) bytes always
+// Sends the hello (or the reply) on a connected socket: 32 (8) bytes always
 // fit an empty socket buffer. False if the other end is already gone.
-bool sendHello(int fd, LinkKind kind, int self, int peer, uint64_t selfNonce);
+bool sendHello(int fd, LinkKind kind, int self, int peer, uint64_t selfNonce, uint64_t peerNonce);
 bool sendReply(int fd, HelloReply reply);
 // Whether nothing listens at `ep` any more (the connection is refused within
 // a short bound; anything else, a timeout included, counts as "maybe alive").
@@ -81,8 +90,9 @@ std::optional<HelloReply> readReply(int fd, int peer);
 
 class TcpAcceptor {
  public:
-  // nonces[r] is what rank r published; hellos must carry it.
-  TcpAcceptor(TcpListener& listener, int self, std::vector<uint64_t> nonces);
+  // nonces[r] is what rank r published; hellos must carry it. `mailbox` is
+  // where the front desk leaves connections naming nonces[self].
+  TcpAcceptor(std::shared_ptr<Mailbox> mailbox, int self, std::vector<uint64_t> nonces);
   ~TcpAcceptor();
   TcpAcceptor(const TcpAcceptor&) = delete;
   TcpAcceptor& operator=(const TcpAcceptor&) = delete;
@@ -91,30 +101,19 @@ class TcpAcceptor {
   // `what` names the setup step in the timeout message; `probe` as for dialRank.
   UniqueFd take(LinkKind kind, int peer, Clock::time_point deadline, const std::string& what,
                 const std::function<void()>& probe = nullptr);
-  // Non-blocking: accepts what is waiting and reads the hellos that arrived.
+  // Non-blocking: takes what the desk delivered.
   void service();
-  // The listening socket and the half-open connections, for poll().
+  // The mailbox's descriptor, for poll().
   void addPollFds(std::vector<pollfd>& fds) const;
   // A connection some peer dialed for `kind`, if one is ready: (peer, socket).
   std::optional<std::pair<int, UniqueFd>> takeAny(LinkKind kind);
 
  private:
-  struct Pending;
-  void acceptNew();
-  void readHellos();
-
-  TcpListener& listener_;
+  std::shared_ptr<Mailbox> mailbox_;
   int self_;
   std::vector<uint64_t> nonces_;
-  std::vector<Pending> pending_;
   std::map<std::pair<int, int>, int> ready_;  // (kind, peer) -> fd
 };
 
-void setNonBlocking(int fd, bool on);
-// TCP_NODELAY, and keepalive probes so that a peer machine that vanished is
-// noticed by the kernel even when no data flows.
-void tuneSocket(int fd);
-// "a.b.c.d:port" of the remote end.
-std::string peerAddress(int fd);
 
 }  // namespace roce

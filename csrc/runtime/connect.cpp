@@ -1,4 +1,4 @@
-#include "tcp_connect.hpp"
+#include "connect.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -13,17 +13,16 @@
 #include <cstring>
 #include <thread>
 
-#include "../../common/error.hpp"
-#include "tcp_transport.hpp"
+#include <ifaddrs.h>
+#include <net/if.h>
+
+#include "../common/config.hpp"
+#include "../common/error.hpp"
+#include "front_desk.hpp"
 
 namespace roce {
 namespace {
 
-constexpr uint32_t kHelloMagic = 0x526f4345;  // "RoCE"
-constexpr uint16_t kHelloVersion = 3;  // 3: data connections are answered (HelloReply)
-// A dialer sends its hello right after connect(); one that has not after this
-// long is not one of ours (or is hopelessly overloaded) and is dropped.
-constexpr auto kHelloDeadline = std::chrono::seconds(30);
 // Bound on one connect() attempt, so an unroutable address cannot eat the
 // whole group timeout in a single SYN retry cycle.
 constexpr auto kConnectAttempt = std::chrono::seconds(5);
@@ -39,15 +38,6 @@ struct Reply {
 };
 static_assert(sizeof(Reply) == 8);
 
-struct Hello {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t kind;
-  int32_t src;
-  int32_t dst;
-  uint64_t nonce;
-};
-static_assert(sizeof(Hello) == 24);
 
 // Blocking full write with a deadline (the hello only).
 void writeAll(int fd, const void* buf, size_t n, Clock::time_point deadline, const std::string& who) {
@@ -85,42 +75,6 @@ int connectOnce(int fd, const sockaddr_in& sa, Clock::time_point until) {
 }
 
 }  // namespace
-
-UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
-  if (this != &o) {
-    if (fd_ >= 0) close(fd_);
-    fd_ = o.release();
-  }
-  return *this;
-}
-
-UniqueFd::~UniqueFd() {
-  if (fd_ >= 0) close(fd_);
-}
-
-void setNonBlocking(int fd, bool on) {
-  int fl = fcntl(fd, F_GETFL);
-  fcntl(fd, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
-}
-
-void tuneSocket(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-  int idle = 10, intvl = 5, cnt = 3;
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
-}
-
-std::string peerAddress(int fd) {
-  sockaddr_in sa{};
-  socklen_t len = sizeof(sa);
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return "?";
-  char buf[INET_ADDRSTRLEN];
-  inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof(buf));
-  return str(buf, ":", ntohs(sa.sin_port));
-}
 
 namespace {
 sockaddr_in addressOf(const TcpEndpoint& ep, int peer) {
@@ -168,8 +122,8 @@ bool refusesConnections(const TcpEndpoint& ep) {
   return connectResult(fd.get()) == ECONNREFUSED;
 }
 
-bool sendHello(int fd, LinkKind kind, int self, int peer, uint64_t selfNonce) {
-  Hello h{kHelloMagic, kHelloVersion, static_cast<uint16_t>(kind), self, peer, selfNonce};
+bool sendHello(int fd, LinkKind kind, int self, int peer, uint64_t selfNonce, uint64_t peerNonce) {
+  Hello h{kHelloMagic, kHelloVersion, static_cast<uint16_t>(kind), self, peer, selfNonce, peerNonce};
   return send(fd, &h, sizeof(h), MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(h));
 }
 
@@ -187,14 +141,14 @@ std::optional<HelloReply> readReply(int fd, int peer) {
                   n == 0 ? "EOF" : std::strerror(errno), "): it exited or left the group"));
   if (n < static_cast<ssize_t>(sizeof(r))) return std::nullopt;
   (void)!recv(fd, &r, sizeof(r), MSG_DONTWAIT);
-  if (r.magic != kReplyMagic || (r.status != static_cast<uint16_t>(HelloReply::Accepted) &&
-                                 r.status != static_cast<uint16_t>(HelloReply::Superseded)))
+  if (r.magic != kReplyMagic || r.status < static_cast<uint16_t>(HelloReply::Accepted) ||
+      r.status > static_cast<uint16_t>(HelloReply::Gone))
     throwComm(str("rank ", peer, " answered a connection with garbage (mixed roce_pg versions across ranks?)"));
   return static_cast<HelloReply>(r.status);
 }
 
 UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint64_t selfNonce,
-                  Clock::time_point deadline, const std::function<void()>& probe) {
+                  uint64_t peerNonce, Clock::time_point deadline, const std::function<void()>& probe) {
   const sockaddr_in sa = addressOf(ep, peer);
   const std::string who = str("rank ", peer, " (", ep.host, ":", ep.port, ")");
   std::string lastErr;
@@ -203,7 +157,7 @@ UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint
     UniqueFd fd = newSocket();
     int err = connectOnce(fd.get(), sa, std::min(deadline, Clock::now() + kConnectAttempt));
     if (err == 0) {
-      Hello h{kHelloMagic, kHelloVersion, static_cast<uint16_t>(kind), self, peer, selfNonce};
+      Hello h{kHelloMagic, kHelloVersion, static_cast<uint16_t>(kind), self, peer, selfNonce, peerNonce};
       writeAll(fd.get(), &h, sizeof(h), deadline, who);
       return fd;
     }
@@ -220,68 +174,26 @@ UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint
                 "ROCE_PG_SOCKET_IFNAME"));
 }
 
-struct TcpAcceptor::Pending {
-  int fd;
-  std::string addr;
-  Clock::time_point since;
-  Hello hello{};
-  size_t got = 0;
-};
-
-TcpAcceptor::TcpAcceptor(TcpListener& listener, int self, std::vector<uint64_t> nonces)
-    : listener_(listener), self_(self), nonces_(std::move(nonces)) {}
+TcpAcceptor::TcpAcceptor(std::shared_ptr<Mailbox> mailbox, int self, std::vector<uint64_t> nonces)
+    : mailbox_(std::move(mailbox)), self_(self), nonces_(std::move(nonces)) {}
 
 TcpAcceptor::~TcpAcceptor() {
-  for (auto& p : pending_) close(p.fd);
   for (auto& [key, fd] : ready_) close(fd);
 }
 
-void TcpAcceptor::acceptNew() {
-  for (;;) {
-    sockaddr_in from{};
-    socklen_t len = sizeof(from);
-    int fd = accept4(listener_.fd(), reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;  // EAGAIN: nothing more right now
-    char buf[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &from.sin_addr, buf, sizeof(buf));
-    pending_.push_back({fd, str(buf, ":", ntohs(from.sin_port)), Clock::now()});
-  }
-}
-
-void TcpAcceptor::readHellos() {
-  for (size_t i = 0; i < pending_.size();) {
-    Pending& p = pending_[i];
-    ssize_t r = recv(p.fd, reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got, MSG_DONTWAIT);
-    if (r > 0) p.got += static_cast<size_t>(r);
-    const bool gone = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-    const bool stale = Clock::now() - p.since > kHelloDeadline;
-    if (p.got < sizeof(Hello) && !gone && !stale) { ++i; continue; }
-    const Hello& h = p.hello;
-    const int src = h.src;
-    const bool ours = p.got == sizeof(Hello) && h.magic == kHelloMagic && h.version == kHelloVersion &&
-                      h.dst == self_ && src >= 0 && src < static_cast<int>(nonces_.size()) && src != self_ &&
-                      h.nonce == nonces_[src] &&
-                      (h.kind == static_cast<uint16_t>(LinkKind::Mesh) || h.kind == static_cast<uint16_t>(LinkKind::Lifeline)) &&
-                      !ready_.count({h.kind, src});
-    if (ours) {
-      ready_[{h.kind, src}] = p.fd;
-    } else {
-      // Not a peer of this group incarnation (or a duplicate): drop it quietly.
-      close(p.fd);
-    }
-    pending_.erase(pending_.begin() + static_cast<long>(i));
-  }
-}
-
 void TcpAcceptor::service() {
-  acceptNew();
-  readHellos();
+  for (Arrival& a : mailbox_->takeAll()) {
+    const int src = a.src;
+    const bool ours = (a.kind == LinkKind::Mesh || a.kind == LinkKind::Lifeline) && a.dst == self_ && src >= 0 &&
+                      src < static_cast<int>(nonces_.size()) && src != self_ && a.srcNonce == nonces_[src] &&
+                      !ready_.count({static_cast<int>(a.kind), src});
+    // Not a peer of this group incarnation (a late join, a duplicate): the
+    // socket closes as `a` goes.
+    if (ours) ready_[{static_cast<int>(a.kind), src}] = a.fd.release();
+  }
 }
 
-void TcpAcceptor::addPollFds(std::vector<pollfd>& fds) const {
-  fds.push_back({listener_.fd(), POLLIN, 0});
-  for (const auto& p : pending_) fds.push_back({p.fd, POLLIN, 0});
-}
+void TcpAcceptor::addPollFds(std::vector<pollfd>& fds) const { fds.push_back({mailbox_->fd(), POLLIN, 0}); }
 
 std::optional<std::pair<int, UniqueFd>> TcpAcceptor::takeAny(LinkKind kind) {
   for (auto it = ready_.begin(); it != ready_.end(); ++it)
@@ -306,18 +218,53 @@ UniqueFd TcpAcceptor::take(LinkKind kind, int peer, Clock::time_point deadline, 
     long long left = msLeft(deadline);
     if (left <= 0)
       throwTimeout(str(what, ": rank ", self_, " timed out waiting for a TCP connection from rank ", peer,
-                       " to port ", listener_.port(), "; check that rank's log, firewalls between the machines, "
+                       " to port ", ProcessRuntime::get().desk().port(), "; check that rank's log, firewalls between the machines, "
                        "or set ROCE_PG_SOCKET_IFNAME to an interface the peers can reach"));
     if (probe && Clock::now() >= nextProbe) {
       probe();
       nextProbe = Clock::now() + kProbeEvery;
     }
-    std::vector<pollfd> fds{{listener_.fd(), POLLIN, 0}};
-    for (auto& p : pending_) fds.push_back({p.fd, POLLIN, 0});
-    poll(fds.data(), fds.size(), static_cast<int>(std::min(left, 200LL)));
-    acceptNew();
-    readHellos();
+    pollfd p{mailbox_->fd(), POLLIN, 0};
+    poll(&p, 1, static_cast<int>(std::min(left, 200LL)));
+    service();
   }
+}
+
+TcpListener::TcpListener() {
+  fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) throwComm(str("socket() failed: ", std::strerror(errno)));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof(sa);
+  setNonBlocking(fd_, true);  // the front desk drains it with accept4 until EAGAIN
+  if (bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || listen(fd_, 1024) != 0 ||
+      getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len) != 0)
+    throwComm(str("could not open a TCP listening socket: ", std::strerror(errno)));
+  port_ = ntohs(sa.sin_port);
+}
+
+TcpListener::~TcpListener() {
+  if (fd_ >= 0) close(fd_);
+}
+
+std::string tcpAdvertiseAddress(const Config& cfg) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "127.0.0.1";
+  std::string chosen, seen;
+  for (ifaddrs* a = list; a; a = a->ifa_next) {
+    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || !(a->ifa_flags & IFF_UP)) continue;
+    char buf[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof(buf));
+    seen += str(seen.empty() ? "" : ", ", a->ifa_name, "=", buf);
+    bool wanted = cfg.socketIfname.empty() ? !(a->ifa_flags & IFF_LOOPBACK) : cfg.socketIfname == a->ifa_name;
+    if (wanted && chosen.empty()) chosen = buf;
+  }
+  freeifaddrs(list);
+  if (chosen.empty() && !cfg.socketIfname.empty())
+    throwInvalid(str("ROCE_PG_SOCKET_IFNAME=", cfg.socketIfname, " names no up IPv4 interface; "
+                     "available: ", seen.empty() ? "none" : seen));
+  return chosen.empty() ? "127.0.0.1" : chosen;
 }
 
 }  // namespace roce

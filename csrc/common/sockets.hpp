@@ -1,0 +1,14 @@
+// Socket options every TCP connection of roce gets.
+#pragma once
+#include <string>
+
+namespace roce {
+
+void setNonBlocking(int fd, bool on);
+// TCP_NODELAY, and keepalive probes so that a peer machine that vanished is
+// noticed by the kernel even when no data flows.
+void tuneSocket(int fd);
+// "a.b.c.d:port" of the remote end.
+std::string peerAddress(int fd);
+
+}  // namespace roce

@@ -1,0 +1,220 @@
+#include "front_desk.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "../common/error.hpp"
+#include "connect.hpp"
+
+namespace roce {
+namespace {
+// A dialer sends its first bytes right after connect(); one that has not
+// after this long is not one of ours (or is hopelessly overloaded) and is dropped.
+constexpr auto kHeadDeadline = std::chrono::seconds(30);
+// Half-open connections the desk keeps at once; more are closed unread
+// (a port scan or a runaway client must not eat the descriptors).
+constexpr size_t kMaxPending = 4096;
+// How long a hello for a key nobody opened yet is kept (a subgroup member that
+// is this late to create the group has timed out its peers anyway: torch's
+// default timeout is 10 to 30 minutes).
+constexpr auto kParkLimit = std::chrono::minutes(30);
+constexpr size_t kMaxParked = 4096;
+}  // namespace
+
+Mailbox::Mailbox() : efd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  if (efd_ < 0) throwComm(str("eventfd() for a group's mailbox failed: ", std::strerror(errno),
+                              " (out of file descriptors? `ulimit -n`)"));
+}
+
+Mailbox::~Mailbox() {
+  if (efd_ >= 0) ::close(efd_);
+}
+
+std::vector<Arrival> Mailbox::takeAll() {
+  uint64_t v;
+  (void)!read(efd_, &v, sizeof(v));
+  std::lock_guard<std::mutex> g(mu_);
+  return std::exchange(items_, {});
+}
+
+void Mailbox::deliver(Arrival a) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    items_.push_back(std::move(a));
+  }
+  uint64_t one = 1;
+  (void)!write(efd_, &one, sizeof(one));
+}
+
+struct FrontDesk::Pending {
+  UniqueFd fd;
+  Clock::time_point since = Clock::now();
+  char buf[sizeof(Hello)];
+  size_t got = 0;
+};
+
+FrontDesk::FrontDesk(ProcessRuntime& runtime) : runtime_(runtime) {}
+FrontDesk::~FrontDesk() = default;
+
+int FrontDesk::port() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (listener_) return listener_->port();
+    listener_ = std::make_unique<TcpListener>();
+  }
+  runtime_.poke();  // poll the new listener from now on
+  std::lock_guard<std::mutex> g(mu_);
+  return listener_->port();
+}
+
+std::shared_ptr<Mailbox> FrontDesk::open(uint64_t key) {
+  auto box = std::make_shared<Mailbox>();
+  std::lock_guard<std::mutex> g(mu_);
+  if (closed_.count(key) || !boxes_.emplace(key, box).second)
+    throwComm(str("a process group of this process already used the key ", key,
+                  " (a subgroup created twice under one name, or two random nonces that collided: retry)"));
+  // Hellos that came before the group did.
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if (it->key == key) {
+      box->deliver(std::move(it->arrival));
+      it = parked_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return box;
+}
+
+void FrontDesk::close(uint64_t key) {
+  std::lock_guard<std::mutex> g(mu_);
+  boxes_.erase(key);
+  closed_.insert(key);
+}
+
+size_t FrontDesk::parked() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return parked_.size();
+}
+
+size_t FrontDesk::openMailboxes() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return boxes_.size();
+}
+
+Clock::time_point FrontDesk::tick(Clock::time_point now) {
+  // Dialers that never spoke: dropped (the socket closes with the entry).
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                [&](const auto& p) { return now - p->since > kHeadDeadline; }),
+                 pending_.end());
+  // Parked hellos whose dialer hung up (or that waited too long). Not polled:
+  // a parked lifeline keeps receiving heartbeats, which would wake every
+  // round; a peek once a second finds the hang-up.
+  std::lock_guard<std::mutex> g(mu_);
+  parked_.erase(std::remove_if(parked_.begin(), parked_.end(),
+                               [&](const Parked& p) {
+                                 char c;
+                                 const ssize_t r = recv(p.arrival.fd.get(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+                                 const bool gone = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                                                              errno != EINTR);
+                                 return gone || now - p.since > kParkLimit;
+                               }),
+                parked_.end());
+  return now + std::chrono::seconds(1);
+}
+
+void FrontDesk::addPollFds(std::vector<pollfd>& fds) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (listener_) fds.push_back({listener_->fd(), POLLIN, 0});
+  }
+  for (const auto& p : pending_) fds.push_back({p->fd.get(), POLLIN, 0});
+}
+
+void FrontDesk::polled(const pollfd* fds, size_t n) {
+  // Entries follow addPollFds' order: the listener (if open), then pending_
+  // as it was, which only this thread changes.
+  bool anyReady = false;
+  for (size_t i = 0; i < n; ++i) anyReady |= fds[i].revents != 0;
+  if (!anyReady) return;
+  acceptNew();
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [&](auto& p) { return readHead(*p); }),
+                 pending_.end());
+}
+
+void FrontDesk::acceptNew() {
+  int lfd;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!listener_) return;
+    lfd = listener_->fd();
+  }
+  for (;;) {
+    UniqueFd fd(accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (fd.get() < 0) return;  // EAGAIN: nothing more right now
+    if (pending_.size() >= kMaxPending) continue;  // closed unread
+    auto p = std::make_unique<Pending>();
+    p->fd = std::move(fd);
+    pending_.push_back(std::move(p));
+  }
+}
+
+bool FrontDesk::readHead(Pending& p) {
+  // Read exactly the head: what follows (a join's rank info, a data stream)
+  // stays in the socket for the mailbox's owner.
+  const auto want = [&]() -> size_t {
+    if (p.got < sizeof(uint32_t)) return sizeof(JoinHeader);
+    uint32_t magic;
+    std::memcpy(&magic, p.buf, sizeof(magic));
+    return magic == kHelloMagic ? sizeof(Hello) : sizeof(JoinHeader);
+  };
+  for (;;) {
+    const size_t need = want();
+    if (p.got >= need) break;
+    const ssize_t r = recv(p.fd.get(), p.buf + p.got, need - p.got, MSG_DONTWAIT);
+    if (r > 0) {
+      p.got += static_cast<size_t>(r);
+      continue;
+    }
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+    return true;  // closed before its head: a probe (refusesConnections) or a client that gave up
+  }
+  uint32_t magic;
+  std::memcpy(&magic, p.buf, sizeof(magic));
+  if (magic == kHelloMagic) {
+    Hello h;
+    std::memcpy(&h, p.buf, sizeof(h));
+    if (h.version != kHelloVersion) return true;  // another roce_pg version: dropped quietly
+    Arrival a{static_cast<LinkKind>(h.kind), h.src, h.dst, h.srcNonce, std::move(p.fd), {}};
+    route(h.dstNonce, std::move(a));
+  } else if (magic == kJoinMagic) {
+    JoinHeader h;
+    std::memcpy(&h, p.buf, sizeof(h));
+    Arrival a{LinkKind::Join, h.rank, 0, 0, std::move(p.fd), std::string(p.buf, sizeof(h))};
+    route(h.leaderNonce, std::move(a));
+  }
+  return true;  // not roce's: dropped
+}
+
+void FrontDesk::route(uint64_t key, Arrival a) {
+  std::lock_guard<std::mutex> g(mu_);  // with open(): a hello is delivered or parked, never lost
+  if (auto it = boxes_.find(key); it != boxes_.end()) {
+    it->second->deliver(std::move(a));
+    return;
+  }
+  if (a.kind == LinkKind::Join) return;  // a stale leader record: closing says so
+  if (closed_.count(key)) {
+    // A destroyed group's: the dialer must stop (a lifeline sees the close
+    // as its peer leaving; a data dial waits for an answer, so it gets one).
+    if (a.kind == LinkKind::Mesh) sendReply(a.fd.get(), HelloReply::Gone);
+    return;
+  }
+  if (parked_.size() < kMaxParked) parked_.push_back({key, std::move(a), Clock::now()});
+}
+
+}  // namespace roce

@@ -1,0 +1,130 @@
+// One TCP listener for every process group of the process (issue 27): a
+// group no longer opens a port of its own. The runtime thread
+// (process_runtime.hpp) accepts connections, reads their first bytes
+// (hello.hpp) under a deadline, so a client that never speaks delays nobody,
+// and hands each to the mailbox its key names: a forming group's leader
+// (joins), a group's rank (its data and lifeline connections). The owner of a
+// mailbox checks what it takes (the dialer's nonce against its roster); the
+// desk only routes. Where no mailbox is open for the key:
+//   * a key this process closed (a destroyed group's): closed at once, a data
+//     dial answered Gone first, so the dialer fails that peer instead of
+//     retrying (a lifeline sees the close as its peer leaving);
+//   * a join: closed at once. The leader opens its mailbox before it
+//     publishes its record, so the joiner read a stale record and waits for
+//     a newer one;
+//   * a hello for a key never seen: kept (parked) until the mailbox opens,
+//     the dialer hangs up, or kParkLimit passes. A subgroup formed from its
+//     parent (no join: every member computes every key) may be dialed by a
+//     member that got there first.
+// The desk never reads past a connection's head, so it keeps a parked
+// connection's later bytes (a lifeline's heartbeats) for the owner.
+//
+// The listener opens on first use and stays open for the process's life, so
+// a refused connection still means the process is gone.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "../common/backoff.hpp"
+#include "hello.hpp"
+#include "process_runtime.hpp"
+#include "../common/unique_fd.hpp"
+
+namespace roce {
+
+class TcpListener;
+
+// A connection the desk routed: who dialed, for what, and the socket.
+struct Arrival {
+  LinkKind kind;
+  int src;               // the dialer's group rank
+  int dst;               // the rank it asked for
+  uint64_t srcNonce = 0; // hellos only
+  UniqueFd fd;
+  std::string head;      // bytes already read from it (a join's header)
+};
+
+// Where the desk leaves a key's connections. Its descriptor (an eventfd)
+// reads ready while something waits in it.
+class Mailbox {
+ public:
+  Mailbox();
+  ~Mailbox();
+  Mailbox(const Mailbox&) = delete;
+  Mailbox& operator=(const Mailbox&) = delete;
+
+  int fd() const { return efd_; }
+  // Everything delivered so far (clears the descriptor's readiness first, so
+  // a delivery racing with this call is announced again).
+  std::vector<Arrival> takeAll();
+  void deliver(Arrival a);  // the desk
+
+ private:
+  int efd_ = -1;
+  std::mutex mu_;
+  std::vector<Arrival> items_;
+};
+
+class FrontDesk : public RuntimeService {
+ public:
+  explicit FrontDesk(ProcessRuntime& runtime);
+  ~FrontDesk() override;
+
+  // The port every group of this process publishes (opens the listener).
+  int port();
+  // Connections that name `key` go to the returned mailbox until close(key).
+  std::shared_ptr<Mailbox> open(uint64_t key);
+  void close(uint64_t key);
+  size_t openMailboxes() const;
+  size_t parked() const;
+
+  Clock::time_point tick(Clock::time_point now) override;
+  void addPollFds(std::vector<pollfd>& fds) override;
+  void polled(const pollfd* fds, size_t n) override;
+
+ private:
+  struct Pending;
+  void acceptNew();
+  bool readHead(Pending& p);  // true when done with it (routed or dropped)
+  void route(uint64_t key, Arrival a);
+
+  ProcessRuntime& runtime_;
+  mutable std::mutex mu_;  // listener_ and boxes_ (group threads open and close)
+  std::unique_ptr<TcpListener> listener_;
+  std::unordered_map<uint64_t, std::shared_ptr<Mailbox>> boxes_;
+  std::unordered_set<uint64_t> closed_;  // keys whose mailbox was open once
+  struct Parked {
+    uint64_t key;
+    Arrival arrival;
+    Clock::time_point since;
+  };
+  std::vector<Parked> parked_;
+  std::vector<std::unique_ptr<Pending>> pending_;  // the runtime thread's only
+};
+
+}  // namespace roce
+
+namespace roce {
+
+// A mailbox open for as long as this lives (a group's, for the group's life).
+class MailboxLease {
+ public:
+  MailboxLease(FrontDesk& desk, uint64_t key) : desk_(desk), key_(key), box_(desk.open(key)) {}
+  ~MailboxLease() { desk_.close(key_); }
+  MailboxLease(const MailboxLease&) = delete;
+  MailboxLease& operator=(const MailboxLease&) = delete;
+  const std::shared_ptr<Mailbox>& box() const { return box_; }
+
+ private:
+  FrontDesk& desk_;
+  uint64_t key_;
+  std::shared_ptr<Mailbox> box_;
+};
+
+}  // namespace roce

@@ -1,0 +1,49 @@
+// The first bytes of every TCP connection between roce processes: what the
+// front desk (front_desk.hpp) reads to know which group, and which of the
+// group's waits, a connection belongs to. Two kinds:
+//   * Hello: a connection between two ranks of a formed group (data mesh,
+//     lifeline). It names the destination rank's nonce, the random 64-bit
+//     value that rank published for this group incarnation, which is the key
+//     the desk routes by (one listener serves every group of the process);
+//   * JoinHeader: a rank joining a group at its leader (group/join.cpp). It
+//     names the leader nonce the joiner read from the store: the key of the
+//     leader's mailbox while the group forms.
+// Both are 24 bytes up to the key's end for a join, 32 for a hello; the magic
+// in the first 4 bytes tells them apart.
+#pragma once
+#include <cstdint>
+
+namespace roce {
+
+constexpr uint32_t kHelloMagic = 0x526f4345;  // "RoCE"
+// 3: data connections are answered (HelloReply); 4: the hello names the
+// destination's nonce (one listener per process, issue 27).
+constexpr uint16_t kHelloVersion = 4;
+
+enum class LinkKind : uint16_t { Mesh = 1, Lifeline = 2, Join = 3 };
+
+struct Hello {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t kind;       // LinkKind
+  int32_t src;         // group ranks
+  int32_t dst;
+  uint64_t srcNonce;   // proves the dialer is of this incarnation
+  uint64_t dstNonce;   // the desk's routing key
+};
+static_assert(sizeof(Hello) == 32);
+
+constexpr uint32_t kJoinMagic = 0x4a4f494e;  // "JOIN"
+constexpr uint16_t kJoinVersion = 1;
+
+struct JoinHeader {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t reserved;
+  int32_t rank;
+  uint32_t infoLen;      // the RankInfo text that follows
+  uint64_t leaderNonce;  // the record the joiner read; the desk's routing key
+};
+static_assert(sizeof(JoinHeader) == 24);
+
+}  // namespace roce

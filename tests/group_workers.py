@@ -1,0 +1,186 @@
+"""Rank-side bodies of tests/test_groups.py (issue 27): many groups in one
+process share its runtime (one listener, one thread for every group's
+lifelines, one verbs context per port), subgroups form from the world group's
+roster with no join, and one group's failure or destroy leaves the others
+working. Every collective is checked exactly against integers computed here."""
+import os
+import threading
+
+import torch
+import torch.distributed as dist
+
+import roce_pg
+
+from .connection_workers import _store_barrier
+
+
+def _threads_named(name):
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                n += f.read().strip() == name
+        except OSError:
+            pass
+    return n
+
+
+def _listening_ports():
+    """TCP ports this process listens on (sockets it holds in LISTEN state)."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            mine.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in mine:
+                    ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return len(ports)
+
+
+def _cost():
+    return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
+            "listen": _listening_ports(), "runtime_threads": _threads_named("roce-runtime")}
+
+
+def _check_allreduce(group, members, rank, n=1000):
+    """Sum of (global rank + 1) * (index + 1) over the members, as int64."""
+    t = torch.arange(1, n + 1, dtype=torch.int64) * (rank + 1)
+    dist.all_reduce(t, group=group)
+    expected = torch.arange(1, n + 1, dtype=torch.int64) * sum(r + 1 for r in members)
+    assert torch.equal(t, expected), (members, t[:4], expected[:4])
+
+
+def _formation_ops(group):
+    return group._get_backend(torch.device("cpu"))._formation_store_ops()
+
+
+def subgroups(rank, world, port):
+    """new_group over several member sets and a 2 x 2 DeviceMesh: every
+    subgroup's formation makes no store operation of its own (no join) unless
+    ROCE_PG_SUBGROUPS=join; exact sums in each."""
+    out = {"world_ops": _formation_ops(dist.group.WORLD), "ops": {}}
+    sets = [[0, 1], [1, 2, 3], [3, 0], list(range(world)), [2, 0, 1]]
+    for members in sets:
+        g = dist.new_group(members)
+        if rank in members:
+            _check_allreduce(g, members, rank)
+            out["ops"][str(members)] = _formation_ops(g)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    for dim in ("dp", "tp"):
+        g = mesh.get_group(dim)
+        members = dist.get_process_group_ranks(g)
+        _check_allreduce(g, members, rank)
+        if isinstance(g._get_backend(torch.device("cpu")), roce_pg._C.RoceBackend):
+            out["ops"][f"mesh {dim} {members}"] = _formation_ops(g)
+    out["stats"] = roce_pg._C._runtime_stats()
+    dist.barrier()
+    return out
+
+
+def costs(rank, world, port, groups=(1, 9)):
+    """Descriptors, threads and listening ports after the world group plus N
+    groups over every rank (one allreduce each), for each N in `groups`."""
+    made, points = [], {}
+    _check_allreduce(None, range(world), rank)
+    for target in groups:
+        while len(made) < target:
+            g = dist.new_group(list(range(world)))
+            _check_allreduce(g, range(world), rank)
+            made.append(g)
+        _store_barrier(f"costs{target}", world)
+        points[target] = _cost()
+    points["stats"] = roce_pg._C._runtime_stats()
+    dist.barrier()
+    return points
+
+
+def cycles(rank, world, port, n=64):
+    """n times: create a group over every rank, one allreduce, destroy it.
+    Descriptors, threads, RSS and the runtime's mailboxes must come back."""
+    def rss_kib():
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+    samples = []
+    for i in range(n):
+        g = dist.new_group(list(range(world)))
+        _check_allreduce(g, range(world), rank, n=4096)
+        dist.destroy_process_group(g)
+        if i in (3, n // 2, n - 1):
+            _store_barrier(f"cycle{i}", world)
+            s = _cost()
+            s["rss_kib"] = rss_kib()
+            s["mailboxes"] = roce_pg._C._runtime_stats()["mailboxes"]
+            samples.append(s)
+    _check_allreduce(None, range(world), rank)
+    dist.barrier()
+    return samples
+
+
+def two_threads(rank, world, port, rounds=40):
+    """A pipeline's send/recv on one group while a data-parallel allreduce runs
+    on another, from two threads at once: both progress, exact values."""
+    pipe = dist.new_group(list(range(world)))
+    dp = dist.new_group(list(range(world)))
+    errors = []
+
+    def pipeline():
+        try:
+            peer = rank ^ 1
+            for i in range(rounds):
+                send = torch.full((4096,), rank * 1000 + i, dtype=torch.int64)
+                got = torch.empty(4096, dtype=torch.int64)
+                if rank % 2 == 0:
+                    dist.send(send, peer, group=pipe)
+                    dist.recv(got, peer, group=pipe)
+                else:
+                    dist.recv(got, peer, group=pipe)
+                    dist.send(send, peer, group=pipe)
+                assert torch.equal(got, torch.full((4096,), peer * 1000 + i, dtype=torch.int64)), (i, got[:2])
+        except BaseException as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+
+    t = threading.Thread(target=pipeline)
+    t.start()
+    for i in range(rounds):
+        _check_allreduce(dp, range(world), rank, n=8192 + i)
+    t.join(timeout=120)
+    assert not t.is_alive(), "the pipeline thread did not finish"
+    if errors:
+        raise errors[0]
+    dist.barrier()
+    return {}
+
+
+def contained(rank, world, port):
+    """Rank 1 destroys a subgroup {0, 1} while rank 0 still uses it: rank 0's
+    next receive on it fails naming rank 1, and the world group and another
+    subgroup keep working on every rank."""
+    from .api_workers import expect_error
+
+    pair = dist.new_group([0, 1])
+    other = dist.new_group(list(range(world)))
+    if rank in (0, 1):
+        _check_allreduce(pair, [0, 1], rank)
+    _store_barrier("pair-used", world)
+    msg = ""
+    if rank == 1:
+        dist.destroy_process_group(pair)
+    _store_barrier("pair-destroyed", world)
+    if rank == 0:
+        msg = expect_error(lambda: dist.recv(torch.ones(1 << 16), 1, group=pair), "rank 1")
+    _check_allreduce(other, range(world), rank)
+    _check_allreduce(None, range(world), rank)
+    dist.barrier()
+    return {"msg": msg}

@@ -1,0 +1,80 @@
+"""Many groups in one process (issue 27): the per-process runtime every group
+shares (one TCP listener, one thread watching every group's lifelines),
+subgroups formed from the world group's roster with no join, and failure
+contained to the group it happened in.
+
+Four ranks, each its own simulated machine over TCP unless a test says
+otherwise, so every peer is a network peer as on a cluster."""
+from .harness import TCP, run_group
+
+FOUR_MACHINES = {**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "1"}
+
+
+def test_subgroups_form_without_a_join():
+    results = run_group("tests.group_workers.subgroups", 4, env=FOUR_MACHINES)
+    for rank, r in enumerate(results):
+        # The world group joins through the store; every subgroup forms from
+        # its roster: no store operation (over the network only, nothing to
+        # exchange for shared memory).
+        assert r["world_ops"] >= 2, r
+        assert r["ops"] and all(v == 0 for v in r["ops"].values()), (rank, r["ops"])
+        assert any(k.startswith("mesh") for k in r["ops"]), r["ops"]
+        assert r["stats"]["parked"] == 0, r["stats"]
+
+
+def test_subgroups_join_when_asked_to():
+    results = run_group("tests.group_workers.subgroups", 4, env={**FOUR_MACHINES, "ROCE_PG_SUBGROUPS": "join"})
+    for r in results:
+        assert all(v >= 2 for v in r["ops"].values()), r["ops"]
+
+
+def test_subgroups_on_one_machine_share_memory():
+    # Two machines of two ranks: a subgroup within a machine exchanges its
+    # shared-memory segment names through the store (its only store use);
+    # across machines nothing.
+    results = run_group("tests.group_workers.subgroups", 4, env={**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "2"})
+    for r in results:
+        ops = r["ops"]
+        if "[3, 0]" in ops:
+            assert ops["[3, 0]"] == 0, ops                # machines 1 and 0: network only
+        if "[0, 1]" in ops:
+            assert 0 < ops["[0, 1]"] <= 8, ops            # one machine: segment names only
+
+
+def test_extra_groups_share_the_process_runtime():
+    results = run_group("tests.group_workers.costs", 4, env=FOUR_MACHINES)
+    for rank, r in enumerate(results):
+        one, nine = r[1], r[9]
+        # One listening port and one runtime thread per process, whatever the
+        # groups (rank 0 also listens for torch's store).
+        assert one["listen"] == nine["listen"] == (2 if rank == 0 else 1), (rank, one, nine)
+        assert one["runtime_threads"] == nine["runtime_threads"] == 1, (one, nine)
+        # Per extra group: its progress thread only (the lifelines are the
+        # runtime thread's); descriptors: its mailbox and two wake-ups, two
+        # lifelines and the data sockets its allreduce needed (<= 3 peers).
+        per_thread = (nine["threads"] - one["threads"]) / 8
+        per_fd = (nine["fds"] - one["fds"]) / 8
+        assert per_thread <= 1.0, (one, nine)
+        assert per_fd <= 8, (one, nine)
+        assert r["stats"]["mailboxes"] == 1 + 9, r["stats"]
+
+
+def test_create_and_destroy_64_groups_leaves_nothing_behind():
+    results = run_group("tests.group_workers.cycles", 4, env=FOUR_MACHINES)
+    for rank, samples in enumerate(results):
+        first, mid, last = samples
+        assert last["fds"] <= first["fds"] and last["threads"] <= first["threads"], samples
+        assert last["mailboxes"] == first["mailboxes"] == 1, samples  # the world group's
+        assert last["listen"] == (2 if rank == 0 else 1) and last["runtime_threads"] == 1, samples
+        # RSS: allocator noise only (a leaked group holds ~0.3 MiB: 60 would be 18 MiB).
+        assert last["rss_kib"] - first["rss_kib"] < 8 * 1024, samples
+
+
+def test_two_groups_progress_from_two_threads():
+    run_group("tests.group_workers.two_threads", 4, env=FOUR_MACHINES)
+    run_group("tests.group_workers.two_threads", 4, env={**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "2"})
+
+
+def test_a_destroyed_subgroup_leaves_the_others_working():
+    results = run_group("tests.group_workers.contained", 4, env=FOUR_MACHINES)
+    assert "rank 1" in results[0]["msg"], results[0]["msg"]
