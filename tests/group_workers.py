@@ -184,3 +184,19 @@ def contained(rank, world, port):
     _check_allreduce(None, range(world), rank)
     dist.barrier()
     return {"msg": msg}
+
+
+def verbs_groups(rank, world, port):
+    """Over verbs (the Soft-RoCE VM): subgroups formed from the world's roster
+    and a second thread's group all use the process's one device context
+    (VerbsDevice::shared); what each group registers is reported."""
+    out = subgroups(rank, world, port)
+    assert out["stats"]["verbs_devices"] == 1, out["stats"]
+    extra = dist.new_group(list(range(world)))
+    _check_allreduce(extra, range(world), rank, n=1 << 16)
+    out["registered"] = {"world": roce_pg.counters()["registered_bytes"],
+                         "extra": roce_pg.counters(extra)["registered_bytes"]}
+    assert roce_pg._C._runtime_stats()["verbs_devices"] == 1
+    two_threads(rank, world, port, rounds=10)
+    dist.barrier()
+    return out

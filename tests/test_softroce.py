@@ -195,6 +195,17 @@ def test_subgroups_over_verbs_release_their_resources(one_vm):
         assert r["after"]["fds"] <= r["before"]["fds"], r
 
 
+def test_subgroups_over_verbs_form_from_the_world_and_share_its_device(one_vm):
+    """Issue 27: subgroups and a DeviceMesh over verbs form with no store
+    operation of their own, exact sums, one device context per process, and
+    two groups progress from two threads."""
+    results = _group(one_vm, "shared_runtime/verbs4")["results"]
+    for r in results:
+        assert r["ops"] and all(v == 0 for v in r["ops"].values()), r["ops"]
+        assert r["stats"]["verbs_devices"] == 1, r["stats"]
+        assert r["registered"]["extra"] > 0, r["registered"]
+
+
 def test_every_waiting_rank_names_the_hung_rank_over_verbs(one_vm):
     """Issue 28: rank 2 of 8 alive but no longer calling; the others' timeout
     errors all carry the same verdict, exchanged over the lifelines."""

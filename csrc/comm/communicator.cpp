@@ -10,7 +10,7 @@
 #include "../transport/shm/node_shm.hpp"
 #include "../transport/tcp/tcp_transport.hpp"
 #include "connection_manager.hpp"
-#include "lifeline.hpp"
+#include "../liveness/lifeline.hpp"
 
 namespace roce {
 

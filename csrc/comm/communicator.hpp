@@ -24,9 +24,9 @@
 #include "../common/helper_thread.hpp"
 #include "../common/wakeup.hpp"
 #include "../transport/transport.hpp"
-#include "op_progress.hpp"
-#include "roster.hpp"
-#include "topology.hpp"
+#include "../liveness/op_progress.hpp"
+#include "../group/roster.hpp"
+#include "../group/topology.hpp"
 #include "../runtime/connect.hpp"
 
 namespace roce {

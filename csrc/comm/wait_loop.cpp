@@ -10,8 +10,8 @@
 #include "../common/spin.hpp"
 #include "communicator.hpp"
 #include "connection_manager.hpp"
-#include "lifeline.hpp"
-#include "verdict.hpp"
+#include "../liveness/lifeline.hpp"
+#include "../liveness/verdict.hpp"
 
 namespace roce {
 
@@ -71,7 +71,7 @@ void Communicator::slowChecks() {
   // it does not fail operations that no longer need that peer. A rank that
   // left gracefully (destroyed the group after its last message) closes its
   // connections while others may still finish with third ranks; a rank that
-  // died is reported by the lifelines (csrc/comm/lifeline.hpp) to everyone.
+  // died is reported by the lifelines (csrc/liveness/lifeline.hpp) to everyone.
   for (auto& t : transports_) t->checkPeers();
 }
 

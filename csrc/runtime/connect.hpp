@@ -1,5 +1,5 @@
 // TCP connections between the ranks of a group, for the TCP transport's mesh,
-// the verbs handshake and the lifelines (comm/lifeline.*), made over the
+// the verbs handshake and the lifelines (liveness/lifeline.*), made over the
 // process's one listener (front_desk.hpp).
 //
 // Every connection starts with a fixed-size Hello (hello.hpp) from the dialer

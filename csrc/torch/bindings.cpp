@@ -9,7 +9,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
 
-#include "../comm/verdict.hpp"
+#include "../liveness/verdict.hpp"
 #include "../runtime/front_desk.hpp"
 #include "../runtime/process_runtime.hpp"
 #include "../algorithms/cost_model.hpp"
@@ -170,7 +170,7 @@ PYBIND11_MODULE(_C, m) {
     return d;
   }, py::arg("ranks"), py::arg("machines"), py::arg("per_machine"), py::arg("bytes"));
   // The cross-rank verdict from rank -> OpProgress snapshot texts
-  // (csrc/comm/verdict.hpp), for tests of its wording; no group needed.
+  // (csrc/liveness/verdict.hpp), for tests of its wording; no group needed.
   m.def("_format_verdict", [](const std::map<int, std::string>& states, int size) {
     return roce::formatVerdict(states, size);
   }, py::arg("states"), py::arg("size"));

@@ -10,7 +10,8 @@ Phases (argv after the report path; default: all of them):
   api     send/recv, batch_isend_irecv, any source, tags, object collectives,
           messages above the 1 MiB chunk (also with ROCE_PG_IB_QPS_PER_CONNECTION=4
           and non-default ROCE_PG_IB_SLOTS), subgroups, timeouts, abort, the
-          size-mismatch NACK
+          size-mismatch NACK; subgroups formed from the world group's roster
+          sharing the process's one device context (issue 27)
   faults  kill -9 of a rank during a large allreduce (300 s group timeout),
           10,000 mixed small collectives and 50 group re-creations (2 ranks)
           without growth of RSS, fds, threads, MRs or QPs (`rdma res show`)
@@ -86,6 +87,8 @@ def groups(phases):
         g["big_qps2_slots64/verbs2"] = _group("verbs2", big, env={"ROCE_PG_IB_QPS_PER_CONNECTION": "2",
                                                                   "ROCE_PG_IB_SLOTS": "64"})
         g["subgroups/verbs4"] = _group("verbs4", "tests.api_workers.groups")
+        # issue 27: subgroups from the world's roster, one device context per process
+        g["shared_runtime/verbs4"] = _group("verbs4", "tests.group_workers.verbs_groups")
         g["skipped_collective/verbs2"] = _group("verbs2", "tests.api_workers.skipped_collective",
                                                 env={"TEST_PG_TIMEOUT_S": "3"})
         g["per_call_timeout/verbs2"] = _group("verbs2", "tests.api_workers.per_call_timeout",

@@ -8,7 +8,7 @@ namespace {
 class ShmPipe : public BytePipe {
  public:
   // A ring never reports EOF: a dead peer is found by the group's lifelines
-  // (csrc/comm/lifeline.hpp), which also work across PID namespaces.
+  // (csrc/liveness/lifeline.hpp), which also work across PID namespaces.
   ShmPipe(ShmRing out, ShmRing in, int peerRank, Doorbell& bell, ShmBellControl* peerBell)
       : out_(out), in_(in), peerRank_(peerRank), bell_(bell) {
     peer_.ctl = peerBell;

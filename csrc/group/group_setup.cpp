@@ -21,9 +21,9 @@
 #include "../transport/tcp/tcp_transport.hpp"
 #include "../transport/verbs/device_probe.hpp"
 #include "../transport/verbs/verbs_transport.hpp"
-#include "communicator.hpp"
-#include "connection_manager.hpp"
-#include "lifeline.hpp"
+#include "../comm/communicator.hpp"
+#include "../comm/connection_manager.hpp"
+#include "../liveness/lifeline.hpp"
 #include "join.hpp"
 #include "roster.hpp"
 
