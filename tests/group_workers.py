@@ -200,3 +200,22 @@ def verbs_groups(rank, world, port):
     two_threads(rank, world, port, rounds=10)
     dist.barrier()
     return out
+
+
+def split(rank, world, port):
+    """torch.distributed.split_group over a roce world group: the halves form
+    from the world's roster (no store operation of their own), exact sums;
+    a second split of a split group works the same way."""
+    halves = [list(range(world // 2)), list(range(world // 2, world))]
+    g = dist.split_group(split_ranks=halves)
+    mine = halves[0] if rank in halves[0] else halves[1]
+    assert dist.get_process_group_ranks(g) == mine, (dist.get_process_group_ranks(g), mine)
+    _check_allreduce(g, mine, rank)
+    out = {"ops": _formation_ops(g)}
+    pairs = [[0], [1]]  # group ranks of the half: each rank alone
+    solo = dist.split_group(parent_pg=g, split_ranks=pairs)
+    t = torch.tensor([rank + 1], dtype=torch.int64)
+    dist.all_reduce(t, group=solo)
+    assert t.item() == rank + 1, t
+    dist.barrier()
+    return out

@@ -78,3 +78,14 @@ def test_two_groups_progress_from_two_threads():
 def test_a_destroyed_subgroup_leaves_the_others_working():
     results = run_group("tests.group_workers.contained", 4, env=FOUR_MACHINES)
     assert "rank 1" in results[0]["msg"], results[0]["msg"]
+
+
+def test_split_group_forms_from_the_parent():
+    import torch
+
+    if not hasattr(torch.distributed, "split_group"):
+        import pytest
+
+        pytest.skip("this torch has no split_group")
+    results = run_group("tests.group_workers.split", 4, env=FOUR_MACHINES)
+    assert [r["ops"] for r in results] == [0] * 4, results

@@ -98,6 +98,30 @@ RoceBackend::RoceBackend(const RoceBackend& parent, const c10::intrusive_ptr<c10
   }
 }
 
+#ifdef ROCE_TORCH_BACKEND_SPLIT
+c10::intrusive_ptr<c10d::Backend::Options> RoceBackend::getBackendOptions() {
+  auto o = c10::make_intrusive<c10d::Backend::Options>("roce", timeout_);
+  for (int64_t r : traceRanks_) o->global_ranks_in_group.push_back(static_cast<uint64_t>(r));
+  return o;
+}
+
+c10::intrusive_ptr<c10d::Backend> RoceBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const std::vector<int>& ranks,
+                                                     const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  const auto me = std::find(ranks.begin(), ranks.end(), getRank());
+  if (me == ranks.end()) return nullptr;  // not a member: torch makes it a non-member
+  const int rank = static_cast<int>(me - ranks.begin());
+  const std::chrono::milliseconds timeout = opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
+  const std::string name = opts ? opts->group_name : std::string();
+  TORCH_CHECK(!name.empty(), "roce: split_group needs the new group's name (torch passes it in the options)");
+  auto child = c10::make_intrusive<RoceBackend>(*this, store, rank, ranks, name, timeout);
+  std::vector<int64_t> global;
+  for (int r : ranks) global.push_back(r < static_cast<int>(traceRanks_.size()) ? traceRanks_[r] : r);
+  child->setTraceRanks(std::move(global));
+  return child;
+}
+#endif
+
 int RoceBackend::formationStoreOps() const { return engine_->comm().formationStoreOps(); }
 
 void RoceBackend::start(std::unique_ptr<Communicator> comm) {

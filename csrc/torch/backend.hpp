@@ -54,6 +54,16 @@ class RoceBackend : public c10d::Backend {
   ~RoceBackend() override;
   // Whether subgroups of this group form from it (ROCE_PG_SUBGROUPS=parent).
   bool formsSubgroups() const { return cfg_.subgroups == "parent"; }
+#ifdef ROCE_TORCH_BACKEND_SPLIT
+  // torch.distributed.split_group: the new group forms from this one's
+  // roster with no join, like new_group's subgroups (issue 27). `ranks` are
+  // this group's ranks; a rank not among them gets no backend.
+  bool supportsSplitting() const override { return formsSubgroups(); }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+  // What split_group copies for the child (the timeout, the members).
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
+#endif
   // Store operations this group's formation made.
   int formationStoreOps() const;
 

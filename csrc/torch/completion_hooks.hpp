@@ -26,6 +26,9 @@
 // torch 2.11 (the oldest torch roce builds against); 2.15 has them.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
 #define ROCE_TORCH_COMPLETION_HOOKS 1
+// Backend::split(store, ranks, opts), which split_group calls: verified on
+// 2.15's headers only, so older torches keep split_group's "not supported".
+#define ROCE_TORCH_BACKEND_SPLIT 1
 #endif
 
 namespace roce {
