@@ -166,7 +166,7 @@ def two_threads(rank, world, port, rounds=40):
 def contained(rank, world, port):
     """Rank 1 destroys a subgroup {0, 1} while rank 0 still uses it: rank 0's
     next receive on it fails naming rank 1, and the world group and another
-    subgroup keep working on every rank."""
+    subgroup keep working on every rank. Then rank 2 aborts a group: the same."""
     from .api_workers import expect_error
 
     pair = dist.new_group([0, 1])
@@ -181,9 +181,22 @@ def contained(rank, world, port):
     if rank == 0:
         msg = expect_error(lambda: dist.recv(torch.ones(1 << 16), 1, group=pair), "rank 1")
     _check_allreduce(other, range(world), rank)
+    # Rank 2 aborts a group the others then call a collective on: theirs
+    # fails naming rank 2 (the FAIL notice travels that group's lifelines,
+    # on the runtime thread every group shares); the rest keep working.
+    aborted = dist.new_group(list(range(world)))
+    _check_allreduce(aborted, range(world), rank)
+    _store_barrier("abort-used", world)
+    abort_msg = ""
+    if rank == 2:
+        dist.distributed_c10d._abort_process_group(aborted)
+    else:
+        abort_msg = expect_error(lambda: _check_allreduce(aborted, range(world), rank), "rank 2")
+    _store_barrier("abort-seen", world)
+    _check_allreduce(other, range(world), rank)
     _check_allreduce(None, range(world), rank)
     dist.barrier()
-    return {"msg": msg}
+    return {"msg": msg, "abort_msg": abort_msg}
 
 
 def verbs_groups(rank, world, port):

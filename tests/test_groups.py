@@ -78,6 +78,8 @@ def test_two_groups_progress_from_two_threads():
 def test_a_destroyed_subgroup_leaves_the_others_working():
     results = run_group("tests.group_workers.contained", 4, env=FOUR_MACHINES)
     assert "rank 1" in results[0]["msg"], results[0]["msg"]
+    for rank in (0, 1, 3):
+        assert "rank 2" in results[rank]["abort_msg"], results[rank]["abort_msg"]
 
 
 def test_split_group_forms_from_the_parent():

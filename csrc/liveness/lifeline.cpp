@@ -302,12 +302,15 @@ Clock::time_point Lifeline::tick(Clock::time_point now) {
   // Judge silence only after reading what has arrived: when this thread
   // itself was not scheduled for a while, its neighbours' heartbeats wait
   // unread in the sockets, and judging first blamed a live neighbour for
-  // this rank's own stall (seen on a 2-core machine at load 30).
-  for (size_t i = 0; i < peers_.size(); ++i)
-    if (peers_[i].open) readFrom(i);
+  // this rank's own stall (seen on a 2-core machine at load 30). Read only a
+  // peer that looks silent: every group's lifelines share this thread, and
+  // a read per peer per round would cost a system call per heartbeat of any
+  // group (polled() reads what poll() reports).
   for (size_t i = 0; i < peers_.size(); ++i) {
     Peer& p = peers_[i];
     if (!p.open || p.departed || heartbeatTimeout_.count() <= 0 || now - p.lastHeard < heartbeatTimeout_) continue;
+    readFrom(i);
+    if (!p.open || p.departed || now - p.lastHeard < heartbeatTimeout_) continue;
     p.open = false;
     failWith(str("rank ", p.rank, " (host ", p.host, ") sent no heartbeat to rank ", rank_, " for ",
                  heartbeatTimeout_.count(), " ms although its connection is open: the process is stopped or hung "
