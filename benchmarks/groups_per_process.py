@@ -11,8 +11,9 @@ so every peer is reached over the network transport, as on a cluster; with
 --transport verbs it needs an RDMA device (the Soft-RoCE VM). Counts are
 read from /proc/self (fd, task, net/tcp{,6} LISTEN sockets whose inodes the
 process holds) and from roce's counters (registered_bytes, summed over the
-groups). Printed: the maximum over ranks, and per extra group the growth
-from the first to the last point.
+groups; devices: verbs device contexts the process holds). Printed: the
+maximum over ranks, and per extra group the growth from the first to the
+last point.
 """
 import argparse
 import os
@@ -57,13 +58,14 @@ def _rss_kib():
 
 
 def _snapshot(groups, backend):
-    registered = 0
+    registered = devices = 0
     if backend == "roce":
         import roce_pg
 
         registered = sum(roce_pg.counters(g)["registered_bytes"] for g in groups)
+        devices = roce_pg._C._runtime_stats()["verbs_devices"]  # RDMA device contexts this process holds
     return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
-            "listen": _listening_ports(), "rss_kib": _rss_kib(), "registered": registered}
+            "listen": _listening_ports(), "rss_kib": _rss_kib(), "registered": registered, "devices": devices}
 
 
 def rank_main(rank, port, args, queue):
@@ -104,7 +106,7 @@ def main():
     p.add_argument("--local", action="store_true", help="ranks share memory as one machine (roce only)")
     args = p.parse_args()
     results = spawn_ranks(rank_main, args.ranks, args)
-    keys = ["fds", "threads", "listen", "rss_kib", "registered"]
+    keys = ["fds", "threads", "listen", "rss_kib", "registered", "devices"]
     where = "one machine" if args.local else f"each its own machine, {args.transport}"
     print(f"# {args.backend}: {args.ranks} ranks ({where}); per rank, maximum over ranks, "
           "after the world group plus N groups")

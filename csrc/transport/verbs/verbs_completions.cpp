@@ -301,7 +301,7 @@ std::string VerbsTransport::checkPeers() {
   // error fails every group; an error naming a CQ or queue pair only the
   // group (or peer) it belongs to.
   std::string e = dev_->asyncError();
-  if (e.empty()) e = cqs_->errorOn(*dev_);
+  if (e.empty() && cqs_) e = cqs_->errorOn(*dev_);  // no CQs before the first connection
   if (!e.empty()) {
     failAll(e);
     return e;
