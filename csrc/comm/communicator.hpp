@@ -51,8 +51,10 @@ class Communicator {
   // is derived from the parent's (deriveRoster, named by `groupName`, which
   // every member passes alike). Collective over the members only. `store` is
   // used for the members' shared-memory names, if any share a machine.
-  Communicator(const Communicator& parent, Bootstrap& store, const Config& cfg, int rank,
-               const std::vector<int>& parentRanks, const std::string& groupName, std::chrono::milliseconds timeout);
+  // The subgroup runs with the parent's settings as the parent read them
+  // (every rank checked them equal then; the environment is not read again).
+  Communicator(const Communicator& parent, Bootstrap& store, int rank, const std::vector<int>& parentRanks,
+               const std::string& groupName, std::chrono::milliseconds timeout);
   ~Communicator();
   // Store operations this group's formation made (tests count them).
   int formationStoreOps() const { return formationStoreOps_; }
@@ -242,10 +244,12 @@ class Communicator {
   void transportsFailAll(const std::string& why);
 
   Config cfg_;
+  const Config baseCfg_;  // as given, before the roster resolved anything: what subgroups inherit
   Topology topo_;
   Roster roster_;                       // what subgroups derive theirs from
   std::shared_ptr<VerbsDevice> verbsDev_;  // the process's, when this rank opened one
   int formationStoreOps_ = 0;
+  bool fromParent_ = false;  // formed by deriveRoster, with no join
   std::chrono::milliseconds timeout_;
   // Where the process's front desk leaves this group's connections (closed
   // last: a connection arriving meanwhile is simply dropped).

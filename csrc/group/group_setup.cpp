@@ -78,7 +78,7 @@ std::string hex64(uint64_t v) {
 
 Communicator::Communicator(Bootstrap& outerStore, const Config& cfg, int rank, int size, int globalRank,
                            std::chrono::milliseconds timeout)
-    : cfg_(cfg), timeout_(timeout) {
+    : cfg_(cfg), baseCfg_(cfg), timeout_(timeout) {
   const auto deadline = Clock::now() + timeout_;
   CountingBootstrap store(outerStore, formationStoreOps_);
   raiseDescriptorLimit();
@@ -120,12 +120,13 @@ Communicator::Communicator(Bootstrap& outerStore, const Config& cfg, int rank, i
   form(store, std::move(joined.roster), joined.incarnation, rank, deadline);
 }
 
-Communicator::Communicator(const Communicator& parent, Bootstrap& outerStore, const Config& cfg, int rank,
+Communicator::Communicator(const Communicator& parent, Bootstrap& outerStore, int rank,
                            const std::vector<int>& parentRanks, const std::string& groupName,
                            std::chrono::milliseconds timeout)
-    : cfg_(cfg), timeout_(timeout) {
+    : cfg_(parent.baseCfg_), baseCfg_(parent.baseCfg_), timeout_(timeout) {
   const auto deadline = Clock::now() + timeout_;
   CountingBootstrap store(outerStore, formationStoreOps_);
+  fromParent_ = true;
   Roster roster = deriveRoster(cfg_, parent.roster_, parentRanks, groupName);
   if (rank < 0 || rank >= static_cast<int>(roster.ranks.size()) || parentRanks[rank] != parent.rank())
     throwInvalid(str("subgroup rank ", rank, " is not this process's parent rank ", parent.rank()));
@@ -177,12 +178,18 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
     // While waiting for a neighbour's lifeline: every rank's listener was open
     // before it joined, so one that refuses connections means that rank is
     // gone (it exited after joining), and waiting longer cannot help.
+    // Its process lives on after a failed or destroyed group (the listener is
+    // the process's), so ask its front desk whether the group is still there.
     auto probe = [this](int peer) {
       return [this, peer] {
-        if (refusesConnections(endpoints_[peer]))
+        const PeerState s = probePeer(endpoints_[peer], this->rank(), peer, nonces_[this->rank()], nonces_[peer]);
+        if (s == PeerState::ProcessGone)
           throwComm(str("rank ", peer, " (host ", hostNames_[peer], ", ", endpoints_[peer].host, ":",
                         endpoints_[peer].port, ") is gone: its listener refuses connections. It exited after "
                         "joining the group; see that rank's log"));
+        if (s == PeerState::GroupGone)
+          throwComm(str("rank ", peer, " (host ", hostNames_[peer], ") left this group while it formed: its "
+                        "process lives, but destroyed the group or failed to form it; see that rank's log"));
       };
     };
     connectLifelines(*acceptor, endpoints_, nonces_, deadline, probe);
@@ -262,7 +269,12 @@ void Communicator::connectLifelines(TcpAcceptor& acceptor, const std::vector<Tcp
     throw;
   }
   for (auto& l : links) tuneSocket(l.fd);
+  // A subgroup formed from its parent is dialed before its neighbours created
+  // it (no join made them wait for each other): until a neighbour's first
+  // record, allow it the group's timeout rather than the heartbeat's.
+  const auto firstContact = fromParent_ ? timeout_ : std::chrono::milliseconds(cfg_.heartbeatTimeoutMs);
   lifeline_ = std::make_unique<Lifeline>(rank(), hostNames_[rank()], std::move(links), cfg_.heartbeatTimeoutMs,
+                                         firstContact,
                                          [this](const std::string& why) { onPeerFailure(why); });
   lifeline_->setStateProvider([this] { return progress_.snapshot(); });
 }

@@ -40,14 +40,16 @@ struct Lifeline::Peer {
   bool open = true;      // still watched
   bool departed = false; // said BYE
   Clock::time_point lastHeard;
+  bool heard = false;  // anything arrived yet (before that, firstContact_ applies)
   std::string inbuf, outbuf;
 };
 
 Lifeline::Lifeline(int rank, std::string host, std::vector<Link> links, int heartbeatTimeoutMs,
-                   std::function<void(const std::string&)> onFailure)
+                   std::chrono::milliseconds firstContact, std::function<void(const std::string&)> onFailure)
     : rank_(rank),
       host_(std::move(host)),
       heartbeatTimeout_(heartbeatTimeoutMs),
+      firstContact_(std::max(firstContact, heartbeatTimeout_)),
       onFailure_(std::move(onFailure)),
       runtime_(ProcessRuntime::get()) {
   using std::chrono::milliseconds;
@@ -196,6 +198,7 @@ void Lifeline::readFrom(size_t i) {
     if (n > 0) {
       p.inbuf.append(buf, static_cast<size_t>(n));
       p.lastHeard = Clock::now();
+      p.heard = true;
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
@@ -308,15 +311,22 @@ Clock::time_point Lifeline::tick(Clock::time_point now) {
   // group (polled() reads what poll() reports).
   for (size_t i = 0; i < peers_.size(); ++i) {
     Peer& p = peers_[i];
-    if (!p.open || p.departed || heartbeatTimeout_.count() <= 0 || now - p.lastHeard < heartbeatTimeout_) continue;
+    auto limit = [&] { return p.heard ? heartbeatTimeout_ : firstContact_; };
+    if (!p.open || p.departed || heartbeatTimeout_.count() <= 0 || now - p.lastHeard < limit()) continue;
     readFrom(i);
-    if (!p.open || p.departed || now - p.lastHeard < heartbeatTimeout_) continue;
+    if (!p.open || p.departed || now - p.lastHeard < limit()) continue;
     p.open = false;
-    failWith(str("rank ", p.rank, " (host ", p.host, ") sent no heartbeat to rank ", rank_, " for ",
-                 heartbeatTimeout_.count(), " ms although its connection is open: the process is stopped or hung "
-                 "(SIGSTOP, debugger, swapping), or its machine or network went down. "
-                 "ROCE_PG_HEARTBEAT_TIMEOUT_MS sets this limit"),
-             static_cast<int>(i));
+    if (!p.heard)
+      failWith(str("rank ", p.rank, " (host ", p.host, ") has not joined this group's lifeline with rank ", rank_,
+                   " within ", firstContact_.count(), " ms although its process accepted the connection: it did not "
+                   "create the group (a new_group, DeviceMesh or split_group call missing or late on that rank)"),
+               static_cast<int>(i));
+    else
+      failWith(str("rank ", p.rank, " (host ", p.host, ") sent no heartbeat to rank ", rank_, " for ",
+                   heartbeatTimeout_.count(), " ms although its connection is open: the process is stopped or hung "
+                   "(SIGSTOP, debugger, swapping), or its machine or network went down. "
+                   "ROCE_PG_HEARTBEAT_TIMEOUT_MS sets this limit"),
+               static_cast<int>(i));
   }
   return nextBeat_;
 }

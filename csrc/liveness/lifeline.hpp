@@ -44,8 +44,12 @@ class Lifeline : public RuntimeService {
     int fd;           // connected socket (owned from now on)
   };
   // onFailure(reason) runs on the runtime thread, once, for the first failure.
+  // `firstContact`: how long a neighbour may stay silent before its first
+  // record (a subgroup formed from its parent is dialed before the
+  // neighbour creates it, and torch puts no barrier after new_group; the
+  // group's timeout). After that, heartbeatTimeoutMs.
   Lifeline(int rank, std::string host, std::vector<Link> links, int heartbeatTimeoutMs,
-           std::function<void(const std::string&)> onFailure);
+           std::chrono::milliseconds firstContact, std::function<void(const std::string&)> onFailure);
   ~Lifeline() override;  // leaves with a FAIL notice unless leave() was called
   Lifeline(const Lifeline&) = delete;
   Lifeline& operator=(const Lifeline&) = delete;
@@ -83,6 +87,7 @@ class Lifeline : public RuntimeService {
   const int rank_;
   const std::string host_;
   const std::chrono::milliseconds heartbeatTimeout_;
+  const std::chrono::milliseconds firstContact_;
   std::function<void(const std::string&)> onFailure_;
   std::vector<Peer> peers_;
   ProcessRuntime& runtime_;

@@ -122,6 +122,23 @@ bool refusesConnections(const TcpEndpoint& ep) {
   return connectResult(fd.get()) == ECONNREFUSED;
 }
 
+PeerState probePeer(const TcpEndpoint& ep, int self, int peer, uint64_t selfNonce, uint64_t peerNonce) {
+  UniqueFd fd = startDial(ep, peer);
+  pollfd p{fd.get(), POLLOUT, 0};
+  if (poll(&p, 1, 200) <= 0) return PeerState::Maybe;
+  const int err = connectResult(fd.get());
+  if (err == ECONNREFUSED) return PeerState::ProcessGone;
+  if (err != 0 || !sendHello(fd.get(), LinkKind::Probe, self, peer, selfNonce, peerNonce)) return PeerState::Maybe;
+  p = {fd.get(), POLLIN, 0};
+  if (poll(&p, 1, 500) <= 0) return PeerState::Maybe;
+  try {
+    const auto reply = readReply(fd.get(), peer);
+    return reply == HelloReply::Gone ? PeerState::GroupGone : PeerState::Maybe;
+  } catch (const Error&) {
+    return PeerState::Maybe;  // closed without an answer: an older roce_pg, or the process is exiting
+  }
+}
+
 bool sendHello(int fd, LinkKind kind, int self, int peer, uint64_t selfNonce, uint64_t peerNonce) {
   Hello h{kHelloMagic, kHelloVersion, static_cast<uint16_t>(kind), self, peer, selfNonce, peerNonce};
   return send(fd, &h, sizeof(h), MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(h));

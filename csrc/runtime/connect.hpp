@@ -81,6 +81,11 @@ int connectResult(int fd);
 // fit an empty socket buffer. False if the other end is already gone.
 bool sendHello(int fd, LinkKind kind, int self, int peer, uint64_t selfNonce, uint64_t peerNonce);
 bool sendReply(int fd, HelloReply reply);
+// What a rank waiting for `peer` learns from asking (LinkKind::Probe): its
+// process is gone (the connection is refused), its group there is gone (the
+// front desk closed the key's mailbox), or neither (it may still come).
+enum class PeerState { Maybe, ProcessGone, GroupGone };
+PeerState probePeer(const TcpEndpoint& ep, int self, int peer, uint64_t selfNonce, uint64_t peerNonce);
 // Whether nothing listens at `ep` any more (the connection is refused within
 // a short bound; anything else, a timeout included, counts as "maybe alive").
 bool refusesConnections(const TcpEndpoint& ep);

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/eventfd.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -112,20 +113,22 @@ Clock::time_point FrontDesk::tick(Clock::time_point now) {
   pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
                                 [&](const auto& p) { return now - p->since > kHeadDeadline; }),
                  pending_.end());
-  // Parked hellos whose dialer hung up (or that waited too long). Not polled:
-  // a parked lifeline keeps receiving heartbeats, which would wake every
-  // round; a peek once a second finds the hang-up.
-  std::lock_guard<std::mutex> g(mu_);
-  parked_.erase(std::remove_if(parked_.begin(), parked_.end(),
-                               [&](const Parked& p) {
-                                 char c;
-                                 const ssize_t r = recv(p.arrival.fd.get(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-                                 const bool gone = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
-                                                              errno != EINTR);
-                                 return gone || now - p.since > kParkLimit;
-                               }),
-                parked_.end());
-  return now + std::chrono::seconds(1);
+  // Parked hellos whose dialer hung up (or that waited too long). Not polled
+  // for input: a parked lifeline keeps receiving heartbeats, which would wake
+  // every round. Once a second, a zero-timeout poll for the hang-up itself
+  // (POLLRDHUP: also when unread heartbeats sit in front of the EOF).
+  if (now >= nextParkCheck_) {
+    nextParkCheck_ = now + std::chrono::seconds(1);
+    std::lock_guard<std::mutex> g(mu_);
+    parked_.erase(std::remove_if(parked_.begin(), parked_.end(),
+                                 [&](const Parked& p) {
+                                   pollfd q{p.arrival.fd.get(), POLLRDHUP, 0};
+                                   const bool gone = poll(&q, 1, 0) > 0 && (q.revents & (POLLRDHUP | POLLHUP | POLLERR));
+                                   return gone || now - p.since > kParkLimit;
+                                 }),
+                  parked_.end());
+  }
+  return std::min(now + std::chrono::seconds(1), nextParkCheck_);
 }
 
 void FrontDesk::addPollFds(std::vector<pollfd>& fds) {
@@ -203,6 +206,10 @@ bool FrontDesk::readHead(Pending& p) {
 
 void FrontDesk::route(uint64_t key, Arrival a) {
   std::lock_guard<std::mutex> g(mu_);  // with open(): a hello is delivered or parked, never lost
+  if (a.kind == LinkKind::Probe) {
+    sendReply(a.fd.get(), closed_.count(key) ? HelloReply::Gone : HelloReply::Accepted);
+    return;
+  }
   if (auto it = boxes_.find(key); it != boxes_.end()) {
     it->second->deliver(std::move(a));
     return;

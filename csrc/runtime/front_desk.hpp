@@ -105,6 +105,7 @@ class FrontDesk : public RuntimeService {
     Clock::time_point since;
   };
   std::vector<Parked> parked_;
+  Clock::time_point nextParkCheck_{};  // the runtime thread's only
   std::vector<std::unique_ptr<Pending>> pending_;  // the runtime thread's only
 };
 

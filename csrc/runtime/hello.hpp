@@ -20,7 +20,10 @@ constexpr uint32_t kHelloMagic = 0x526f4345;  // "RoCE"
 // destination's nonce (one listener per process, issue 27).
 constexpr uint16_t kHelloVersion = 4;
 
-enum class LinkKind : uint16_t { Mesh = 1, Lifeline = 2, Join = 3 };
+// Probe: answered by the front desk itself (Gone if the key's mailbox was
+// closed, else Accepted), never delivered: a forming rank asks whether a
+// neighbour's group still exists on a process that is alive.
+enum class LinkKind : uint16_t { Mesh = 1, Lifeline = 2, Join = 3, Probe = 4 };
 
 struct Hello {
   uint32_t magic;

@@ -84,7 +84,10 @@ void ProcessRuntime::loop() {
         slices.push_back({a, begin, fds.size()});
       }
     }
-    const long long ms = std::clamp<long long>(msLeft(until), 0, 1000);
+    // Rounded up: with less than a millisecond left, poll(0) would spin
+    // through every service's tick until the time comes.
+    const long long ms =
+        std::clamp<long long>(std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count(), 0, 1000);
     // A descriptor a detached service closed meanwhile reads POLLNVAL (or, if
     // reused, readable): either only costs an early round.
     if (poll(fds.data(), fds.size(), static_cast<int>(ms)) < 0 && errno != EINTR) 

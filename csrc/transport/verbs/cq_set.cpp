@@ -32,6 +32,7 @@ CqSet::~CqSet() {
   for (auto& c : cqs_) {
     if (c.unacked) ibv_ack_cq_events(c.cq, c.unacked);
     ibv_destroy_cq(c.cq);
+    dev_.forget(c.cq);
   }
   if (channel_) ibv_destroy_comp_channel(channel_);
 }

@@ -82,7 +82,10 @@ VerbsTransport::~VerbsTransport() {
 }
 
 void VerbsTransport::releasePeerResources(Peer& peer) {
-  for (auto& q : peer.qps) ibv_destroy_qp(q.qp);
+  for (auto& q : peer.qps) {
+    ibv_destroy_qp(q.qp);  // returns once its async events were acked (and recorded)
+    dev_->forget(q.qp);
+  }
   peer.qps.clear();
   if (peer.ctrlMr) {
     ibv_dereg_mr(peer.ctrlMr);

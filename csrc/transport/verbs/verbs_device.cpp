@@ -158,7 +158,8 @@ VerbsDevice::VerbsDevice(const VerbsPortChoice& choice, const Config& cfg) : cho
   if (!pd_) throwComm(str("ibv_alloc_pd on ", choice.device, " failed: ", std::strerror(errno)));
   int fl = fcntl(ctx_->async_fd, F_GETFL);
   fcntl(ctx_->async_fd, F_SETFL, fl | O_NONBLOCK);
-  ProcessRuntime::get().attach(this);  // its async events
+  runtime_ = &ProcessRuntime::get();
+  runtime_->attach(this);  // its async events
   attached_ = true;
   devicesOpen.fetch_add(1);
   ROCE_INFO("verbs: ", describe(), ", max_msg_sz ", portAttr_.max_msg_sz, ", max_qp_wr ", devAttr_.max_qp_wr);
@@ -166,7 +167,7 @@ VerbsDevice::VerbsDevice(const VerbsPortChoice& choice, const Config& cfg) : cho
 
 VerbsDevice::~VerbsDevice() {
   if (attached_) {
-    ProcessRuntime::get().detach(this);
+    runtime_->detach(this);  // the runtime it attached to (a forked child has another)
     devicesOpen.fetch_sub(1);
   }
   if (pd_) ibv_dealloc_pd(pd_);
@@ -192,6 +193,11 @@ std::string VerbsDevice::qpError(const ibv_qp* qp) const {
   return it == objectErrors_.end() ? std::string() : it->second;
 }
 
+void VerbsDevice::forget(const void* object) {
+  std::lock_guard<std::mutex> g(mu_);
+  objectErrors_.erase(object);
+}
+
 std::string VerbsDevice::cqError(const ibv_cq* cq) const {
   std::lock_guard<std::mutex> g(mu_);
   auto it = objectErrors_.find(cq);
@@ -213,8 +219,9 @@ void VerbsDevice::polled(const pollfd* fds, size_t n) {
                                    type == IBV_EVENT_PORT_ERR);
     const void* object = qpEvent ? static_cast<const void*>(ev.element.qp)
                          : type == IBV_EVENT_CQ_ERR ? static_cast<const void*>(ev.element.cq) : nullptr;
-    ibv_ack_async_event(&ev);
     if (fatal) {
+      // Recorded before the ack: destroying the QP or CQ waits for the ack,
+      // so the object (and its address) is still the one the event named.
       const std::string what =
           str("asynchronous RDMA error on ", describe(), ": ", ibv_event_type_str(type),
               type == IBV_EVENT_PORT_ERR ? " (the port went down: check the link / cable / switch)" : "");
@@ -222,6 +229,7 @@ void VerbsDevice::polled(const pollfd* fds, size_t n) {
       if (object) objectErrors_.emplace(object, what);
       else if (asyncError_.empty()) asyncError_ = what;
     }
+    ibv_ack_async_event(&ev);
     ROCE_WARN("verbs async event on ", choice_.device, ": ", ibv_event_type_str(type));
   }
 }

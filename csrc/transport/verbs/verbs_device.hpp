@@ -63,6 +63,9 @@ class VerbsDevice : public RuntimeService {
   // First fatal asynchronous event naming this queue pair / CQ, empty if none.
   std::string qpError(const ibv_qp* qp) const;
   std::string cqError(const ibv_cq* cq) const;
+  // Before a QP or CQ is destroyed: its error, if any, must not be pinned on
+  // a later object at the same address (the device outlives the groups).
+  void forget(const void* object);
   // Registers memory, with the memlock fix in the error message on failure.
   ibv_mr* registerMemory(void* addr, size_t len, int access, const char* what);
 
@@ -82,6 +85,7 @@ class VerbsDevice : public RuntimeService {
   std::string asyncError_;
   std::map<const void*, std::string> objectErrors_;  // by ibv_qp* / ibv_cq*
   bool attached_ = false;
+  ProcessRuntime* runtime_ = nullptr;
 };
 
 std::string gidToString(const ibv_gid& g);
