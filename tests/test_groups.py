@@ -63,7 +63,11 @@ def test_create_and_destroy_64_groups_leaves_nothing_behind():
     results = run_group("tests.group_workers.cycles", 4, env=FOUR_MACHINES)
     for rank, samples in enumerate(results):
         first, mid, last = samples
-        assert last["fds"] <= first["fds"] and last["threads"] <= first["threads"], samples
+        # 60 cycles between the samples: a leak of one descriptor or thread
+        # per group would show 60. The slack is for what is in flight when a
+        # sample is taken (a peer's probe or dial the front desk is reading,
+        # a thread torch starts lazily).
+        assert last["fds"] <= first["fds"] + 3 and last["threads"] <= first["threads"] + 1, samples
         assert last["mailboxes"] == first["mailboxes"] == 1, samples  # the world group's
         assert last["listen"] == (2 if rank == 0 else 1) and last["runtime_threads"] == 1, samples
         # RSS: allocator noise only (a leaked group holds ~0.3 MiB: 60 would be 18 MiB).
