@@ -19,34 +19,7 @@ import argparse
 import os
 
 from local_ranks import spawn_ranks
-
-
-def _socket_inodes():
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    return inodes
-
-
-def _listening_ports():
-    """TCP ports this process listens on (LISTEN state 0A, inode it holds)."""
-    mine, ports = _socket_inodes(), set()
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f)
-                for line in f:
-                    cols = line.split()
-                    if cols[3] == "0A" and cols[9] in mine:
-                        ports.add(int(cols[1].rsplit(":", 1)[1], 16))
-        except OSError:
-            pass
-    return len(ports)
+from proc_counts import listening_ports
 
 
 def _rss_kib():
@@ -65,7 +38,7 @@ def _snapshot(groups, backend):
         registered = sum(roce_pg.counters(g)["registered_bytes"] for g in groups)
         devices = roce_pg._C._runtime_stats()["verbs_devices"]  # RDMA device contexts this process holds
     return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
-            "listen": _listening_ports(), "rss_kib": _rss_kib(), "registered": registered, "devices": devices}
+            "listen": listening_ports(), "rss_kib": _rss_kib(), "registered": registered, "devices": devices}
 
 
 def rank_main(rank, port, args, queue):

@@ -11,44 +11,14 @@ import torch.distributed as dist
 
 import roce_pg
 
+from benchmarks.proc_counts import listening_ports, threads_named
+
 from .connection_workers import _store_barrier
-
-
-def _threads_named(name):
-    n = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                n += f.read().strip() == name
-        except OSError:
-            pass
-    return n
-
-
-def _listening_ports():
-    """TCP ports this process listens on (sockets it holds in LISTEN state)."""
-    mine = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            mine.add(link[8:-1])
-    ports = set()
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        with open(table) as f:
-            next(f)
-            for line in f:
-                cols = line.split()
-                if cols[3] == "0A" and cols[9] in mine:
-                    ports.add(int(cols[1].rsplit(":", 1)[1], 16))
-    return len(ports)
 
 
 def _cost():
     return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
-            "listen": _listening_ports(), "runtime_threads": _threads_named("roce-runtime")}
+            "listen": listening_ports(), "runtime_threads": threads_named("roce-runtime")}
 
 
 def _check_allreduce(group, members, rank, n=1000):
