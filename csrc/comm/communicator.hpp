@@ -51,10 +51,11 @@ class Communicator {
   // is derived from the parent's (deriveRoster, named by `groupName`, which
   // every member passes alike). Collective over the members only. `store` is
   // used for the members' shared-memory names, if any share a machine.
-  // The subgroup runs with the parent's settings as the parent read them
-  // (every rank checked them equal then; the environment is not read again).
-  Communicator(const Communicator& parent, Bootstrap& store, int rank, const std::vector<int>& parentRanks,
-               const std::string& groupName, std::chrono::milliseconds timeout);
+  // `cfg` is read at the subgroup's creation, as for any group (a job may
+  // set ROCE_PG_ALGO* per group); with no leader, nothing compares it
+  // across the members: they must set the same values (README).
+  Communicator(const Communicator& parent, Bootstrap& store, const Config& cfg, int rank,
+               const std::vector<int>& parentRanks, const std::string& groupName, std::chrono::milliseconds timeout);
   ~Communicator();
   // Store operations this group's formation made (tests count them).
   int formationStoreOps() const { return formationStoreOps_; }
@@ -244,7 +245,6 @@ class Communicator {
   void transportsFailAll(const std::string& why);
 
   Config cfg_;
-  const Config baseCfg_;  // as given, before the roster resolved anything: what subgroups inherit
   Topology topo_;
   Roster roster_;                       // what subgroups derive theirs from
   std::shared_ptr<VerbsDevice> verbsDev_;  // the process's, when this rank opened one

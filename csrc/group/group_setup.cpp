@@ -78,7 +78,7 @@ std::string hex64(uint64_t v) {
 
 Communicator::Communicator(Bootstrap& outerStore, const Config& cfg, int rank, int size, int globalRank,
                            std::chrono::milliseconds timeout)
-    : cfg_(cfg), baseCfg_(cfg), timeout_(timeout) {
+    : cfg_(cfg), timeout_(timeout) {
   const auto deadline = Clock::now() + timeout_;
   CountingBootstrap store(outerStore, formationStoreOps_);
   raiseDescriptorLimit();
@@ -120,10 +120,10 @@ Communicator::Communicator(Bootstrap& outerStore, const Config& cfg, int rank, i
   form(store, std::move(joined.roster), joined.incarnation, rank, deadline);
 }
 
-Communicator::Communicator(const Communicator& parent, Bootstrap& outerStore, int rank,
+Communicator::Communicator(const Communicator& parent, Bootstrap& outerStore, const Config& cfg, int rank,
                            const std::vector<int>& parentRanks, const std::string& groupName,
                            std::chrono::milliseconds timeout)
-    : cfg_(parent.baseCfg_), baseCfg_(parent.baseCfg_), timeout_(timeout) {
+    : cfg_(cfg), timeout_(timeout) {
   const auto deadline = Clock::now() + timeout_;
   CountingBootstrap store(outerStore, formationStoreOps_);
   fromParent_ = true;

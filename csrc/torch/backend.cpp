@@ -95,7 +95,7 @@ RoceBackend::RoceBackend(const RoceBackend& parent, const c10::intrusive_ptr<c10
     if (!parent.engine_ || !parent.engine_->hasComm())
       throwInvalid(str("cannot form subgroup ", groupName, " from its parent group: the parent was shut down or "
                        "aborted. Create subgroups while the parent lives, or set ROCE_PG_SUBGROUPS=join"));
-    start(std::make_unique<Communicator>(parent.engine_->comm(), bs, rank, parentRanks, groupName, timeout));
+    start(std::make_unique<Communicator>(parent.engine_->comm(), bs, cfg_, rank, parentRanks, groupName, timeout));
   } catch (const Error& e) {
     C10_THROW_ERROR(DistBackendError, e.what());
   }
