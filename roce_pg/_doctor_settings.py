@@ -28,7 +28,7 @@ SETTINGS = {
     "ROCE_PG_ALGO_ALLREDUCE": ("choice", _ALLREDUCE),
     "ROCE_PG_ALGO_ALLREDUCE_ACROSS": ("choice", ("auto", "rd", "rabenseifner", "ring", "tree")),
     "ROCE_PG_CONNECT": ("choice", ("lazy", "eager")),
-    "ROCE_PG_SUBGROUPS": ("choice", ("parent", "join")),
+    "ROCE_PG_SUBGROUPS": ("choice", ("join", "parent")),
     "ROCE_PG_ALGO_ALLGATHER": ("choice", ("auto", "shm", "ring", "bruck", "hier")),
     "ROCE_PG_ALGO_REDUCE_SCATTER": ("choice", ("auto", "shm", "ring", "hier")),
     "ROCE_PG_ALGO_BROADCAST": ("choice", ("auto", "shm", "binomial", "chain")),

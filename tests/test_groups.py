@@ -7,7 +7,7 @@ Four ranks, each its own simulated machine over TCP unless a test says
 otherwise, so every peer is a network peer as on a cluster."""
 from .harness import TCP, run_group
 
-FOUR_MACHINES = {**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "1"}
+FOUR_MACHINES = {**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "1", "ROCE_PG_SUBGROUPS": "parent"}
 
 
 def test_subgroups_form_without_a_join():
@@ -22,8 +22,9 @@ def test_subgroups_form_without_a_join():
         assert r["stats"]["parked"] == 0, r["stats"]
 
 
-def test_subgroups_join_when_asked_to():
-    results = run_group("tests.group_workers.subgroups", 4, env={**FOUR_MACHINES, "ROCE_PG_SUBGROUPS": "join"})
+def test_subgroups_join_by_default():
+    default = {k: v for k, v in FOUR_MACHINES.items() if k != "ROCE_PG_SUBGROUPS"}
+    results = run_group("tests.group_workers.subgroups", 4, env=default)
     for r in results:
         assert all(v >= 2 for v in r["ops"].values()), r["ops"]
 
@@ -32,7 +33,8 @@ def test_subgroups_on_one_machine_share_memory():
     # Two machines of two ranks: a subgroup within a machine exchanges its
     # shared-memory segment names through the store (its only store use);
     # across machines nothing.
-    results = run_group("tests.group_workers.subgroups", 4, env={**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "2"})
+    results = run_group("tests.group_workers.subgroups", 4,
+                        env={**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "2", "ROCE_PG_SUBGROUPS": "parent"})
     for r in results:
         ops = r["ops"]
         if "[3, 0]" in ops:
@@ -76,7 +78,7 @@ def test_create_and_destroy_64_groups_leaves_nothing_behind():
 
 def test_two_groups_progress_from_two_threads():
     run_group("tests.group_workers.two_threads", 4, env=FOUR_MACHINES)
-    run_group("tests.group_workers.two_threads", 4, env={**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "2"})
+    run_group("tests.group_workers.two_threads", 4, env={**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "2"})  # joined subgroups
 
 
 def test_a_destroyed_subgroup_leaves_the_others_working():

@@ -55,7 +55,7 @@ Config Config::read(EnvReader& r) {
   c.algoAllreduce = r.oneOf("ROCE_PG_ALGO_ALLREDUCE", r.oneOf("ROCE_PG_ALGO", "auto", kAllreduceAlgos), kAllreduceAlgos);
   c.algoAllreduceAcross = r.oneOf("ROCE_PG_ALGO_ALLREDUCE_ACROSS", "auto", {"auto", "rd", "rabenseifner", "ring", "tree"});
   c.connect = r.oneOf("ROCE_PG_CONNECT", "lazy", {"lazy", "eager"});
-  c.subgroups = r.oneOf("ROCE_PG_SUBGROUPS", "parent", {"parent", "join"});
+  c.subgroups = r.oneOf("ROCE_PG_SUBGROUPS", "join", {"join", "parent"});
   c.algoAllgather = r.oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "shm", "ring", "bruck", "hier"});
   c.algoReduceScatter = r.oneOf("ROCE_PG_ALGO_REDUCE_SCATTER", "auto", {"auto", "shm", "ring", "hier"});
   c.algoBroadcast = r.oneOf("ROCE_PG_ALGO_BROADCAST", "auto", {"auto", "shm", "binomial", "chain"});

@@ -53,10 +53,11 @@ struct Config {
   // a point-to-point call first needs a peer, so a rank connects to the peers
   // it talks to; "eager" connects every pair at init (the old full mesh).
   std::string connect = "lazy";          // ROCE_PG_CONNECT: lazy|eager
-  // How a subgroup of a roce world group forms (issue 27): "parent" derives
-  // its roster from the world group's, with no join of its own; "join" joins
-  // through the store like any group. Every rank must agree (algorithmSettings).
-  std::string subgroups = "parent";      // ROCE_PG_SUBGROUPS: parent|join
+  // How a subgroup of a roce world group forms (issue 27): "join" joins
+  // through the store like any group (the leader compares every member's
+  // settings); "parent" derives its roster from the world group's, with no
+  // join and no comparison. Every rank must agree (algorithmSettings).
+  std::string subgroups = "join";        // ROCE_PG_SUBGROUPS: join|parent
   // Interface whose IPv4 address peers use to reach this rank over TCP.
   std::string socketIfname;              // ROCE_PG_SOCKET_IFNAME
   // Pipelining granularity of the ring algorithms.

@@ -88,7 +88,8 @@ def groups(phases):
                                                                   "ROCE_PG_IB_SLOTS": "64"})
         g["subgroups/verbs4"] = _group("verbs4", "tests.api_workers.groups")
         # issue 27: subgroups from the world's roster, one device context per process
-        g["shared_runtime/verbs4"] = _group("verbs4", "tests.group_workers.verbs_groups")
+        g["shared_runtime/verbs4"] = _group("verbs4", "tests.group_workers.verbs_groups",
+                                            env={"ROCE_PG_SUBGROUPS": "parent"})
         g["skipped_collective/verbs2"] = _group("verbs2", "tests.api_workers.skipped_collective",
                                                 env={"TEST_PG_TIMEOUT_S": "3"})
         g["per_call_timeout/verbs2"] = _group("verbs2", "tests.api_workers.per_call_timeout",
