@@ -240,7 +240,7 @@ class Communicator {
                         Clock::time_point deadline, const std::function<std::function<void()>(int)>& probe);
   // ROCE_PG_CONNECT=eager: connects every network peer before init returns.
   void connectAll(const std::vector<bool>& viaNet, Clock::time_point deadline);
-  void onPeerFailure(const std::string& why);  // from the lifeline thread
+  void onPeerFailure(const std::string& why);  // from the runtime thread (the lifeline)
   [[noreturn]] void throwFailure(const std::string& msg);
   void transportsFailAll(const std::string& why);
 
@@ -266,7 +266,7 @@ class Communicator {
   std::vector<Transport*> routes_;  // per peer; null for self
   std::vector<bool> viaShm_;        // per peer: served by shared memory (for the counters)
   Counters counters_;
-  OpProgress progress_;  // before lifeline_: its thread reads this until it is joined
+  OpProgress progress_;  // before lifeline_: the runtime thread reads this until the lifeline detaches
   std::vector<Request*> anySource_;
   Wakeup wakeup_;
   std::vector<pollfd> waitFds_;  // reused by blockUntilActivity

@@ -37,7 +37,8 @@ class ConnectionManager {
  public:
   // A connection to `peer` became usable (the hello was answered "accepted").
   using Connected = std::function<void(int peer, UniqueFd fd)>;
-  // `peer` cannot be reached: its listener refused (the process exited or left the group).
+  // `peer` cannot be reached: its process's listener refused (it exited), or its
+  // front desk answered Gone (it destroyed the group).
   using Failed = std::function<void(int peer, const std::string& why)>;
 
   // `endpoints` and `hostNames` (per group rank) must outlive the manager;

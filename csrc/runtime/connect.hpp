@@ -68,8 +68,9 @@ UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint
 // (csrc/comm/connection_manager.*). A data connection (LinkKind::Mesh) is
 // used only after the acceptor answered its hello: when two ranks dial each
 // other at once, the acceptor tells the loser its dial was superseded.
-// Gone: the front desk found no group behind the hello's key (the peer
-// destroyed the group, or is a later incarnation): the dialer stops trying.
+// Gone: the front desk's mailbox for the hello's key was closed (the peer's
+// process destroyed that group): the dialer stops trying. Keys never seen
+// are parked, not answered.
 enum class HelloReply : uint16_t { Accepted = 1, Superseded = 2, Gone = 3 };
 
 // Starts a non-blocking connect() to `ep`; the socket polls writable once it

@@ -247,8 +247,6 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   });
-  // The settings every rank of a group must share ("NAME=value ..."): what
-  // joining a group compares (Config::algorithmSettings()); for the doctor's test.
   // The per-process runtime (issue 27), for tests and the doctor: what every
   // group of this process shares.
   m.def("_runtime_stats", [] {
@@ -261,6 +259,8 @@ PYBIND11_MODULE(_C, m) {
     d["verbs_devices"] = roce::VerbsDevice::openCount();
     return d;
   });
+  // The settings every rank of a group must share ("NAME=value ..."): what
+  // joining a group compares (Config::algorithmSettings()); for the doctor's test.
   m.def("_algorithm_settings", [] { return roce::Config::fromEnv().algorithmSettings(); });
   m.def("rdma_ports", [] {
     py::list out;
