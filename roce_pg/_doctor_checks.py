@@ -63,6 +63,12 @@ class Machine:
         except ValueError as e:
             return -1, f"ROCE_PG_IB_GID_INDEX={e}"
 
+    def rails(self) -> List[sysfs.Choice]:
+        """Every port this process would drive (a one-element list with port None if none)."""
+        idx, _ = self.gid_index_setting()
+        return sysfs.choose_ports(self.ports, self.get("ROCE_PG_IB_HCA"), idx, (self.verbs or {}).get("order"),
+                                  sysfs.process_numa_nodes(self.root))
+
     def choice(self) -> sysfs.Choice:
         idx, _ = self.gid_index_setting()
         return sysfs.choose_port(self.ports, self.get("ROCE_PG_IB_HCA"), idx,
@@ -78,24 +84,25 @@ class Machine:
         except ValueError:
             return default
 
-    def registered_bytes(self, peers: int) -> int:
+    def registered_bytes(self, peers: int, rails: int = 1) -> int:
         """Bytes the verbs transport registers per rank once connected to `peers`
         peers: the landing pool, the staging pool (a quarter of it) and each
         peer's control rings. Mirrors verbsRegisteredBytes in
         csrc/transport/verbs/verbs_connect.cpp (tests/test_doctor.py checks that
         they agree); with ROCE_PG_NCHANNELS unset it assumes the most channels
-        (4 queue pairs per peer), since auto depends on the job's layout."""
+        (4 queue pairs per peer), since auto depends on the job's layout. With
+        `rails` ports everything is registered once per port."""
         pool = self._setting("ROCE_PG_IB_POOL_BYTES", DEFAULT_POOL)
         slot = self._setting("ROCE_PG_IB_SLOT_BYTES", DEFAULT_SLOT)
         cap = self._setting("ROCE_PG_IB_SLOTS", DEFAULT_SLOTS)
         qps = max(self._setting("ROCE_PG_IB_QPS_PER_CONNECTION", 1),
-                  self._setting("ROCE_PG_NCHANNELS", 0) or MAX_AUTO_CHANNELS)  # 0: auto
+                  self._setting("ROCE_PG_NCHANNELS", 0) or MAX_AUTO_CHANNELS, rails)  # 0: auto
         stride = (64 + slot + 63) & ~63
         page = lambda n: (n + 4095) & ~4095  # noqa: E731
         landing = page(pool // stride * stride)
         staging = page(max(pool // 4, 2 * stride) // stride * stride)
         per_peer = qps * ((cap + 32 + 4) + max(128, 2 * cap + 64)) * 64
-        return landing + staging + peers * per_peer
+        return rails * (landing + staging + peers * per_peer)
 
 
 def check_host(m: Machine) -> Row:
@@ -327,10 +334,14 @@ def check_choice(m: Machine) -> Optional[Row]:
         else:
             fix = "give the RoCE netdev an IPv4 address (see the GID rows)"
         return Row("roce will use", FAIL, f"{c.why}; ports seen: {c.seen}", fix)
+    rails = m.rails()
+    names = ", ".join(r.port.name + (f" (NUMA {r.port.numa_node})" if r.port.numa_node >= 0 else "") for r in rails)
+    how = ("every ACTIVE port matching ROCE_PG_IB_HCA" if m.get("ROCE_PG_IB_HCA") else
+           "every ACTIVE port near this process's CPUs (NUMA nodes "
+           f"{sorted(sysfs.process_numa_nodes(m.root)) or 'unknown'})")
     if not c.port.ethernet:
-        return Row("roce will use", OK, f"{c.port.name} ({c.why})")
-    return Row("roce will use", OK, f"{c.port.name} (the first ACTIVE port"
-               f"{' matching ROCE_PG_IB_HCA' if m.get('ROCE_PG_IB_HCA') else ''}; ports seen: {c.seen})")
+        return Row("roce will use", OK, f"{names} ({how}; {c.why})")
+    return Row("roce will use", OK, f"{names} ({how}, at most {sysfs.MAX_RAILS}; ports seen: {c.seen})")
 
 
 def check_gid_index(m: Machine) -> Optional[Row]:
@@ -417,10 +428,13 @@ def check_memlock(m: Machine, remote_peers: Optional[int] = None) -> Row:
         return Row("memlock", WARN, "cannot read the locked-memory limit", "")
     soft, hard = limits
     peers = max(1, remote_peers or 1)
-    transport = m.registered_bytes(peers)
+    rails = len([c for c in m.rails() if c.port is not None]) or 1 if m.ports else 1
+    transport = m.registered_bytes(peers, rails)
     how = (f"RDMA registers {fmt_bytes(transport)} per rank with {peers} connected peer{'s' if peers > 1 else ''} "
-           f"(ROCE_PG_IB_POOL_BYTES + a quarter of it + {fmt_bytes(m.registered_bytes(1) - m.registered_bytes(0))} "
-           f"per peer), and zero-copy registrations take up to half of the limit")
+           f"(ROCE_PG_IB_POOL_BYTES + a quarter of it + "
+           f"{fmt_bytes(m.registered_bytes(1) - m.registered_bytes(0))} per peer"
+           f"{f', on each of {rails} ports' if rails > 1 else ''}), and zero-copy registrations take up to half "
+           f"of the limit")
     if soft == sysfs.UNLIMITED:
         return Row("memlock", OK, f"ulimit -l unlimited; {how}")
     need = transport + min(1 << 30, soft // 2)  # the zero-copy cache sizes itself to half the limit

@@ -151,7 +151,7 @@ def run(args):
     mine = machines[machine]
     is_leader = rank == mine["ranks"][0]
 
-    info = {"rank": rank, "machine": machine, "ext_error": ext_error, "env": _roce_env()}
+    info = {"rank": rank, "machine": machine, "ext_error": ext_error, "env": _roce_env(), "nics": _my_nics(rank)}
     if is_leader:
         remote = world - len(mine["ranks"])
         try:
@@ -171,6 +171,7 @@ def run(args):
             row.host = lab
             rows.append(row)
     rows += _agreement_rows(infos, machines, by_rank, leaders)
+    rows += _nic_rows(infos, machines, by_rank)
 
     # roce on the whole job: one allreduce over every rank (shared memory inside a
     # machine, the network transport between machines).
@@ -220,6 +221,38 @@ def run(args):
     dist.broadcast_object_list(code, src=0)
     dist.destroy_process_group()
     return code[0]
+
+
+def _my_nics(rank):
+    """The RDMA ports this rank would drive (the extension's own choice:
+    ROCE_PG_IB_HCA, else the ports near its CPUs), or why none."""
+    try:
+        import roce_pg
+        ports, why = roce_pg._C._chosen_ports(rank)
+    except Exception as e:  # noqa: BLE001 - no extension: reported by the import row
+        return {"ports": [], "why": f"{type(e).__name__}: {e}"}
+    return {"ports": [f"{p['device']}:{p['port']}" + (f" (NUMA {p['numa_node']})" if p["numa_node"] >= 0 else "")
+                      for p in ports], "why": why}
+
+
+def _nic_rows(infos, machines, by_rank):
+    """One row per machine: rank -> the NICs it drives."""
+    rows = []
+    for m in machines.values():
+        parts, missing = [], []
+        for r in m["ranks"]:
+            nics = by_rank[r].get("nics") or {"ports": [], "why": "not reported"}
+            parts.append(f"rank {r}: {', '.join(nics['ports']) or 'none'}")
+            if not nics["ports"]:
+                missing.append(f"rank {r}: {nics['why']}")
+        # None at all is the port rows' business (they say why); some without is not.
+        mixed = missing and len(missing) < len(m["ranks"])
+        row = Row("rank -> NIC", WARN if mixed else OK, "; ".join(parts)[:1500] +
+                  (f" ({'; '.join(missing)})"[:600] if missing else ""),
+                  "see the port rows; ROCE_PG_IB_HCA chooses the ports" if mixed else "")
+        row.host = m["label"]
+        rows.append(row)
+    return rows
 
 
 def _agreement_rows(infos, machines, by_rank, leaders):

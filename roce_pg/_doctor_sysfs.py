@@ -3,8 +3,8 @@ configurable root so that tests can hand it a fake tree. No torch, no verbs
 calls (those are in _doctor_verbs.py), no subprocesses: every fork costs tens
 of milliseconds in an emulated VM, and rxe has 1024 GID entries per port.
 
-The port/GID choice below mirrors csrc/transport/verbs/verbs_device.cpp
-(chooseVerbsPort, autoGidIndex, HcaFilter): keep them in step.
+The port/GID choice below mirrors csrc/transport/verbs/port_choice.cpp
+(chooseVerbsPorts, nearestPorts, autoGidIndex, HcaFilter): keep them in step.
 """
 import ipaddress
 import os
@@ -117,6 +117,7 @@ class Port:
     active_mtu: Optional[int] = None
     max_mtu: Optional[int] = None
     max_msg_sz: Optional[int] = None
+    numa_node: int = -1           # the NIC's NUMA node (sysfs), -1 unknown
 
     @property
     def name(self) -> str:
@@ -163,6 +164,8 @@ def read_ports(root: Root) -> List[Port]:
                         phys_state=_after_colon(root.read(f"{base}/phys_state")),
                         link_layer=root.read(f"{base}/link_layer") or "?",
                         rate=root.read(f"{base}/rate") or "")
+            node = root.read(f"/sys/class/infiniband/{dev}/device/numa_node")
+            port.numa_node = int(node) if node and node.lstrip("-").isdigit() else -1
             entries = [e for e in root.listdir(f"{base}/gids") if e.isdigit()]
             port.gid_tbl_len = len(entries)
             for e in entries:
@@ -232,20 +235,28 @@ class Choice:
     seen: str = ""         # the ports looked at, like the extension's message
 
 
-def choose_port(ports: List[Port], hca: str = "", gid_index: int = -1,
-                order: Optional[List[str]] = None) -> Choice:
-    """The port and GID roce would use: devices in libibverbs order (`order`, else
-    by name), ports ascending, the first ACTIVE port that passes the filter and,
-    on Ethernet, has a GID index inside the table."""
+MAX_RAILS = 4  # kMaxRails: ports one rank drives
+
+
+def usable_ports(ports: List[Port], hca: str = "", gid_index: int = -1,
+                 order: Optional[List[str]] = None) -> List[Choice]:
+    """Every port roce could drive: devices in libibverbs order (`order`, else by
+    name), ports ascending; ACTIVE, passing the filter, of the first such port's
+    link layer and, on Ethernet, with a GID index inside the table. An empty
+    list holds one Choice with port None saying why."""
     filt = HcaFilter(hca)
     rank = {d: i for i, d in enumerate(order or [])}
-    seen = []
+    seen, out = [], []
     for port in sorted(ports, key=lambda p: (rank.get(p.device, len(rank)), natural_key(p.device), p.port)):
         seen.append(f"{port.name}({port.state}, {port.link_layer})")
         if not filt.accepts(port.device, port.port) or not port.active:
             continue
+        if out and out[0].port.ethernet != port.ethernet:
+            seen[-1] += "[other link layer than the first port: not used]"
+            continue
         if not port.ethernet:
-            return Choice(port, None, 0, "InfiniBand link layer: LID addressing, no GID needed", " ".join(seen))
+            out.append(Choice(port, None, 0, "InfiniBand link layer: LID addressing, no GID needed"))
+            continue
         if gid_index >= 0:
             g, idx, why = port.gid(gid_index), gid_index, f"set by ROCE_PG_IB_GID_INDEX={gid_index}"
         else:
@@ -254,9 +265,71 @@ def choose_port(ports: List[Port], hca: str = "", gid_index: int = -1,
         if idx < 0 or idx >= port.gid_tbl_len:
             seen[-1] += "[no usable GID]"
             continue
-        return Choice(port, g, idx, why, " ".join(seen))
+        out.append(Choice(port, g, idx, why))
+    for c in out:
+        c.seen = " ".join(seen)
+    if out:
+        return out
     where = f" matching ROCE_PG_IB_HCA={hca}" if hca else ""
-    return Choice(None, None, -1, f"no ACTIVE RDMA port{where}", " ".join(seen) or "none")
+    return [Choice(None, None, -1, f"no ACTIVE RDMA port{where}", " ".join(seen) or "none")]
+
+
+def nearest_ports(port_nodes: List[int], rank_nodes: set) -> List[int]:
+    """nearestPorts(): indices of the ports a rank on `rank_nodes` uses without
+    ROCE_PG_IB_HCA: those on its NUMA nodes when it is pinned to a subset of the
+    nodes that have ports (and some port is there), else all."""
+    known = {n for n in port_nodes if n >= 0}
+    near = [i for i, n in enumerate(port_nodes) if n >= 0 and n in rank_nodes]
+    pinned = any(n not in rank_nodes for n in known)
+    return near if pinned and near and rank_nodes else list(range(len(port_nodes)))
+
+
+def cap_rails(indices: List[int], rank: int) -> List[int]:
+    """capRails(): at most MAX_RAILS, starting at `rank` modulo their count."""
+    if len(indices) <= MAX_RAILS:
+        return indices
+    start = max(rank, 0) % len(indices)
+    return [indices[(start + i) % len(indices)] for i in range(MAX_RAILS)]
+
+
+def parse_cpu_list(text: str) -> set:
+    out = set()
+    for part in (text or "").split(","):
+        lo, _, hi = part.strip().partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()) and int(hi or lo) >= int(lo):
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def process_numa_nodes(root: Root) -> set:
+    """NUMA nodes of the CPUs this process may run on (processNumaNodes())."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return set()
+    nodes = set()
+    for d in root.listdir("/sys/devices/system/node"):
+        if d.startswith("node") and d[4:].isdigit():
+            if parse_cpu_list(root.read(f"/sys/devices/system/node/{d}/cpulist") or "") & cpus:
+                nodes.add(int(d[4:]))
+    return nodes
+
+
+def choose_ports(ports: List[Port], hca: str = "", gid_index: int = -1, order: Optional[List[str]] = None,
+                 rank_nodes: Optional[set] = None, rank: int = 0) -> List[Choice]:
+    """The ports (rails) roce would drive, in rail order (chooseVerbsPorts())."""
+    usable = usable_ports(ports, hca, gid_index, order)
+    if usable[0].port is None:
+        return usable
+    picked = (nearest_ports([c.port.numa_node for c in usable], rank_nodes or set()) if not hca
+              else list(range(len(usable))))
+    return [usable[i] for i in cap_rails(picked, rank)]
+
+
+def choose_port(ports: List[Port], hca: str = "", gid_index: int = -1,
+                order: Optional[List[str]] = None) -> Choice:
+    """The first rail: the port whose GID the GID rows examine."""
+    return usable_ports(ports, hca, gid_index, order)[0]
 
 
 # ---- MTU --------------------------------------------------------------------

@@ -180,6 +180,9 @@ class Communicator {
 
   // Channels of large collectives (ROCE_PG_NCHANNELS, resolved for the group).
   int channels() const { return cfg_.nChannels; }
+  // The RDMA ports this rank drives, "rxe0:1 (NUMA 0), rxe1:1" (empty without
+  // verbs): the doctor's and the init log's rank -> NIC mapping.
+  std::string nicsText() const;
   // The helper thread that reduces for channel index+1 (created on first use,
   // kept for the group's life). Waits in waitUntil() wake when a job ends.
   HelperThread& helper(int index);
@@ -247,7 +250,7 @@ class Communicator {
   Config cfg_;
   Topology topo_;
   Roster roster_;                       // what subgroups derive theirs from
-  std::shared_ptr<VerbsDevice> verbsDev_;  // the process's, when this rank opened one
+  std::vector<std::shared_ptr<VerbsDevice>> verbsRails_;  // the process's ports this rank drives (port_choice.hpp)
   int formationStoreOps_ = 0;
   bool fromParent_ = false;  // formed by deriveRoster, with no join
   std::chrono::milliseconds timeout_;

@@ -101,15 +101,16 @@ Communicator::Communicator(Bootstrap& outerStore, const Config& cfg, int rank, i
     me.tcpHost = tcpAdvertiseAddress(cfg_);
     me.tcpPort = desk.port();
     if (cfg_.netTransport != "tcp") {
-      // Open the RDMA port now, so the leader can tell whether every rank has one.
-      if (auto choice = chooseVerbsPort(cfg_, me.noVerbsWhy)) {
-        try {
-          verbsDev_ = VerbsDevice::shared(*choice, cfg_);  // one per port per process
-        } catch (const Error& e) {
-          me.noVerbsWhy = e.what();
-        }
+      // Open the RDMA ports now, so the leader can tell whether every rank has one.
+      try {
+        for (const auto& choice : chooseVerbsPorts(cfg_, globalRank, me.noVerbsWhy))
+          verbsRails_.push_back(VerbsDevice::shared(choice, cfg_));  // one per port per process
+      } catch (const Error& e) {
+        verbsRails_.clear();
+        me.noVerbsWhy = e.what();
       }
-      me.verbs = verbsDev_ != nullptr;
+      me.verbs = !verbsRails_.empty();
+      me.verbsRails = static_cast<int>(verbsRails_.size());
     } else {
       me.noVerbsWhy = "ROCE_PG_NET_TRANSPORT=tcp";
     }
@@ -130,7 +131,7 @@ Communicator::Communicator(const Communicator& parent, Bootstrap& outerStore, co
   Roster roster = deriveRoster(cfg_, parent.roster_, parentRanks, groupName);
   if (rank < 0 || rank >= static_cast<int>(roster.ranks.size()) || parentRanks[rank] != parent.rank())
     throwInvalid(str("subgroup rank ", rank, " is not this process's parent rank ", parent.rank()));
-  verbsDev_ = parent.verbsDev_;
+  verbsRails_ = parent.verbsRails_;
   if (roster.ranks.size() > 1)
     mailbox_ = std::make_unique<MailboxLease>(ProcessRuntime::get().desk(), roster.ranks[rank].nonce);
   const std::string incarnation = hex64(roster.ranks[0].nonce);
@@ -213,7 +214,12 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
   }
   const std::string& net = roster.network;
   if (anyNet && net == "verbs") {
-    transports_.push_back(std::make_unique<VerbsTransport>(rank, size, verbsDev_, cfg_));
+    // Every rank sets up as many queue pairs per connection as the rank with
+    // the most ports needs (both ends of a connection must agree).
+    int maxRails = 1;
+    for (const auto& info : infos) maxRails = std::max(maxRails, info.verbsRails);
+    transports_.push_back(
+        std::make_unique<VerbsTransport>(rank, size, verbsRails_, cfg_, groupQueuePairs(cfg_, maxRails)));
   } else if (anyNet) {
     transports_.push_back(std::make_unique<TcpTransport>(rank, size, hostNames_));
   }
@@ -241,9 +247,18 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
     ROCE_INFO("group of ", size, " ranks on ", topo_.numNodes, " node(s); rank 0 has ",
               topo_.localRanks.size(), " local rank(s); shared memory ", useShm ? "on" : "off",
               "; network transport ", anyNet ? net : "none",
-              net == "verbs" && verbsDev_ ? str(" (", verbsDev_->describe(), ")") : "", "; RDMA ports seen: ",
+              net == "verbs" ? str(" (", nicsText(), ")") : "", "; RDMA ports seen: ",
               rdma.empty() ? "none" : rdma, "; ", cfg_.describe());
   }
+}
+
+std::string Communicator::nicsText() const {
+  std::string out;
+  for (const auto& dev : verbsRails_) {
+    const VerbsPortChoice& c = dev->choice();
+    out += str(out.empty() ? "" : ", ", c.device, ":", c.port, c.numaNode >= 0 ? str(" (NUMA ", c.numaNode, ")") : "");
+  }
+  return out;
 }
 
 void Communicator::connectLifelines(TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& eps,

@@ -97,7 +97,7 @@ std::string Roster::encode() const {
     auto [it, fresh] = placeOf.emplace(std::make_tuple(r.nodeId, r.hostId, r.tcpHost), places.size());
     if (fresh) places.push_back(&r);
     rankLines << "R " << it->second << " " << r.pid << " " << r.tcpPort << " " << r.nonce << " " << r.cpus << " "
-              << (r.verbs ? 1 : 0) << "\n";
+              << (r.verbs ? std::max(r.verbsRails, 1) : 0) << "\n";
   }
   std::ostringstream os;
   os << "roster 1 " << ranks.size() << " " << network << " " << (forceNetwork ? 1 : 0) << " " << channels << " "
@@ -140,11 +140,11 @@ Roster Roster::decode(const std::string& text, int size) {
   for (uint64_t i = 0; i < n; ++i) {
     if (!std::getline(in, line)) malformed("missing ranks");
     auto w = words(line);
-    uint64_t place = 0, pid = 0, port = 0, cpus = 0;
+    uint64_t place = 0, pid = 0, port = 0, cpus = 0, rails = 0;
     RankInfo info;
     if (w.size() != 7 || w[0] != "R" || !parseU64(w[1], 0, places - 1, place) || !parseU64(w[2], 1, INT32_MAX, pid) ||
         !parseU64(w[3], 0, 65535, port) || !parseU64(w[4], 0, UINT64_MAX, info.nonce) ||
-        !parseU64(w[5], 1, 1 << 20, cpus) || (w[6] != "0" && w[6] != "1"))
+        !parseU64(w[5], 1, 1 << 20, cpus) || !parseU64(w[6], 0, 16, rails))
       malformed(str("rank ", i));
     info.nodeId = table[place].nodeId;
     info.hostId = table[place].hostId;
@@ -152,7 +152,8 @@ Roster Roster::decode(const std::string& text, int size) {
     info.pid = static_cast<int>(pid);
     info.tcpPort = static_cast<int>(port);
     info.cpus = static_cast<int>(cpus);
-    info.verbs = w[6] == "1";
+    info.verbsRails = static_cast<int>(rails);  // RDMA ports it drives, 0: none
+    info.verbs = rails > 0;
     r.ranks.push_back(std::move(info));
   }
   return r;

@@ -126,6 +126,7 @@ c10::intrusive_ptr<c10d::Backend> RoceBackend::split(const c10::intrusive_ptr<c1
 #endif
 
 int RoceBackend::formationStoreOps() const { return engine_->comm().formationStoreOps(); }
+std::string RoceBackend::nics() const { return engine_->comm().nicsText(); }
 
 void RoceBackend::start(std::unique_ptr<Communicator> comm) {
   pinned_ = std::make_shared<PinnedCache>(cfg_.deviceStagingCacheBytes);

@@ -66,6 +66,8 @@ class RoceBackend : public c10d::Backend {
 #endif
   // Store operations this group's formation made.
   int formationStoreOps() const;
+  // The RDMA ports this rank drives ("rxe0:1, rxe1:1"; empty without verbs).
+  std::string nics() const;
 
   const std::string getBackendName() const override { return "roce"; }
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }

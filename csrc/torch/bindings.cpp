@@ -16,6 +16,7 @@
 #include "../common/config.hpp"
 #include "../transport/verbs/device_probe.hpp"
 #include "../transport/verbs/dmabuf.hpp"
+#include "../transport/verbs/port_choice.hpp"
 #include "../transport/verbs/verbs_transport.hpp"
 #include "backend.hpp"
 #include "device_memory.hpp"
@@ -55,6 +56,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
       .def("_forms_subgroups", &roce::RoceBackend::formsSubgroups)
       .def("_formation_store_ops", &roce::RoceBackend::formationStoreOps)
+      .def("_nics", &roce::RoceBackend::nics)
       .def("_counters",
            [](roce::RoceBackend& b) {
              auto& c = b.counters();
@@ -226,7 +228,32 @@ PYBIND11_MODULE(_C, m) {
   m.def("_peer_memory_module_loaded", &roce::peerMemoryModuleLoaded, py::arg("modules_text"));
   // The verbs transport's registered bytes per rank for `peers` connected
   // peers with the ROCE_PG_* settings of this process (the doctor mirrors it).
-  m.def("verbs_registered_bytes", [](int peers) { return roce::verbsRegisteredBytes(roce::Config::fromEnv(), peers); });
+  m.def(
+      "verbs_registered_bytes",
+      [](int peers, int rails) { return roce::verbsRegisteredBytes(roce::Config::fromEnv(), peers, rails); },
+      py::arg("peers"), py::arg("rails") = 1);
+  // The ports this process would drive with its ROCE_PG_* settings, as
+  // [{"device", "port", "gid_index", "numa_node"}], and why none when empty
+  // (the doctor's rank -> NIC row); `rank` spreads ranks over more than 4 ports.
+  m.def("_chosen_ports", [](int rank) {
+    std::string why;
+    py::list out;
+    for (const auto& c : roce::chooseVerbsPorts(roce::Config::fromEnv(), rank, why)) {
+      py::dict d;
+      d["device"] = c.device;
+      d["port"] = c.port;
+      d["gid_index"] = c.gidIndex;
+      d["numa_node"] = c.numaNode;
+      out.append(d);
+    }
+    return py::make_tuple(out, why);
+  });
+  // The default selection rule alone (tests): indices of the ports used.
+  m.def("_nearest_ports", [](const std::vector<int>& portNodes, const std::set<int>& rankNodes, int rank) {
+    return roce::capRails(roce::nearestPorts(portNodes, rankNodes), rank);
+  });
+  m.def("_parse_cpu_list", &roce::parseCpuList);
+  m.def("_process_numa_nodes", &roce::processNumaNodes);
   // Every ROCE_PG_* setting the extension reads, in reading order, with what
   // it accepts: {name: ("int", lo, hi, zero_ok) | ("number", lo, hi) |
   // ("choice", names) | ("flag",) | ("text",) | ("token", max_len)}. Built by

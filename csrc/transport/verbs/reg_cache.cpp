@@ -22,8 +22,8 @@ size_t defaultRegCacheBytes(size_t configured) {
   return limit;
 }
 
-RegCache::RegCache(VerbsDevice& dev, size_t limitBytes, int rank, bool overcommit)
-    : dev_(dev), limit_(limitBytes), rank_(rank), overcommit_(overcommit) {}
+RegCache::RegCache(Rails rails, size_t limitBytes, int rank, bool overcommit)
+    : rails_(std::move(rails)), limit_(limitBytes), rank_(rank), overcommit_(overcommit) {}
 
 RegCache::~RegCache() {
   // The owner of this cache destroys its queue pairs first: nothing can use
@@ -34,8 +34,9 @@ RegCache::~RegCache() {
 void RegCache::drop(Iter it) {
   // Deregister before letting go of the memory: once ibv_dereg_mr returns the
   // NIC can no longer reach the pages, and only then may they be freed.
-  if (it->mr) ibv_dereg_mr(it->mr);
-  bytes_ -= it->owner.len;
+  for (ibv_mr* mr : it->mr)
+    if (mr) ibv_dereg_mr(mr);
+  bytes_ -= pinned(it->owner);
   if (counters_) counters_->cachedMrs.fetch_sub(1, std::memory_order_relaxed);
   auto byId = byId_.find(it->owner.id);
   if (byId != byId_.end() && byId->second == it) byId_.erase(byId);
@@ -83,32 +84,34 @@ RegCache::Entry* RegCache::acquire(const BufferOwner& o, const void* p, size_t n
     if (it->inUse > 0) return nullptr;
     drop(it);
   }
-  if (!makeRoom(o.len)) return nullptr;
+  if (!makeRoom(pinned(o))) return nullptr;
   const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-  ibv_mr* mr = o.exportDmabuf ? registerDmabuf(o, access) : nullptr;
-  if (!mr) mr = ibv_reg_mr(dev_.pd(), o.base, o.len, access);
-  if (!mr && (errno == ENOMEM || errno == EAGAIN) && !lru_.empty()) {
+  std::array<ibv_mr*, kMaxRails> mrs{};
+  size_t failed = 0;
+  bool ok = registerOnRails(o, access, mrs, failed);
+  if (!ok && (errno == ENOMEM || errno == EAGAIN) && !lru_.empty()) {
     // Locked memory ran out: give back what is not in use and try once more.
     for (auto it = lru_.begin(); it != lru_.end();) {
       auto next = std::next(it);
       if (it->inUse == 0) drop(it);
       it = next;
     }
-    mr = ibv_reg_mr(dev_.pd(), o.base, o.len, access);
+    ok = registerOnRails(o, access, mrs, failed);
   }
-  if (!mr && o.device) {
+  const VerbsDevice& dev = *rails_[failed];
+  if (!ok && o.device) {
     // The request fails with the remedy (VerbsTransport::deviceRegFailure);
     // the errno is the provider's answer for device memory.
-    ROCE_WARN("rank ", rank_, ": ibv_reg_mr of ", o.len >> 10, " KiB of device memory on ", dev_.describe(),
+    ROCE_WARN("rank ", rank_, ": ibv_reg_mr of ", o.len >> 10, " KiB of device memory on ", dev.describe(),
               " failed (", std::strerror(errno), "): is the peer-memory module (nvidia_peermem) loaded?");
     return nullptr;
   }
-  if (!mr) {
+  if (!ok) {
     if (!warnedRegFailure_) {
       warnedRegFailure_ = true;
       rlimit rl{};
       getrlimit(RLIMIT_MEMLOCK, &rl);
-      ROCE_WARN("rank ", rank_, ": ibv_reg_mr of a ", o.len >> 10, " KiB tensor on ", dev_.describe(),
+      ROCE_WARN("rank ", rank_, ": ibv_reg_mr of a ", o.len >> 10, " KiB tensor on ", dev.describe(),
                 " failed (", std::strerror(errno), "); large messages fall back to copying through staging. "
                 "The locked-memory limit (ulimit -l) is ",
                 rl.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : str(rl.rlim_cur >> 10, " KiB"),
@@ -121,21 +124,40 @@ RegCache::Entry* RegCache::acquire(const BufferOwner& o, const void* p, size_t n
     Counters::add(counters_->registrations, 1);
     counters_->cachedMrs.fetch_add(1, std::memory_order_relaxed);
   }
-  lru_.push_front(Entry{o, mr, 1});
-  bytes_ += o.len;
+  lru_.push_front(Entry{o, mrs, 1});
+  bytes_ += pinned(o);
   byId_[o.id] = lru_.begin();
   return &lru_.front();
 }
 
-ibv_mr* RegCache::registerDmabuf(const BufferOwner& o, int access) {
+bool RegCache::registerOnRails(const BufferOwner& o, int access, std::array<ibv_mr*, kMaxRails>& mrs,
+                               size_t& failed) {
+  for (size_t r = 0; r < rails_.size(); ++r) {
+    VerbsDevice& dev = *rails_[r];
+    ibv_mr* mr = o.exportDmabuf ? registerDmabuf(dev, o, access) : nullptr;
+    if (!mr) mr = ibv_reg_mr(dev.pd(), o.base, o.len, access);
+    if (!mr) {
+      const int e = errno;
+      for (size_t d = 0; d < r; ++d) ibv_dereg_mr(mrs[d]);
+      mrs = {};
+      failed = r;
+      errno = e;
+      return false;
+    }
+    mrs[r] = mr;
+  }
+  return true;
+}
+
+ibv_mr* RegCache::registerDmabuf(VerbsDevice& dev, const BufferOwner& o, int access) {
   uint64_t offset = 0;
   const int fd = regDmabufMr() ? o.exportDmabuf(o.base, o.len, o.deviceIndex, &offset) : -1;
-  ibv_mr* mr = fd >= 0 ? regDmabufMr()(dev_.pd(), offset, o.len, reinterpret_cast<uint64_t>(o.base), fd, access) : nullptr;
+  ibv_mr* mr = fd >= 0 ? regDmabufMr()(dev.pd(), offset, o.len, reinterpret_cast<uint64_t>(o.base), fd, access) : nullptr;
   const int e = errno;
   if (fd >= 0) ::close(fd);  // the MR holds the dma-buf now
   if (!mr && !warnedDmabufFailure_) {
     warnedDmabufFailure_ = true;
-    ROCE_WARN("rank ", rank_, ": registering device memory on ", dev_.describe(), " by dma-buf failed (",
+    ROCE_WARN("rank ", rank_, ": registering device memory on ", dev.describe(), " by dma-buf failed (",
               fd < 0 ? std::string("the driver exported none") : std::string(std::strerror(e)),
               "); registering it by pointer (peer memory) instead");
   }

@@ -11,7 +11,8 @@
 // reference. DDP buckets, FSDP flat parameters and the Communicator's scratch
 // buffers persist across steps, so in steady state nothing is registered.
 //
-// Bounded: at most `limitBytes` registered (ROCE_PG_IB_REG_CACHE_BYTES).
+// Bounded: at most `limitBytes` registered (ROCE_PG_IB_REG_CACHE_BYTES),
+// summed over the rails (each rail's registration pins the pages again).
 // Entries in use by an in-flight transfer are never dropped; among the rest,
 // allocations nobody but the cache refers to any more go first, then the least
 // recently used. When nothing fits, acquire() returns null and the transport
@@ -26,24 +27,26 @@
 #include <unordered_map>
 
 #include "../transport.hpp"
+#include "rails.hpp"
 
 namespace roce {
 
-class VerbsDevice;
-
 class RegCache {
  public:
+  // One registration per rail (rails.hpp): a queue pair on rail r uses mr[r].
   struct Entry {
     BufferOwner owner;
-    ibv_mr* mr = nullptr;
-    int inUse = 0;  // transfers currently using the MR
+    std::array<ibv_mr*, kMaxRails> mr{};
+    int inUse = 0;  // transfers currently using the MRs
+    uint32_t lkey(int rail) const { return mr[rail]->lkey; }
+    uint32_t rkey(int rail) const { return mr[rail]->rkey; }
   };
 
   // overcommit (device memory): a buffer within the limit is never refused
   // for lack of room; entries in use may push the total over the limit until
   // they are released. The adapter chose the direct path for such a buffer
   // before the call was issued, and the CPU cannot copy it instead.
-  RegCache(VerbsDevice& dev, size_t limitBytes, int rank, bool overcommit = false);
+  RegCache(Rails rails, size_t limitBytes, int rank, bool overcommit = false);
   ~RegCache();
   RegCache(const RegCache&) = delete;
   RegCache& operator=(const RegCache&) = delete;
@@ -66,9 +69,12 @@ class RegCache {
   using Iter = std::list<Entry>::iterator;
   void drop(Iter it);
   bool makeRoom(size_t need);
-  ibv_mr* registerDmabuf(const BufferOwner& o, int access);  // null: by pointer instead
+  // Registers `o` on every rail; false (errno kept, `failed` naming the rail) if any refused.
+  bool registerOnRails(const BufferOwner& o, int access, std::array<ibv_mr*, kMaxRails>& mrs, size_t& failed);
+  ibv_mr* registerDmabuf(VerbsDevice& dev, const BufferOwner& o, int access);  // null: by pointer instead
+  size_t pinned(const BufferOwner& o) const { return o.len * rails_.size(); }
 
-  VerbsDevice& dev_;
+  Rails rails_;
   size_t limit_;
   int rank_;
   bool overcommit_;

@@ -2,7 +2,8 @@
 // rank (issue 19: registered memory per rank independent of the world size).
 // The verbs transport has two: the landing pool, which peers write chunks
 // into (remote write; slots are granted to peers, see verbs_transport.hpp),
-// and the staging pool, which copied chunks are sent from.
+// and the staging pool, which copied chunks are sent from. Registered on
+// every rail (rails.hpp).
 #pragma once
 #include <infiniband/verbs.h>
 
@@ -11,15 +12,14 @@
 #include <vector>
 
 #include "../../common/counters.hpp"
+#include "rails.hpp"
 
 namespace roce {
-
-class VerbsDevice;
 
 class SlotPool {
  public:
   // `counters` (may be null) tracks the registered bytes; `what` names the pool in errors.
-  SlotPool(VerbsDevice& dev, size_t bytes, size_t stride, int access, const char* what, Counters* counters);
+  SlotPool(const Rails& rails, size_t bytes, size_t stride, int access, const char* what, Counters* counters);
   ~SlotPool();
   SlotPool(const SlotPool&) = delete;
   SlotPool& operator=(const SlotPool&) = delete;
@@ -29,8 +29,8 @@ class SlotPool {
   size_t bytes() const { return static_cast<size_t>(count_) * stride_; }
   char* slot(uint32_t i) const { return base_ + static_cast<size_t>(i) * stride_; }
   uint64_t address() const { return reinterpret_cast<uint64_t>(base_); }
-  uint32_t lkey() const { return mr_->lkey; }
-  uint32_t rkey() const { return mr_->rkey; }
+  uint32_t lkey(int rail) const { return mrs_.lkey(rail); }
+  uint32_t rkey(int rail) const { return mrs_.rkey(rail); }
 
   size_t available() const { return free_.size(); }
   uint32_t take();             // requires available() > 0
@@ -38,7 +38,8 @@ class SlotPool {
 
  private:
   char* base_ = nullptr;
-  ibv_mr* mr_ = nullptr;
+  size_t len_ = 0;
+  RailMrs mrs_;  // one registration per rail
   uint32_t count_ = 0;
   size_t stride_ = 0;
   std::vector<uint32_t> free_;

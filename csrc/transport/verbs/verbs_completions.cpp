@@ -33,7 +33,7 @@ std::string VerbsTransport::failureText(int p, const ibv_wc& wc) const {
   else if (wc.status == IBV_WC_REM_ACCESS_ERR || wc.status == IBV_WC_LOC_PROT_ERR)
     hint = " A memory registration was rejected (mixed roce_pg versions across ranks?).";
   return str("RDMA transfer with rank ", p, " failed: ", ibv_wc_status_str(wc.status), " (status ", wc.status,
-             ", vendor error 0x", std::hex, wc.vendor_err, std::dec, ") on ", dev_->describe(), "; remote GID ",
+             ", vendor error 0x", std::hex, wc.vendor_err, std::dec, ") on ", describeRails(), "; remote GID ",
              peer.remoteGid, ", remote QPN ", peer.remoteQpn0, ", path MTU ", peer.mtu, ".", hint);
 }
 
@@ -227,13 +227,20 @@ void VerbsTransport::onData(int p, uint32_t slot, uint32_t byteLen) {
 }
 
 bool VerbsTransport::pollCompletions() {
-  if (!cqs_) return false;
   bool moved = false;
   ibv_wc wcs[32];
+  for (size_t rail = 0; rail < cqs_.size(); ++rail) {
+    if (pollRail(rail, wcs)) moved = true;
+  }
+  return moved;
+}
+
+bool VerbsTransport::pollRail(size_t rail, ibv_wc* wcs) {
+  bool moved = false;
   for (;;) {
-    const int n = cqs_->poll(wcs, 32);
+    const int n = cqs_[rail]->poll(wcs, 32);
     if (n < 0) {
-      failAll(str("ibv_poll_cq failed on ", dev_->describe()));
+      failAll(str("ibv_poll_cq failed on ", rails_[rail]->describe()));
       return true;
     }
     for (int i = 0; i < n; ++i) {
@@ -281,27 +288,34 @@ bool VerbsTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
     if (peer.deadReason.empty() && peer.sock >= 0 && !peer.ready())
       fds.push_back(pollfd{peer.sock, static_cast<short>(POLLIN | (peer.outbuf.empty() ? 0 : POLLOUT)), 0});
   }
-  if (!cqs_) return true;  // nothing connected: only sockets to watch
-  // Every other event is a completion: the peer's control messages and
-  // chunks (receives), and the send completions that free queue slots.
-  if (!cqs_->arm() || cqs_->channelFd() < 0) return false;
-  armed_ = true;
-  fds.push_back(pollfd{cqs_->channelFd(), POLLIN, 0});
+  // Nothing connected (no CQs): only sockets to watch. Every other event is
+  // a completion: the peer's control messages and chunks (receives), and the
+  // send completions that free queue slots, on any rail's channel.
+  for (auto& cqs : cqs_)
+    if (!cqs->arm() || cqs->channelFd() < 0) return false;
+  for (auto& cqs : cqs_) fds.push_back(pollfd{cqs->channelFd(), POLLIN, 0});
+  armed_ = !cqs_.empty();
   return true;
 }
 
 void VerbsTransport::afterWait() {
   if (!armed_) return;
-  cqs_->consumeEvents();
+  for (auto& cqs : cqs_) cqs->consumeEvents();
   armed_ = false;
 }
 
 std::string VerbsTransport::checkPeers() {
-  // The device is the process's (shared by its groups): a device or port
-  // error fails every group; an error naming a CQ or queue pair only the
-  // group (or peer) it belongs to.
-  std::string e = dev_->asyncError();
-  if (e.empty() && cqs_) e = cqs_->errorOn(*dev_);  // no CQs before the first connection
+  // The devices are the process's (shared by its groups): a device or port
+  // error fails every group on it; an error naming a CQ or queue pair only
+  // the group (or peer) it belongs to. A rail that goes down fails the
+  // group's every peer, not only the queue pairs on it: the protocol spreads
+  // each message over all rails, and a clear error beats a silent half
+  // speed (docs/ARCHITECTURE.md, "Every NIC").
+  std::string e;
+  for (size_t rail = 0; rail < rails_.size() && e.empty(); ++rail) {
+    e = rails_[rail]->asyncError();
+    if (e.empty() && rail < cqs_.size()) e = cqs_[rail]->errorOn(*rails_[rail]);  // no CQs before the first connection
+  }
   if (!e.empty()) {
     failAll(e);
     return e;
@@ -310,7 +324,7 @@ std::string VerbsTransport::checkPeers() {
     Peer& peer = *peers_[p];
     if (!peer.deadReason.empty()) continue;
     for (const Qp& q : peer.qps)
-      if (std::string qe = q.qp ? dev_->qpError(q.qp) : std::string(); !qe.empty()) {
+      if (std::string qe = q.qp ? railOf(q).qpError(q.qp) : std::string(); !qe.empty()) {
         killPeer(p, str(qe, " (queue pair to rank ", p, ")"));
         break;
       }

@@ -32,38 +32,49 @@ int sendDepth(int cap, int maxWr) { return std::min(std::max(kSqDepth, 2 * cap +
 int recvDepth(int cap, int maxWr) { return std::min(cap + kCtrlRecvs + 4, maxWr); }
 }  // namespace
 
-size_t verbsRegisteredBytes(const Config& cfg, int peers) {
-  const int qps = std::max(cfg.ibQpsPerConnection, cfg.nChannels);
+int groupQueuePairs(const Config& cfg, int maxRails) {
+  return std::max({cfg.ibQpsPerConnection, cfg.nChannels, maxRails});
+}
+
+size_t verbsRegisteredBytes(const Config& cfg, int peers, int rails) {
+  const int qps = groupQueuePairs(cfg, rails);
   const size_t stride = (sizeof(SlotHeader) + cfg.ibSlotBytes + 63) & ~size_t(63);
   const size_t landing = pageRound(cfg.ibPoolBytes / stride * stride);
   const size_t staging = pageRound(std::max(cfg.ibPoolBytes / 4, 2 * stride) / stride * stride);
   const size_t perPeer = static_cast<size_t>(qps) *
                          (recvDepth(cfg.ibSlots, 1 << 30) + sendDepth(cfg.ibSlots, 1 << 30)) * kCtrlBytes;
-  return landing + staging + static_cast<size_t>(peers) * perPeer;
+  return static_cast<size_t>(rails) * (landing + staging + static_cast<size_t>(peers) * perPeer);
 }
 
-VerbsTransport::VerbsTransport(int rank, int size, std::shared_ptr<VerbsDevice> dev, const Config& cfg)
-    : rank_(rank), dev_(std::move(dev)) {
-  // At least one queue pair per channel (cfg.nChannels is the group's, resolved).
-  qpsPerPeer_ = std::max(cfg.ibQpsPerConnection, cfg.nChannels);
+VerbsTransport::VerbsTransport(int rank, int size, Rails rails, const Config& cfg, int qpsPerPeer)
+    : rank_(rank), rails_(std::move(rails)) {
+  if (rails_.empty() || rails_.size() > static_cast<size_t>(kMaxRails))
+    throwInvalid(str("the verbs transport drives 1 to ", kMaxRails, " ports, not ", rails_.size()));
+  qpsPerPeer_ = qpsPerPeer;
   cap_ = cfg.ibSlots;
-  const int maxWr = dev_->deviceAttr().max_qp_wr;
+  // The most every rail allows: one queue depth and message size for all queue pairs.
+  int maxWr = INT32_MAX;
+  maxMsg_ = SIZE_MAX;
+  for (const auto& dev : rails_) {
+    maxWr = std::min(maxWr, dev->deviceAttr().max_qp_wr);
+    maxMsg_ = std::min<size_t>(maxMsg_, dev->maxMsgSize());
+  }
   // Send: room for every chunk of the peer's cap in zero copy (two WRs each)
   // beside the control messages. Receive: every queue pair may receive all of
   // a peer's chunks in flight; queue pair 0 also takes the control messages.
   sqDepth_ = sendDepth(cap_, maxWr);
   rqDepth_ = recvDepth(cap_, maxWr);
   if (rqDepth_ - cap_ - 4 < kCtrlReserve + 4 || sqDepth_ < 2 * cap_ + 8)
-    throwInvalid(str(dev_->describe(), " allows only ", maxWr, " work requests per queue; with ROCE_PG_IB_SLOTS=", cap_,
+    throwInvalid(str(describeRails(), " allows only ", maxWr, " work requests per queue; with ROCE_PG_IB_SLOTS=", cap_,
                      " too few are left for control messages: lower ROCE_PG_IB_SLOTS"));
-  maxMsg_ = dev_->maxMsgSize();
   zeroCopyMin_ = cfg.ibZeroCopyMinBytes;
   eagerMax_ = cfg.ibEagerMaxBytes;
-  regCache_ = std::make_unique<RegCache>(*dev_, defaultRegCacheBytes(cfg.ibRegCacheBytes), rank_);
-  deviceRegCache_ = std::make_unique<RegCache>(*dev_, cfg.ibDeviceRegBytes, rank_, /*overcommit=*/true);
+  regCache_ = std::make_unique<RegCache>(rails_, defaultRegCacheBytes(cfg.ibRegCacheBytes), rank_);
+  deviceRegCache_ = std::make_unique<RegCache>(rails_, cfg.ibDeviceRegBytes, rank_, /*overcommit=*/true);
   // Asked before any call could hand over a dma-buf (a failed registration
   // costs microseconds): GPUDirect's choice needs the answer at issue time.
-  if (cfg.gpudirect != "off") dmabuf_ = probeDmabuf(dev_->pd(), dev_->describe());
+  // (The first rail's answer: the rails of one rank are normally NICs of one kind.)
+  if (cfg.gpudirect != "off") dmabuf_ = probeDmabuf(rails_[0]->pd(), rails_[0]->describe());
   else dmabuf_.why = "ROCE_PG_GPUDIRECT=off";
   slotBytes_ = std::min<size_t>(cfg.ibSlotBytes, maxMsg_ - sizeof(SlotHeader));
   stride_ = (sizeof(SlotHeader) + slotBytes_ + 63) & ~size_t(63);
@@ -75,6 +86,12 @@ VerbsTransport::VerbsTransport(int rank, int size, std::shared_ptr<VerbsDevice> 
   peers_.resize(size);
 }
 
+std::string VerbsTransport::describeRails() const {
+  std::string out;
+  for (const auto& dev : rails_) out += (out.empty() ? "" : " and ") + dev->describe();
+  return out;
+}
+
 VerbsTransport::~VerbsTransport() {
   // Queue pairs before the CQs, pools and registrations they use.
   for (int p : live_) releasePeerResources(*peers_[p]);
@@ -84,13 +101,12 @@ VerbsTransport::~VerbsTransport() {
 void VerbsTransport::releasePeerResources(Peer& peer) {
   for (auto& q : peer.qps) {
     ibv_destroy_qp(q.qp);  // returns once its async events were acked (and recorded)
-    dev_->forget(q.qp);
+    railOf(q).forget(q.qp);
   }
   peer.qps.clear();
-  if (peer.ctrlMr) {
-    ibv_dereg_mr(peer.ctrlMr);
-    if (counters()) counters()->registeredBytes.fetch_sub(peer.ctrlBytes, std::memory_order_relaxed);
-    peer.ctrlMr = nullptr;
+  if (peer.ctrlMrs.registered()) {
+    if (counters()) counters()->registeredBytes.fetch_sub(peer.ctrlMrs.bytes(), std::memory_order_relaxed);
+    peer.ctrlMrs.deregister();
   }
   unmapPages(peer.ctrlMem, peer.ctrlBytes);
   peer.ctrlMem = nullptr;
@@ -116,12 +132,12 @@ void VerbsTransport::ensurePools() {
   if (landing_) return;
   // Registered at the first connection, not at init: a group (or subgroup)
   // that never talks over the network pins nothing.
-  cqs_ = std::make_unique<CqSet>(*dev_);
-  landing_ = std::make_unique<SlotPool>(*dev_, poolBytes_, stride_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+  for (const auto& dev : rails_) cqs_.push_back(std::make_unique<CqSet>(*dev));
+  landing_ = std::make_unique<SlotPool>(rails_, poolBytes_, stride_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
                                         "landing pool", counters());
   // Copied chunks in flight across all peers; a quarter of the landing pool
   // (most large messages go zero copy and need no staging).
-  staging_ = std::make_unique<SlotPool>(*dev_, std::max(poolBytes_ / 4, 2 * stride_), stride_, IBV_ACCESS_LOCAL_WRITE,
+  staging_ = std::make_unique<SlotPool>(rails_, std::max(poolBytes_ / 4, 2 * stride_), stride_, IBV_ACCESS_LOCAL_WRITE,
                                         "staging pool", counters());
   landingOwner_.assign(landing_->count(), -1);
   stagingOwner_.assign(staging_->count(), {});
@@ -133,10 +149,13 @@ void VerbsTransport::setUpQueuePairs(int p, Peer& peer) {
   peer.ctrlMem = mapPages(peer.ctrlBytes);
   if (!peer.ctrlMem) throwComm(str("out of memory allocating control buffers for rank ", p));
   std::memset(peer.ctrlMem, 0, peer.ctrlBytes);
-  peer.ctrlMr = dev_->registerMemory(peer.ctrlMem, peer.ctrlBytes, IBV_ACCESS_LOCAL_WRITE, "control buffers");
-  if (counters()) Counters::add(counters()->registeredBytes, peer.ctrlBytes);
-  ibv_cq* cq = cqs_->reserve(qpsPerPeer_ * (sqDepth_ + rqDepth_));
+  peer.ctrlMrs.registerOn(rails_, peer.ctrlMem, peer.ctrlBytes, IBV_ACCESS_LOCAL_WRITE, "control buffers");
+  if (counters()) Counters::add(counters()->registeredBytes, peer.ctrlMrs.bytes());
   for (int q = 0; q < qpsPerPeer_; ++q) {
+    // Queue pair q on rail q mod rails: chunks spread over queue pairs spread over the ports.
+    const int rail = q % static_cast<int>(rails_.size());
+    VerbsDevice& dev = *rails_[rail];
+    ibv_cq* cq = cqs_[rail]->reserve(sqDepth_ + rqDepth_);
     ibv_qp_init_attr a{};
     a.send_cq = cq;
     a.recv_cq = cq;
@@ -152,21 +171,22 @@ void VerbsTransport::setUpQueuePairs(int p, Peer& peer) {
     ibv_qp* qp = nullptr;
     for (uint32_t inlineBytes : {kInlineWant, uint32_t(sizeof(Ctrl)), 0u}) {
       a.cap.max_inline_data = inlineBytes;
-      if ((qp = ibv_create_qp(dev_->pd(), &a))) break;
+      if ((qp = ibv_create_qp(dev.pd(), &a))) break;
     }
-    if (!qp) throwComm(str("ibv_create_qp for rank ", p, " on ", dev_->describe(), " failed: ", std::strerror(errno)));
+    if (!qp) throwComm(str("ibv_create_qp for rank ", p, " on ", dev.describe(), " failed: ", std::strerror(errno)));
     Qp entry;
     entry.qp = qp;
+    entry.rail = rail;
     entry.maxInline = a.cap.max_inline_data;  // what the provider granted (at least what was asked)
     entry.headerOwner.assign(sqDepth_, nullptr);
     peer.qps.push_back(std::move(entry));
     ibv_qp_attr init{};
     init.qp_state = IBV_QPS_INIT;
     init.pkey_index = 0;
-    init.port_num = static_cast<uint8_t>(dev_->choice().port);
+    init.port_num = static_cast<uint8_t>(dev.choice().port);
     init.qp_access_flags = access;
     if (ibv_modify_qp(qp, &init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
-      throwComm(str("moving the queue pair for rank ", p, " to INIT failed on ", dev_->describe(), ": ", std::strerror(errno)));
+      throwComm(str("moving the queue pair for rank ", p, " to INIT failed on ", dev.describe(), ": ", std::strerror(errno)));
   }
   for (int q = 0; q < qpsPerPeer_; ++q)
     for (int i = 0; i < rqDepth_; ++i) postRecvBuffer(p, q, static_cast<uint32_t>(i));
@@ -184,14 +204,15 @@ void VerbsTransport::adoptConnection(int p, int fd) {
     ensurePools();
     setUpQueuePairs(p, peer);
     Endpoint me;
-    for (auto& q : peer.qps) me.qpns.push_back(q.qp->qp_num);
+    for (size_t r = 0; r < rails_.size(); ++r) {
+      const VerbsDevice& dev = *rails_[r];
+      me.rails.push_back({dev.portAttr().lid, dev.gid(), static_cast<int>(dev.portAttr().active_mtu),
+                          landing_->rkey(static_cast<int>(r))});
+    }
+    for (auto& q : peer.qps) me.qps.push_back({q.qp->qp_num, static_cast<uint32_t>(q.rail)});
     peer.localPsn = std::mt19937(std::random_device{}())() & 0xffffff;
     me.psn = peer.localPsn;
-    me.lid = dev_->portAttr().lid;
-    me.gid = dev_->gid();
-    me.mtu = static_cast<int>(dev_->portAttr().active_mtu);
     me.landing = landing_->address();
-    me.rkey = landing_->rkey();
     me.slots = landing_->count();
     me.slotBytes = slotBytes_;
     me.stride = stride_;
@@ -275,10 +296,10 @@ void VerbsTransport::connectQueuePairs(int p, Peer& peer, const Endpoint& e) {
   if (e.slotBytes != slotBytes_ || e.stride != stride_)
     throwInvalid(str("rank ", p, " uses verbs slots of ", e.slotBytes, " bytes but rank ", rank_, " uses ", slotBytes_,
                      ": set the same ROCE_PG_IB_SLOT_BYTES on every rank"));
-  peer.remoteGid = gidToString(e.gid);
-  peer.remoteQpn0 = e.qpns[0];
+  peer.remoteGid.clear();
+  for (const auto& r : e.rails) peer.remoteGid += (peer.remoteGid.empty() ? "" : ", ") + gidToString(r.gid);
+  peer.remoteQpn0 = e.qps[0].qpn;
   peer.remoteLanding = e.landing;
-  peer.remoteRkey = e.rkey;
   peer.remoteIsFree.assign(e.slots, false);
   for (uint32_t g : e.grants) {
     if (peer.remoteIsFree[g]) throwComm(str("rank ", p, " granted landing slot ", g, " twice (corrupted handshake)"));
@@ -286,34 +307,42 @@ void VerbsTransport::connectQueuePairs(int p, Peer& peer, const Endpoint& e) {
     peer.remoteFree.push_back(g);
   }
   peer.ctrlCredits = peer.ctrlCreditsMax = static_cast<int>(e.ctrlRecvs);
-  const ibv_mtu pathMtu = std::min(dev_->portAttr().active_mtu, static_cast<ibv_mtu>(e.mtu));
-  peer.mtu = mtuToBytes(pathMtu);
-  for (size_t q = 0; q < e.qpns.size(); ++q) {
+  peer.mtu = 0;
+  for (size_t q = 0; q < e.qps.size(); ++q) {
+    Qp& mine = peer.qps[q];
+    const VerbsDevice& dev = railOf(mine);
+    const Endpoint::Rail& theirs = e.rails[e.qps[q].rail];
+    mine.remoteRail = static_cast<int>(e.qps[q].rail);
+    mine.remoteLandingRkey = theirs.landingRkey;
+    const ibv_mtu pathMtu = std::min(dev.portAttr().active_mtu, static_cast<ibv_mtu>(theirs.mtu));
+    peer.mtu = peer.mtu ? std::min(peer.mtu, mtuToBytes(pathMtu)) : mtuToBytes(pathMtu);
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RTR;
     a.path_mtu = pathMtu;
-    a.dest_qp_num = e.qpns[q];
+    a.dest_qp_num = e.qps[q].qpn;
     a.rq_psn = e.psn;
     a.max_dest_rd_atomic = 1;
     a.min_rnr_timer = 31;  // 491.52 ms: see rnr_retry below
-    a.ah_attr.port_num = static_cast<uint8_t>(dev_->choice().port);
+    a.ah_attr.port_num = static_cast<uint8_t>(dev.choice().port);
     a.ah_attr.sl = static_cast<uint8_t>(sl_);
-    if (dev_->choice().ethernet) {
+    if (dev.choice().ethernet) {
       a.ah_attr.is_global = 1;
-      a.ah_attr.grh.dgid = e.gid;
-      a.ah_attr.grh.sgid_index = static_cast<uint8_t>(dev_->choice().gidIndex);
+      a.ah_attr.grh.dgid = theirs.gid;
+      a.ah_attr.grh.sgid_index = static_cast<uint8_t>(dev.choice().gidIndex);
       a.ah_attr.grh.hop_limit = 255;
       a.ah_attr.grh.traffic_class = static_cast<uint8_t>(tc_);
     } else {
-      a.ah_attr.dlid = static_cast<uint16_t>(e.lid);
+      a.ah_attr.dlid = static_cast<uint16_t>(theirs.lid);
     }
-    int rc = ibv_modify_qp(peer.qps[q].qp, &a,
+    int rc = ibv_modify_qp(mine.qp, &a,
                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
     if (rc != 0)
       throwComm(str("moving the queue pair for rank ", p, " to RTR failed: ", std::strerror(rc), " (local ",
-                    dev_->describe(), "; remote GID ", peer.remoteGid, ", LID ", e.lid, ", QPN ", e.qpns[q],
-                    ", path MTU ", peer.mtu, "). A wrong GID index is the usual cause: set ROCE_PG_IB_GID_INDEX"));
+                    dev.describe(), "; remote GID ", gidToString(theirs.gid), ", LID ", theirs.lid, ", QPN ",
+                    e.qps[q].qpn, ", path MTU ", mtuToBytes(pathMtu), "). A wrong GID index is the usual cause: set "
+                    "ROCE_PG_IB_GID_INDEX; with several ports, one the peer's port cannot reach: choose ports with "
+                    "ROCE_PG_IB_HCA"));
     ibv_qp_attr s{};
     s.qp_state = IBV_QPS_RTS;
     s.timeout = static_cast<uint8_t>(timeout_);
@@ -324,7 +353,7 @@ void VerbsTransport::connectQueuePairs(int p, Peer& peer, const Endpoint& e) {
     s.rnr_retry = 6;
     s.sq_psn = peer.localPsn;
     s.max_rd_atomic = 1;
-    rc = ibv_modify_qp(peer.qps[q].qp, &s,
+    rc = ibv_modify_qp(mine.qp, &s,
                        IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                            IBV_QP_MAX_QP_RD_ATOMIC);
     if (rc != 0) throwComm(str("moving the queue pair for rank ", p, " to RTS failed: ", std::strerror(rc)));

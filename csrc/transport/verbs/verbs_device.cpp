@@ -16,70 +16,6 @@
 #include "../../common/log.hpp"
 
 namespace roce {
-namespace {
-
-struct HcaFilter {
-  bool exclude = false;
-  bool exact = false;
-  struct Item { std::string name; int port = 0; };  // port 0 = any
-  std::vector<Item> items;
-
-  static HcaFilter parse(const std::string& spec) {
-    HcaFilter f;
-    std::string s = spec;
-    if (!s.empty() && s[0] == '^') { f.exclude = true; s = s.substr(1); }
-    if (!s.empty() && s[0] == '=') { f.exact = true; s = s.substr(1); }
-    std::stringstream in(s);
-    std::string tok;
-    while (std::getline(in, tok, ',')) {
-      if (tok.empty()) continue;
-      Item it;
-      auto colon = tok.find(':');
-      it.name = tok.substr(0, colon);
-      if (colon != std::string::npos) it.port = std::atoi(tok.c_str() + colon + 1);
-      f.items.push_back(it);
-    }
-    return f;
-  }
-  bool accepts(const std::string& dev, int port) const {
-    if (items.empty()) return true;
-    bool listed = false;
-    for (const auto& it : items) {
-      bool nameOk = exact ? dev == it.name : dev.rfind(it.name, 0) == 0;
-      if (nameOk && (it.port == 0 || it.port == port)) listed = true;
-    }
-    return exclude ? !listed : listed;
-  }
-};
-
-bool isIpv4Mapped(const ibv_gid& g) {
-  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  return std::memcmp(g.raw, prefix, 12) == 0;
-}
-
-bool isZero(const ibv_gid& g) {
-  for (uint8_t b : g.raw) if (b) return false;
-  return true;
-}
-
-// Auto GID choice on a RoCE port: RoCE v2 + IPv4-mapped first (routable, what
-// NICs configured for RoCE v2 use), then any RoCE v2, then anything non-zero.
-int autoGidIndex(ibv_context* ctx, int port, int tableLen) {
-  int best = -1, bestScore = -1;
-  for (int i = 0; i < tableLen; ++i) {
-    ibv_gid_entry e{};
-    if (ibv_query_gid_ex(ctx, static_cast<uint32_t>(port), static_cast<uint32_t>(i), &e, 0) != 0) continue;
-    ibv_gid g;
-    std::memcpy(g.raw, e.gid.raw, 16);
-    if (isZero(g)) continue;
-    bool v2 = e.gid_type == IBV_GID_TYPE_ROCE_V2;
-    int score = (v2 ? 2 : 0) + (isIpv4Mapped(g) ? 1 : 0);
-    if (score > bestScore) { bestScore = score; best = i; }
-  }
-  return best;
-}
-
-}  // namespace
 
 std::string gidToString(const ibv_gid& g) {
   char buf[INET6_ADDRSTRLEN];
@@ -88,51 +24,6 @@ std::string gidToString(const ibv_gid& g) {
 }
 
 int mtuToBytes(ibv_mtu m) { return 128 << static_cast<int>(m); }
-
-std::optional<VerbsPortChoice> chooseVerbsPort(const Config& cfg, std::string& why) {
-  HcaFilter filter = HcaFilter::parse(cfg.ibHca);
-  int n = 0;
-  ibv_device** devs = ibv_get_device_list(&n);
-  if (!devs || n == 0) {
-    if (devs) ibv_free_device_list(devs);
-    why = "libibverbs found no RDMA device (is rdma-core with the provider for your NIC installed, "
-          "and the kernel driver loaded? `ibv_devices` lists them)";
-    return std::nullopt;
-  }
-  std::string seen;
-  std::optional<VerbsPortChoice> found;
-  for (int i = 0; i < n && !found; ++i) {
-    const std::string name = ibv_get_device_name(devs[i]);
-    ibv_context* ctx = ibv_open_device(devs[i]);
-    if (!ctx) { seen += str(" ", name, "(cannot open: ", std::strerror(errno), ")"); continue; }
-    ibv_device_attr da{};
-    if (ibv_query_device(ctx, &da) == 0) {
-      for (int p = 1; p <= da.phys_port_cnt && !found; ++p) {
-        ibv_port_attr pa{};
-        if (ibv_query_port(ctx, static_cast<uint8_t>(p), &pa) != 0) continue;
-        bool eth = pa.link_layer == IBV_LINK_LAYER_ETHERNET;
-        seen += str(" ", name, ":", p, "(", pa.state == IBV_PORT_ACTIVE ? "ACTIVE" : "not active", ", ",
-                    eth ? "Ethernet" : "InfiniBand", ")");
-        if (!filter.accepts(name, p) || pa.state != IBV_PORT_ACTIVE) continue;
-        int gid = 0;
-        if (eth) {
-          gid = cfg.ibGidIndex >= 0 ? cfg.ibGidIndex : autoGidIndex(ctx, p, pa.gid_tbl_len);
-          if (gid < 0 || gid >= pa.gid_tbl_len) {
-            seen += "[no usable GID: configure an IP address on the NIC's netdev]";
-            continue;
-          }
-        }
-        found = VerbsPortChoice{name, p, gid, eth};
-      }
-    }
-    ibv_close_device(ctx);
-  }
-  ibv_free_device_list(devs);
-  if (!found)
-    why = str("no ACTIVE RDMA port", cfg.ibHca.empty() ? "" : str(" matching ROCE_PG_IB_HCA=", cfg.ibHca),
-              "; ports seen:", seen.empty() ? " none" : seen);
-  return found;
-}
 
 namespace {
 std::atomic<int> devicesOpen{0};  // VerbsDevice::openCount

@@ -1,8 +1,5 @@
-// Choosing and opening the RDMA port the verbs transport uses: the device/port
-// filter (ROCE_PG_IB_HCA, NCCL syntax), an active port with Ethernet (RoCE) or
-// InfiniBand link layer, and the GID (RoCE v2, IPv4-mapped unless
-// ROCE_PG_IB_GID_INDEX says otherwise). Also owns the protection domain, the
-// async events (read on the process's runtime thread) and the process-wide
+// One opened RDMA port (chosen by port_choice.hpp): its context, the
+// protection domain, the async events (read on the process's runtime thread) and the process-wide
 // checks (memlock, fork safety). One VerbsDevice per port per process
 // (VerbsDevice::shared, issue 27): every group of the process uses the same
 // context and protection domain, so a job with 20 groups opens the NIC once.
@@ -21,20 +18,11 @@
 #include <memory>
 
 #include "../../runtime/process_runtime.hpp"
+#include "port_choice.hpp"
 
 namespace roce {
 
 struct Config;
-
-struct VerbsPortChoice {
-  std::string device;
-  int port = 1;
-  int gidIndex = 0;
-  bool ethernet = true;  // RoCE (GRH addressing) vs InfiniBand (LID addressing)
-};
-
-// The port to use, or nullopt with `why` explaining what was looked for.
-std::optional<VerbsPortChoice> chooseVerbsPort(const Config& cfg, std::string& why);
 
 class VerbsDevice : public RuntimeService {
  public:

@@ -4,6 +4,7 @@
 
 #include "../../common/error.hpp"
 #include "../../common/parse.hpp"
+#include "port_choice.hpp"
 #include "verbs_wire.hpp"
 
 namespace roce::verbs {
@@ -40,10 +41,11 @@ bool unhex(const std::string& s, void* p, size_t n) {
 
 std::string Endpoint::encode() const {
   std::ostringstream os;
-  os << qpns.size();
-  for (uint32_t q : qpns) os << " " << q;
-  os << " " << psn << " " << lid << " " << hex(gid.raw, 16) << " " << mtu << " " << landing << " " << rkey << " "
-     << slots << " " << slotBytes << " " << stride << " " << ctrlRecvs << " " << grants.size();
+  os << rails.size();
+  for (const Rail& r : rails) os << " " << r.lid << " " << hex(r.gid.raw, 16) << " " << r.mtu << " " << r.landingRkey;
+  os << " " << qps.size();
+  for (const Qp& q : qps) os << " " << q.qpn << " " << q.rail;
+  os << " " << psn << " " << landing << " " << slots << " " << slotBytes << " " << stride << " " << ctrlRecvs << " " << grants.size();
   for (uint32_t g : grants) os << " " << g;
   return os.str();
 }
@@ -62,19 +64,29 @@ Endpoint Endpoint::parse(const std::string& text, int peer, int expectQps, int s
     return v;
   };
   Endpoint e;
+  const auto nr = static_cast<int>(next(1, kMaxRails, "rail count"));
+  for (int r = 0; r < nr; ++r) {
+    Rail rail;
+    rail.lid = static_cast<uint32_t>(next(0, 0xffff, "LID"));
+    std::string gidHex;
+    if (!(in >> gidHex) || !unhex(gidHex, rail.gid.raw, 16)) fail("GID");
+    rail.mtu = static_cast<int>(next(IBV_MTU_256, IBV_MTU_4096, "MTU"));
+    rail.landingRkey = static_cast<uint32_t>(next(0, UINT32_MAX, "rkey"));
+    e.rails.push_back(rail);
+  }
   const auto nq = static_cast<int>(next(1, 16, "queue pair count"));
   if (nq != expectQps)
     throwInvalid(str("rank ", peer, " uses ", nq, " queue pairs per connection but rank ", self, " uses ",
                      expectQps, " (the larger of ROCE_PG_IB_QPS_PER_CONNECTION and the channel count): set the same "
                      "ROCE_PG_IB_QPS_PER_CONNECTION on every rank"));
-  for (int q = 0; q < nq; ++q) e.qpns.push_back(static_cast<uint32_t>(next(1, 0xffffff, "QPN")));
+  for (int q = 0; q < nq; ++q) {
+    Qp qp;
+    qp.qpn = static_cast<uint32_t>(next(1, 0xffffff, "QPN"));
+    qp.rail = static_cast<uint32_t>(next(0, nr - 1, "queue pair's rail"));
+    e.qps.push_back(qp);
+  }
   e.psn = static_cast<uint32_t>(next(0, 0xffffff, "PSN"));
-  e.lid = static_cast<uint32_t>(next(0, 0xffff, "LID"));
-  std::string gidHex;
-  if (!(in >> gidHex) || !unhex(gidHex, e.gid.raw, 16)) fail("GID");
-  e.mtu = static_cast<int>(next(IBV_MTU_256, IBV_MTU_4096, "MTU"));
   e.landing = next(1, UINT64_MAX, "landing address");
-  e.rkey = static_cast<uint32_t>(next(0, UINT32_MAX, "rkey"));
   e.slots = static_cast<uint32_t>(next(2, 1u << 24, "slot count"));
   e.slotBytes = next(1, 1ull << 30, "slot size");
   e.stride = next(sizeof(SlotHeader) + e.slotBytes, 1ull << 31, "slot stride");

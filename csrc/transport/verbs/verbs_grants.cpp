@@ -42,7 +42,7 @@ void VerbsTransport::grantTo(int p, Peer& peer) {
   const uint32_t slot = landing_->take();
   landingOwner_[slot] = p;
   peer.granted++;
-  queueCtrl(p, Ctrl{kCredit, slot, 0, 0, 0, 0, 0, 0, {}});
+  queueCtrl(p, makeCtrl(kCredit, slot));
 }
 
 void VerbsTransport::grantNeeded(int p) {
@@ -63,7 +63,7 @@ void VerbsTransport::landingConsumed(int p, uint32_t slot) {
     // Straight back to the peer that wrote it.
     landingOwner_[slot] = p;
     peer.granted++;
-    queueCtrl(p, Ctrl{kCredit, slot, 0, 0, 0, 0, 0, 0, {}});
+    queueCtrl(p, makeCtrl(kCredit, slot));
     return;
   }
   landing_->give(slot);

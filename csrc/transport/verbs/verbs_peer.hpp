@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../transport.hpp"
+#include "rails.hpp"
 #include "reg_cache.hpp"
 #include "verbs_wire.hpp"
 
@@ -28,11 +29,14 @@ struct ActiveSend {
   // Zero copy (zc non-null): pieces of `piece` bytes go to remoteAddr/rkey.
   RegCache::Entry* zc = nullptr;
   uint64_t piece = 0, remoteAddr = 0;
-  uint32_t rkey = 0;
+  std::array<uint32_t, kMaxRails> rkeys{};  // the receive buffer's, per rail of the receiver
 };
 
 struct Qp {
   ibv_qp* qp = nullptr;
+  int rail = 0;                 // our port it is on (index into the transport's rails)
+  int remoteRail = 0;           // the peer's port it reaches
+  uint32_t remoteLandingRkey = 0;  // the peer's landing pool on that port
   int posted = 0;             // send WRs not yet known complete
   int unsignaled = 0;         // send WRs since the last signaled one
   std::deque<int> covers;     // per signaled WR in flight: WRs it retires
@@ -56,18 +60,18 @@ struct Peer {
   std::string inbuf, outbuf;
   std::vector<Qp> qps;
   std::string deadReason;
-  std::string remoteGid;
+  std::string remoteGid;  // the peer's GIDs, one per rail, for messages
   uint32_t remoteQpn0 = 0;
   uint32_t localPsn = 0;  // our send PSN, published to the peer as its receive PSN
   int mtu = 0;
   // Control memory registered for this peer: per queue pair a receive ring
   // (rq entries) and a send ring (sq entries) of 64-byte buffers.
   char* ctrlMem = nullptr;
-  ibv_mr* ctrlMr = nullptr;
+  RailMrs ctrlMrs;  // registered on every rail
   size_t ctrlBytes = 0;
-  // The peer's landing pool, and the slots of it we may write (its credits).
+  // The peer's landing pool (its rkeys are per queue pair: Qp::remoteLandingRkey),
+  // and the slots of it we may write (its credits).
   uint64_t remoteLanding = 0;
-  uint32_t remoteRkey = 0;
   std::deque<uint32_t> remoteFree;
   std::vector<bool> remoteIsFree;  // per remote slot: in remoteFree (a duplicate CREDIT is an error)
   // Our landing slots this peer holds: granted and not yet consumed.

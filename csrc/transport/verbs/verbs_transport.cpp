@@ -18,14 +18,14 @@ void VerbsTransport::postRecvBuffer(int p, int q, int index) {
   ibv_sge sge{};
   sge.addr = reinterpret_cast<uint64_t>(peer.ctrlMem + (static_cast<size_t>(q) * rqDepth_ + index) * kCtrlBytes);
   sge.length = kCtrlBytes;
-  sge.lkey = peer.ctrlMr->lkey;
+  sge.lkey = peer.ctrlMrs.lkey(peer.qps[q].rail);
   ibv_recv_wr wr{};
   wr.wr_id = wrId(kWrRecv, p, q, static_cast<uint32_t>(index));
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
   int rc = ibv_post_recv(peer.qps[q].qp, &wr, &bad);
-  if (rc != 0) throwComm(str("ibv_post_recv for rank ", p, " failed (", rc, ") on ", dev_->describe()));
+  if (rc != 0) throwComm(str("ibv_post_recv for rank ", p, " failed (", rc, ") on ", railOf(peer.qps[q]).describe()));
 }
 
 uint32_t VerbsTransport::takeRingEntry(Qp& q) {
@@ -52,7 +52,7 @@ bool VerbsTransport::flushCtrl(int p) {
   const bool idle = peer.ctrlQueue.empty() &&
                     peer.ctrlToReturn >= static_cast<uint32_t>(std::max(1, peer.ctrlCreditsMax / 4));
   if ((stuck || idle) && (peer.ctrlQueue.empty() || peer.ctrlQueue.front().type != kAck))
-    peer.ctrlQueue.push_front(Ctrl{kAck, 0, 0, 0, 0, 0, 0, 0, {}});
+    peer.ctrlQueue.push_front(makeCtrl(kAck));
   while (!peer.ctrlQueue.empty() && q.posted < sqDepth_) {
     const bool ack = peer.ctrlQueue.front().type == kAck;
     if (peer.ctrlCredits <= (ack ? 0 : kCtrlReserve)) break;  // the peer has no receive posted for more
@@ -72,7 +72,7 @@ void VerbsTransport::postCtrl(int p, Ctrl msg) {
   const uint32_t entry = takeRingEntry(q);
   char* buf = peer.ctrlMem + (static_cast<size_t>(qpsPerPeer_) * rqDepth_ + entry) * kCtrlBytes;
   std::memcpy(buf, &msg, sizeof(msg));
-  ibv_sge sge{reinterpret_cast<uint64_t>(buf), sizeof(msg), peer.ctrlMr->lkey};
+  ibv_sge sge{reinterpret_cast<uint64_t>(buf), sizeof(msg), peer.ctrlMrs.lkey(q.rail)};
   ibv_send_wr wr{};
   wr.wr_id = wrId(kWrCtrl, p, 0, entry);
   wr.sg_list = &sge;
@@ -83,7 +83,7 @@ void VerbsTransport::postCtrl(int p, Ctrl msg) {
   wr.send_flags = (signal ? IBV_SEND_SIGNALED : 0) | (sizeof(msg) <= q.maxInline ? IBV_SEND_INLINE : 0);
   ibv_send_wr* bad = nullptr;
   int rc = ibv_post_send(q.qp, &wr, &bad);
-  if (rc != 0) throwComm(str("ibv_post_send (control) to rank ", p, " failed (", rc, ") on ", dev_->describe()));
+  if (rc != 0) throwComm(str("ibv_post_send (control) to rank ", p, " failed (", rc, ") on ", railOf(q).describe()));
   q.posted++;
   if (signal) {
     q.covers.push_back(q.unsignaled + 1);
@@ -153,7 +153,7 @@ void VerbsTransport::postSend(Request* r) {
   }
   auto it = peer.rtrsWaiting.find(r->tag);
   const bool rtrIn = it != peer.rtrsWaiting.end() && !it->second.empty();
-  peer.announcements.push_back({Ctrl{kRts, 0, r->tag, r->len, 0, 0, 0, 0, {}}, eager});
+  peer.announcements.push_back({makeCtrl(kRts, 0, r->tag, r->len), eager});
   if (rtrIn) {
     const Ctrl rtr = it->second.front();
     it->second.pop_front();
@@ -204,7 +204,11 @@ void VerbsTransport::postRecv(Request* r) {
     // Offer zero copy; the sender may still copy (its buffer is not registered).
     const uint64_t piece = zeroCopyPiece(r->len, r->lane > 0 ? 1 : qpsPerPeer_);
     peer.recvs[id] = {r, 0, 0, {}, zc, piece, 0};
-    queueCtrl(r->peer, Ctrl{kRtr, id, r->tag, r->len, 0, zc->mr->rkey, reinterpret_cast<uint64_t>(r->buf), piece, {}});
+    Ctrl rtr = makeCtrl(kRtr, id, r->tag, r->len);
+    for (size_t rail = 0; rail < rails_.size(); ++rail) rtr.rkey[rail] = zc->rkey(static_cast<int>(rail));
+    rtr.addr = reinterpret_cast<uint64_t>(r->buf);
+    rtr.piece = piece;
+    queueCtrl(r->peer, rtr);
   } else {
     // A device buffer that could not be registered still posts its RTR, in
     // order: the sender pairs RTRs with sends strictly in order per tag, so a
@@ -213,7 +217,7 @@ void VerbsTransport::postRecv(Request* r) {
     // (deliverEager, onData): the CPU must not write device memory.
     const uint64_t chunks = std::max<uint64_t>(1, (r->len + slotBytes_ - 1) / slotBytes_);
     peer.recvs[id] = {r, chunks, 0, std::vector<bool>(chunks, false), nullptr, 0, 1};
-    queueCtrl(r->peer, Ctrl{kRtr, id, r->tag, r->len, 0, 0, 0, 0, {}});
+    queueCtrl(r->peer, makeCtrl(kRtr, id, r->tag, r->len));
   }
   grantNeeded(r->peer);
   auto a = peer.arrivals.find(r->tag);
@@ -263,7 +267,7 @@ RegCache::Entry* VerbsTransport::registerUserBuffer(const Request& r) {
 std::string VerbsTransport::deviceRegFailure(const Request& r, const char* what) const {
   return str("rank ", rank_, ": the ", what, " of ", r.len, " bytes of device memory with rank ", r.peer,
              " cannot go by RDMA (", what == std::string("send") ? "rank " + std::to_string(r.peer) +
-             " offered no registered buffer, or " : "", "registering it on ", dev_->describe(),
+             " offered no registered buffer, or " : "", "registering it on ", describeRails(),
              " failed or exceeds ROCE_PG_IB_DEVICE_REG_BYTES=", deviceRegCache_->limit(),
              "); the CPU must not touch device memory, so it fails. Set ROCE_PG_GPUDIRECT=off on every rank "
              "to stage device tensors through host memory, and the same ROCE_PG_IB_DEVICE_REG_BYTES everywhere");
@@ -310,7 +314,7 @@ void VerbsTransport::matchSend(int p, Request* r, const Ctrl& rtr) {
   if (len != r->len) {
     r->fail(str("rank ", rank_, " sent ", r->len, " bytes to rank ", p, " but rank ", p, " expected ", len,
                 " bytes: every rank must pass tensors of the same size and dtype to this operation"));
-    queueCtrl(p, Ctrl{kNack, recvId, r->tag, r->len, 0, 0, 0, 0, {}});
+    queueCtrl(p, makeCtrl(kNack, recvId, r->tag, r->len));
     return;
   }
   ActiveSend as{r, recvId, 0};
@@ -319,14 +323,14 @@ void VerbsTransport::matchSend(int p, Request* r, const Ctrl& rtr) {
     as.zc = registerUserBuffer(*r);
   if (!as.zc && r->owner.device) {
     r->fail(deviceRegFailure(*r, "send"));
-    queueCtrl(p, Ctrl{kNack, recvId, r->tag, r->len, 0, 0, 0, 0, {}});
+    queueCtrl(p, makeCtrl(kNack, recvId, r->tag, r->len));
     return;
   }
   if (as.zc) {
     as.piece = rtr.piece;
     as.chunks = (r->len + as.piece - 1) / as.piece;
     as.remoteAddr = rtr.addr;
-    as.rkey = rtr.rkey;
+    std::copy(std::begin(rtr.rkey), std::end(rtr.rkey), as.rkeys.begin());
   } else {
     as.chunks = std::max<uint64_t>(1, (r->len + slotBytes_ - 1) / slotBytes_);
   }
@@ -389,26 +393,26 @@ void VerbsTransport::postChunk(int p, Qp& q, ActiveSend& as, const SlotHeader& h
     if (as.zc) {
       buf = peer.ctrlMem +
             (static_cast<size_t>(qpsPerPeer_) * rqDepth_ + static_cast<size_t>(qIndex) * sqDepth_ + entry) * kCtrlBytes;
-      lkey = peer.ctrlMr->lkey;
+      lkey = peer.ctrlMrs.lkey(q.rail);
     }
   } else {
     const uint32_t slot = staging_->take();
     stagingOwner_[slot] = {p, &as};
     buf = staging_->slot(slot);
-    lkey = staging_->lkey();
+    lkey = staging_->lkey(q.rail);
     head.wr_id = wrId(kWrData, p, qIndex, slot);
   }
   std::memcpy(buf, &h, sizeof(h));
   if (as.zc) {
     // The payload, tensor to tensor, unsignaled: the header's completion
     // (same queue pair, posted after it) covers it.
-    sges[0] = ibv_sge{reinterpret_cast<uint64_t>(payload), static_cast<uint32_t>(h.len), as.zc->mr->lkey};
+    sges[0] = ibv_sge{reinterpret_cast<uint64_t>(payload), static_cast<uint32_t>(h.len), as.zc->lkey(q.rail)};
     wrs[0].wr_id = wrId(kWrZeroCopy, p, qIndex, 0);
     wrs[0].sg_list = &sges[0];
     wrs[0].num_sge = 1;
     wrs[0].opcode = IBV_WR_RDMA_WRITE;
     wrs[0].wr.rdma.remote_addr = as.remoteAddr + h.offset;
-    wrs[0].wr.rdma.rkey = as.rkey;
+    wrs[0].wr.rdma.rkey = as.rkeys[q.remoteRail];  // the receiver's key on the port this queue pair reaches
     wrs[0].next = &wrs[1];
     if (counters()) Counters::add(counters()->bytesZeroCopy, h.len);
   } else {
@@ -423,10 +427,10 @@ void VerbsTransport::postChunk(int p, Qp& q, ActiveSend& as, const SlotHeader& h
   head.send_flags = IBV_SEND_SIGNALED | (inlined ? IBV_SEND_INLINE : 0);  // completion frees / retires
   head.imm_data = htonl(land);
   head.wr.rdma.remote_addr = peer.remoteLanding + land * stride_;  // the handshake checked that both sides use it
-  head.wr.rdma.rkey = peer.remoteRkey;
+  head.wr.rdma.rkey = q.remoteLandingRkey;
   ibv_send_wr* bad = nullptr;
   int rc = ibv_post_send(q.qp, &wrs[0], &bad);
-  if (rc != 0) throwComm(str("ibv_post_send (RDMA write) to rank ", p, " failed (", rc, ") on ", dev_->describe()));
+  if (rc != 0) throwComm(str("ibv_post_send (RDMA write) to rank ", p, " failed (", rc, ") on ", railOf(q).describe()));
   const int n = as.zc ? 2 : 1;
   q.posted += n;
   q.covers.push_back(q.unsignaled + n);

@@ -24,6 +24,15 @@
 //      header alone with WRITE_WITH_IMM. No byte is copied by a CPU.
 //   Several chunks are in flight per peer (ROCE_PG_IB_SLOTS) and are spread
 //   over ROCE_PG_IB_QPS_PER_CONNECTION queue pairs.
+//   Rails (issue 27, every NIC): a rank drives up to kMaxRails ports
+//   (port_choice.hpp); queue pair q of a connection is on rail q mod rails,
+//   so the chunks spread over queue pairs spread over the NICs and a
+//   channel's queue pair (lane) keeps its channel on one NIC. The pools and
+//   control rings are registered on every rail, an RTR carries the receive
+//   buffer's rkey on each of the receiver's rails, and the endpoint names
+//   each queue pair's rail. Order per (peer, tag) is unchanged: it never
+//   depended on which queue pair a chunk took (headers carry offsets;
+//   announcements keep to QP 0).
 //   Eager (messages of at most ROCE_PG_IB_EAGER_MAX_BYTES and one chunk): no
 //   RTS, no waiting for the RTR; the sender writes header (tag, length) and
 //   payload into a landing slot at once, so the data arrives after one trip
@@ -90,12 +99,18 @@ struct Endpoint;
 // `peers` peers (landing pool + staging pool + each peer's control rings),
 // assuming the device grants the queue depths asked for. The formula the
 // README states, the doctor's memlock check uses, and tests/scale projects.
-size_t verbsRegisteredBytes(const Config& cfg, int peers);
+// With `rails` ports, every pool and ring is registered once per port.
+size_t verbsRegisteredBytes(const Config& cfg, int peers, int rails = 1);
+// Queue pairs per connection in a group whose ranks drive at most `maxRails`
+// ports: ROCE_PG_IB_QPS_PER_CONNECTION, at least one per channel and per rail.
+int groupQueuePairs(const Config& cfg, int maxRails);
 
 class VerbsTransport : public Transport {
  public:
-  // Serves peers whose connections arrive through adoptConnection.
-  VerbsTransport(int rank, int size, std::shared_ptr<VerbsDevice> dev, const Config& cfg);
+  // Serves peers whose connections arrive through adoptConnection, over
+  // `rails` (one or more ports), with `qpsPerPeer` queue pairs per connection
+  // (the same on every rank of the group: groupQueuePairs).
+  VerbsTransport(int rank, int size, Rails rails, const Config& cfg, int qpsPerPeer);
   ~VerbsTransport() override;
   const char* name() const override { return "verbs"; }
   void postSend(Request* r) override;
@@ -155,6 +170,7 @@ class VerbsTransport : public Transport {
   void serveNeedy();
   // ---- completions (verbs_completions.cpp) ----
   bool pollCompletions();
+  bool pollRail(size_t rail, struct ibv_wc* wcs);
   void onCompletion(const struct ibv_wc& wc);
   void onCtrl(int peer, const Ctrl& msg);
   void onData(int peer, uint32_t slot, uint32_t byteLen);
@@ -162,8 +178,11 @@ class VerbsTransport : public Transport {
   void killPeer(int peer, const std::string& why);
   std::string failureText(int peer, const struct ibv_wc& wc) const;
 
+  VerbsDevice& railOf(const Qp& q) const { return *rails_[q.rail]; }
+  std::string describeRails() const;  // "rxe0 port 1, ... and rxe1 port 1, ..." for messages
+
   int rank_;
-  std::shared_ptr<VerbsDevice> dev_;
+  Rails rails_;
   int qpsPerPeer_, cap_, sqDepth_, rqDepth_;
   size_t slotBytes_;   // payload bytes per landing/staging slot
   size_t stride_;      // header + payload, 64-byte aligned
@@ -177,7 +196,7 @@ class VerbsTransport : public Transport {
   std::unique_ptr<RegCache> regCache_;
   std::unique_ptr<RegCache> deviceRegCache_;  // device memory: ROCE_PG_IB_DEVICE_REG_BYTES
   DmabufAnswer dmabuf_;  // the provider's answer, asked once at construction
-  std::unique_ptr<CqSet> cqs_;
+  std::vector<std::unique_ptr<CqSet>> cqs_;  // per rail (a CQ belongs to one device); empty until the first connection
   std::unique_ptr<SlotPool> landing_, staging_;
   std::vector<int> landingOwner_;  // per landing slot: the peer it is granted to, -1 while in the pool
   struct StagingUse {

@@ -5,23 +5,37 @@
 #pragma once
 #include <cstdint>
 
+#include "port_choice.hpp"
+
 namespace roce::verbs {
 
 // kAck only returns control credits (when there is nothing else to carry them).
 enum CtrlType : uint32_t { kRts = 1, kRtr = 2, kCredit = 3, kNack = 4, kAck = 5 };
 
 struct Ctrl {
-  uint32_t type;
-  uint32_t id;       // RTR/NACK: receive id; CREDIT: the landing slot granted
-  uint64_t tag;
-  uint64_t len;      // RTS/RTR: message size; NACK: the sender's size
-  uint32_t credits;  // control receives the sender re-posted since its last message
-  uint32_t rkey;     // RTR with addr: rkey of the receive buffer
-  uint64_t addr;     // RTR: receive buffer for zero copy; 0: copy through landing slots
-  uint64_t piece;    // RTR with addr: bytes per RDMA write; the receiver counts pieces of this size
-  uint64_t pad[2];
+  uint32_t type = 0;
+  uint32_t id = 0;       // RTR/NACK: receive id; CREDIT: the landing slot granted
+  uint64_t tag = 0;
+  uint64_t len = 0;      // RTS/RTR: message size; NACK: the sender's size
+  uint32_t credits = 0;  // control receives the sender re-posted since its last message
+  // RTR with addr: the receive buffer's rkey on each of the receiver's rails
+  // (a piece goes through some queue pair, which lands on one of them).
+  uint32_t rkey[kMaxRails] = {};
+  uint32_t pad = 0;
+  uint64_t addr = 0;     // RTR: receive buffer for zero copy; 0: copy through landing slots
+  uint64_t piece = 0;    // RTR with addr: bytes per RDMA write; the receiver counts pieces of this size
 };
 static_assert(sizeof(Ctrl) == 64);
+static_assert(kMaxRails == 4, "Ctrl carries one rkey per rail in 64 bytes");
+
+inline Ctrl makeCtrl(CtrlType type, uint32_t id = 0, uint64_t tag = 0, uint64_t len = 0) {
+  Ctrl c;
+  c.type = type;
+  c.id = id;
+  c.tag = tag;
+  c.len = len;
+  return c;
+}
 
 // Written into a landing slot by the WRITE_WITH_IMM that completes a chunk.
 constexpr uint64_t kSlotZeroCopy = 1;  // the payload went straight into the receive buffer

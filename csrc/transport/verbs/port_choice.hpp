@@ -1,0 +1,46 @@
+// Which RDMA ports a rank drives (issue 27, "every NIC"): every ACTIVE port
+// that ROCE_PG_IB_HCA selects (NCCL syntax: "mlx5_0:1,mlx5_1", "^mlx5_2",
+// "=exact"), or by default the ports nearest the rank: those on the NUMA
+// nodes its CPUs are on (sysfs PCI locality), all of them when the rank is
+// not pinned to a subset of nodes or no port is on its nodes. One link layer
+// per rank (RoCE or InfiniBand, the first port's), at most kMaxRails ports:
+// with more, each rank starts at a different one (its global rank), so
+// eight ranks share eight NICs instead of crowding the first four.
+#pragma once
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace roce {
+
+struct Config;
+
+// Ports one rank drives at once ("rails"). Bounded by what a control message
+// can carry: an RTR names the receive buffer's key on each of them (verbs_wire.hpp).
+constexpr int kMaxRails = 4;
+
+struct VerbsPortChoice {
+  std::string device;
+  int port = 1;
+  int gidIndex = 0;
+  bool ethernet = true;  // RoCE (GRH addressing) vs InfiniBand (LID addressing)
+  int numaNode = -1;     // the NIC's NUMA node (sysfs), -1 unknown
+};
+
+// The ports to use, in rail order; empty with `why` explaining what was
+// looked for. `rank` spreads ranks over the ports when more than kMaxRails qualify.
+std::vector<VerbsPortChoice> chooseVerbsPorts(const Config& cfg, int rank, std::string& why);
+
+// The selection rule alone (pure, for tests): indices into `portNodes` (each
+// port's NUMA node, -1 unknown) of the ports a rank on `rankNodes` uses when
+// ROCE_PG_IB_HCA is unset, before the kMaxRails cap.
+std::vector<size_t> nearestPorts(const std::vector<int>& portNodes, const std::set<int>& rankNodes);
+// At most kMaxRails of `ports`, starting at `rank` modulo their count.
+std::vector<size_t> capRails(const std::vector<size_t>& ports, int rank);
+// NUMA nodes of the CPUs this process may run on (sched_getaffinity); empty if unknown.
+std::set<int> processNumaNodes();
+// "0-3,8,10-11" -> {0,1,2,3,8,10,11}; malformed parts are skipped.
+std::set<int> parseCpuList(const std::string& text);
+
+}  // namespace roce
