@@ -206,6 +206,28 @@ def test_subgroups_over_verbs_form_from_the_world_and_share_its_device(one_vm):
         assert r["registered"]["extra"] > 0, r["registered"]
 
 
+def test_two_nics_carry_one_group_and_a_downed_nic_fails_it_clearly(one_vm):
+    """Issue 27, every NIC: with rxe0 and rxe1 and no ROCE_PG_IB_HCA, both ranks
+    drive both devices (queue pair q on rail q mod 2): exact eager, copied and
+    zero-copy results, and each device carries at least a quarter of the
+    payload's packets. Then rxe1's netdev goes down mid-allreduce: every rank
+    raises (no hang), the rank that saw its port go names rxe1, and destroy
+    returns promptly."""
+    results = _group(one_vm, "multi_nic/verbs2")["results"]
+    print("\nmulti-NIC: " + "; ".join(f"rank {i}: {r.get('nics')}, packets {r.get('packets')}, down -> "
+                                      f"{r.get('type')} after {r.get('waited_s')} s: {str(r.get('msg'))[:200]}"
+                                      for i, r in enumerate(results)))
+    for i, r in enumerate(results):
+        assert r["nics"] == "rxe0:1, rxe1:1", (i, r["nics"])
+        assert r["checks"] == 12, (i, r)
+        for nic in ("rxe0", "rxe1"):
+            assert r["packets"][nic] >= r["min_packets_per_nic"], (i, nic, r["packets"], r["min_packets_per_nic"])
+        assert not r["capped"] and r["msg"] and r["dist_backend_error"], (i, r)
+        assert r["destroy_s"] < 30, (i, r)
+    assert results[0]["ip_link"].startswith("rc=0"), results[0]
+    assert "rxe1" in results[0]["msg"], results[0]["msg"]
+
+
 def test_every_waiting_rank_names_the_hung_rank_over_verbs(one_vm):
     """Issue 28: rank 2 of 8 alive but no longer calling; the others' timeout
     errors all carry the same verdict, exchanged over the lifelines."""

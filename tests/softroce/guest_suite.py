@@ -25,6 +25,9 @@ Phases (argv after the report path; default: all of them):
           exact, stream-ordered with slow kernels and the poisoning allocator;
           the same under a 64 KiB ROCE_PG_IB_DEVICE_REG_BYTES, where the larger
           tensors are staged instead
+  multinic  two rxe devices (rxe1 on dummy1 made for the group): both ranks
+          drive both; exact results, packets on both; dummy1 downed mid-run
+          gives every rank an error naming the device (issue 27)
   scale   8 ranks with a small pool (issue 19): connections, queue pairs and
           registered bytes follow the peers an algorithm talks to
 
@@ -33,11 +36,12 @@ have put on the wire, so a silent fall-back to TCP fails. The JSON report
 (argv[1]) is rewritten after every group: a run stopped by its time limit
 still tells how far it got.
 
-    python -m tests.softroce.guest_suite OUT.json [matrix] [api] [faults] [scale] [zerocopy] [gpudirect]
+    python -m tests.softroce.guest_suite OUT.json [matrix] [api] [multinic] [verdict] [faults] [scale] [zerocopy] [gpudirect]
 """
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -96,6 +100,12 @@ def groups(phases):
                                               env={"TEST_PG_TIMEOUT_S": "60"})
         g["abort/verbs2"] = _group("verbs2", "tests.api_workers.abort_pending")
         g["size_mismatch_nack/verbs3"] = _group("verbs3", "tests.api_workers.network_mismatch")
+    if "multinic" in phases:
+        # Issue 27, every NIC: a second Soft-RoCE device on its own netdev for
+        # this group only (made before, removed after); no ROCE_PG_IB_HCA.
+        g["multi_nic/verbs2"] = _group("verbs2", "tests.softroce.verbs_workers.multi_nic", proof=False, init=False,
+                                       scratch=True, env={"TEST_PG_TIMEOUT_S": "60"}, deadline_s=600,
+                                       before=SECOND_NIC_UP, after=SECOND_NIC_GONE)
     if "verdict" in phases:
         # Rank 2 of 8 stops calling collectives: every other rank's timeout
         # error carries the same verdict (tests/test_verdict.py on the host).
@@ -151,6 +161,21 @@ def groups(phases):
     return g
 
 
+# A second RDMA device for the multi-NIC group: rxe1 on dummy1 (10.99.1.1/24),
+# waited for until its port is ACTIVE; and its removal.
+SECOND_NIC_UP = ("ip link add dummy1 type dummy && ip addr add 10.99.1.1/24 dev dummy1 && ip link set dummy1 up && "
+                 "rdma link add rxe1 type rxe netdev dummy1 && "
+                 "for i in $(seq 120); do ibv_devinfo -d rxe1 | grep -q PORT_ACTIVE && exit 0; sleep 0.5; done; "
+                 "echo 'rxe1 never became ACTIVE'; exit 1")
+SECOND_NIC_GONE = "rdma link delete rxe1; ip link del dummy1; true"
+
+
+def _shell(cmd):
+    p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise RuntimeError(f"{cmd!r} failed ({p.returncode}): {p.stdout[-500:]} {p.stderr[-500:]}")
+
+
 def run_one(spec):
     entry = {"layout": spec["layout"], "target": spec["target"], "min_packets": spec["min_packets"]}
     kwargs = dict(spec["kwargs"])
@@ -159,11 +184,18 @@ def run_one(spec):
         kwargs["scratch"] = scratch
     t0, pkts0, hw0 = time.time(), sent_packets(), hw_counters()
     try:
+        if spec.get("before"):
+            _shell(spec["before"])
         entry["results"] = run_group(spec["target"], spec["world"], env=spec["env"], kwargs=kwargs,
                                      init=spec.get("init", True), start_method="fork", prepare=spec.get("prepare"),
                                      deadline_s=spec.get("deadline_s", 600), expect_dead=spec.get("expect_dead", ()))
     except Exception:  # noqa: BLE001
         entry["error"] = traceback.format_exc()[-6000:]
+    if spec.get("after"):
+        try:
+            _shell(spec["after"])
+        except Exception:  # noqa: BLE001
+            entry.setdefault("error", traceback.format_exc()[-2000:])
     entry["seconds"] = round(time.time() - t0, 1)
     entry["packets"] = sent_packets() - pkts0
     hw1 = hw_counters()
@@ -174,7 +206,7 @@ def run_one(spec):
 
 def main():
     out = sys.argv[1]
-    phases = sys.argv[2:] or ["matrix", "api", "verdict", "faults", "scale", "zerocopy", "gpudirect"]
+    phases = sys.argv[2:] or ["matrix", "api", "multinic", "verdict", "faults", "scale", "zerocopy", "gpudirect"]
     report = {"phases": phases, "kernel": platform.release(), "rdma_before": rdma_resources(), "groups": {}}
     t_start = time.time()
     for name, spec in groups(phases).items():

@@ -234,3 +234,74 @@ def verbs_at_scale(rank, world, port, big_numel=(1 << 20) // 8):
     dist.barrier(group=ring)
     dist.destroy_process_group(ring)
     return out
+
+
+def multi_nic(rank, world, port, scratch, nics=("rxe0", "rxe1"), netdev="dummy1", cap_s=120.0, timeout_s=60):
+    """Issue 27, every NIC: two Soft-RoCE devices (rxe0 on dummy0, rxe1 on
+    dummy1, made by the guest suite) and no ROCE_PG_IB_HCA: every rank drives
+    both. Exact results for eager, copied and zero-copy messages, packets on
+    both devices; then rank 0 takes dummy1 down during an allreduce loop and
+    every rank must raise an error naming the device (the documented
+    behaviour: a rail that goes down fails the group, it does not hang or run
+    on at half speed). Group init and teardown are done here: the harness's
+    destroy would follow the failure."""
+    from datetime import timedelta
+
+    from tests.fault_workers import await_failure, mark_time
+    from tests.softroce.rxe_counters import sent_packets
+
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=(rank == 0), timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group("roce", store=dist.PrefixStore("multinic", store), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    res = {"nics": dist.group.WORLD._get_backend(torch.device("cpu"))._nics()}
+    dist.barrier()
+    before = {d: sent_packets(d) for d in nics}
+    checks = 0
+    for numel in (255, (300 << 10) // 4 + 3, (8 << 20) // 4):  # eager, one chunk, zero copy over both rails
+        for rnd in range(3):
+            t = torch.full((numel,), float(rank + 1 + rnd))
+            dist.all_reduce(t)
+            want = sum(r + 1 + rnd for r in range(world))
+            assert torch.all(t == want), (numel, rnd, t[:4])
+            checks += 1
+        # point to point both ways, a pattern that shows misplaced pieces
+        mine = torch.arange(numel, dtype=torch.float32) + 1000 * rank
+        got = torch.empty(numel)
+        peer = (rank + 1) % world
+        reqs = [dist.isend(mine, peer), dist.irecv(got, (rank - 1) % world)]
+        for q in reqs:
+            q.wait()
+        assert torch.equal(got, torch.arange(numel, dtype=torch.float32) + 1000 * ((rank - 1) % world)), numel
+        checks += 1
+    dist.barrier()
+    res["packets"] = {d: sent_packets(d) - before[d] for d in nics}
+    res["checks"] = checks
+    # Both ranks' counters are the same devices (one machine); each of the 2
+    # ranks sent at least 3 x 8 MiB through the allreduces alone.
+    res["min_packets_per_nic"] = world * 3 * (8 << 20) // MTU // 4
+    dist.barrier()
+    pending = []
+    t = torch.empty((1 << 20) // 4)
+    if rank == 0:
+        t.fill_(1.0)
+        pending.append(dist.all_reduce(t, async_op=True))
+        time.sleep(0.05)
+        down = subprocess.run(["ip", "link", "set", "dev", netdev, "down"], capture_output=True, text=True)
+        mark_time(scratch)
+        res["ip_link"] = f"rc={down.returncode} {down.stderr.strip()}"
+
+    def again():
+        if pending:
+            return pending.pop()
+        t.fill_(1.0)
+        return dist.all_reduce(t, async_op=True)
+
+    res.update(await_failure(again, scratch, cap_s, loop=True))
+    t0 = time.monotonic()
+    try:
+        dist.destroy_process_group()
+        res["destroy"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        res["destroy"] = f"{type(e).__name__}: {str(e)[:300]}"
+    res["destroy_s"] = round(time.monotonic() - t0, 3)
+    return res

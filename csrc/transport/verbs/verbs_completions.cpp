@@ -32,8 +32,13 @@ std::string VerbsTransport::failureText(int p, const ibv_wc& wc) const {
     hint = " The peer had no receive posted for too long (it may be stuck or gone).";
   else if (wc.status == IBV_WC_REM_ACCESS_ERR || wc.status == IBV_WC_LOC_PROT_ERR)
     hint = " A memory registration was rejected (mixed roce_pg versions across ranks?).";
+  // The queue pair's own port: with several, the one whose link or path failed.
+  const int q = wrQp(wc.wr_id);
+  const bool known = q >= 0 && q < static_cast<int>(peer.qps.size());
+  const std::string where = known ? str(railOf(peer.qps[q]).describe(), " (queue pair ", q, " of ", peer.qps.size(), ")")
+                                  : describeRails();
   return str("RDMA transfer with rank ", p, " failed: ", ibv_wc_status_str(wc.status), " (status ", wc.status,
-             ", vendor error 0x", std::hex, wc.vendor_err, std::dec, ") on ", describeRails(), "; remote GID ",
+             ", vendor error 0x", std::hex, wc.vendor_err, std::dec, ") on ", where, "; remote GID ",
              peer.remoteGid, ", remote QPN ", peer.remoteQpn0, ", path MTU ", peer.mtu, ".", hint);
 }
 
