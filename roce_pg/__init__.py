@@ -147,8 +147,8 @@ def _world_backend_to_derive_from(ranks, opts):
     from its roster with no join of its own (issue 27), else None.
 
     Every member decides alike: the world group is the same on every rank,
-    and ROCE_PG_SUBGROUPS (parent|join) was checked equal on every rank when
-    the world formed. The group name torch passes (opts.group_id) is the same
+    ROCE_PG_SUBGROUPS (parent|join) was checked equal on every rank when
+    the world formed, and the placement settings must be set alike anyway. The group name torch passes (opts.group_id) is the same
     on every member and names the subgroup's keys."""
     if len(ranks) < 2 or not getattr(opts, "group_id", None):
         return None
@@ -165,6 +165,11 @@ def _world_backend_to_derive_from(ranks, opts):
     if not isinstance(backend, _C.RoceBackend) or not backend._forms_subgroups():
         return None
     if world.size() != dist.get_world_size() or max(ranks) >= world.size():
+        return None
+    # Placement or transport settings changed since the world formed (tests
+    # simulate machines per group; a job may force TCP for one group): the
+    # parent's roster would not reflect them, so this group joins instead.
+    if _C._placement_settings() != backend._placement_settings():
         return None
     return backend
 

@@ -202,3 +202,13 @@ def split(rank, world, port):
     assert t.item() == rank + 1, t
     dist.barrier()
     return out
+
+
+def settings_mismatch(rank, world, port):
+    """tests/algorithm_workers.py's mismatch check on a subgroup of every rank."""
+    from tests.algorithm_workers import _check_settings_mismatch
+    from tests.reference import Checker
+
+    ck = Checker(rank)
+    _check_settings_mismatch(ck, rank, list(range(world)))
+    return {"checks": ck.checks, "failures": ck.failures}

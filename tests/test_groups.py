@@ -22,11 +22,30 @@ def test_subgroups_form_without_a_join():
         assert r["stats"]["parked"] == 0, r["stats"]
 
 
-def test_subgroups_join_by_default():
+def test_subgroups_join_when_asked_to():
+    results = run_group("tests.group_workers.subgroups", 4, env={**FOUR_MACHINES, "ROCE_PG_SUBGROUPS": "join"})
+    for r in results:
+        assert all(v >= 2 for v in r["ops"].values()), r["ops"]
+
+
+def test_subgroups_from_the_parent_by_default():
     default = {k: v for k, v in FOUR_MACHINES.items() if k != "ROCE_PG_SUBGROUPS"}
     results = run_group("tests.group_workers.subgroups", 4, env=default)
     for r in results:
-        assert all(v >= 2 for v in r["ops"].values()), r["ops"]
+        assert r["ops"] and all(v == 0 for v in r["ops"].values()), r["ops"]
+
+
+def test_mismatched_settings_fail_every_member_either_way():
+    """A subgroup of four ranks (four machines: ring 0-1-2-3) whose last rank
+    sets another ROCE_PG_ALGO_ALLREDUCE, then another ROCE_PG_NCHANNELS: every
+    member's first operation fails naming both values, whether a leader
+    compares (join) or the lifeline neighbours do (parent; rank 1 is no
+    neighbour of rank 3 and learns it forwarded)."""
+    for mode in ("parent", "join"):
+        results = run_group("tests.group_workers.settings_mismatch", 4,
+                            env={**FOUR_MACHINES, "ROCE_PG_SUBGROUPS": mode})
+        for rank, r in enumerate(results):
+            assert r["checks"] == 2 and not r["failures"], (mode, rank, r)
 
 
 def test_subgroups_on_one_machine_share_memory():

@@ -80,6 +80,21 @@ void Communicator::startOperation() {
   if (!broken_.empty())
     throwComm(str(opName(), " refused: this process group failed earlier and cannot be used any more (",
                   broken_, "). Destroy it and create a new one"));
+  if (!settingsAgreed_ && lifeline_) {
+    // A group formed from its parent: its first operation runs only once the
+    // neighbours confirmed equal settings (Lifeline::awaitSettings), never
+    // with mismatched message patterns.
+    if (!lifeline_->awaitSettings(std::min(deadline_, Clock::now() + timeout_))) {
+      std::string why;
+      {
+        std::lock_guard<std::mutex> g(abortMu_);
+        why = peerFailed_.load() ? peerFailure_ : std::string();
+      }
+      throwComm(str(opName(), " on rank ", rank(), " failed: ", why.empty() ? str("the group's ring neighbours did "
+                    "not confirm their settings within the timeout (they did not create the group)") : why));
+    }
+    settingsAgreed_ = true;
+  }
 }
 
 bool Communicator::hasPendingRequests() const {

@@ -234,6 +234,8 @@ class Communicator {
 
   Transport* route(int peer) const;
   void startOperation();  // counts the operation; refuses it on a broken group
+  std::string settingsToCompare_;  // formed from the parent: its settings as set, for the lifeline to compare
+  bool settingsAgreed_ = false;  // the neighbours confirmed equal settings (groups formed from the parent)
   void slowChecks();
   void throwIfPeerFailed(const std::string& what);
   // probe(peer) returns a check that throws when `peer` will never connect.

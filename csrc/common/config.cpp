@@ -55,7 +55,7 @@ Config Config::read(EnvReader& r) {
   c.algoAllreduce = r.oneOf("ROCE_PG_ALGO_ALLREDUCE", r.oneOf("ROCE_PG_ALGO", "auto", kAllreduceAlgos), kAllreduceAlgos);
   c.algoAllreduceAcross = r.oneOf("ROCE_PG_ALGO_ALLREDUCE_ACROSS", "auto", {"auto", "rd", "rabenseifner", "ring", "tree"});
   c.connect = r.oneOf("ROCE_PG_CONNECT", "lazy", {"lazy", "eager"});
-  c.subgroups = r.oneOf("ROCE_PG_SUBGROUPS", "join", {"join", "parent"});
+  c.subgroups = r.oneOf("ROCE_PG_SUBGROUPS", "parent", {"join", "parent"});
   c.algoAllgather = r.oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "shm", "ring", "bruck", "hier"});
   c.algoReduceScatter = r.oneOf("ROCE_PG_ALGO_REDUCE_SCATTER", "auto", {"auto", "shm", "ring", "hier"});
   c.algoBroadcast = r.oneOf("ROCE_PG_ALGO_BROADCAST", "auto", {"auto", "shm", "binomial", "chain"});
@@ -176,6 +176,11 @@ const std::string& testFault() {
     return readTestFault(environment);
   }();
   return fault;
+}
+
+std::string Config::placementSettings() const {
+  return str("ROCE_PG_NET_TRANSPORT=", netTransport, " ROCE_PG_FORCE_NETWORK=", forceNetwork ? 1 : 0,
+             " ROCE_PG_SIM_RANKS_PER_NODE=", simRanksPerNode, " ROCE_PG_SIM_NODE=", simNode);
 }
 
 std::string Config::algorithmSettings() const {

@@ -57,7 +57,7 @@ struct Config {
   // through the store like any group (the leader compares every member's
   // settings); "parent" derives its roster from the world group's, with no
   // join and no comparison. Every rank must agree (algorithmSettings).
-  std::string subgroups = "join";        // ROCE_PG_SUBGROUPS: join|parent
+  std::string subgroups = "parent";      // ROCE_PG_SUBGROUPS: join|parent
   // Interface whose IPv4 address peers use to reach this rank over TCP.
   std::string socketIfname;              // ROCE_PG_SOCKET_IFNAME
   // Pipelining granularity of the ring algorithms.
@@ -196,6 +196,11 @@ struct Config {
   // up their messages (ROCE_PG_ALGO*, thresholds, cost model constants,
   // ROCE_PG_CHUNK_BYTES, ROCE_PG_NCHANNELS, ROCE_PG_FORCE_NETWORK).
   std::string algorithmSettings() const;
+  // What decides where ranks are and which transport joins them
+  // (ROCE_PG_NET_TRANSPORT, ROCE_PG_FORCE_NETWORK, ROCE_PG_SIM_*): a subgroup
+  // whose creation sees other values than its parent's joins instead of
+  // deriving the parent's placement (roce_pg/__init__.py).
+  std::string placementSettings() const;
 
  private:
   static Config read(EnvReader& r);

@@ -128,6 +128,8 @@ Communicator::Communicator(const Communicator& parent, Bootstrap& outerStore, co
   const auto deadline = Clock::now() + timeout_;
   CountingBootstrap store(outerStore, formationStoreOps_);
   fromParent_ = true;
+  // As set, before form() resolves auto values (the neighbours compare these).
+  settingsToCompare_ = cfg_.algorithmSettings();
   Roster roster = deriveRoster(cfg_, parent.roster_, parentRanks, groupName);
   if (rank < 0 || rank >= static_cast<int>(roster.ranks.size()) || parentRanks[rank] != parent.rank())
     throwInvalid(str("subgroup rank ", rank, " is not this process's parent rank ", parent.rank()));
@@ -290,7 +292,9 @@ void Communicator::connectLifelines(TcpAcceptor& acceptor, const std::vector<Tcp
   const auto firstContact = fromParent_ ? timeout_ : std::chrono::milliseconds(cfg_.heartbeatTimeoutMs);
   lifeline_ = std::make_unique<Lifeline>(rank(), hostNames_[rank()], std::move(links), cfg_.heartbeatTimeoutMs,
                                          firstContact,
-                                         [this](const std::string& why) { onPeerFailure(why); });
+                                         [this](const std::string& why) { onPeerFailure(why); },
+                                         // no leader compared the members' settings: the neighbours do
+                                         settingsToCompare_);
   lifeline_->setStateProvider([this] { return progress_.snapshot(); });
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <sstream>
 
 #include "../common/backoff.hpp"
 #include "../common/error.hpp"
@@ -22,7 +23,19 @@ constexpr size_t kMaxText = 4096;
 constexpr size_t kMaxQueued = 1 << 20;
 // kState: "<rank> <OpProgress snapshot>", sent once by every rank when some
 // rank asks (collectStates), forwarded around the ring like a failure notice.
-enum RecordType : uint16_t { kHeartbeat = 1, kBye = 2, kFail = 3, kState = 4 };
+// kSettings: "<rank> <Config::algorithmSettings()>", once to each neighbour
+// of a group formed from its parent.
+enum RecordType : uint16_t { kHeartbeat = 1, kBye = 2, kFail = 3, kState = 4, kSettings = 5 };
+
+// The "NAME=value" words of `a` that `b` lacks: what to name in a mismatch.
+std::string wordsMissingFrom(const std::string& a, const std::string& b) {
+  std::string out, word;
+  std::istringstream in(a);
+  const std::string padded = " " + b + " ";
+  while (in >> word)
+    if (padded.find(" " + word + " ") == std::string::npos) out += (out.empty() ? "" : " ") + word;
+  return out;
+}
 
 struct RecordHeader {
   uint32_t magic;
@@ -45,13 +58,15 @@ struct Lifeline::Peer {
 };
 
 Lifeline::Lifeline(int rank, std::string host, std::vector<Link> links, int heartbeatTimeoutMs,
-                   std::chrono::milliseconds firstContact, std::function<void(const std::string&)> onFailure)
+                   std::chrono::milliseconds firstContact, std::function<void(const std::string&)> onFailure,
+                   std::string settings)
     : rank_(rank),
       host_(std::move(host)),
       heartbeatTimeout_(heartbeatTimeoutMs),
       firstContact_(std::max(firstContact, heartbeatTimeout_)),
       onFailure_(std::move(onFailure)),
-      runtime_(ProcessRuntime::get()) {
+      runtime_(ProcessRuntime::get()),
+      settings_(std::move(settings)) {
   using std::chrono::milliseconds;
   interval_ = heartbeatTimeout_.count() > 0 ? std::clamp(heartbeatTimeout_ / 8, milliseconds(100), milliseconds(1000))
                                             : milliseconds(1000);
@@ -61,6 +76,9 @@ Lifeline::Lifeline(int rank, std::string host, std::vector<Link> links, int hear
     peers_.push_back(std::move(p));
   }
   nextBeat_ = lastRound_ = Clock::now();
+  // Before attaching: until then no other thread touches the peers.
+  if (!settings_.empty())
+    for (auto& p : peers_) sendRecord(p, kSettings, str(rank_, " ", settings_));
   runtime_.attach(this);
   attached_ = true;
 }
@@ -127,6 +145,7 @@ void Lifeline::failWith(const std::string& why, int exceptLink) {
     if (failed_) return;
     failed_ = true;
   }
+  statesCv_.notify_all();  // awaitSettings
   ROCE_INFO("rank ", rank_, " lifeline: ", why);
   try {
     onFailure_(why);
@@ -225,7 +244,7 @@ bool Lifeline::parseRecords(size_t i) {
   while (p.inbuf.size() >= sizeof(RecordHeader)) {
     RecordHeader h;
     std::memcpy(&h, p.inbuf.data(), sizeof(h));
-    if (h.magic != kRecordMagic || h.len > kMaxText || h.type < kHeartbeat || h.type > kState) {
+    if (h.magic != kRecordMagic || h.len > kMaxText || h.type < kHeartbeat || h.type > kSettings) {
       p.open = false;
       failWith(str("rank ", p.rank, " (host ", p.host, ") sent a corrupted lifeline record to rank ", rank_,
                    " (mixed roce_pg versions?)"),
@@ -243,9 +262,35 @@ bool Lifeline::parseRecords(size_t i) {
       failWith(text, static_cast<int>(i));
     } else if (h.type == kState) {
       receiveState(text, static_cast<int>(i));
+    } else if (h.type == kSettings) {
+      receiveSettings(text, static_cast<int>(i));
     }
   }
   return true;
+}
+
+void Lifeline::receiveSettings(const std::string& record, int fromLink) {
+  if (settings_.empty()) return;
+  const Peer& p = peers_[fromLink];
+  const std::string theirs = record.substr(std::min(record.size(), record.find(' ') + 1));
+  if (theirs != settings_) {
+    failWith(str("ranks ", rank_, " (host ", host_, ") and ", p.rank, " (host ", p.host, ") of this group use different "
+                 "algorithm settings (rank ", rank_, ": ", wordsMissingFrom(settings_, theirs), "; rank ", p.rank, ": ",
+                 wordsMissingFrom(theirs, settings_), "): set the same ROCE_PG_ALGO*, ROCE_PG_CHUNK_BYTES and "
+                 "ROCE_PG_NCHANNELS values on every rank before creating the group"),
+             -1);
+  } else {
+    std::lock_guard<std::mutex> g(mu_);
+    settingsMatched_++;
+  }
+  statesCv_.notify_all();
+}
+
+bool Lifeline::awaitSettings(Clock::time_point deadline) {
+  if (settings_.empty()) return true;
+  std::unique_lock<std::mutex> g(mu_);
+  statesCv_.wait_until(g, deadline, [&] { return failed_ || stop_ || settingsMatched_ >= peers_.size(); });
+  return !failed_ && !stop_ && settingsMatched_ >= peers_.size();
 }
 
 void Lifeline::lastWords(bool leaving) {

@@ -16,6 +16,12 @@
 //     forwarded around the ring in both directions as a FAIL notice, so every
 //     rank learns it within a few hops' latency even when the store is gone
 //     (rank 0 often hosts it) — a killed rank cuts the ring only at itself;
+//   * a group formed from its parent (no leader compared the members'
+//     settings) sends its must-share settings (Config::algorithmSettings) to
+//     both neighbours first: if any two ranks differ, some neighbouring pair
+//     does, and that pair fails the group naming both values (forwarded like
+//     any failure); the group's first operation waits for the verdict
+//     (awaitSettings), so no operation runs with mismatched algorithms;
 //   * when an operation times out, its rank asks every rank for its state
 //     (collectStates): each answers once with what it last issued, started
 //     and ended (OpProgress), forwarded the same way, so every rank can name
@@ -48,8 +54,10 @@ class Lifeline : public RuntimeService {
   // record (a subgroup formed from its parent is dialed before the
   // neighbour creates it, and torch puts no barrier after new_group; the
   // group's timeout). After that, heartbeatTimeoutMs.
+  // `settings`: non-empty to compare with the neighbours' (see above).
   Lifeline(int rank, std::string host, std::vector<Link> links, int heartbeatTimeoutMs,
-           std::chrono::milliseconds firstContact, std::function<void(const std::string&)> onFailure);
+           std::chrono::milliseconds firstContact, std::function<void(const std::string&)> onFailure,
+           std::string settings = {});
   ~Lifeline() override;  // leaves with a FAIL notice unless leave() was called
   Lifeline(const Lifeline&) = delete;
   Lifeline& operator=(const Lifeline&) = delete;
@@ -69,6 +77,10 @@ class Lifeline : public RuntimeService {
   // rank's own included. Thread-safe; every rank answers once per group, so
   // later calls return the same states.
   std::map<int, std::string> collectStates(int groupSize, Clock::time_point deadline);
+  // Waits until every neighbour's settings arrived and matched (true), or
+  // the group failed, the lifeline stopped or `deadline` passed (false; a
+  // mismatch is reported through onFailure). True at once without settings.
+  bool awaitSettings(Clock::time_point deadline);
 
  private:
   struct Peer;
@@ -82,6 +94,7 @@ class Lifeline : public RuntimeService {
   bool parseRecords(size_t i);  // false: a corrupted record failed the link
   void sendOwnStateOnce();
   void receiveState(const std::string& record, int fromLink);
+  void receiveSettings(const std::string& record, int fromLink);
   void stopThread();
 
   const int rank_;
@@ -101,7 +114,9 @@ class Lifeline : public RuntimeService {
   std::map<int, std::string> states_;  // collected: group rank -> snapshot
   bool stateWanted_ = false;           // collectStates() asked
   bool stateSent_ = false;             // this rank answered (once per group)
-  std::condition_variable statesCv_;
+  std::condition_variable statesCv_;  // also: settings verdicts
+  const std::string settings_;          // empty: no comparison
+  size_t settingsMatched_ = 0;          // neighbours whose settings equal ours
   bool failed_ = false;   // a failure was seen or announced: nothing more travels
   bool stop_ = false, leaving_ = false;
   std::vector<int> departed_;

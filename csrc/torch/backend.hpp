@@ -87,6 +87,7 @@ class RoceBackend : public c10d::Backend {
   const TraceRing& trace() const { return engine_->trace(); }
   // Whether this group asks torch to leave it to roce's recorder (ROCE_PG_TORCH_FR).
   bool recordsNatively() const { return cfg_.recordsNatively(); }
+  std::string placementSettings() const { return cfg_.placementSettings(); }
   std::string traceDumpJson() const;
   // The group's members' global ranks, for the dump (roce_pg's creator).
   void setTraceRanks(std::vector<int64_t> ranks) { traceRanks_ = std::move(ranks); }

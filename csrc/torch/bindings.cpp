@@ -57,6 +57,7 @@ PYBIND11_MODULE(_C, m) {
       .def("_forms_subgroups", &roce::RoceBackend::formsSubgroups)
       .def("_formation_store_ops", &roce::RoceBackend::formationStoreOps)
       .def("_nics", &roce::RoceBackend::nics)
+      .def("_placement_settings", &roce::RoceBackend::placementSettings)
       .def("_counters",
            [](roce::RoceBackend& b) {
              auto& c = b.counters();
@@ -289,6 +290,7 @@ PYBIND11_MODULE(_C, m) {
   // The settings every rank of a group must share ("NAME=value ..."): what
   // joining a group compares (Config::algorithmSettings()); for the doctor's test.
   m.def("_algorithm_settings", [] { return roce::Config::fromEnv().algorithmSettings(); });
+  m.def("_placement_settings", [] { return roce::Config::fromEnv().placementSettings(); });
   m.def("rdma_ports", [] {
     py::list out;
     for (const auto& p : roce::probeRdmaPorts()) {
