@@ -132,7 +132,8 @@ def _create_backend(dist_backend_opts, backend_options):
         backend = _C.RoceBackend._from_parent(parent, opts.store, opts.group_rank, ranks, str(opts.group_id),
                                               opts.timeout)
     else:
-        backend = _C.RoceBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, global_rank)
+        backend = _C.RoceBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, global_rank,
+                                 near_pci=_rank_gpu_pci())
     backend._set_trace_ranks(ranks or list(range(opts.group_size)))  # named in trace dumps
     _tell_torch_who_records(backend)
     devices = _devices_of_group_being_created()
@@ -140,6 +141,25 @@ def _create_backend(dist_backend_opts, backend_options):
     if template is None or not devices or set(devices.values()) != {BACKEND_NAME}:
         return backend  # shares the group with other backends: torch registers it
     return _named_group(backend, opts, template, devices)
+
+
+def _rank_gpu_pci():
+    """sysfs path of the GPU this rank computes on, for choosing the NICs
+    nearest it ("" when unknown). Only when this process already uses CUDA
+    (torch.cuda.set_device before init_process_group, as DDP jobs do):
+    initializing CUDA here would break a CPU job's forked DataLoader workers."""
+    try:
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return ""
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        bus, dev = getattr(props, "pci_bus_id", None), getattr(props, "pci_device_id", None)
+        if bus is None or dev is None:
+            return ""
+        address = f"{getattr(props, 'pci_domain_id', 0):04x}:{bus:02x}:{dev:02x}.0"
+        path = _os.path.realpath(f"/sys/bus/pci/devices/{address}")
+        return path if _os.path.exists(path) else ""
+    except Exception:  # noqa: BLE001 - no locality hint is no error
+        return ""
 
 
 def _world_backend_to_derive_from(ranks, opts):

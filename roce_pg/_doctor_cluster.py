@@ -225,10 +225,10 @@ def run(args):
 
 def _my_nics(rank):
     """The RDMA ports this rank would drive (the extension's own choice:
-    ROCE_PG_IB_HCA, else the ports near its CPUs), or why none."""
+    ROCE_PG_IB_HCA, else the ports nearest its GPU or its CPUs), or why none."""
     try:
         import roce_pg
-        ports, why = roce_pg._C._chosen_ports(rank)
+        ports, why = roce_pg._C._chosen_ports(rank, roce_pg._rank_gpu_pci())
     except Exception as e:  # noqa: BLE001 - no extension: reported by the import row
         return {"ports": [], "why": f"{type(e).__name__}: {e}"}
     return {"ports": [f"{p['device']}:{p['port']}" + (f" (NUMA {p['numa_node']})" if p["numa_node"] >= 0 else "")

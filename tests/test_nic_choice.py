@@ -82,3 +82,34 @@ def test_doctor_names_every_port_the_rank_drives(tmp_path):
 def test_registered_bytes_formula_counts_every_rail():
     one, two = _C.verbs_registered_bytes(3), _C.verbs_registered_bytes(3, 2)
     assert two >= 2 * one  # two rails: everything registered twice (and at least two queue pairs per peer)
+
+
+GPU = "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:08.0/0000:05:00.0"
+PCI_CASES = [
+    # (NIC paths, nearest indices): a NIC under the GPU's PCIe switch beats one
+    # behind the same root port, which beats one on another root port of the
+    # root complex; another root complex, or no device (rxe), never counts.
+    (["/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:10.0/0000:06:00.0",   # same switch: 4 hops
+      "/sys/devices/pci0000:00/0000:00:03.0/0000:07:00.0",                             # same root complex: 6
+      "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0", ""], [0]),
+    (["/sys/devices/pci0000:00/0000:00:03.0/0000:07:00.0",
+      "/sys/devices/pci0000:00/0000:00:03.0/0000:07:00.1"], [0, 1]),                    # a dual-port NIC: both
+    (["/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0", "", "/sys/devices/virtual/net/x"], []),
+]
+
+
+@pytest.mark.parametrize("nics,nearest", PCI_CASES)
+def test_nics_nearest_the_gpu_by_pci_hops(nics, nearest):
+    assert list(_C._nearest_to_device(nics, GPU)) == nearest
+
+
+def test_pci_distance_counts_hops_to_the_common_bridge():
+    assert _C._pci_distance(GPU, GPU) == 0
+    assert _C._pci_distance(GPU, "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:10.0/0000:06:00.0") == 4
+    far = _C._pci_distance(GPU, "/sys/devices/pci0000:80/0000:80:01.0")
+    assert far == _C._pci_distance(GPU, "") and far > 1000
+
+
+def test_a_cpu_rank_gets_no_gpu_hint():
+    # No CUDA in use here (and never initialized just to look): no PCI hint.
+    assert roce_pg._rank_gpu_pci() == ""

@@ -100,6 +100,10 @@ struct Config {
   size_t shmRingBytes = 2u << 20;        // ROCE_PG_SHM_RING_BYTES
   // Verbs (RoCE / InfiniBand), names as NCCL's NCCL_IB_*.
   std::string ibHca;                     // ROCE_PG_IB_HCA: "mlx5_0:1,mlx5_1", "^mlx5_2", "=rxe0"
+  // Not an environment setting: the sysfs path of the PCI device (GPU) this
+  // rank computes on, given by the torch adapter when CUDA is in use; the
+  // default port choice prefers the NICs nearest it (port_choice.hpp).
+  std::string nearDevicePci;
   int ibGidIndex = -1;                   // ROCE_PG_IB_GID_INDEX (-1: RoCE v2 IPv4-mapped GID)
   int ibTc = 0;                          // ROCE_PG_IB_TC: traffic class (whole TOS byte, e.g. 106)
   int ibSl = 0;                          // ROCE_PG_IB_SL: service level

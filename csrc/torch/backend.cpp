@@ -74,10 +74,11 @@ void checkList(const std::vector<at::Tensor>& list, const at::Tensor& like, size
 }  // namespace
 
 RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                         std::chrono::milliseconds timeout, int globalRank)
+                         std::chrono::milliseconds timeout, int globalRank, const std::string& nearPci)
     : c10d::Backend(rank, size), timeout_(timeout), store_(store) {
   try {
     cfg_ = Config::fromEnv();
+    cfg_.nearDevicePci = nearPci;
     StoreBootstrap bs(store);
     start(std::make_unique<Communicator>(bs, cfg_, rank, size, globalRank, timeout));
   } catch (const Error& e) {

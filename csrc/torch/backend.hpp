@@ -45,8 +45,9 @@ CallOptions callOf(const Opts& o) {
 class RoceBackend : public c10d::Backend {
  public:
   // Collective over the group: connects every rank (see Communicator).
+  // `nearPci`: sysfs path of the GPU this rank uses ("" if none), for the NIC choice.
   RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-              std::chrono::milliseconds timeout, int globalRank);
+              std::chrono::milliseconds timeout, int globalRank, const std::string& nearPci = {});
   // A subgroup of `parent` formed from its roster, with no join (issue 27):
   // collective over the parent's ranks `parentRanks` (Communicator).
   RoceBackend(const RoceBackend& parent, const c10::intrusive_ptr<c10d::Store>& store, int rank,

@@ -41,10 +41,11 @@ PYBIND11_MODULE(_C, m) {
   (void)backendBase;
   py::class_<roce::RoceBackend, c10d::Backend, c10::intrusive_ptr<roce::RoceBackend>>(m, "RoceBackend")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, int globalRank) {
-             return c10::make_intrusive<roce::RoceBackend>(store, rank, size, timeout, globalRank);
+                       std::chrono::milliseconds timeout, int globalRank, const std::string& nearPci) {
+             return c10::make_intrusive<roce::RoceBackend>(store, rank, size, timeout, globalRank, nearPci);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("global_rank"),
+           py::arg("near_pci") = std::string(),
            py::call_guard<py::gil_scoped_release>())
       .def_static(
           "_from_parent",
@@ -236,24 +237,29 @@ PYBIND11_MODULE(_C, m) {
   // The ports this process would drive with its ROCE_PG_* settings, as
   // [{"device", "port", "gid_index", "numa_node"}], and why none when empty
   // (the doctor's rank -> NIC row); `rank` spreads ranks over more than 4 ports.
-  m.def("_chosen_ports", [](int rank) {
+  m.def("_chosen_ports", [](int rank, const std::string& nearPci) {
     std::string why;
     py::list out;
-    for (const auto& c : roce::chooseVerbsPorts(roce::Config::fromEnv(), rank, why)) {
+    roce::Config cfg = roce::Config::fromEnv();
+    cfg.nearDevicePci = nearPci;
+    for (const auto& c : roce::chooseVerbsPorts(cfg, rank, why)) {
       py::dict d;
       d["device"] = c.device;
       d["port"] = c.port;
       d["gid_index"] = c.gidIndex;
       d["numa_node"] = c.numaNode;
+      d["pci"] = c.pciPath;
       out.append(d);
     }
     return py::make_tuple(out, why);
-  });
+  }, py::arg("rank"), py::arg("near_pci") = std::string());
   // The default selection rule alone (tests): indices of the ports used.
   m.def("_nearest_ports", [](const std::vector<int>& portNodes, const std::set<int>& rankNodes, int rank) {
     return roce::capRails(roce::nearestPorts(portNodes, rankNodes), rank);
   });
   m.def("_parse_cpu_list", &roce::parseCpuList);
+  m.def("_pci_distance", &roce::pciDistance);
+  m.def("_nearest_to_device", &roce::nearestToDevice);
   m.def("_process_numa_nodes", &roce::processNumaNodes);
   // Every ROCE_PG_* setting the extension reads, in reading order, with what
   // it accepts: {name: ("int", lo, hi, zero_ok) | ("number", lo, hi) |

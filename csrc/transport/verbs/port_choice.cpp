@@ -140,6 +140,40 @@ std::vector<size_t> nearestPorts(const std::vector<int>& portNodes, const std::s
   return pinned && !near.empty() && !rankNodes.empty() ? near : all;
 }
 
+namespace {
+std::vector<std::string> pathParts(const std::string& path) {
+  std::vector<std::string> parts;
+  std::stringstream in(path);
+  std::string part;
+  while (std::getline(in, part, '/'))
+    if (!part.empty()) parts.push_back(part);
+  return parts;
+}
+}  // namespace
+
+int pciDistance(const std::string& a, const std::string& b) {
+  const auto pa = pathParts(a), pb = pathParts(b);
+  // sys / devices / pciDDDD:BB / ...: below the root complex or nothing in common
+  if (pa.size() < 4 || pb.size() < 4 || pa[0] != "sys" || pb[0] != "sys" || pa[2] != pb[2] ||
+      pa[2].rfind("pci", 0) != 0)
+    return kPciFar;
+  size_t common = 0;
+  while (common < pa.size() && common < pb.size() && pa[common] == pb[common]) ++common;
+  return static_cast<int>((pa.size() - common) + (pb.size() - common));
+}
+
+std::vector<size_t> nearestToDevice(const std::vector<std::string>& nicPaths, const std::string& device) {
+  std::vector<size_t> best;
+  int bestDistance = kPciFar;
+  for (size_t i = 0; i < nicPaths.size(); ++i) {
+    const int d = pciDistance(nicPaths[i], device);
+    if (d >= kPciFar) continue;
+    if (d < bestDistance) bestDistance = d, best.clear();
+    if (d == bestDistance) best.push_back(i);
+  }
+  return best;
+}
+
 std::vector<size_t> capRails(const std::vector<size_t>& ports, int rank) {
   if (ports.size() <= static_cast<size_t>(kMaxRails)) return ports;
   std::vector<size_t> out;
@@ -165,6 +199,8 @@ std::vector<VerbsPortChoice> chooseVerbsPorts(const Config& cfg, int rank, std::
     ibv_context* ctx = ibv_open_device(devs[i]);
     if (!ctx) { seen += str(" ", name, "(cannot open: ", std::strerror(errno), ")"); continue; }
     const int node = readInt(str("/sys/class/infiniband/", name, "/device/numa_node"), -1);
+    std::error_code ec;
+    const auto pci = std::filesystem::canonical(str("/sys/class/infiniband/", name, "/device"), ec);
     ibv_device_attr da{};
     if (ibv_query_device(ctx, &da) == 0) {
       for (int p = 1; p <= da.phys_port_cnt; ++p) {
@@ -187,7 +223,7 @@ std::vector<VerbsPortChoice> chooseVerbsPorts(const Config& cfg, int rank, std::
             continue;
           }
         }
-        usable.push_back(VerbsPortChoice{name, p, gid, eth, node});
+        usable.push_back(VerbsPortChoice{name, p, gid, eth, node, ec ? std::string() : pci.string()});
       }
     }
     ibv_close_device(ctx);
@@ -200,9 +236,14 @@ std::vector<VerbsPortChoice> chooseVerbsPorts(const Config& cfg, int rank, std::
   }
   std::vector<size_t> picked;
   if (cfg.ibHca.empty()) {
-    std::vector<int> nodes;
-    for (const auto& c : usable) nodes.push_back(c.numaNode);
-    picked = nearestPorts(nodes, processNumaNodes());
+    std::vector<std::string> paths;
+    for (const auto& c : usable) paths.push_back(c.pciPath);
+    if (!cfg.nearDevicePci.empty()) picked = nearestToDevice(paths, cfg.nearDevicePci);
+    if (picked.empty()) {  // no GPU, or no NIC on its root complex: by NUMA node
+      std::vector<int> nodes;
+      for (const auto& c : usable) nodes.push_back(c.numaNode);
+      picked = nearestPorts(nodes, processNumaNodes());
+    }
   } else {
     for (size_t i = 0; i < usable.size(); ++i) picked.push_back(i);
   }
