@@ -84,7 +84,10 @@ void Communicator::startOperation() {
     // A group formed from its parent: its first operation runs only once the
     // neighbours confirmed equal settings (Lifeline::awaitSettings), never
     // with mismatched message patterns.
-    if (!lifeline_->awaitSettings(std::min(deadline_, Clock::now() + timeout_))) {
+    if (!lifeline_->awaitSettings(std::min(deadline_, Clock::now() + timeout_),
+                                  [this] { return abortRequested_.load(); })) {
+      if (abortRequested_.load())
+        throw Error(ErrorKind::Aborted, str("roce: ", opName(), " on rank ", rank(), " was aborted: ", abortReason_));
       std::string why;
       {
         std::lock_guard<std::mutex> g(abortMu_);

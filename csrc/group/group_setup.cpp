@@ -102,13 +102,17 @@ Communicator::Communicator(Bootstrap& outerStore, const Config& cfg, int rank, i
     me.tcpPort = desk.port();
     if (cfg_.netTransport != "tcp") {
       // Open the RDMA ports now, so the leader can tell whether every rank has one.
-      try {
-        for (const auto& choice : chooseVerbsPorts(cfg_, globalRank, me.noVerbsWhy))
+      // A port that cannot be opened is left out (said at INFO); none at all is what noVerbsWhy tells.
+      std::string failed;
+      for (const auto& choice : chooseVerbsPorts(cfg_, globalRank, me.noVerbsWhy)) {
+        try {
           verbsRails_.push_back(VerbsDevice::shared(choice, cfg_));  // one per port per process
-      } catch (const Error& e) {
-        verbsRails_.clear();
-        me.noVerbsWhy = e.what();
+        } catch (const Error& e) {
+          failed += str(failed.empty() ? "" : "; ", e.what());
+        }
       }
+      if (!failed.empty() && verbsRails_.empty()) me.noVerbsWhy = failed;
+      else if (!failed.empty()) ROCE_INFO("rank ", globalRank, ": RDMA ports left out: ", failed);
       me.verbs = !verbsRails_.empty();
       me.verbsRails = static_cast<int>(verbsRails_.size());
     } else {

@@ -9,6 +9,7 @@
 
 #include "../common/error.hpp"
 #include "../common/parse.hpp"
+#include "../transport/verbs/port_choice.hpp"  // kMaxRails
 
 namespace roce {
 
@@ -40,7 +41,7 @@ RankInfo RankInfo::decode(const std::string& s, int rank) {
   r.pid = static_cast<int>(v);
   if (!parseU64(port, 0, 65535, v)) bad("TCP port");
   r.tcpPort = static_cast<int>(v);
-  if (!parseU64(verbs, 0, 16, v)) bad("verbs port count");
+  if (!parseU64(verbs, 0, kMaxRails, v)) bad("verbs port count");
   r.verbsRails = static_cast<int>(v);
   r.verbs = r.verbsRails > 0;
   if (!parseU64(nonce, 0, UINT64_MAX, r.nonce)) bad("nonce");

@@ -8,6 +8,7 @@
 #include "../common/config.hpp"
 #include "../common/error.hpp"
 #include "../common/parse.hpp"
+#include "../transport/verbs/port_choice.hpp"  // kMaxRails
 #include "topology.hpp"
 
 namespace roce {
@@ -144,7 +145,7 @@ Roster Roster::decode(const std::string& text, int size) {
     RankInfo info;
     if (w.size() != 7 || w[0] != "R" || !parseU64(w[1], 0, places - 1, place) || !parseU64(w[2], 1, INT32_MAX, pid) ||
         !parseU64(w[3], 0, 65535, port) || !parseU64(w[4], 0, UINT64_MAX, info.nonce) ||
-        !parseU64(w[5], 1, 1 << 20, cpus) || !parseU64(w[6], 0, 16, rails))
+        !parseU64(w[5], 1, 1 << 20, cpus) || !parseU64(w[6], 0, kMaxRails, rails))
       malformed(str("rank ", i));
     info.nodeId = table[place].nodeId;
     info.hostId = table[place].hostId;

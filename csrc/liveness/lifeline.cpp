@@ -145,12 +145,12 @@ void Lifeline::failWith(const std::string& why, int exceptLink) {
     if (failed_) return;
     failed_ = true;
   }
-  statesCv_.notify_all();  // awaitSettings
   ROCE_INFO("rank ", rank_, " lifeline: ", why);
   try {
     onFailure_(why);
   } catch (...) {
   }
+  statesCv_.notify_all();  // awaitSettings: after onFailure_, so the waiter finds the reason recorded
   for (size_t i = 0; i < peers_.size(); ++i)
     if (static_cast<int>(i) != exceptLink) sendRecord(peers_[i], kFail, why);
 }
@@ -286,10 +286,13 @@ void Lifeline::receiveSettings(const std::string& record, int fromLink) {
   statesCv_.notify_all();
 }
 
-bool Lifeline::awaitSettings(Clock::time_point deadline) {
+bool Lifeline::awaitSettings(Clock::time_point deadline, const std::function<bool()>& abandon) {
   if (settings_.empty()) return true;
   std::unique_lock<std::mutex> g(mu_);
-  statesCv_.wait_until(g, deadline, [&] { return failed_ || stop_ || settingsMatched_ >= peers_.size(); });
+  auto settled = [&] { return failed_ || stop_ || settingsMatched_ >= peers_.size(); };
+  // In slices, so that an abort from another thread (`abandon`) ends the wait.
+  while (!settled() && Clock::now() < deadline && !(abandon && abandon()))
+    statesCv_.wait_until(g, std::min(deadline, Clock::now() + std::chrono::milliseconds(50)), settled);
   return !failed_ && !stop_ && settingsMatched_ >= peers_.size();
 }
 

@@ -79,8 +79,10 @@ class Lifeline : public RuntimeService {
   std::map<int, std::string> collectStates(int groupSize, Clock::time_point deadline);
   // Waits until every neighbour's settings arrived and matched (true), or
   // the group failed, the lifeline stopped or `deadline` passed (false; a
-  // mismatch is reported through onFailure). True at once without settings.
-  bool awaitSettings(Clock::time_point deadline);
+  // mismatch is reported through onFailure, before the waiter wakes). True at
+  // once without settings.
+  // `abandon` (polled) ends the wait early: the group is being aborted.
+  bool awaitSettings(Clock::time_point deadline, const std::function<bool()>& abandon = {});
 
  private:
   struct Peer;

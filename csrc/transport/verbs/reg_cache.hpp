@@ -27,13 +27,13 @@
 #include <unordered_map>
 
 #include "../transport.hpp"
-#include "rails.hpp"
+#include "memory_region.hpp"
 
 namespace roce {
 
 class RegCache {
  public:
-  // One registration per rail (rails.hpp): a queue pair on rail r uses mr[r].
+  // One registration per rail (memory_region.hpp): a queue pair on rail r uses mr[r].
   struct Entry {
     BufferOwner owner;
     std::array<ibv_mr*, kMaxRails> mr{};
@@ -72,7 +72,11 @@ class RegCache {
   // Registers `o` on every rail; false (errno kept, `failed` naming the rail) if any refused.
   bool registerOnRails(const BufferOwner& o, int access, std::array<ibv_mr*, kMaxRails>& mrs, size_t& failed);
   ibv_mr* registerDmabuf(VerbsDevice& dev, const BufferOwner& o, int access);  // null: by pointer instead
-  size_t pinned(const BufferOwner& o) const { return o.len * rails_.size(); }
+  // What a registration costs against the limit: host pages are pinned (and
+  // charged to ulimit -l) once per rail; device memory (peer memory, dma-buf)
+  // is not locked memory, and the adapter sized its direct path against
+  // ROCE_PG_IB_DEVICE_REG_BYTES per buffer: counted once.
+  size_t pinned(const BufferOwner& o) const { return overcommit_ ? o.len : o.len * rails_.size(); }
 
   Rails rails_;
   size_t limit_;

@@ -3,7 +3,7 @@
 // The verbs transport has two: the landing pool, which peers write chunks
 // into (remote write; slots are granted to peers, see verbs_transport.hpp),
 // and the staging pool, which copied chunks are sent from. Registered on
-// every rail (rails.hpp).
+// every rail (memory_region.hpp).
 #pragma once
 #include <infiniband/verbs.h>
 
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "../../common/counters.hpp"
-#include "rails.hpp"
+#include "memory_region.hpp"
 
 namespace roce {
 
@@ -39,7 +39,7 @@ class SlotPool {
  private:
   char* base_ = nullptr;
   size_t len_ = 0;
-  RailMrs mrs_;  // one registration per rail
+  MemoryRegion mrs_;  // one registration per rail
   uint32_t count_ = 0;
   size_t stride_ = 0;
   std::vector<uint32_t> free_;

@@ -15,53 +15,26 @@ namespace roce {
 
 using namespace verbs;
 
-void VerbsTransport::retire(Qp& q) {
-  if (q.covers.empty()) return;
-  q.posted -= q.covers.front();
-  q.covers.pop_front();
-}
-
-std::string VerbsTransport::failureText(int p, const ibv_wc& wc) const {
-  const Peer& peer = *peers_[p];
-  std::string hint;
-  if (wc.status == IBV_WC_RETRY_EXC_ERR)
-    hint = " The peer never acknowledged although the TCP connection reached it: usually a wrong GID index "
-           "(set ROCE_PG_IB_GID_INDEX to the RoCE v2 GID of the interface the peers can reach; `show_gids`), "
-           "a VLAN/routing problem, or an MTU mismatch along the path.";
-  else if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR)
-    hint = " The peer had no receive posted for too long (it may be stuck or gone).";
-  else if (wc.status == IBV_WC_REM_ACCESS_ERR || wc.status == IBV_WC_LOC_PROT_ERR)
-    hint = " A memory registration was rejected (mixed roce_pg versions across ranks?).";
-  // The queue pair's own port: with several, the one whose link or path failed.
-  const int q = wrQp(wc.wr_id);
-  const bool known = q >= 0 && q < static_cast<int>(peer.qps.size());
-  const std::string where = known ? str(railOf(peer.qps[q]).describe(), " (queue pair ", q, " of ", peer.qps.size(), ")")
-                                  : describeRails();
-  return str("RDMA transfer with rank ", p, " failed: ", ibv_wc_status_str(wc.status), " (status ", wc.status,
-             ", vendor error 0x", std::hex, wc.vendor_err, std::dec, ") on ", where, "; remote GID ",
-             peer.remoteGid, ", remote QPN ", peer.remoteQpn0, ", path MTU ", peer.mtu, ".", hint);
-}
-
 void VerbsTransport::onCompletion(const ibv_wc& wc) {
   const int p = wrPeer(wc.wr_id);
   if (p < 0 || p >= static_cast<int>(peers_.size()) || !peers_[p]) return;
-  Peer& peer = *peers_[p];
+  Pair& peer = *peers_[p];
   if (!peer.deadReason.empty()) return;  // flushed or late work of a failed peer: nothing refers to it
   if (wc.status != IBV_WC_SUCCESS) {
     // Only wr_id, status, qp_num and vendor_err are valid here.
-    return killPeer(p, failureText(p, wc));
+    return killPeer(p, peer.failureText(wc));
   }
   auto sent = [&](ActiveSend* as) {
     if (as && ++as->done == as->chunks && (as->recvId != 0 || as->matched)) finishSend(p, *as);
   };
   switch (wrKind(wc.wr_id)) {
     case kWrCtrl:
-      retire(peer.qps[wrQp(wc.wr_id)]);
+      Pair::retire(peer.qps[wrQp(wc.wr_id)]);
       break;
     case kWrZeroCopy:  // never signaled: nothing to do on success
       break;
     case kWrData: {
-      retire(peer.qps[wrQp(wc.wr_id)]);
+      Pair::retire(peer.qps[wrQp(wc.wr_id)]);
       const uint32_t slot = wrIndex(wc.wr_id);
       ActiveSend* as = stagingOwner_[slot].send;
       stagingOwner_[slot] = {};
@@ -71,7 +44,7 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
     }
     case kWrHeader: {
       Qp& q = peer.qps[wrQp(wc.wr_id)];
-      retire(q);
+      Pair::retire(q);
       ActiveSend* as = q.headerOwner[wrIndex(wc.wr_id)];
       q.headerOwner[wrIndex(wc.wr_id)] = nullptr;
       sent(as);
@@ -88,11 +61,11 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
                                "; mixed roce_pg versions across ranks?)"));
       } else {
         Ctrl msg;
-        std::memcpy(&msg, peer.ctrlMem + (static_cast<size_t>(q) * rqDepth_ + index) * kCtrlBytes, sizeof(msg));
+        std::memcpy(&msg, peer.recvBuffer(q, index), sizeof(msg));
         onCtrl(p, msg);
       }
       if (!peer.deadReason.empty()) break;
-      postRecvBuffer(p, q, static_cast<int>(index));
+      peer.postRecv(q, static_cast<int>(index));
       if (!data) peer.ctrlToReturn++;  // this receive is posted again: the sender may use it
       break;
     }
@@ -100,7 +73,7 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
 }
 
 void VerbsTransport::onCtrl(int p, const Ctrl& msg) {
-  Peer& peer = *peers_[p];
+  Pair& peer = *peers_[p];
   if (msg.credits > static_cast<uint32_t>(peer.ctrlCreditsMax - peer.ctrlCredits))
     return killPeer(p, str("rank ", p, " returned more control credits than it was given (",
                            msg.credits, "): corrupted control message"));
@@ -114,7 +87,7 @@ void VerbsTransport::onCtrl(int p, const Ctrl& msg) {
     case kRtr: {
       auto it = peer.sendsWaiting.find(msg.tag);
       if (it != peer.sendsWaiting.end() && !it->second.empty()) {
-        const Peer::WaitingSend w = it->second.front();
+        const Pair::WaitingSend w = it->second.front();
         it->second.pop_front();
         if (it->second.empty()) peer.sendsWaiting.erase(it);
         if (w.eager) matchEager(p, *w.eager, msg);
@@ -153,7 +126,7 @@ void VerbsTransport::onCtrl(int p, const Ctrl& msg) {
 }
 
 void VerbsTransport::onData(int p, uint32_t slot, uint32_t byteLen) {
-  Peer& peer = *peers_[p];
+  Pair& peer = *peers_[p];
   // Everything here comes from the peer: the slot from the immediate, the rest
   // from the header it wrote. Any inconsistency fails the peer; nothing is
   // copied and the receive cannot complete with a hole.
@@ -267,14 +240,14 @@ bool VerbsTransport::pollRail(size_t rail, ibv_wc* wcs) {
 bool VerbsTransport::progress() {
   bool moved = pollCompletions();
   for (int p : live_) {
-    Peer& peer = *peers_[p];
-    if (!peer.deadReason.empty() || peer.phase == Peer::Phase::Unconnected) continue;
+    Pair& peer = *peers_[p];
+    if (!peer.deadReason.empty() || peer.phase == Pair::Phase::Unconnected) continue;
     try {
       if (!peer.ready()) {
-        moved |= advanceHandshake(p, peer);
+        moved |= peer.advanceHandshake();
         if (!peer.ready()) continue;
       }
-      moved |= flushCtrl(p);
+      moved |= peers_[p]->flushCtrl();
       moved |= flushAnnouncements(p);
       moved |= streamSends(p);
     } catch (const std::exception& e) {
@@ -289,7 +262,7 @@ bool VerbsTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
   (void)anySource;  // every arrival is a completion, announced like the rest
   // Connections being set up are announced by their sockets.
   for (int p : live_) {
-    const Peer& peer = *peers_[p];
+    const Pair& peer = *peers_[p];
     if (peer.deadReason.empty() && peer.sock >= 0 && !peer.ready())
       fds.push_back(pollfd{peer.sock, static_cast<short>(POLLIN | (peer.outbuf.empty() ? 0 : POLLOUT)), 0});
   }
@@ -326,7 +299,7 @@ std::string VerbsTransport::checkPeers() {
     return e;
   }
   for (int p : live_) {
-    Peer& peer = *peers_[p];
+    Pair& peer = *peers_[p];
     if (!peer.deadReason.empty()) continue;
     for (const Qp& q : peer.qps)
       if (std::string qe = q.qp ? railOf(q).qpError(q.qp) : std::string(); !qe.empty()) {
@@ -339,7 +312,7 @@ std::string VerbsTransport::checkPeers() {
   // first, then fail what still waits for it.
   pollCompletions();
   for (int p : live_) {
-    Peer& peer = *peers_[p];
+    Pair& peer = *peers_[p];
     if (!peer.deadReason.empty() || !peer.ready()) continue;
     char c;
     const ssize_t n = recv(peer.sock, &c, 1, MSG_DONTWAIT | MSG_PEEK);
@@ -355,17 +328,12 @@ std::string VerbsTransport::checkPeers() {
 void VerbsTransport::failPeer(int p, const std::string& why) { killPeer(p, why); }
 
 void VerbsTransport::killPeer(int p, const std::string& why) {
-  Peer& peer = peerOf(p);
+  Pair& peer = peerOf(p);
   if (peer.deadReason.empty()) {
     peer.deadReason = why;
     // Stop the NIC from touching this peer's buffers any further; the flushed
     // work requests complete with errors that onCompletion ignores.
-    for (auto& q : peer.qps) {
-      ibv_qp_attr a{};
-      a.qp_state = IBV_QPS_ERR;
-      ibv_modify_qp(q.qp, &a, IBV_QP_STATE);
-      std::fill(q.headerOwner.begin(), q.headerOwner.end(), nullptr);
-    }
+    peer.toError();
     // Its queue pairs are in the error state: the shared pools' slots it held
     // can serve the other peers.
     if (landing_) {
@@ -383,7 +351,7 @@ void VerbsTransport::killPeer(int p, const std::string& why) {
     peer.granted = 0;
   }
   for (auto& [tag, q] : peer.sendsWaiting)
-    for (const Peer::WaitingSend& w : q)
+    for (const Pair::WaitingSend& w : q)
       if (!w.eager) w.r->fail(why);  // eager sends are in `active`, failed below
   peer.sendsWaiting.clear();
   peer.announcements.clear();

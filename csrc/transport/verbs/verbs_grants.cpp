@@ -22,7 +22,7 @@ using namespace verbs;
 
 // Chunks still to arrive from `peer` beyond the slots it holds (at most what
 // it may hold more of).
-int VerbsTransport::need(const Peer& peer) const {
+int VerbsTransport::need(const Pair& peer) const {
   uint64_t remaining = 0;
   for (const auto& [id, st] : peer.recvs) {
     if (st.mode != 0) {
@@ -38,23 +38,23 @@ int VerbsTransport::need(const Peer& peer) const {
   return std::max(0, wanted - peer.granted);
 }
 
-void VerbsTransport::grantTo(int p, Peer& peer) {
+void VerbsTransport::grantTo(int p, Pair& peer) {
   const uint32_t slot = landing_->take();
   landingOwner_[slot] = p;
   peer.granted++;
-  queueCtrl(p, makeCtrl(kCredit, slot));
+  peers_[p]->queueCtrl(makeCtrl(kCredit, slot));
 }
 
 void VerbsTransport::grantNeeded(int p) {
   if (!landing_) return;  // not connected yet: grants go out with the handshake
-  Peer& peer = *peers_[p];
+  Pair& peer = *peers_[p];
   int n = need(peer);
   while (n-- > 0 && landing_->available() > 0) grantTo(p, peer);
   if (need(peer) > 0 && std::find(needy_.begin(), needy_.end(), p) == needy_.end()) needy_.push_back(p);
 }
 
 void VerbsTransport::landingConsumed(int p, uint32_t slot) {
-  Peer& peer = *peers_[p];
+  Pair& peer = *peers_[p];
   landingOwner_[slot] = -1;
   peer.granted--;
   const size_t reserve = std::max<size_t>(cap_, landing_->count() / 4);
@@ -63,7 +63,7 @@ void VerbsTransport::landingConsumed(int p, uint32_t slot) {
     // Straight back to the peer that wrote it.
     landingOwner_[slot] = p;
     peer.granted++;
-    queueCtrl(p, makeCtrl(kCredit, slot));
+    peers_[p]->queueCtrl(makeCtrl(kCredit, slot));
     return;
   }
   landing_->give(slot);
@@ -73,7 +73,7 @@ void VerbsTransport::landingConsumed(int p, uint32_t slot) {
 void VerbsTransport::serveNeedy() {
   for (size_t i = 0; i < needy_.size() && landing_->available() > 0;) {
     const int p = needy_[i];
-    Peer& peer = *peers_[p];
+    Pair& peer = *peers_[p];
     int n = peer.deadReason.empty() ? need(peer) : 0;
     while (n-- > 0 && landing_->available() > 0) grantTo(p, peer);
     if (peer.deadReason.empty() && need(peer) > 0) {

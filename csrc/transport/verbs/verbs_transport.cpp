@@ -13,94 +13,12 @@ namespace roce {
 
 using namespace verbs;
 
-void VerbsTransport::postRecvBuffer(int p, int q, int index) {
-  Peer& peer = *peers_[p];
-  ibv_sge sge{};
-  sge.addr = reinterpret_cast<uint64_t>(peer.ctrlMem + (static_cast<size_t>(q) * rqDepth_ + index) * kCtrlBytes);
-  sge.length = kCtrlBytes;
-  sge.lkey = peer.ctrlMrs.lkey(peer.qps[q].rail);
-  ibv_recv_wr wr{};
-  wr.wr_id = wrId(kWrRecv, p, q, static_cast<uint32_t>(index));
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_recv_wr* bad = nullptr;
-  int rc = ibv_post_recv(peer.qps[q].qp, &wr, &bad);
-  if (rc != 0) throwComm(str("ibv_post_recv for rank ", p, " failed (", rc, ") on ", railOf(peer.qps[q]).describe()));
-}
-
-uint32_t VerbsTransport::takeRingEntry(Qp& q) {
-  // An entry is reused sqDepth_ posts later; a queue pair never has more than
-  // sqDepth_ send WRs in flight (q.posted), so it is no longer in use then.
-  return static_cast<uint32_t>(q.ringNext++ % static_cast<uint64_t>(sqDepth_));
-}
-
-void VerbsTransport::queueCtrl(int p, const Ctrl& msg) {
-  peers_[p]->ctrlQueue.push_back(msg);
-  flushCtrl(p);
-}
-
-bool VerbsTransport::flushCtrl(int p) {
-  Peer& peer = *peers_[p];
-  if (!peer.ready()) return false;  // queued until the peer's queue pairs receive
-  Qp& q = peer.qps[0];              // control messages keep their order on QP 0
-  bool moved = false;
-  // Return credits explicitly when nothing else will carry them soon: once
-  // enough piled up and the queue is empty, or at once when this side is down
-  // to its reserve (its queued messages cannot go, and the peer may be in the
-  // same state waiting for these very credits).
-  const bool stuck = peer.ctrlCredits <= kCtrlReserve && peer.ctrlToReturn > 0;
-  const bool idle = peer.ctrlQueue.empty() &&
-                    peer.ctrlToReturn >= static_cast<uint32_t>(std::max(1, peer.ctrlCreditsMax / 4));
-  if ((stuck || idle) && (peer.ctrlQueue.empty() || peer.ctrlQueue.front().type != kAck))
-    peer.ctrlQueue.push_front(makeCtrl(kAck));
-  while (!peer.ctrlQueue.empty() && q.posted < sqDepth_) {
-    const bool ack = peer.ctrlQueue.front().type == kAck;
-    if (peer.ctrlCredits <= (ack ? 0 : kCtrlReserve)) break;  // the peer has no receive posted for more
-    postCtrl(p, peer.ctrlQueue.front());
-    peer.ctrlQueue.pop_front();
-    moved = true;
-  }
-  return moved;
-}
-
-// One control SEND on QP 0 (the caller checked credits and queue room); it
-// also returns the control receives re-posted since the last one.
-void VerbsTransport::postCtrl(int p, Ctrl msg) {
-  Peer& peer = *peers_[p];
-  Qp& q = peer.qps[0];
-  msg.credits = peer.ctrlToReturn;
-  const uint32_t entry = takeRingEntry(q);
-  char* buf = peer.ctrlMem + (static_cast<size_t>(qpsPerPeer_) * rqDepth_ + entry) * kCtrlBytes;
-  std::memcpy(buf, &msg, sizeof(msg));
-  ibv_sge sge{reinterpret_cast<uint64_t>(buf), sizeof(msg), peer.ctrlMrs.lkey(q.rail)};
-  ibv_send_wr wr{};
-  wr.wr_id = wrId(kWrCtrl, p, 0, entry);
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_SEND;
-  // Signal only every so often: one completion retires all earlier sends.
-  const bool signal = q.unsignaled + 1 >= sqDepth_ / 4;
-  wr.send_flags = (signal ? IBV_SEND_SIGNALED : 0) | (sizeof(msg) <= q.maxInline ? IBV_SEND_INLINE : 0);
-  ibv_send_wr* bad = nullptr;
-  int rc = ibv_post_send(q.qp, &wr, &bad);
-  if (rc != 0) throwComm(str("ibv_post_send (control) to rank ", p, " failed (", rc, ") on ", railOf(q).describe()));
-  q.posted++;
-  if (signal) {
-    q.covers.push_back(q.unsignaled + 1);
-    q.unsignaled = 0;
-  } else {
-    q.unsignaled++;
-  }
-  peer.ctrlToReturn = 0;
-  peer.ctrlCredits--;
-}
-
 // An eager send that cannot go eagerly (no landing credit) becomes a
 // rendezvous send: its announcement turns into an RTS (same place in the
 // order), and its data streams to its receive once the RTR is in (now, if it
 // came already).
 void VerbsTransport::toRendezvous(int p, ActiveSend& as) {
-  Peer& peer = *peers_[p];
+  Pair& peer = *peers_[p];
   Request* r = as.r;
   const bool matched = as.matched;
   const Ctrl rtr = as.rtr;
@@ -119,16 +37,16 @@ void VerbsTransport::toRendezvous(int p, ActiveSend& as) {
 // when the peer granted no slot). The first that cannot go holds back the
 // rest (order matters); flushCtrl's messages do not wait for them.
 bool VerbsTransport::flushAnnouncements(int p) {
-  Peer& peer = *peers_[p];
+  Pair& peer = *peers_[p];
   if (!peer.ready()) return false;
   Qp& q = peer.qps[0];
   bool moved = false;
   while (!peer.announcements.empty() && q.posted < sqDepth_) {
-    Peer::Announcement& a = peer.announcements.front();
+    Pair::Announcement& a = peer.announcements.front();
     if (a.eager && peer.remoteFree.empty()) toRendezvous(p, *a.eager);
     if (!a.eager) {
       if (peer.ctrlCredits <= kCtrlReserve) break;
-      postCtrl(p, a.rts);
+      peer.postCtrl(a.rts);
     } else {
       const Request& r = *a.eager->r;
       const bool inlined = sizeof(SlotHeader) + r.len <= q.maxInline;
@@ -144,7 +62,7 @@ bool VerbsTransport::flushAnnouncements(int p) {
 }
 
 void VerbsTransport::postSend(Request* r) {
-  Peer& peer = peerOf(r->peer);
+  Pair& peer = peerOf(r->peer);
   if (!peer.deadReason.empty()) return r->fail(peer.deadReason);
   ActiveSend* eager = nullptr;
   if (r->len <= eagerLimit() && !r->owner.device) {
@@ -182,7 +100,7 @@ void VerbsTransport::matchEager(int p, ActiveSend& as, const Ctrl& rtr) {
 
 // A send whose chunks are all written (and, if eager, whose RTR arrived).
 void VerbsTransport::finishSend(int p, ActiveSend& as) {
-  Peer& peer = *peers_[p];
+  Pair& peer = *peers_[p];
   regCache_->release(as.zc);
   if (as.mismatch.empty()) as.r->done = true;
   else as.r->fail(as.mismatch);
@@ -191,7 +109,7 @@ void VerbsTransport::finishSend(int p, ActiveSend& as) {
 }
 
 void VerbsTransport::postRecv(Request* r) {
-  Peer& peer = peerOf(r->peer);
+  Pair& peer = peerOf(r->peer);
   if (!peer.deadReason.empty()) return r->fail(peer.deadReason);
   // Ids wrap after 2^32 receives: skip any still in use by a long-pending one.
   uint32_t id;
@@ -208,7 +126,7 @@ void VerbsTransport::postRecv(Request* r) {
     for (size_t rail = 0; rail < rails_.size(); ++rail) rtr.rkey[rail] = zc->rkey(static_cast<int>(rail));
     rtr.addr = reinterpret_cast<uint64_t>(r->buf);
     rtr.piece = piece;
-    queueCtrl(r->peer, rtr);
+    peers_[r->peer]->queueCtrl(rtr);
   } else {
     // A device buffer that could not be registered still posts its RTR, in
     // order: the sender pairs RTRs with sends strictly in order per tag, so a
@@ -217,7 +135,7 @@ void VerbsTransport::postRecv(Request* r) {
     // (deliverEager, onData): the CPU must not write device memory.
     const uint64_t chunks = std::max<uint64_t>(1, (r->len + slotBytes_ - 1) / slotBytes_);
     peer.recvs[id] = {r, chunks, 0, std::vector<bool>(chunks, false), nullptr, 0, 1};
-    queueCtrl(r->peer, makeCtrl(kRtr, id, r->tag, r->len));
+    peers_[r->peer]->queueCtrl(makeCtrl(kRtr, id, r->tag, r->len));
   }
   grantNeeded(r->peer);
   auto a = peer.arrivals.find(r->tag);
@@ -232,7 +150,7 @@ void VerbsTransport::postRecv(Request* r) {
 // An eager message paired with receive `id`: copy it in and complete the
 // receive (the sender never writes to it by id).
 void VerbsTransport::deliverEager(int p, uint32_t id, const char* data, uint64_t len) {
-  Peer& peer = *peers_[p];
+  Pair& peer = *peers_[p];
   auto it = peer.recvs.find(id);
   if (it == peer.recvs.end()) return;  // failed already (NACK): nothing to fill
   Request* r = it->second.r;
@@ -286,7 +204,7 @@ uint64_t VerbsTransport::zeroCopyPiece(uint64_t len, int qps) const {
 // payload at `eagerData`): pair it with the oldest receive still waiting for
 // one, or keep it (copied, for eager) until a receive is posted.
 void VerbsTransport::announce(int p, uint64_t tag, Arrival a, const char* eagerData) {
-  Peer& peer = *peers_[p];
+  Pair& peer = *peers_[p];
   auto w = peer.unannounced.find(tag);
   if (w != peer.unannounced.end()) {
     const uint32_t id = w->second.front();
@@ -308,13 +226,13 @@ bool VerbsTransport::hasUnmatched(int peer, uint64_t tag) {
 }
 
 void VerbsTransport::matchSend(int p, Request* r, const Ctrl& rtr) {
-  Peer& peer = *peers_[p];
+  Pair& peer = *peers_[p];
   const uint32_t recvId = rtr.id;
   const uint64_t len = rtr.len;
   if (len != r->len) {
     r->fail(str("rank ", rank_, " sent ", r->len, " bytes to rank ", p, " but rank ", p, " expected ", len,
                 " bytes: every rank must pass tensors of the same size and dtype to this operation"));
-    queueCtrl(p, makeCtrl(kNack, recvId, r->tag, r->len));
+    peers_[p]->queueCtrl(makeCtrl(kNack, recvId, r->tag, r->len));
     return;
   }
   ActiveSend as{r, recvId, 0};
@@ -323,7 +241,7 @@ void VerbsTransport::matchSend(int p, Request* r, const Ctrl& rtr) {
     as.zc = registerUserBuffer(*r);
   if (!as.zc && r->owner.device) {
     r->fail(deviceRegFailure(*r, "send"));
-    queueCtrl(p, makeCtrl(kNack, recvId, r->tag, r->len));
+    peers_[p]->queueCtrl(makeCtrl(kNack, recvId, r->tag, r->len));
     return;
   }
   if (as.zc) {
@@ -338,7 +256,7 @@ void VerbsTransport::matchSend(int p, Request* r, const Ctrl& rtr) {
 }
 
 bool VerbsTransport::streamSends(int p) {
-  Peer& peer = *peers_[p];
+  Pair& peer = *peers_[p];
   if (!peer.ready()) return false;
   bool moved = false;
   for (auto& as : peer.active) {
@@ -374,7 +292,7 @@ bool VerbsTransport::streamSends(int p) {
 //   * any other copied chunk: header + payload from a staging slot.
 // All end with an RDMA_WRITE_WITH_IMM into the landing slot (immediate = slot).
 void VerbsTransport::postChunk(int p, Qp& q, ActiveSend& as, const SlotHeader& h, const char* payload) {
-  Peer& peer = *peers_[p];
+  Pair& peer = *peers_[p];
   const int qIndex = static_cast<int>(&q - peer.qps.data());
   const uint32_t land = peer.remoteFree.front();
   const size_t headBytes = sizeof(h) + (as.zc ? 0 : h.len);
@@ -387,12 +305,11 @@ void VerbsTransport::postChunk(int p, Qp& q, ActiveSend& as, const SlotHeader& h
   uint32_t lkey = 0;  // unused for inline data
   if (as.zc || inlined) {
     // No staging slot; the ring entry names the send when the write completes.
-    const uint32_t entry = takeRingEntry(q);
+    const uint32_t entry = peer.takeRingEntry(q);
     q.headerOwner[entry] = &as;
     head.wr_id = wrId(kWrHeader, p, qIndex, entry);
     if (as.zc) {
-      buf = peer.ctrlMem +
-            (static_cast<size_t>(qpsPerPeer_) * rqDepth_ + static_cast<size_t>(qIndex) * sqDepth_ + entry) * kCtrlBytes;
+      buf = peer.sendRingEntry(qIndex, entry);
       lkey = peer.ctrlMrs.lkey(q.rail);
     }
   } else {

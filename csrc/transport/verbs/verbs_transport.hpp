@@ -86,7 +86,7 @@
 #include "reg_cache.hpp"
 #include "slot_pool.hpp"
 #include "verbs_device.hpp"
-#include "verbs_peer.hpp"
+#include "verbs_pair.hpp"
 
 namespace roce {
 
@@ -130,25 +130,15 @@ class VerbsTransport : public Transport {
   void adoptConnection(int peer, int fd) override;
 
  private:
-  using Peer = verbs::Peer;
+  using Pair = verbs::Pair;
   using Qp = verbs::Qp;
   using ActiveSend = verbs::ActiveSend;
   using Ctrl = verbs::Ctrl;
 
   // ---- connections (verbs_connect.cpp) ----
-  Peer& peerOf(int p);  // the peer's state, created (unconnected) on first use
+  Pair& peerOf(int p);  // the peer's state, created (unconnected) on first use
   void ensurePools();
-  void setUpQueuePairs(int p, Peer& peer);
-  bool advanceHandshake(int p, Peer& peer);
-  void connectQueuePairs(int p, Peer& peer, const verbs::Endpoint& e);
-  void becameReady(int p, Peer& peer);
-  void releasePeerResources(Peer& peer);
   // ---- posting and matching (verbs_transport.cpp) ----
-  void postRecvBuffer(int peer, int qp, int index);
-  void queueCtrl(int peer, const Ctrl& msg);
-  bool flushCtrl(int peer);
-  void postCtrl(int peer, Ctrl msg);
-  uint32_t takeRingEntry(Qp& q);
   bool flushAnnouncements(int peer);
   bool streamSends(int peer);
   void postChunk(int peer, Qp& q, ActiveSend& as, const verbs::SlotHeader& h, const char* payload);
@@ -163,8 +153,8 @@ class VerbsTransport : public Transport {
   std::string deviceRegFailure(const Request& r, const char* why) const;
   uint64_t zeroCopyPiece(uint64_t len, int qps) const;
   // ---- landing slots granted to peers (verbs_grants.cpp) ----
-  int need(const Peer& peer) const;
-  void grantTo(int peer, Peer& state);
+  int need(const Pair& peer) const;
+  void grantTo(int peer, Pair& state);
   void grantNeeded(int peer);
   void landingConsumed(int peer, uint32_t slot);
   void serveNeedy();
@@ -174,9 +164,7 @@ class VerbsTransport : public Transport {
   void onCompletion(const struct ibv_wc& wc);
   void onCtrl(int peer, const Ctrl& msg);
   void onData(int peer, uint32_t slot, uint32_t byteLen);
-  void retire(Qp& q);
   void killPeer(int peer, const std::string& why);
-  std::string failureText(int peer, const struct ibv_wc& wc) const;
 
   VerbsDevice& railOf(const Qp& q) const { return *rails_[q.rail]; }
   std::string describeRails() const;  // "rxe0 port 1, ... and rxe1 port 1, ..." for messages
@@ -204,7 +192,9 @@ class VerbsTransport : public Transport {
     ActiveSend* send = nullptr;
   };
   std::vector<StagingUse> stagingOwner_;  // per staging slot in flight
-  std::vector<std::unique_ptr<Peer>> peers_;  // null for peers never talked to
+  verbs::PairShape shape_;  // what every pair shares (filled by the constructor)
+  // Declared after what the pairs use (pools, CQs, caches): destroyed first.
+  std::vector<std::unique_ptr<Pair>> peers_;  // null for peers never talked to
   std::vector<int> live_;                     // peers with state, for iteration
   std::vector<int> needy_;                    // peers waiting for landing grants
   bool armed_ = false;  // notifications requested, no event consumed since

@@ -1,10 +1,10 @@
-#include "rails.hpp"
+#include "memory_region.hpp"
 
 #include "verbs_device.hpp"
 
 namespace roce {
 
-void RailMrs::registerOn(const Rails& rails, void* addr, size_t len, int access, const char* what) {
+void MemoryRegion::registerOn(const Rails& rails, void* addr, size_t len, int access, const char* what) {
   deregister();
   len_ = len;
   try {
@@ -18,7 +18,7 @@ void RailMrs::registerOn(const Rails& rails, void* addr, size_t len, int access,
   }
 }
 
-void RailMrs::deregister() {
+void MemoryRegion::deregister() {
   for (int r = 0; r < count_; ++r)
     if (mrs_[r]) ibv_dereg_mr(mrs_[r]);
   mrs_ = {};

@@ -1,20 +1,41 @@
-// The verbs transport's state per connected peer and per message in flight.
-// Internal to csrc/transport/verbs/ (the transport's .cpp files share it).
+// A pair: this rank's verbs connection to one peer (as in Gloo's ibverbs
+// transport: device, pair, memory region). It owns the connection's queue
+// pairs (one per rail in turn, memory_region.hpp), their control rings, the
+// side-channel handshake that connects them (endpoints), the control-message
+// flow control, and posting on its queue pairs; and it holds the protocol
+// state of the messages in flight with that peer, which VerbsTransport
+// (matching, landing grants, streaming; verbs_transport.hpp) drives.
+// Internal to csrc/transport/verbs/.
 #pragma once
 #include <infiniband/verbs.h>
 
 #include <deque>
 #include <list>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "../../common/counters.hpp"
 #include "../transport.hpp"
-#include "rails.hpp"
+#include "cq_set.hpp"
+#include "memory_region.hpp"
 #include "reg_cache.hpp"
 #include "verbs_wire.hpp"
 
 namespace roce::verbs {
+
+struct Endpoint;
+
+// What every pair of one transport shares (VerbsTransport fills it once).
+struct PairShape {
+  int rank = 0;               // this rank, for messages
+  int qps = 1;                // queue pairs per connection (the group's groupQueuePairs)
+  int sqDepth = 0, rqDepth = 0;
+  int cap = 0;                // ROCE_PG_IB_SLOTS: chunks in flight per peer
+  size_t slotBytes = 0, stride = 0;  // landing-slot geometry, the same on both ends
+  int tc = 0, sl = 0, timeout = 0, retryCnt = 0;
+};
 
 struct ActiveSend {
   Request* r;
@@ -51,7 +72,49 @@ struct Arrival {
   std::vector<char> data;  // eager payload, when no receive was waiting
 };
 
-struct Peer {
+class Pair {
+ public:
+  Pair(int peer, const PairShape& shape, const Rails& rails, Counters* counters)
+      : peer_(peer), shape_(shape), rails_(rails), counters_(counters) {}
+  ~Pair() { release(); }
+  Pair(const Pair&) = delete;
+  Pair& operator=(const Pair&) = delete;
+
+  // ---- connection (verbs_pair.cpp) ----
+  // Creates the queue pairs (queue pair q on rail q mod rails, its CQ from
+  // cqs[rail]) and control rings, and posts the rings' receives.
+  void setUp(std::vector<std::unique_ptr<CqSet>>& cqs);
+  // Takes the side channel and sends `mine` (this rank's endpoint) on it.
+  void startHandshake(int fd, const std::string& endpoint);
+  // Non-blocking: writes what is queued, reads what the peer sent, connects
+  // the queue pairs once its endpoint is in and becomes ready once the peer
+  // says its queue pairs receive. Throws when the peer closed or sent garbage.
+  bool advanceHandshake();
+  // The queue pairs to the error state: the NIC stops touching this pair's buffers.
+  void toError();
+  // Destroys the queue pairs, deregisters the rings, closes the side channel.
+  void release();
+  bool ready() const { return phase == Phase::Ready && deadReason.empty(); }
+  // ---- posting (verbs_pair.cpp) ----
+  void postRecv(int q, int index);
+  uint32_t takeRingEntry(Qp& q);
+  char* recvBuffer(int q, uint32_t index) const {
+    return ctrlMem + (static_cast<size_t>(q) * shape_.rqDepth + index) * kCtrlBytes;
+  }
+  char* sendRingEntry(int q, uint32_t entry) const {
+    return ctrlMem + (static_cast<size_t>(shape_.qps) * shape_.rqDepth + static_cast<size_t>(q) * shape_.sqDepth +
+                      entry) * kCtrlBytes;
+  }
+  // Control messages, in order on queue pair 0, as far as the peer's credits allow.
+  void queueCtrl(const Ctrl& msg);
+  bool flushCtrl();
+  void postCtrl(Ctrl msg);
+  // A signaled send completed: the work requests it covers are done.
+  static void retire(Qp& q);
+  VerbsDevice& railOf(const Qp& q) const { return *rails_[q.rail]; }
+  std::string describeRails() const;
+  std::string failureText(const ibv_wc& wc) const;
+
   // Connection: no socket yet -> handshake over the socket (endpoints) ->
   // our queue pairs are ready, waiting for the peer's -> ready (data flows).
   enum class Phase { Unconnected, Handshake, AwaitReady, Ready };
@@ -67,7 +130,7 @@ struct Peer {
   // Control memory registered for this peer: per queue pair a receive ring
   // (rq entries) and a send ring (sq entries) of 64-byte buffers.
   char* ctrlMem = nullptr;
-  RailMrs ctrlMrs;  // registered on every rail
+  MemoryRegion ctrlMrs;  // registered on every rail
   size_t ctrlBytes = 0;
   // The peer's landing pool (its rkeys are per queue pair: Qp::remoteLandingRkey),
   // and the slots of it we may write (its credits).
@@ -122,7 +185,13 @@ struct Peer {
   std::deque<Ctrl> ctrlQueue;
   uint32_t nextQp = 0;
 
-  bool ready() const { return phase == Phase::Ready && deadReason.empty(); }
+ private:
+  void connect(const Endpoint& e);
+
+  const int peer_;
+  const PairShape& shape_;
+  const Rails& rails_;
+  Counters* counters_;
 };
 
 }  // namespace roce::verbs

@@ -1,8 +1,8 @@
-// The ports one verbs transport drives ("rails", issue 27: every NIC), and a
-// buffer registered on each of them. A memory region belongs to one
-// protection domain, so memory that queue pairs of several ports touch (the
-// landing and staging pools, a peer's control rings) is registered once per
-// rail; a queue pair on rail r uses lkey(r) and rkey(r). Each registration
+// A memory region: one buffer registered on every port the transport drives
+// ("rails", issue 27: every NIC). An ibv_mr belongs to one protection domain,
+// so memory that queue pairs of several ports touch (the landing and staging
+// pools, a pair's control rings) is registered once per rail; a queue pair on
+// rail r uses lkey(r) and rkey(r). (User buffers: RegCache, same rule.) Each registration
 // counts against the locked-memory limit on its own (the kernel charges every
 // pin), so registered bytes are the buffer's size times the rails.
 #pragma once
@@ -19,12 +19,12 @@ namespace roce {
 class VerbsDevice;
 using Rails = std::vector<std::shared_ptr<VerbsDevice>>;
 
-class RailMrs {
+class MemoryRegion {
  public:
-  RailMrs() = default;
-  ~RailMrs() { deregister(); }
-  RailMrs(const RailMrs&) = delete;
-  RailMrs& operator=(const RailMrs&) = delete;
+  MemoryRegion() = default;
+  ~MemoryRegion() { deregister(); }
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
 
   // Registers [addr, addr + len) on every rail; throws with the memlock
   // remedy (VerbsDevice::registerMemory), having deregistered what was done.
