@@ -148,8 +148,6 @@ def port_down(rank, world, port, host, victim, netdev, scratch, ranks_per_node=2
     reach the store."""
     from datetime import timedelta
 
-    from tests.fault_workers import await_failure, mark_time
-
     store = dist.TCPStore(host, port, world, is_master=(rank == 0), timeout=timedelta(seconds=timeout_s))
     dist.init_process_group("roce", store=dist.PrefixStore("portdown", store), rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
@@ -159,8 +157,20 @@ def port_down(rank, world, port, host, victim, netdev, scratch, ranks_per_node=2
         dist.all_reduce(t)
         assert torch.all(t == world)
     res = {"same_machine_as_victim": rank // ranks_per_node == victim // ranks_per_node}
-    pending = []
-    if rank == victim:
+    res.update(_link_down_during_allreduce(t, rank == victim, netdev, scratch, cap_s,
+                                           wall=not res["same_machine_as_victim"]))
+    return res
+
+
+def _link_down_during_allreduce(t, downs_it, netdev, scratch, cap_s, wall=False):
+    """Allreduces of `t` in a loop until one raises; the rank that `downs_it`
+    takes `netdev` down once the first is under way. Then the broken group is
+    destroyed, which must not hang either. Returns await_failure's report plus
+    the `ip link` result (that rank) and how destroy went."""
+    from tests.fault_workers import await_failure, mark_time
+
+    res, pending = {}, []
+    if downs_it:
         t.fill_(1.0)
         pending.append(dist.all_reduce(t, async_op=True))
         time.sleep(0.05)  # the allreduce is under way
@@ -174,8 +184,7 @@ def port_down(rank, world, port, host, victim, netdev, scratch, ranks_per_node=2
         t.fill_(1.0)
         return dist.all_reduce(t, async_op=True)
 
-    res.update(await_failure(again, scratch, cap_s, loop=True, wall=not res["same_machine_as_victim"]))
-    # The group is broken; destroying it must not hang either.
+    res.update(await_failure(again, scratch, cap_s, loop=True, wall=wall))
     t0 = time.monotonic()
     try:
         dist.destroy_process_group()
@@ -247,7 +256,6 @@ def multi_nic(rank, world, port, scratch, nics=("rxe0", "rxe1"), netdev="dummy1"
     destroy would follow the failure."""
     from datetime import timedelta
 
-    from tests.fault_workers import await_failure, mark_time
     from tests.softroce.rxe_counters import sent_packets
 
     store = dist.TCPStore("127.0.0.1", port, world, is_master=(rank == 0), timeout=timedelta(seconds=timeout_s))
@@ -280,28 +288,5 @@ def multi_nic(rank, world, port, scratch, nics=("rxe0", "rxe1"), netdev="dummy1"
     # ranks sent at least 3 x 8 MiB through the allreduces alone.
     res["min_packets_per_nic"] = world * 3 * (8 << 20) // MTU // 4
     dist.barrier()
-    pending = []
-    t = torch.empty((1 << 20) // 4)
-    if rank == 0:
-        t.fill_(1.0)
-        pending.append(dist.all_reduce(t, async_op=True))
-        time.sleep(0.05)
-        down = subprocess.run(["ip", "link", "set", "dev", netdev, "down"], capture_output=True, text=True)
-        mark_time(scratch)
-        res["ip_link"] = f"rc={down.returncode} {down.stderr.strip()}"
-
-    def again():
-        if pending:
-            return pending.pop()
-        t.fill_(1.0)
-        return dist.all_reduce(t, async_op=True)
-
-    res.update(await_failure(again, scratch, cap_s, loop=True))
-    t0 = time.monotonic()
-    try:
-        dist.destroy_process_group()
-        res["destroy"] = "ok"
-    except Exception as e:  # noqa: BLE001
-        res["destroy"] = f"{type(e).__name__}: {str(e)[:300]}"
-    res["destroy_s"] = round(time.monotonic() - t0, 3)
+    res.update(_link_down_during_allreduce(torch.empty((1 << 20) // 4), rank == 0, netdev, scratch, cap_s))
     return res
