@@ -113,7 +113,6 @@ Communicator::Communicator(Bootstrap& outerStore, const Config& cfg, int rank, i
       }
       if (!failed.empty() && verbsRails_.empty()) me.noVerbsWhy = failed;
       else if (!failed.empty()) ROCE_INFO("rank ", globalRank, ": RDMA ports left out: ", failed);
-      me.verbs = !verbsRails_.empty();
       me.verbsRails = static_cast<int>(verbsRails_.size());
     } else {
       me.noVerbsWhy = "ROCE_PG_NET_TRANSPORT=tcp";

@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <fstream>
-#include <algorithm>
 #include <sstream>
 
 #include "../common/error.hpp"
@@ -17,7 +16,7 @@ std::string RankInfo::encode() const {
   std::string why = noVerbsWhy;
   for (char& ch : why)
     if (ch == '\n') ch = ' ';
-  return str(nodeId, "\n", hostId, "\n", pid, "\n", tcpHost, "\n", tcpPort, "\n", verbs ? std::max(verbsRails, 1) : 0, "\n", nonce, "\n",
+  return str(nodeId, "\n", hostId, "\n", pid, "\n", tcpHost, "\n", tcpPort, "\n", verbsRails, "\n", nonce, "\n",
              shmRingBytes, "\n", shmSlotBytes, "\n", algorithms, "\n", cpus, "\n", why);
 }
 
@@ -43,7 +42,6 @@ RankInfo RankInfo::decode(const std::string& s, int rank) {
   r.tcpPort = static_cast<int>(v);
   if (!parseU64(verbs, 0, kMaxRails, v)) bad("verbs port count");
   r.verbsRails = static_cast<int>(v);
-  r.verbs = r.verbsRails > 0;
   if (!parseU64(nonce, 0, UINT64_MAX, r.nonce)) bad("nonce");
   if (!parseU64(ring, 0, 1ull << 40, r.shmRingBytes) || !parseU64(slot, 0, 1ull << 40, r.shmSlotBytes))
     bad("shared-memory layout");

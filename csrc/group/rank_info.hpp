@@ -12,8 +12,10 @@ struct RankInfo {
   int pid = 0;
   std::string tcpHost;
   int tcpPort = 0;
-  bool verbs = false;     // has a usable RDMA port for this group
-  int verbsRails = 0;     // how many ports it drives (every rank sets up as many queue pairs per connection as the most)
+  // RDMA ports it drives, 0: none usable (every rank sets up as many queue
+  // pairs per connection as the rank with the most).
+  int verbsRails = 0;
+  bool verbs() const { return verbsRails > 0; }
   std::string noVerbsWhy; // otherwise, what was looked for (one line)
   uint64_t nonce = 0;     // random per rank and group incarnation: TCP hellos must carry it
   // Shared-memory layout this rank would use: every rank of a machine must agree.

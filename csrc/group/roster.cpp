@@ -78,7 +78,7 @@ std::string chooseNetwork(const Config& cfg, const std::vector<RankInfo>& infos,
   if (cfg.netTransport == "tcp") return "tcp";
   std::string lacking;
   for (size_t r = 0; r < infos.size(); ++r)
-    if (!infos[r].verbs) lacking += str("\n  rank ", r, ": ", infos[r].noVerbsWhy);
+    if (!infos[r].verbs()) lacking += str("\n  rank ", r, ": ", infos[r].noVerbsWhy);
   if (lacking.empty()) return "verbs";
   throwInvalid(str("this group spans ", cfg.forceNetwork ? "the network (ROCE_PG_FORCE_NETWORK=1)" : "several machines",
                    " but not every rank has a usable RDMA port:", lacking,
@@ -98,7 +98,7 @@ std::string Roster::encode() const {
     auto [it, fresh] = placeOf.emplace(std::make_tuple(r.nodeId, r.hostId, r.tcpHost), places.size());
     if (fresh) places.push_back(&r);
     rankLines << "R " << it->second << " " << r.pid << " " << r.tcpPort << " " << r.nonce << " " << r.cpus << " "
-              << (r.verbs ? std::max(r.verbsRails, 1) : 0) << "\n";
+              << r.verbsRails << "\n";
   }
   std::ostringstream os;
   os << "roster 1 " << ranks.size() << " " << network << " " << (forceNetwork ? 1 : 0) << " " << channels << " "
@@ -153,8 +153,7 @@ Roster Roster::decode(const std::string& text, int size) {
     info.pid = static_cast<int>(pid);
     info.tcpPort = static_cast<int>(port);
     info.cpus = static_cast<int>(cpus);
-    info.verbsRails = static_cast<int>(rails);  // RDMA ports it drives, 0: none
-    info.verbs = rails > 0;
+    info.verbsRails = static_cast<int>(rails);
     r.ranks.push_back(std::move(info));
   }
   return r;

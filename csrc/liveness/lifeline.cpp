@@ -274,12 +274,15 @@ void Lifeline::receiveSettings(const std::string& record, int fromLink) {
   const Peer& p = peers_[fromLink];
   const std::string theirs = record.substr(std::min(record.size(), record.find(' ') + 1));
   if (theirs != settings_) {
+    // failWith wakes awaitSettings once the failure is recorded.
     failWith(str("ranks ", rank_, " (host ", host_, ") and ", p.rank, " (host ", p.host, ") of this group use different "
                  "algorithm settings (rank ", rank_, ": ", wordsMissingFrom(settings_, theirs), "; rank ", p.rank, ": ",
                  wordsMissingFrom(theirs, settings_), "): set the same ROCE_PG_ALGO*, ROCE_PG_CHUNK_BYTES and "
                  "ROCE_PG_NCHANNELS values on every rank before creating the group"),
              -1);
-  } else {
+    return;
+  }
+  {
     std::lock_guard<std::mutex> g(mu_);
     settingsMatched_++;
   }

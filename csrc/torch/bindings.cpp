@@ -235,7 +235,7 @@ PYBIND11_MODULE(_C, m) {
       [](int peers, int rails) { return roce::verbsRegisteredBytes(roce::Config::fromEnv(), peers, rails); },
       py::arg("peers"), py::arg("rails") = 1);
   // The ports this process would drive with its ROCE_PG_* settings, as
-  // [{"device", "port", "gid_index", "numa_node"}], and why none when empty
+  // [{"device", "port", "gid_index", "numa_node", "pci"}], and why none when empty
   // (the doctor's rank -> NIC row); `rank` spreads ranks over more than 4 ports.
   m.def("_chosen_ports", [](int rank, const std::string& nearPci) {
     std::string why;

@@ -4,6 +4,12 @@
 
 namespace roce {
 
+std::string describeRails(const Rails& rails) {
+  std::string out;
+  for (const auto& dev : rails) out += (out.empty() ? "" : " and ") + dev->describe();
+  return out;
+}
+
 void MemoryRegion::registerOn(const Rails& rails, void* addr, size_t len, int access, const char* what) {
   deregister();
   len_ = len;

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "port_choice.hpp"
@@ -18,6 +19,9 @@ namespace roce {
 
 class VerbsDevice;
 using Rails = std::vector<std::shared_ptr<VerbsDevice>>;
+
+// "rxe0 port 1, ... and rxe1 port 1, ..." for messages.
+std::string describeRails(const Rails& rails);
 
 class MemoryRegion {
  public:

@@ -65,7 +65,7 @@ VerbsTransport::VerbsTransport(int rank, int size, Rails rails, const Config& cf
   sqDepth_ = sendDepth(cap_, maxWr);
   rqDepth_ = recvDepth(cap_, maxWr);
   if (rqDepth_ - cap_ - 4 < kCtrlReserve + 4 || sqDepth_ < 2 * cap_ + 8)
-    throwInvalid(str(describeRails(), " allows only ", maxWr, " work requests per queue; with ROCE_PG_IB_SLOTS=", cap_,
+    throwInvalid(str(describeRails(rails_), " allows only ", maxWr, " work requests per queue; with ROCE_PG_IB_SLOTS=", cap_,
                      " too few are left for control messages: lower ROCE_PG_IB_SLOTS"));
   zeroCopyMin_ = cfg.ibZeroCopyMinBytes;
   eagerMax_ = cfg.ibEagerMaxBytes;
@@ -85,12 +85,6 @@ VerbsTransport::VerbsTransport(int rank, int size, Rails rails, const Config& cf
   retryCnt_ = cfg.ibRetryCnt;
   shape_ = {rank_, qpsPerPeer_, sqDepth_, rqDepth_, cap_, slotBytes_, stride_, tc_, sl_, timeout_, retryCnt_};
   peers_.resize(size);
-}
-
-std::string VerbsTransport::describeRails() const {
-  std::string out;
-  for (const auto& dev : rails_) out += (out.empty() ? "" : " and ") + dev->describe();
-  return out;
 }
 
 VerbsTransport::~VerbsTransport() {

@@ -18,12 +18,6 @@
 
 namespace roce::verbs {
 
-std::string Pair::describeRails() const {
-  std::string out;
-  for (const auto& dev : rails_) out += (out.empty() ? "" : " and ") + dev->describe();
-  return out;
-}
-
 void Pair::setUp(std::vector<std::unique_ptr<CqSet>>& cqs) {
   const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
   ctrlBytes = static_cast<size_t>(shape_.qps) * (shape_.rqDepth + shape_.sqDepth) * kCtrlBytes;
@@ -322,7 +316,7 @@ std::string Pair::failureText(const ibv_wc& wc) const {
   const int q = wrQp(wc.wr_id);
   const bool known = q >= 0 && q < static_cast<int>(qps.size());
   const std::string where =
-      known ? str(railOf(qps[q]).describe(), " (queue pair ", q, " of ", qps.size(), ")") : describeRails();
+      known ? str(railOf(qps[q]).describe(), " (queue pair ", q, " of ", qps.size(), ")") : describeRails(rails_);
   return str("RDMA transfer with rank ", peer_, " failed: ", ibv_wc_status_str(wc.status), " (status ", wc.status,
              ", vendor error 0x", std::hex, wc.vendor_err, std::dec, ") on ", where, "; remote GID ", remoteGid,
              ", remote QPN ", remoteQpn0, ", path MTU ", mtu, ".", hint);

@@ -112,7 +112,6 @@ class Pair {
   // A signaled send completed: the work requests it covers are done.
   static void retire(Qp& q);
   VerbsDevice& railOf(const Qp& q) const { return *rails_[q.rail]; }
-  std::string describeRails() const;
   std::string failureText(const ibv_wc& wc) const;
 
   // Connection: no socket yet -> handshake over the socket (endpoints) ->

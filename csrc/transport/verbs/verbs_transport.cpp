@@ -185,7 +185,7 @@ RegCache::Entry* VerbsTransport::registerUserBuffer(const Request& r) {
 std::string VerbsTransport::deviceRegFailure(const Request& r, const char* what) const {
   return str("rank ", rank_, ": the ", what, " of ", r.len, " bytes of device memory with rank ", r.peer,
              " cannot go by RDMA (", what == std::string("send") ? "rank " + std::to_string(r.peer) +
-             " offered no registered buffer, or " : "", "registering it on ", describeRails(),
+             " offered no registered buffer, or " : "", "registering it on ", describeRails(rails_),
              " failed or exceeds ROCE_PG_IB_DEVICE_REG_BYTES=", deviceRegCache_->limit(),
              "); the CPU must not touch device memory, so it fails. Set ROCE_PG_GPUDIRECT=off on every rank "
              "to stage device tensors through host memory, and the same ROCE_PG_IB_DEVICE_REG_BYTES everywhere");

@@ -167,7 +167,6 @@ class VerbsTransport : public Transport {
   void killPeer(int peer, const std::string& why);
 
   VerbsDevice& railOf(const Qp& q) const { return *rails_[q.rail]; }
-  std::string describeRails() const;  // "rxe0 port 1, ... and rxe1 port 1, ..." for messages
 
   int rank_;
   Rails rails_;
