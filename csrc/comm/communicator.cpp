@@ -84,17 +84,14 @@ void Communicator::startOperation() {
     // A group formed from its parent: its first operation runs only once the
     // neighbours confirmed equal settings (Lifeline::awaitSettings), never
     // with mismatched message patterns.
-    if (!lifeline_->awaitSettings(std::min(deadline_, Clock::now() + timeout_),
-                                  [this] { return abortRequested_.load(); })) {
+    const auto verdict = lifeline_->awaitSettings(std::min(deadline_, Clock::now() + timeout_),
+                                                  [this] { return abortRequested_.load(); });
+    if (!verdict.agreed) {
       if (abortRequested_.load())
         throw Error(ErrorKind::Aborted, str("roce: ", opName(), " on rank ", rank(), " was aborted: ", abortReason_));
-      std::string why;
-      {
-        std::lock_guard<std::mutex> g(abortMu_);
-        why = peerFailed_.load() ? peerFailure_ : std::string();
-      }
-      throwComm(str(opName(), " on rank ", rank(), " failed: ", why.empty() ? str("the group's ring neighbours did "
-                    "not confirm their settings within the timeout (they did not create the group)") : why));
+      throwComm(str(opName(), " on rank ", rank(), " failed: ", verdict.failure.empty() ? str("the group's ring "
+                    "neighbours did not confirm their settings within the timeout (they did not create the group)")
+                    : verdict.failure));
     }
     settingsAgreed_ = true;
   }

@@ -119,7 +119,7 @@ void Lifeline::announceFailure(const std::string& why) {
     std::lock_guard<std::mutex> g(mu_);
     if (failed_) return;
     failed_ = true;
-    outgoing_ = why;
+    failure_ = outgoing_ = why;
   }
   runtime_.poke();
 }
@@ -144,13 +144,14 @@ void Lifeline::failWith(const std::string& why, int exceptLink) {
     std::lock_guard<std::mutex> g(mu_);
     if (failed_) return;
     failed_ = true;
+    failure_ = why;
   }
   ROCE_INFO("rank ", rank_, " lifeline: ", why);
   try {
     onFailure_(why);
   } catch (...) {
   }
-  statesCv_.notify_all();  // awaitSettings: after onFailure_, so the waiter finds the reason recorded
+  statesCv_.notify_all();  // awaitSettings
   for (size_t i = 0; i < peers_.size(); ++i)
     if (static_cast<int>(i) != exceptLink) sendRecord(peers_[i], kFail, why);
 }
@@ -289,14 +290,17 @@ void Lifeline::receiveSettings(const std::string& record, int fromLink) {
   statesCv_.notify_all();
 }
 
-bool Lifeline::awaitSettings(Clock::time_point deadline, const std::function<bool()>& abandon) {
-  if (settings_.empty()) return true;
+Lifeline::SettingsVerdict Lifeline::awaitSettings(Clock::time_point deadline, const std::function<bool()>& abandon) {
+  if (settings_.empty()) return {true, {}};
   std::unique_lock<std::mutex> g(mu_);
   auto settled = [&] { return failed_ || stop_ || settingsMatched_ >= peers_.size(); };
   // In slices, so that an abort from another thread (`abandon`) ends the wait.
   while (!settled() && Clock::now() < deadline && !(abandon && abandon()))
     statesCv_.wait_until(g, std::min(deadline, Clock::now() + std::chrono::milliseconds(50)), settled);
-  return !failed_ && !stop_ && settingsMatched_ >= peers_.size();
+  // The reason comes from here, recorded with failed_: a slice can end between
+  // failWith setting failed_ and onFailure_ handing the communicator its copy
+  // (CI saw a mismatch reported as "did not confirm" that way).
+  return {!failed_ && !stop_ && settingsMatched_ >= peers_.size(), failure_};
 }
 
 void Lifeline::lastWords(bool leaving) {

@@ -77,12 +77,19 @@ class Lifeline : public RuntimeService {
   // rank's own included. Thread-safe; every rank answers once per group, so
   // later calls return the same states.
   std::map<int, std::string> collectStates(int groupSize, Clock::time_point deadline);
-  // Waits until every neighbour's settings arrived and matched (true), or
-  // the group failed, the lifeline stopped or `deadline` passed (false; a
-  // mismatch is reported through onFailure, before the waiter wakes). True at
+  // How a wait for the neighbours' settings ended.
+  struct SettingsVerdict {
+    bool agreed = false;
+    // Why the group failed, when it did (a mismatch, a dead neighbour, this
+    // rank's own failure). Read under the lock that recorded it: the caller's
+    // own copy of the reason (onFailure) may still be on its way.
+    std::string failure;
+  };
+  // Waits until every neighbour's settings arrived and matched (agreed), or
+  // the group failed, the lifeline stopped or `deadline` passed. Agreed at
   // once without settings.
   // `abandon` (polled) ends the wait early: the group is being aborted.
-  bool awaitSettings(Clock::time_point deadline, const std::function<bool()>& abandon = {});
+  SettingsVerdict awaitSettings(Clock::time_point deadline, const std::function<bool()>& abandon = {});
 
  private:
   struct Peer;
@@ -120,6 +127,7 @@ class Lifeline : public RuntimeService {
   const std::string settings_;          // empty: no comparison
   size_t settingsMatched_ = 0;          // neighbours whose settings equal ours
   bool failed_ = false;   // a failure was seen or announced: nothing more travels
+  std::string failure_;   // its reason, recorded with failed_
   bool stop_ = false, leaving_ = false;
   std::vector<int> departed_;
 };
