@@ -17,8 +17,8 @@ VMs (the host kernel has no RDMA support; see scripts/softroce/README.md).
 * two VMs joined by a virtual Ethernet link, two ranks each
   (tests/softroce/multinode_job.py): a torchrun-elastic job (collectives and a
   20-step DDP run compared with Gloo); the same launcher restarting every
-  worker after one of them is SIGKILLed (the second attempt trains to the end); every allreduce algorithm forced and auto
-  on the 2+2 layout (tests/algorithm_workers.py) with hier's network bytes
+  worker after one of them is SIGKILLed (the second attempt trains to the end); auto and the
+  ring, hier and tree allreduces forced on the 2+2 layout (tests/algorithm_workers.py) with hier's network bytes
   against the ring's from the counters; the collective matrix while netem drops
   1% of the RoCE packets and reorders others (bit-exact results, retransmissions
   shown by netem and rxe counters); a rank taking its port down during a
@@ -452,7 +452,7 @@ def test_two_vms_torchrun_restart_after_a_worker_is_killed_over_verbs(two_vms):
     assert all(ph["sent_packets"] >= 12 * 3 * 400_000 // 4 // 1024 for ph in phases), [p["sent_packets"] for p in phases]
 
 
-def test_two_vms_every_algorithm_over_verbs_2_plus_2(two_vms):
+def test_two_vms_algorithms_over_verbs_2_plus_2(two_vms):
     ranks = {}
     for ph in _phase(two_vms, "algorithms"):
         ranks.update({int(k): v for k, v in ph["results"].items()})
@@ -460,6 +460,8 @@ def test_two_vms_every_algorithm_over_verbs_2_plus_2(two_vms):
     for r, res in ranks.items():
         assert not res["failures"], (r, "\n".join(res["failures"][:40]))
         assert res["checks"] > 300, (r, res["checks"])
+        ran = {key.split("/")[1] for key in res["counters"]}
+        assert ran == {"auto", "ring", "hier", "tree"}, (r, ran)
     # Ring order 0,1 | 2,3: the flat ring crosses the link on ranks 1 and 3
     # (3/2 n each); hier sends each rank's half across (n/2 each), over verbs.
     numel = _phase(two_vms, "algorithms")[0]["traffic_numel"]

@@ -12,8 +12,11 @@ phases in one boot, each reported in OUT_DIR/node<NODE_RANK>.json:
              SIGKILLs itself at step 5 of 12 exact allreduces; the agents restart
              every worker on the same store and the second attempt must finish
              (issue 21); the time from the kill to its first allreduce is recorded
-  algorithms every allreduce algorithm forced and auto (tests/algorithm_workers.py)
-             on the 2+2 layout over verbs: ops x dtypes x size classes against
+  algorithms auto and the ring, hier and tree allreduces forced
+             (tests/algorithm_workers.py) on the 2+2 layout over verbs (rd and
+             rabenseifner, pairwise exchanges the ring's sends already cover
+             here, run across simulated machines in tests/test_algorithms.py:
+             28 s each under emulation): ops x dtypes x size classes against
              references, reduce / reduce-scatter / allgather / broadcast, and
              the network bytes per rank of hier against ring from the counters
   netem      a collective matrix (verbs_workers.link_matrix) while netem (RoCE packets only: UDP port
@@ -200,12 +203,15 @@ def phase_netem(node, master, netdev):
     return res
 
 
+VM_ALGOS = ["auto", "ring", "hier", "tree"]
+
+
 def phase_algorithms(node, master):
     ranks = range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE)
     results = run_group("tests.algorithm_workers.run", WORLD, env=ALGO_ENV, start_method="fork", host=master,
                         port=STORE_PORTS["algorithms"], ranks=ranks, deadline_s=1000,
                         kwargs={"groups": {"2x2": list(range(WORLD))}, "traffic": {"2x2": [ALGO_TRAFFIC_NUMEL]},
-                                "timing": True})
+                                "timing": True, "algos": VM_ALGOS})
     return {"results": dict(zip(ranks, results)), "traffic_numel": ALGO_TRAFFIC_NUMEL}
 
 
