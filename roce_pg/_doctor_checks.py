@@ -84,10 +84,13 @@ class Machine:
         except ValueError:
             return default
 
-    def registered_bytes(self, peers: int, rails: int = 1) -> int:
+    def registered_bytes(self, peers: int, rails: int = 1, routed: Optional[int] = None) -> int:
         """Bytes the verbs transport registers per rank once connected to `peers`
-        peers: the landing pool, the staging pool (a quarter of it) and each
-        peer's control rings. Mirrors verbsRegisteredBytes in
+        peers in a group reaching `routed` peers over verbs (default `peers`):
+        the landing pool (a peer holds at most ROCE_PG_IB_SLOTS slots, so at
+        most 2 x slots x (routed + 1) of them, ROCE_PG_IB_POOL_BYTES at most),
+        the staging pool (slots x routed, a quarter of the pool at most) and
+        each connected peer's control rings. Mirrors verbsRegisteredBytes in
         csrc/transport/verbs/verbs_connect.cpp (tests/test_doctor.py checks that
         they agree); with ROCE_PG_NCHANNELS unset it assumes the most channels
         (4 queue pairs per peer), since auto depends on the job's layout. With
@@ -97,10 +100,11 @@ class Machine:
         cap = self._setting("ROCE_PG_IB_SLOTS", DEFAULT_SLOTS)
         qps = max(self._setting("ROCE_PG_IB_QPS_PER_CONNECTION", 1),
                   self._setting("ROCE_PG_NCHANNELS", 0) or MAX_AUTO_CHANNELS, rails)  # 0: auto
+        routed = max(0, peers if routed is None else routed)
         stride = (64 + slot + 63) & ~63
         page = lambda n: (n + 4095) & ~4095  # noqa: E731
-        landing = page(pool // stride * stride)
-        staging = page(max(pool // 4, 2 * stride) // stride * stride)
+        landing = page(min(pool // stride, 2 * cap * (routed + 1)) * stride)
+        staging = page(min(max(pool // 4, 2 * stride) // stride, max(2, routed * cap)) * stride)
         per_peer = qps * ((cap + 32 + 4) + max(128, 2 * cap + 64)) * 64
         return rails * (landing + staging + peers * per_peer)
 
@@ -431,8 +435,9 @@ def check_memlock(m: Machine, remote_peers: Optional[int] = None) -> Row:
     rails = len([c for c in m.rails() if c.port is not None]) or 1 if m.ports else 1
     transport = m.registered_bytes(peers, rails)
     how = (f"RDMA registers {fmt_bytes(transport)} per rank with {peers} connected peer{'s' if peers > 1 else ''} "
-           f"(ROCE_PG_IB_POOL_BYTES + a quarter of it + "
-           f"{fmt_bytes(m.registered_bytes(1) - m.registered_bytes(0))} per peer"
+           f"(landing and staging pools that grow with the peers up to ROCE_PG_IB_POOL_BYTES + a quarter of it, "
+           f"and {fmt_bytes(m.registered_bytes(1, routed=0) - m.registered_bytes(0, routed=0))} of control "
+           f"rings per peer"
            f"{f', on each of {rails} ports' if rails > 1 else ''}), and zero-copy registrations take up to half "
            f"of the limit")
     if soft == sysfs.UNLIMITED:

@@ -233,15 +233,17 @@ def test_low_memlock_is_reported_with_the_fix(tmp_path, soft, hard, cap, status,
         assert "CAP_IPC_LOCK" in row.detail
 
 
-def test_memlock_need_follows_the_pool_not_the_peers(tmp_path):
-    # Defaults: 16 MiB landing + 4 MiB staging + ~44 KiB per peer (4 queue
-    # pairs), and half the limit for the zero-copy cache.
+def test_memlock_need_follows_the_pools_and_the_peers(tmp_path):
+    # Defaults: pools of 2 x 8 slots per peer up to 16 MiB landing + 4 MiB
+    # staging, ~44 KiB of control rings per peer (4 queue pairs), and half
+    # the limit for the zero-copy cache.
     make_tree(tmp_path, memlock=(48 << 20, 48 << 20))
     assert rows_of(tmp_path)["memlock"].status == doctor.OK
-    assert rows_of(tmp_path, remote_peers=63)["memlock"].status == doctor.OK     # 8 machines x 8: a few MiB more
+    assert rows_of(tmp_path, remote_peers=63)["memlock"].status == doctor.OK     # 8 machines x 8: full pools
     assert rows_of(tmp_path, remote_peers=1023)["memlock"].status == doctor.FAIL  # +43 MiB of control rings
     env = {"ROCE_PG_IB_POOL_BYTES": "64M"}
-    assert rows_of(tmp_path, env)["memlock"].status == doctor.FAIL
+    assert rows_of(tmp_path, env, remote_peers=63)["memlock"].status == doctor.FAIL  # a 64 MiB landing pool
+    assert rows_of(tmp_path, env, remote_peers=1)["memlock"].status == doctor.OK     # one peer fills 32 slots
     env = {"ROCE_PG_NCHANNELS": "1"}  # one queue pair per peer: 11 KiB each, 2.7 MiB for 255
     assert rows_of(tmp_path, env, remote_peers=255)["memlock"].status == doctor.OK
 
@@ -260,6 +262,9 @@ def test_memlock_formula_matches_the_transport():
         with mock.patch.dict(os.environ, env):  # the extension reads the process environment
             for peers in (0, 1, 7, 1023):
                 assert machine.registered_bytes(peers) == roce_pg._C.verbs_registered_bytes(peers), (env, peers)
+                for routed in (0, 3, 15, 1023):  # a group's peers over verbs size its pools
+                    assert (machine.registered_bytes(peers, routed=routed)
+                            == roce_pg._C.verbs_registered_bytes(peers, routed=routed)), (env, peers, routed)
 
 
 # ---- other findings -------------------------------------------------------------------

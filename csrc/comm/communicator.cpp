@@ -33,6 +33,12 @@ Communicator::~Communicator() = default;
 
 void Communicator::FreeDeleter::operator()(void* p) const { std::free(p); }
 
+int Communicator::networkPeers() const {
+  int n = 0;
+  for (size_t r = 0; r < routes_.size(); ++r) n += routes_[r] && !viaShm_[r];
+  return n;
+}
+
 const char* Communicator::transportName(int peer) const {
   return routes_.at(peer) ? routes_[peer]->name() : "self";
 }

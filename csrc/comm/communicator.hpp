@@ -62,6 +62,8 @@ class Communicator {
 
   int rank() const { return topo_.rank; }
   int size() const { return topo_.size; }
+  // Peers reached over the network transport (not shared memory, not self).
+  int networkPeers() const;
   const Topology& topology() const { return topo_; }
   const Config& config() const { return cfg_; }
   // Non-null when every rank of the group shares this machine's memory.

@@ -212,11 +212,13 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
   }
   // Peers not served by shared memory go over the network.
   std::vector<bool> viaNet(size, false);
-  bool anyNet = false;
+  int netPeers = 0;
   for (int r = 0; r < size; ++r) {
     if (r == rank || routes_[r]) continue;
-    viaNet[r] = anyNet = true;
+    viaNet[r] = true;
+    ++netPeers;
   }
+  const bool anyNet = netPeers > 0;
   const std::string& net = roster.network;
   if (anyNet && net == "verbs") {
     // Every rank sets up as many queue pairs per connection as the rank with
@@ -224,7 +226,7 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
     int maxRails = 1;
     for (const auto& info : infos) maxRails = std::max(maxRails, info.verbsRails);
     transports_.push_back(
-        std::make_unique<VerbsTransport>(rank, size, verbsRails_, cfg_, groupQueuePairs(cfg_, maxRails)));
+        std::make_unique<VerbsTransport>(rank, size, verbsRails_, cfg_, groupQueuePairs(cfg_, maxRails), netPeers));
   } else if (anyNet) {
     transports_.push_back(std::make_unique<TcpTransport>(rank, size, hostNames_));
   }

@@ -229,11 +229,14 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_peer_memory_module_loaded", &roce::peerMemoryModuleLoaded, py::arg("modules_text"));
   // The verbs transport's registered bytes per rank for `peers` connected
-  // peers with the ROCE_PG_* settings of this process (the doctor mirrors it).
+  // peers, in a group reaching `routed` peers over verbs (-1: `peers`), with
+  // the ROCE_PG_* settings of this process (the doctor mirrors it).
   m.def(
       "verbs_registered_bytes",
-      [](int peers, int rails) { return roce::verbsRegisteredBytes(roce::Config::fromEnv(), peers, rails); },
-      py::arg("peers"), py::arg("rails") = 1);
+      [](int peers, int rails, int routed) {
+        return roce::verbsRegisteredBytes(roce::Config::fromEnv(), peers, rails, routed);
+      },
+      py::arg("peers"), py::arg("rails") = 1, py::arg("routed") = -1);
   // The ports this process would drive with its ROCE_PG_* settings, as
   // [{"device", "port", "gid_index", "numa_node", "pci"}], and why none when empty
   // (the doctor's rank -> NIC row); `rank` spreads ranks over more than 4 ports.

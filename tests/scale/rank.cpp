@@ -81,9 +81,9 @@ class RankRun {
   void notePeaks(roce::Communicator& c) {
     const ProcStats s = readProcStats();
     const auto connections = c.counters().connections.load();
+    const auto verbsBytes = roce::verbsRegisteredBytes(c.config(), int(connections), 1, c.networkPeers());
     for (auto [name, value] : {std::pair{"fds_peak", double(s.fds)}, {"threads_peak", double(s.threads)},
-                               {"connections_peak", double(connections)},
-                               {"verbs_bytes_peak", double(roce::verbsRegisteredBytes(c.config(), int(connections)))}}) {
+                               {"connections_peak", double(connections)}, {"verbs_bytes_peak", double(verbsBytes)}}) {
       auto& peak = report_.metrics[name];
       peak = std::max(peak, value);
     }
@@ -116,13 +116,15 @@ class RankRun {
     record("fds", s.fds);
     record("threads", s.threads);
     record("connections", double(connections));
-    record("verbs_bytes", double(roce::verbsRegisteredBytes(c->config(), static_cast<int>(connections))));
+    record("verbs_bytes",
+           double(roce::verbsRegisteredBytes(c->config(), static_cast<int>(connections), 1, c->networkPeers())));
     if (o_.checks == Options::Checks::Full) {
       stage("default group: all-peer checks");
       checkAllPeerCollectives(k);
       const auto all = c->counters().connections.load();
       record("connections_all_peers", double(all));
-      record("verbs_bytes_all_peers", double(roce::verbsRegisteredBytes(c->config(), static_cast<int>(all))));
+      record("verbs_bytes_all_peers",
+             double(roce::verbsRegisteredBytes(c->config(), static_cast<int>(all), 1, c->networkPeers())));
     }
     finish(c, k);
   }

@@ -231,7 +231,7 @@ def verbs_at_scale(rank, world, port, big_numel=(1 << 20) // 8):
         assert torch.equal(t, torch.arange(numel, dtype=torch.int64) * (world * (world + 1) // 2)), numel
     c = roce_pg.counters()
     out.update(rd_connections=c["connections"], rd_registered=c["registered_bytes"], rd_qps=_qps_of_this_process(),
-               formula_3_peers=roce_pg._C.verbs_registered_bytes(3))
+               formula_3_peers=roce_pg._C.verbs_registered_bytes(3, routed=world - 1))
     _store_barrier("rd", world)
     # A second group whose allreduce is the ring: ring neighbours only.
     os.environ["ROCE_PG_ALGO_ALLREDUCE"] = "ring"

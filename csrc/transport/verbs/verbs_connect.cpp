@@ -36,17 +36,39 @@ int groupQueuePairs(const Config& cfg, int maxRails) {
   return std::max({cfg.ibQpsPerConnection, cfg.nChannels, maxRails});
 }
 
-size_t verbsRegisteredBytes(const Config& cfg, int peers, int rails) {
-  const int qps = groupQueuePairs(cfg, rails);
-  const size_t stride = (sizeof(SlotHeader) + cfg.ibSlotBytes + 63) & ~size_t(63);
-  const size_t landing = pageRound(cfg.ibPoolBytes / stride * stride);
-  const size_t staging = pageRound(std::max(cfg.ibPoolBytes / 4, 2 * stride) / stride * stride);
-  const size_t perPeer = static_cast<size_t>(qps) *
-                         (recvDepth(cfg.ibSlots, 1 << 30) + sendDepth(cfg.ibSlots, 1 << 30)) * kCtrlBytes;
-  return static_cast<size_t>(rails) * (landing + staging + static_cast<size_t>(peers) * perPeer);
+namespace {
+size_t strideOf(size_t slotBytes) { return (sizeof(SlotHeader) + slotBytes + 63) & ~size_t(63); }
+}  // namespace
+
+VerbsPoolSizes verbsPoolSizes(const Config& cfg, size_t stride, int routedPeers) {
+  // A peer holds at most ROCE_PG_IB_SLOTS landing slots at once (its credits,
+  // the standing two among them), so slots beyond the group's peers' sum
+  // could never be granted. Twice that, plus twice the cap, keeps the grant
+  // rules' reserve (max(cap, pool/4) free for standing grants) satisfied
+  // while every peer holds its full cap: a small group behaves exactly as
+  // with the full pool. ROCE_PG_IB_POOL_BYTES stays the ceiling (reached
+  // from 15 peers with the defaults, so the world group of a large job is
+  // unchanged); a subgroup of a few machines registers a few MiB.
+  const uint64_t peers = static_cast<uint64_t>(std::max(routedPeers, 0));
+  const uint64_t cap = static_cast<uint64_t>(cfg.ibSlots);
+  const uint64_t landingSlots = std::min<uint64_t>(cfg.ibPoolBytes / stride, 2 * cap * (peers + 1));
+  // Copied chunks in flight, across peers: at most each peer's credits.
+  const uint64_t stagingSlots =
+      std::min<uint64_t>(std::max(cfg.ibPoolBytes / 4, 2 * stride) / stride, std::max<uint64_t>(2, peers * cap));
+  return {landingSlots * stride, stagingSlots * stride};
 }
 
-VerbsTransport::VerbsTransport(int rank, int size, Rails rails, const Config& cfg, int qpsPerPeer)
+size_t verbsRegisteredBytes(const Config& cfg, int peers, int rails, int routedPeers) {
+  const int qps = groupQueuePairs(cfg, rails);
+  const VerbsPoolSizes pools = verbsPoolSizes(cfg, strideOf(cfg.ibSlotBytes), routedPeers < 0 ? peers : routedPeers);
+  const size_t perPeer = static_cast<size_t>(qps) *
+                         (recvDepth(cfg.ibSlots, 1 << 30) + sendDepth(cfg.ibSlots, 1 << 30)) * kCtrlBytes;
+  return static_cast<size_t>(rails) *
+         (pageRound(pools.landing) + pageRound(pools.staging) + static_cast<size_t>(peers) * perPeer);
+}
+
+VerbsTransport::VerbsTransport(int rank, int size, Rails rails, const Config& cfg, int qpsPerPeer,
+                               int routedPeers)
     : rank_(rank), rails_(std::move(rails)) {
   if (rails_.empty() || rails_.size() > static_cast<size_t>(kMaxRails))
     throwInvalid(str("the verbs transport drives 1 to ", kMaxRails, " ports, not ", rails_.size()));
@@ -77,8 +99,8 @@ VerbsTransport::VerbsTransport(int rank, int size, Rails rails, const Config& cf
   if (cfg.gpudirect != "off") dmabuf_ = probeDmabuf(rails_[0]->pd(), rails_[0]->describe());
   else dmabuf_.why = "ROCE_PG_GPUDIRECT=off";
   slotBytes_ = std::min<size_t>(cfg.ibSlotBytes, maxMsg_ - sizeof(SlotHeader));
-  stride_ = (sizeof(SlotHeader) + slotBytes_ + 63) & ~size_t(63);
-  poolBytes_ = cfg.ibPoolBytes;
+  stride_ = strideOf(slotBytes_);
+  pools_ = verbsPoolSizes(cfg, stride_, routedPeers);
   tc_ = cfg.ibTc;
   sl_ = cfg.ibSl;
   timeout_ = cfg.ibTimeout;
@@ -115,11 +137,11 @@ void VerbsTransport::ensurePools() {
   // behind for the next connection to add to.
   std::vector<std::unique_ptr<CqSet>> cqs;
   for (const auto& dev : rails_) cqs.push_back(std::make_unique<CqSet>(*dev));
-  auto landing = std::make_unique<SlotPool>(rails_, poolBytes_, stride_,
+  auto landing = std::make_unique<SlotPool>(rails_, pools_.landing, stride_,
                                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "landing pool", counters());
-  // Copied chunks in flight across all peers; a quarter of the landing pool
-  // (most large messages go zero copy and need no staging).
-  auto staging = std::make_unique<SlotPool>(rails_, std::max(poolBytes_ / 4, 2 * stride_), stride_,
+  // Copied chunks in flight across all peers; at most a quarter of the
+  // landing pool (most large messages go zero copy and need no staging).
+  auto staging = std::make_unique<SlotPool>(rails_, pools_.staging, stride_,
                                             IBV_ACCESS_LOCAL_WRITE, "staging pool", counters());
   cqs_ = std::move(cqs);
   landing_ = std::move(landing);

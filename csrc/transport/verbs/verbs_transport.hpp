@@ -95,12 +95,19 @@ namespace verbs {
 struct Endpoint;
 }
 
+// The pools of a group whose rank reaches `routedPeers` peers over verbs
+// (verbs_connect.cpp says why these sizes): bytes, whole slots of `stride`.
+struct VerbsPoolSizes {
+  size_t landing, staging;
+};
+VerbsPoolSizes verbsPoolSizes(const Config& cfg, size_t stride, int routedPeers);
 // Bytes the verbs transport registers per rank with `cfg` once connected to
-// `peers` peers (landing pool + staging pool + each peer's control rings),
-// assuming the device grants the queue depths asked for. The formula the
-// README states, the doctor's memlock check uses, and tests/scale projects.
-// With `rails` ports, every pool and ring is registered once per port.
-size_t verbsRegisteredBytes(const Config& cfg, int peers, int rails = 1);
+// `peers` peers (landing pool + staging pool + each peer's control rings) in
+// a group that routes `routedPeers` peers over verbs (-1: `peers`), assuming
+// the device grants the queue depths asked for. The formula the README
+// states, the doctor's memlock check uses, and tests/scale projects. With
+// `rails` ports, every pool and ring is registered once per port.
+size_t verbsRegisteredBytes(const Config& cfg, int peers, int rails = 1, int routedPeers = -1);
 // Queue pairs per connection in a group whose ranks drive at most `maxRails`
 // ports: ROCE_PG_IB_QPS_PER_CONNECTION, at least one per channel and per rail.
 int groupQueuePairs(const Config& cfg, int maxRails);
@@ -109,8 +116,9 @@ class VerbsTransport : public Transport {
  public:
   // Serves peers whose connections arrive through adoptConnection, over
   // `rails` (one or more ports), with `qpsPerPeer` queue pairs per connection
-  // (the same on every rank of the group: groupQueuePairs).
-  VerbsTransport(int rank, int size, Rails rails, const Config& cfg, int qpsPerPeer);
+  // (the same on every rank of the group: groupQueuePairs). `routedPeers`:
+  // the group's peers this transport serves (they size the pools).
+  VerbsTransport(int rank, int size, Rails rails, const Config& cfg, int qpsPerPeer, int routedPeers);
   ~VerbsTransport() override;
   const char* name() const override { return "verbs"; }
   void postSend(Request* r) override;
@@ -173,7 +181,7 @@ class VerbsTransport : public Transport {
   int qpsPerPeer_, cap_, sqDepth_, rqDepth_;
   size_t slotBytes_;   // payload bytes per landing/staging slot
   size_t stride_;      // header + payload, 64-byte aligned
-  size_t poolBytes_;   // ROCE_PG_IB_POOL_BYTES: the landing pool
+  VerbsPoolSizes pools_;  // registered at the first connection (verbsPoolSizes)
   int tc_, sl_, timeout_, retryCnt_;
   size_t maxMsg_;           // port max_msg_sz: no work request is larger
   size_t zeroCopyMin_;      // ROCE_PG_IB_ZERO_COPY_MIN_BYTES (0: off)
