@@ -29,7 +29,13 @@ void Communicator::leaveGracefully() {
   if (lifeline_) lifeline_->leave();
 }
 
-Communicator::~Communicator() = default;
+Communicator::~Communicator() {
+  // Before the wake-ups go: the desk's thread calls the waker (useWaker
+  // returns once no call is in flight).
+  if (mailbox_) mailbox_->box()->useWaker({});
+}
+
+bool Communicator::arrivalsPending() const { return mailbox_ && mailbox_->box()->pending(); }
 
 void Communicator::FreeDeleter::operator()(void* p) const { std::free(p); }
 

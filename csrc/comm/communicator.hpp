@@ -248,6 +248,7 @@ class Communicator {
   // ROCE_PG_CONNECT=eager: connects every network peer before init returns.
   void connectAll(const std::vector<bool>& viaNet, Clock::time_point deadline);
   void onPeerFailure(const std::string& why);  // from the runtime thread (the lifeline)
+  bool arrivalsPending() const;  // connections in the mailbox, not yet taken
   [[noreturn]] void throwFailure(const std::string& msg);
   void transportsFailAll(const std::string& why);
 

@@ -155,6 +155,7 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
   const uint64_t helperEvents = helperEvents_.load(std::memory_order_acquire);
   const bool helperFinished = helperEvents != helperEventsSeen_;
   helperEventsSeen_ = helperEvents;  // a later wait blocks unless another job ends
+  if (arrivalsPending()) connectionsReady_ = true;  // the mailbox has no descriptor to wake the poll
   if (helperFinished || progress() || abortRequested_.load() || (interrupt && interrupt())) {
     wakeup_.withdraw();
     return Blocked::Moved;
@@ -188,9 +189,12 @@ void Communicator::announceIdle() {
 }
 
 void Communicator::waitIdle() {
-  // Bounded, so a lost wake-up costs a second, not a hang.
-  const timespec ts = toTimespec(std::chrono::seconds(1));
-  ppoll(idleFds_.data(), idleFds_.size(), &ts, nullptr);
+  // Bounded, so a lost wake-up costs a second, not a hang. A connection
+  // delivered before announceIdle() raises no wake-up: look first.
+  if (!arrivalsPending()) {
+    const timespec ts = toTimespec(std::chrono::seconds(1));
+    ppoll(idleFds_.data(), idleFds_.size(), &ts, nullptr);
+  }
   idleWakeup_.withdraw();
 }
 

@@ -246,6 +246,13 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
     if (cfg_.connect == "eager") connectAll(viaNet, deadline);
   }
   acceptor.reset();
+  // Formed: the mailbox gives up its descriptor and wakes the wait loops,
+  // which look at it after announcing a sleep (wait_loop.cpp).
+  if (mailbox_)  // none in a group of one
+    mailbox_->box()->useWaker([this] {
+      wakeup_.wake();
+      idleWakeup_.wake();
+    });
 
   if (logLevel() >= LogLevel::Info && rank == 0) {
     std::string rdma;

@@ -210,7 +210,9 @@ void TcpAcceptor::service() {
   }
 }
 
-void TcpAcceptor::addPollFds(std::vector<pollfd>& fds) const { fds.push_back({mailbox_->fd(), POLLIN, 0}); }
+void TcpAcceptor::addPollFds(std::vector<pollfd>& fds) const {
+  if (const int fd = mailbox_->fd(); fd >= 0) fds.push_back({fd, POLLIN, 0});
+}
 
 std::optional<std::pair<int, UniqueFd>> TcpAcceptor::takeAny(LinkKind kind) {
   for (auto it = ready_.begin(); it != ready_.end(); ++it)
@@ -241,8 +243,7 @@ UniqueFd TcpAcceptor::take(LinkKind kind, int peer, Clock::time_point deadline, 
       probe();
       nextProbe = Clock::now() + kProbeEvery;
     }
-    pollfd p{mailbox_->fd(), POLLIN, 0};
-    poll(&p, 1, static_cast<int>(std::min(left, 200LL)));
+    mailbox_->wait(static_cast<int>(std::min(left, 200LL)));
     service();
   }
 }

@@ -109,7 +109,8 @@ class TcpAcceptor {
                 const std::function<void()>& probe = nullptr);
   // Non-blocking: takes what the desk delivered.
   void service();
-  // The mailbox's descriptor, for poll().
+  // The mailbox's descriptor, for poll(), while it has one (a formed group's
+  // mailbox calls its waker instead: Mailbox::useWaker).
   void addPollFds(std::vector<pollfd>& fds) const;
   // A connection some peer dialed for `kind`, if one is ready: (peer, socket).
   std::optional<std::pair<int, UniqueFd>> takeAny(LinkKind kind);

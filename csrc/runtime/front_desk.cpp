@@ -37,20 +37,44 @@ Mailbox::~Mailbox() {
   if (efd_ >= 0) ::close(efd_);
 }
 
-std::vector<Arrival> Mailbox::takeAll() {
-  uint64_t v;
-  (void)!read(efd_, &v, sizeof(v));
+int Mailbox::fd() const {
   std::lock_guard<std::mutex> g(mu_);
+  return efd_;
+}
+
+std::vector<Arrival> Mailbox::takeAll() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (efd_ >= 0) {
+    uint64_t v;
+    (void)!read(efd_, &v, sizeof(v));
+  }
+  pending_.store(false);
   return std::exchange(items_, {});
 }
 
+void Mailbox::wait(int ms) {
+  std::unique_lock<std::mutex> g(mu_);
+  arrived_.wait_for(g, std::chrono::milliseconds(ms), [&] { return !items_.empty(); });
+}
+
+void Mailbox::useWaker(std::function<void()> waker) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (efd_ >= 0) ::close(efd_), efd_ = -1;
+  waker_ = std::move(waker);
+  if (waker_ && !items_.empty()) waker_();  // delivered while the owner still watched the descriptor
+}
+
 void Mailbox::deliver(Arrival a) {
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    items_.push_back(std::move(a));
+  std::lock_guard<std::mutex> g(mu_);
+  items_.push_back(std::move(a));
+  pending_.store(true);  // before the wake-up: a waiter that announced its sleep sees one or the other
+  if (efd_ >= 0) {
+    uint64_t one = 1;
+    (void)!write(efd_, &one, sizeof(one));
+  } else if (waker_) {
+    waker_();
   }
-  uint64_t one = 1;
-  (void)!write(efd_, &one, sizeof(one));
+  arrived_.notify_all();
 }
 
 struct FrontDesk::Pending {

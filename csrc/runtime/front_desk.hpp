@@ -22,7 +22,10 @@
 // The listener opens on first use and stays open for the process's life, so
 // a refused connection still means the process is gone.
 #pragma once
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -50,8 +53,12 @@ struct Arrival {
   std::string head;      // bytes already read from it (a join's header)
 };
 
-// Where the desk leaves a key's connections. Its descriptor (an eventfd)
-// reads ready while something waits in it.
+// Where the desk leaves a key's connections. While a group forms, its
+// descriptor (an eventfd) reads ready while something waits in it, so the
+// setup's poll() loops can watch it beside their sockets. A formed group
+// trades the descriptor for a wake-up call (useWaker): its wait loops block
+// on their own wake-ups and look at pending() after announcing the sleep, so
+// an extra group costs no descriptor for its mailbox.
 class Mailbox {
  public:
   Mailbox();
@@ -59,16 +66,27 @@ class Mailbox {
   Mailbox(const Mailbox&) = delete;
   Mailbox& operator=(const Mailbox&) = delete;
 
-  int fd() const { return efd_; }
+  int fd() const;  // -1 once useWaker() closed it
+  bool pending() const { return pending_.load(std::memory_order_seq_cst); }
   // Everything delivered so far (clears the descriptor's readiness first, so
   // a delivery racing with this call is announced again).
   std::vector<Arrival> takeAll();
+  // Waits up to `ms` for a delivery (with or without the descriptor).
+  void wait(int ms);
+  // From now on a delivery calls `waker` (on the desk's thread, under this
+  // mailbox's lock: it must only set flags and wake) instead of writing the
+  // descriptor, which is closed; called at once if something is pending. An
+  // empty function stops the calls: once it returns, none is in flight.
+  void useWaker(std::function<void()> waker);
   void deliver(Arrival a);  // the desk
 
  private:
   int efd_ = -1;
-  std::mutex mu_;
+  mutable std::mutex mu_;
+  std::condition_variable arrived_;
   std::vector<Arrival> items_;
+  std::atomic<bool> pending_{false};
+  std::function<void()> waker_;
 };
 
 class FrontDesk : public RuntimeService {
