@@ -100,7 +100,7 @@ class Machine:
         cap = self._setting("ROCE_PG_IB_SLOTS", DEFAULT_SLOTS)
         qps = max(self._setting("ROCE_PG_IB_QPS_PER_CONNECTION", 1),
                   self._setting("ROCE_PG_NCHANNELS", 0) or MAX_AUTO_CHANNELS, rails)  # 0: auto
-        routed = max(0, peers if routed is None else routed)
+        routed = peers if routed is None or routed < 0 else routed  # as the extension: -1 means `peers`
         stride = (64 + slot + 63) & ~63
         page = lambda n: (n + 4095) & ~4095  # noqa: E731
         landing = page(min(pool // stride, 2 * cap * (routed + 1)) * stride)

@@ -246,13 +246,6 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
     if (cfg_.connect == "eager") connectAll(viaNet, deadline);
   }
   acceptor.reset();
-  // Formed: the mailbox gives up its descriptor and wakes the wait loops,
-  // which look at it after announcing a sleep (wait_loop.cpp).
-  if (mailbox_)  // none in a group of one
-    mailbox_->box()->useWaker([this] {
-      wakeup_.wake();
-      idleWakeup_.wake();
-    });
 
   if (logLevel() >= LogLevel::Info && rank == 0) {
     std::string rdma;
@@ -264,6 +257,14 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
               net == "verbs" ? str(" (", nicsText(), ")") : "", "; RDMA ports seen: ",
               rdma.empty() ? "none" : rdma, "; ", cfg_.describe());
   }
+  // Formed: the mailbox gives up its descriptor and wakes the wait loops,
+  // which look at it after announcing a sleep (wait_loop.cpp). Last: a throw
+  // before here unwinds without ~Communicator, which clears the waker.
+  if (mailbox_)  // none in a group of one
+    mailbox_->box()->useWaker([this] {
+      wakeup_.wake();
+      idleWakeup_.wake();
+    });
 }
 
 std::string Communicator::nicsText() const {

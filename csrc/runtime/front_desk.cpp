@@ -37,11 +37,6 @@ Mailbox::~Mailbox() {
   if (efd_ >= 0) ::close(efd_);
 }
 
-int Mailbox::fd() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return efd_;
-}
-
 std::vector<Arrival> Mailbox::takeAll() {
   std::lock_guard<std::mutex> g(mu_);
   if (efd_ >= 0) {
@@ -59,7 +54,7 @@ void Mailbox::wait(int ms) {
 
 void Mailbox::useWaker(std::function<void()> waker) {
   std::lock_guard<std::mutex> g(mu_);
-  if (efd_ >= 0) ::close(efd_), efd_ = -1;
+  if (efd_ >= 0) ::close(efd_.exchange(-1));
   waker_ = std::move(waker);
   if (waker_ && !items_.empty()) waker_();  // delivered while the owner still watched the descriptor
 }

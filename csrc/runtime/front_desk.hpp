@@ -66,7 +66,7 @@ class Mailbox {
   Mailbox(const Mailbox&) = delete;
   Mailbox& operator=(const Mailbox&) = delete;
 
-  int fd() const;  // -1 once useWaker() closed it
+  int fd() const { return efd_.load(); }  // -1 once useWaker() closed it
   bool pending() const { return pending_.load(std::memory_order_seq_cst); }
   // Everything delivered so far (clears the descriptor's readiness first, so
   // a delivery racing with this call is announced again).
@@ -81,8 +81,8 @@ class Mailbox {
   void deliver(Arrival a);  // the desk
 
  private:
-  int efd_ = -1;
-  mutable std::mutex mu_;
+  std::atomic<int> efd_{-1};  // changed under mu_; read without it by fd()
+  std::mutex mu_;
   std::condition_variable arrived_;
   std::vector<Arrival> items_;
   std::atomic<bool> pending_{false};

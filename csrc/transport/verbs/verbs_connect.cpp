@@ -45,8 +45,10 @@ VerbsPoolSizes verbsPoolSizes(const Config& cfg, size_t stride, int routedPeers)
   // the standing two among them), so slots beyond the group's peers' sum
   // could never be granted. Twice that, plus twice the cap, keeps the grant
   // rules' reserve (max(cap, pool/4) free for standing grants) satisfied
-  // while every peer holds its full cap: a small group behaves exactly as
-  // with the full pool. ROCE_PG_IB_POOL_BYTES stays the ceiling (reached
+  // while every peer holds its full cap, so a small group grants as with the
+  // full pool (with ROCE_PG_IB_SLOTS of 2 or 3 a peer that connects after
+  // its demand grants can hold cap + 2, and standing grants may then wait:
+  // eager sends go as rendezvous meanwhile). ROCE_PG_IB_POOL_BYTES stays the ceiling (reached
   // from 15 peers with the defaults, so the world group of a large job is
   // unchanged); a subgroup of a few machines registers a few MiB.
   const uint64_t peers = static_cast<uint64_t>(std::max(routedPeers, 0));
@@ -139,8 +141,9 @@ void VerbsTransport::ensurePools() {
   for (const auto& dev : rails_) cqs.push_back(std::make_unique<CqSet>(*dev));
   auto landing = std::make_unique<SlotPool>(rails_, pools_.landing, stride_,
                                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "landing pool", counters());
-  // Copied chunks in flight across all peers; at most a quarter of the
-  // landing pool (most large messages go zero copy and need no staging).
+  // Copied chunks in flight across all peers (each peer's credits); at most
+  // a quarter of ROCE_PG_IB_POOL_BYTES (most large messages go zero copy and
+  // need no staging).
   auto staging = std::make_unique<SlotPool>(rails_, pools_.staging, stride_,
                                             IBV_ACCESS_LOCAL_WRITE, "staging pool", counters());
   cqs_ = std::move(cqs);
