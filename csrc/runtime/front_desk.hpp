@@ -68,8 +68,8 @@ class Mailbox {
 
   int fd() const { return efd_.load(); }  // -1 once useWaker() closed it
   bool pending() const { return pending_.load(std::memory_order_seq_cst); }
-  // Everything delivered so far (clears the descriptor's readiness first, so
-  // a delivery racing with this call is announced again).
+  // Everything delivered so far; clears the descriptor's readiness and
+  // pending() with it (under the lock deliveries take).
   std::vector<Arrival> takeAll();
   // Waits up to `ms` for a delivery (with or without the descriptor).
   void wait(int ms);

@@ -75,15 +75,21 @@ class RankRun {
 
   void record(const std::string& name, double value) { report_.metrics[name] = value; }
 
+  // What `connections` of `c` would register over verbs, its pools sized by
+  // its network peers as the transport sizes them.
+  static double verbsBytes(const roce::Communicator& c, uint64_t connections) {
+    return double(roce::verbsRegisteredBytes(c.config(), static_cast<int>(connections), 1, c.networkPeers()));
+  }
+
   // Descriptors, threads and `c`'s connections (with the verbs memory they
   // would take) at their highest over the run's measuring points; one group
   // exists at a time.
   void notePeaks(roce::Communicator& c) {
     const ProcStats s = readProcStats();
     const auto connections = c.counters().connections.load();
-    const auto verbsBytes = roce::verbsRegisteredBytes(c.config(), int(connections), 1, c.networkPeers());
     for (auto [name, value] : {std::pair{"fds_peak", double(s.fds)}, {"threads_peak", double(s.threads)},
-                               {"connections_peak", double(connections)}, {"verbs_bytes_peak", double(verbsBytes)}}) {
+                               {"connections_peak", double(connections)},
+                               {"verbs_bytes_peak", verbsBytes(c, connections)}}) {
       auto& peak = report_.metrics[name];
       peak = std::max(peak, value);
     }
@@ -116,15 +122,13 @@ class RankRun {
     record("fds", s.fds);
     record("threads", s.threads);
     record("connections", double(connections));
-    record("verbs_bytes",
-           double(roce::verbsRegisteredBytes(c->config(), static_cast<int>(connections), 1, c->networkPeers())));
+    record("verbs_bytes", verbsBytes(*c, connections));
     if (o_.checks == Options::Checks::Full) {
       stage("default group: all-peer checks");
       checkAllPeerCollectives(k);
       const auto all = c->counters().connections.load();
       record("connections_all_peers", double(all));
-      record("verbs_bytes_all_peers",
-             double(roce::verbsRegisteredBytes(c->config(), static_cast<int>(all), 1, c->networkPeers())));
+      record("verbs_bytes_all_peers", verbsBytes(*c, all));
     }
     finish(c, k);
   }

@@ -14,9 +14,8 @@ phases in one boot, each reported in OUT_DIR/node<NODE_RANK>.json:
              (issue 21); the time from the kill to its first allreduce is recorded
   algorithms auto and the ring, hier and tree allreduces forced
              (tests/algorithm_workers.py) on the 2+2 layout over verbs (rd and
-             rabenseifner, pairwise exchanges the ring's sends already cover
-             here, run across simulated machines in tests/test_algorithms.py:
-             28 s each under emulation): ops x dtypes x size classes against
+             rabenseifner, 28 s each under emulation, run across simulated
+             machines in tests/test_algorithms.py): ops x dtypes x size classes against
              references, reduce / reduce-scatter / allgather / broadcast, and
              the network bytes per rank of hier against ring from the counters
   netem      a collective matrix (verbs_workers.link_matrix) while netem (RoCE packets only: UDP port

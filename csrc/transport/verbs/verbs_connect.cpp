@@ -41,16 +41,17 @@ size_t strideOf(size_t slotBytes) { return (sizeof(SlotHeader) + slotBytes + 63)
 }  // namespace
 
 VerbsPoolSizes verbsPoolSizes(const Config& cfg, size_t stride, int routedPeers) {
-  // A peer holds at most ROCE_PG_IB_SLOTS landing slots at once (its credits,
-  // the standing two among them), so slots beyond the group's peers' sum
-  // could never be granted. Twice that, plus twice the cap, keeps the grant
-  // rules' reserve (max(cap, pool/4) free for standing grants) satisfied
-  // while every peer holds its full cap, so a small group grants as with the
-  // full pool (with ROCE_PG_IB_SLOTS of 2 or 3 a peer that connects after
-  // its demand grants can hold cap + 2, and standing grants may then wait:
-  // eager sends go as rendezvous meanwhile). ROCE_PG_IB_POOL_BYTES stays the ceiling (reached
-  // from 15 peers with the defaults, so the world group of a large job is
-  // unchanged); a subgroup of a few machines registers a few MiB.
+  // A peer holds at most ROCE_PG_IB_SLOTS landing slots at once (its
+  // credits, the standing two among them), so slots beyond the group's
+  // peers' sum could never be granted. Twice that, plus twice the cap, keeps
+  // the grant rules' reserve (max(cap, pool/4) free for standing grants)
+  // satisfied while every peer holds its full cap, so a small group grants
+  // as with the full pool (with ROCE_PG_IB_SLOTS of 2 or 3 a peer that
+  // connects after its demand grants can hold cap + 2, and standing grants
+  // may then wait: eager sends go as rendezvous meanwhile).
+  // ROCE_PG_IB_POOL_BYTES stays the ceiling (reached from 15 peers with the
+  // defaults, so the world group of a large job is unchanged); a subgroup of
+  // a few machines registers a few MiB.
   const uint64_t peers = static_cast<uint64_t>(std::max(routedPeers, 0));
   const uint64_t cap = static_cast<uint64_t>(cfg.ibSlots);
   const uint64_t landingSlots = std::min<uint64_t>(cfg.ibPoolBytes / stride, 2 * cap * (peers + 1));
