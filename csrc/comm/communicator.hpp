@@ -136,11 +136,12 @@ class Communicator {
   // sockets to watch), then waitIdle() without it (returns on wakeIdle() or
   // socket activity), then serveConnections() under the lock again (no inline
   // operation runs meanwhile).
-  // The idle wait has an eventfd of its own: an inline operation may block in
-  // blockUntilActivity (on wakeup_) at the same time on the caller's thread.
+  // The idle wait shares wakeup_ with blockUntilActivity, which an inline
+  // operation may run at the same time on the caller's thread: Wakeup serves
+  // two waiters, each re-checking its own conditions on every wake.
   bool answersConnections() const { return connections_ != nullptr; }
   void announceIdle();
-  void wakeIdle() { idleWakeup_.wake(); }
+  void wakeIdle() { wakeup_.wake(); }
   void waitIdle();
   void serveConnections();
   // A wait loop's state across rounds in which nothing moved.
@@ -276,9 +277,8 @@ class Communicator {
   Counters counters_;
   OpProgress progress_;  // before lifeline_: the runtime thread reads this until the lifeline detaches
   std::vector<Request*> anySource_;
-  Wakeup wakeup_;
+  Wakeup wakeup_;                // blockUntilActivity and the engine's idle wait (waitIdle)
   std::vector<pollfd> waitFds_;  // reused by blockUntilActivity
-  Wakeup idleWakeup_;            // the engine's idle wait (waitIdle)
   std::vector<pollfd> idleFds_;  // reused by waitIdle
   std::deque<Request> owned_;  // requests created by post(kind, ...); see there
   std::string broken_;

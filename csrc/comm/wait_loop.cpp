@@ -183,9 +183,9 @@ void Communicator::announceIdle() {
   // while waitIdle() blocks. A descriptor it closes meanwhile only makes the
   // poll return early.
   idleFds_.clear();
-  idleFds_.push_back(pollfd{idleWakeup_.fd(), POLLIN, 0});
+  idleFds_.push_back(pollfd{wakeup_.fd(), POLLIN, 0});
   if (connections_) connections_->addPollFds(idleFds_);
-  idleWakeup_.announce();
+  wakeup_.announce();
 }
 
 void Communicator::waitIdle() {
@@ -195,7 +195,7 @@ void Communicator::waitIdle() {
     const timespec ts = toTimespec(std::chrono::seconds(1));
     ppoll(idleFds_.data(), idleFds_.size(), &ts, nullptr);
   }
-  idleWakeup_.withdraw();
+  wakeup_.withdraw();
 }
 
 void Communicator::serveConnections() {

@@ -261,10 +261,7 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
   // which look at it after announcing a sleep (wait_loop.cpp). Last: a throw
   // before here unwinds without ~Communicator, which clears the waker.
   if (mailbox_)  // none in a group of one
-    mailbox_->box()->useWaker([this] {
-      wakeup_.wake();
-      idleWakeup_.wake();
-    });
+    mailbox_->box()->useWaker([this] { wakeup_.wake(); });
 }
 
 std::string Communicator::nicsText() const {
