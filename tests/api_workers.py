@@ -8,6 +8,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+import roce_pg
+
 
 def expect_error(fn, *needles):
     """Runs fn, which must raise; returns the message after checking it names every needle."""
@@ -233,6 +235,8 @@ def _resources():
         "threads": len(os.listdir("/proc/self/task")),
         "fds": len(os.listdir("/proc/self/fd")),
         "shm": sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"roce_pg.{pid}.")),
+        # Links to peer processes: kept for the process's life, whatever the groups.
+        "process_links": roce_pg._C._runtime_stats()["process_links"],
     }
 
 

@@ -91,7 +91,8 @@ def cycles(rank, world, port, n=64):
             _store_barrier(f"cycle{i}", world)
             s = _cost()
             s["rss_kib"] = rss_kib()
-            s["mailboxes"] = roce_pg._C._runtime_stats()["mailboxes"]
+            stats = roce_pg._C._runtime_stats()
+            s["mailboxes"], s["process_links"] = stats["mailboxes"], stats["process_links"]
             samples.append(s)
     _check_allreduce(None, range(world), rank)
     dist.barrier()

@@ -72,14 +72,19 @@ def test_extra_groups_share_the_process_runtime():
         assert one["runtime_threads"] == nine["runtime_threads"] == 1, (one, nine)
         # Per extra group: its progress thread only (the lifelines are the
         # runtime thread's); descriptors: its one wake-up (the caller's and
-        # the engine's waits share it), two lifelines and the data sockets its
-        # allreduce needed (<= 3 peers); the mailbox's descriptor is closed
-        # once the group formed.
+        # the engine's waits share it) and the data sockets its allreduce
+        # needed (<= 3 peers). Its lifelines use the links between the
+        # processes, which every group shares; the mailbox's descriptor is
+        # closed once the group formed.
         per_thread = (nine["threads"] - one["threads"]) / 8
         per_fd = (nine["fds"] - one["fds"]) / 8
         assert per_thread <= 1.0, (one, nine)
-        assert per_fd <= 6, (one, nine)
-        assert r["stats"]["mailboxes"] == 1 + 9, r["stats"]
+        assert per_fd <= 4, (one, nine)
+        # The process links' mailbox, the world group's and nine more.
+        assert r["stats"]["mailboxes"] == 1 + 1 + 9, r["stats"]
+        # One link per neighbour process (two if both dialed at once), for
+        # all ten groups: every group has the same ring here.
+        assert 2 <= r["stats"]["process_links"] <= 4, r["stats"]
 
 
 def test_create_and_destroy_64_groups_leaves_nothing_behind():
@@ -91,7 +96,8 @@ def test_create_and_destroy_64_groups_leaves_nothing_behind():
         # sample is taken (a peer's probe or dial the front desk is reading,
         # a thread torch starts lazily).
         assert last["fds"] <= first["fds"] + 3 and last["threads"] <= first["threads"] + 1, samples
-        assert last["mailboxes"] == first["mailboxes"] == 1, samples  # the world group's
+        assert last["mailboxes"] == first["mailboxes"] == 2, samples  # the world group's and the process links'
+        assert last["process_links"] == first["process_links"] <= 4, samples
         assert last["listen"] == (2 if rank == 0 else 1) and last["runtime_threads"] == 1, samples
         # RSS: allocator noise only (a leaked group holds ~0.3 MiB: 60 would be 18 MiB).
         assert last["rss_kib"] - first["rss_kib"] < 8 * 1024, samples

@@ -244,7 +244,7 @@ class Communicator {
   // probe(peer) returns a check that throws when `peer` will never connect.
   // The steps after the roster is known, shared by both constructors.
   void form(Bootstrap& store, Roster roster, const std::string& incarnation, int rank, Clock::time_point deadline);
-  void connectLifelines(TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& eps, const std::vector<uint64_t>& nonces,
+  void connectLifelines(const std::vector<TcpEndpoint>& eps, const std::vector<uint64_t>& nonces,
                         Clock::time_point deadline, const std::function<std::function<void()>(int)>& probe);
   // ROCE_PG_CONNECT=eager: connects every network peer before init returns.
   void connectAll(const std::vector<bool>& viaNet, Clock::time_point deadline);
@@ -258,7 +258,6 @@ class Communicator {
   Roster roster_;                       // what subgroups derive theirs from
   std::vector<std::shared_ptr<VerbsDevice>> verbsRails_;  // the process's ports this rank drives (port_choice.hpp)
   int formationStoreOps_ = 0;
-  bool fromParent_ = false;  // formed by deriveRoster, with no join
   std::chrono::milliseconds timeout_;
   // Where the process's front desk leaves this group's connections (closed
   // last: a connection arriving meanwhile is simply dropped).

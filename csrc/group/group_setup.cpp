@@ -24,6 +24,7 @@
 #include "../comm/communicator.hpp"
 #include "../comm/connection_manager.hpp"
 #include "../liveness/lifeline.hpp"
+#include "../runtime/process_links.hpp"
 #include "join.hpp"
 #include "roster.hpp"
 
@@ -130,7 +131,6 @@ Communicator::Communicator(const Communicator& parent, Bootstrap& outerStore, co
     : cfg_(cfg), timeout_(timeout) {
   const auto deadline = Clock::now() + timeout_;
   CountingBootstrap store(outerStore, formationStoreOps_);
-  fromParent_ = true;
   // As set, before form() resolves auto values (the neighbours compare these).
   settingsToCompare_ = cfg_.algorithmSettings();
   Roster roster = deriveRoster(cfg_, parent.roster_, parentRanks, groupName);
@@ -198,7 +198,7 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
                         "process lives, but destroyed the group or failed to form it; see that rank's log"));
       };
     };
-    connectLifelines(*acceptor, endpoints_, nonces_, deadline, probe);
+    connectLifelines(endpoints_, nonces_, deadline, probe);
   }
 
   routes_.assign(size, nullptr);
@@ -273,35 +273,33 @@ std::string Communicator::nicsText() const {
   return out;
 }
 
-void Communicator::connectLifelines(TcpAcceptor& acceptor, const std::vector<TcpEndpoint>& eps,
-                                    const std::vector<uint64_t>& nonces,
+void Communicator::connectLifelines(const std::vector<TcpEndpoint>& eps, const std::vector<uint64_t>& nonces,
                                     Clock::time_point deadline,
                                     const std::function<std::function<void()>(int)>& probe) {
-  // The ring neighbours (one of them for two ranks); the lower rank of a pair dials.
+  // The ring neighbours (one of them for two ranks), reached over the links
+  // between their processes: an open one (another group's, either side's
+  // dial), else dialed now. No step waits for the neighbour to reach this
+  // point; its first record may come much later (see firstContact).
   const auto& order = topo_.ringOrder;
   const int n = topo_.size;
   const int pos = topo_.ringIndexOf[rank()];
   std::vector<int> neighbours{order[(pos + 1) % n]};
   if (n > 2) neighbours.push_back(order[(pos + n - 1) % n]);
+  ProcessLinks& hub = ProcessRuntime::get().links();
+  auto keyOf = [&](int r) {
+    const RankInfo& info = roster_.ranks[r];
+    return ProcessLinks::processKey(info.hostId, info.tcpHost, info.tcpPort);
+  };
   std::vector<Lifeline::Link> links;
-  try {
-    for (int peer : neighbours)
-      if (peer > rank())
-        links.push_back({peer, hostNames_[peer], dialRank(eps[peer], LinkKind::Lifeline, rank(), peer, nonces[rank()], nonces[peer], deadline, probe(peer)).release()});
-    for (int peer : neighbours)
-      if (peer < rank())
-        links.push_back({peer, hostNames_[peer], acceptor.take(LinkKind::Lifeline, peer, deadline, "lifeline setup", probe(peer)).release()});
-  } catch (...) {
-    for (auto& l : links) close(l.fd);
-    throw;
-  }
-  for (auto& l : links) tuneSocket(l.fd);
-  // A subgroup formed from its parent is dialed before its neighbours created
-  // it (no join made them wait for each other): until a neighbour's first
-  // record, allow it the group's timeout rather than the heartbeat's.
-  const auto firstContact = fromParent_ ? timeout_ : std::chrono::milliseconds(cfg_.heartbeatTimeoutMs);
-  lifeline_ = std::make_unique<Lifeline>(rank(), hostNames_[rank()], std::move(links), cfg_.heartbeatTimeoutMs,
-                                         firstContact,
+  for (int peer : neighbours)
+    links.push_back({peer, hostNames_[peer], nonces[peer],
+                     hub.linkTo(keyOf(peer), keyOf(rank()), eps[peer], peer, deadline, probe(peer))});
+  // Ranks create a group at different moments (more so a subgroup formed
+  // from its parent: no join made them wait for each other): until a
+  // neighbour's first record, allow it the group's timeout rather than the
+  // heartbeat's.
+  lifeline_ = std::make_unique<Lifeline>(rank(), nonces[rank()], hostNames_[rank()], std::move(links),
+                                         cfg_.heartbeatTimeoutMs, timeout_,
                                          [this](const std::string& why) { onPeerFailure(why); },
                                          // no leader compared the members' settings: the neighbours do
                                          settingsToCompare_);

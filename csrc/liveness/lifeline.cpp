@@ -12,15 +12,11 @@
 #include "../common/backoff.hpp"
 #include "../common/error.hpp"
 #include "../common/log.hpp"
+#include "../runtime/process_links.hpp"
 
 namespace roce {
 namespace {
 
-constexpr uint32_t kRecordMagic = 0x4c494645;  // "LIFE"
-constexpr size_t kMaxText = 4096;
-// A neighbour this far behind is hung anyway; room for every rank's state
-// record (~150 bytes each) of a few thousand ranks passing through.
-constexpr size_t kMaxQueued = 1 << 20;
 // kState: "<rank> <OpProgress snapshot>", sent once by every rank when some
 // rank asks (collectStates), forwarded around the ring like a failure notice.
 // kSettings: "<rank> <Config::algorithmSettings()>", once to each neighbour
@@ -37,45 +33,50 @@ std::string wordsMissingFrom(const std::string& a, const std::string& b) {
   return out;
 }
 
-struct RecordHeader {
-  uint32_t magic;
-  uint16_t type;
-  uint16_t len;  // text bytes that follow
-};
-static_assert(sizeof(RecordHeader) == 8);
-
 }  // namespace
 
 struct Lifeline::Peer {
   int rank;
   std::string host;
-  int fd;
+  uint64_t nonce;
+  int link;              // ProcessLinks' link this rank sends on
+  std::vector<int> from; // links its records came on (normally the same one)
   bool open = true;      // still watched
   bool departed = false; // said BYE
   Clock::time_point lastHeard;
   bool heard = false;  // anything arrived yet (before that, firstContact_ applies)
-  std::string inbuf, outbuf;
 };
 
-Lifeline::Lifeline(int rank, std::string host, std::vector<Link> links, int heartbeatTimeoutMs,
+Lifeline::Lifeline(int rank, uint64_t nonce, std::string host, std::vector<Link> links, int heartbeatTimeoutMs,
                    std::chrono::milliseconds firstContact, std::function<void(const std::string&)> onFailure,
                    std::string settings)
     : rank_(rank),
+      nonce_(nonce),
       host_(std::move(host)),
       heartbeatTimeout_(heartbeatTimeoutMs),
       firstContact_(std::max(firstContact, heartbeatTimeout_)),
       onFailure_(std::move(onFailure)),
       runtime_(ProcessRuntime::get()),
+      links_(runtime_.links()),
       settings_(std::move(settings)) {
   using std::chrono::milliseconds;
   interval_ = heartbeatTimeout_.count() > 0 ? std::clamp(heartbeatTimeout_ / 8, milliseconds(100), milliseconds(1000))
                                             : milliseconds(1000);
   for (auto& l : links) {
-    Peer p{l.peer, l.host, l.fd};
+    Peer p{l.peer, l.host, l.nonce, l.link, {l.link}};
     p.lastHeard = Clock::now();
     peers_.push_back(std::move(p));
   }
   nextBeat_ = lastRound_ = Clock::now();
+  closuresSeen_ = links_.closures();
+  // Records the neighbours sent before this rank got here are kept from now on.
+  links_.open(nonce_);
+  // A link that closed before that, unseen by closures_ now: looked at once.
+  for (auto& p : peers_) {
+    int err = 0;
+    bool corrupted = false;
+    if (!links_.isOpen(p.link, &err, &corrupted)) closuresSeen_ = ~uint64_t(0);
+  }
   // Before attaching: until then no other thread touches the peers.
   if (!settings_.empty())
     for (auto& p : peers_) sendRecord(p, kSettings, str(rank_, " ", settings_));
@@ -105,8 +106,7 @@ void Lifeline::stopThread() {
   runtime_.detach(this);  // from here on only this thread touches the peers
   attached_ = false;
   lastWords(leaving);
-  for (auto& p : peers_)
-    if (p.fd >= 0) close(p.fd), p.fd = -1;
+  links_.close(nonce_);  // the links stay: other groups (and later ones) use them
 }
 
 bool Lifeline::departed(int peer) const {
@@ -126,17 +126,7 @@ void Lifeline::announceFailure(const std::string& why) {
 
 void Lifeline::sendRecord(Peer& p, uint16_t type, const std::string& text) {
   if (!p.open) return;
-  if (type == kHeartbeat && !p.outbuf.empty()) return;  // it has not even taken the last one
-  const std::string body = text.substr(0, kMaxText);
-  RecordHeader h{kRecordMagic, type, static_cast<uint16_t>(body.size())};
-  if (p.outbuf.size() + sizeof(h) + body.size() > kMaxQueued) return;
-  p.outbuf.append(reinterpret_cast<const char*>(&h), sizeof(h));
-  p.outbuf += body;
-  while (!p.outbuf.empty()) {
-    ssize_t n = send(p.fd, p.outbuf.data(), p.outbuf.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n <= 0) break;  // full (retried with POLLOUT) or broken (the read side reports it)
-    p.outbuf.erase(0, static_cast<size_t>(n));
-  }
+  links_.send(p.link, p.nonce, nonce_, rank_, type, text, /*droppable=*/type == kHeartbeat);
 }
 
 void Lifeline::failWith(const std::string& why, int exceptLink) {
@@ -208,66 +198,65 @@ std::map<int, std::string> Lifeline::collectStates(int groupSize, Clock::time_po
   return states_;
 }
 
-void Lifeline::readFrom(size_t i) {
-  Peer& p = peers_[i];
-  char buf[4096];
-  bool closed = false;
-  int err = 0;
-  for (;;) {
-    ssize_t n = recv(p.fd, buf, sizeof(buf), MSG_DONTWAIT);
-    if (n > 0) {
-      p.inbuf.append(buf, static_cast<size_t>(n));
-      p.lastHeard = Clock::now();
-      p.heard = true;
-      continue;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
-    closed = true;  // EOF or a reset: the process on the other end is gone
-    err = n == 0 ? 0 : errno;
-    break;
-  }
-  // The records first: a peer leaving on purpose sends BYE and closes, and on
-  // a busy machine both arrive before this thread runs. Judging the EOF before
-  // reading the BYE in front of it declared a rank that left cleanly dead.
-  if (!parseRecords(i)) return;
-  if (!closed) return;
-  p.open = false;
-  if (!p.departed)
-    failWith(str("rank ", p.rank, " (host ", p.host, ") died: its connection to rank ", rank_,
-                 " closed without a goodbye (", err == 0 ? "EOF" : std::strerror(err),
-                 "). The process exited, crashed or was killed (SIGKILL, OOM killer: check `dmesg` on ", p.host,
-                 "); see that rank's log"),
-             static_cast<int>(i));
-}
-
-bool Lifeline::parseRecords(size_t i) {
-  Peer& p = peers_[i];
-  while (p.inbuf.size() >= sizeof(RecordHeader)) {
-    RecordHeader h;
-    std::memcpy(&h, p.inbuf.data(), sizeof(h));
-    if (h.magic != kRecordMagic || h.len > kMaxText || h.type < kHeartbeat || h.type > kSettings) {
-      p.open = false;
-      failWith(str("rank ", p.rank, " (host ", p.host, ") sent a corrupted lifeline record to rank ", rank_,
-                   " (mixed roce_pg versions?)"),
-               static_cast<int>(i));
-      return false;
-    }
-    if (p.inbuf.size() < sizeof(h) + h.len) return true;  // the rest is still on its way
-    std::string text = p.inbuf.substr(sizeof(h), h.len);
-    p.inbuf.erase(0, sizeof(h) + h.len);
-    if (h.type == kBye) {
+void Lifeline::takeRecords() {
+  for (LinkRecord& r : links_.take(nonce_)) {
+    // From a neighbour of this incarnation only (a neighbour's nonce is
+    // unique to it; an old incarnation's records name another).
+    auto it = std::find_if(peers_.begin(), peers_.end(),
+                           [&](const Peer& p) { return p.rank == r.srcRank && p.nonce == r.srcNonce; });
+    if (it == peers_.end() || !it->open) continue;
+    Peer& p = *it;
+    const int i = static_cast<int>(it - peers_.begin());
+    p.lastHeard = Clock::now();
+    p.heard = true;
+    if (std::find(p.from.begin(), p.from.end(), r.link) == p.from.end()) p.from.push_back(r.link);
+    if (r.type == kBye) {
       p.departed = true;
       std::lock_guard<std::mutex> g(mu_);
       departed_.push_back(p.rank);
-    } else if (h.type == kFail) {
-      failWith(text, static_cast<int>(i));
-    } else if (h.type == kState) {
-      receiveState(text, static_cast<int>(i));
-    } else if (h.type == kSettings) {
-      receiveSettings(text, static_cast<int>(i));
+    } else if (r.type == kFail) {
+      failWith(r.text, i);
+    } else if (r.type == kState) {
+      receiveState(r.text, i);
+    } else if (r.type == kSettings) {
+      receiveSettings(r.text, i);
+    } else if (r.type != kHeartbeat) {
+      p.open = false;
+      failWith(str("rank ", p.rank, " (host ", p.host, ") sent a lifeline record of unknown type ", r.type,
+                   " to rank ", rank_, " (mixed roce_pg versions?)"),
+               i);
     }
   }
-  return true;
+}
+
+void Lifeline::checkLinks() {
+  // After takeRecords(): a peer leaving on purpose sends BYE and its process
+  // may exit at once; on a busy machine both arrive before this thread runs,
+  // and judging the EOF first declared a rank that left cleanly dead.
+  const uint64_t closures = links_.closures();
+  if (closures == closuresSeen_) return;
+  closuresSeen_ = closures;
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    Peer& p = peers_[i];
+    if (!p.open) continue;
+    for (int link : p.from) {
+      int err = 0;
+      bool corrupted = false;
+      if (links_.isOpen(link, &err, &corrupted)) continue;
+      p.open = false;
+      if (corrupted)
+        failWith(str("rank ", p.rank, " (host ", p.host, ") sent a corrupted lifeline record to rank ", rank_,
+                     " (mixed roce_pg versions?)"),
+                 static_cast<int>(i));
+      else if (!p.departed)
+        failWith(str("rank ", p.rank, " (host ", p.host, ") died: its connection to rank ", rank_,
+                     " closed without a goodbye (", err == 0 ? "EOF" : std::strerror(err),
+                     "). The process exited, crashed or was killed (SIGKILL, OOM killer: check `dmesg` on ", p.host,
+                     "); see that rank's log"),
+                 static_cast<int>(i));
+      break;
+    }
+  }
 }
 
 void Lifeline::receiveSettings(const std::string& record, int fromLink) {
@@ -320,14 +309,7 @@ void Lifeline::lastWords(bool leaving) {
       sendRecord(p, kFail, str("rank ", rank_, " (host ", host_, ") aborted or destroyed its process group "
                                "without shutting it down"));
     // Give the kernel a moment to take what is queued (bounded: the peer may be hung).
-    for (int tries = 0; tries < 10 && p.open && !p.outbuf.empty(); ++tries) {
-      pollfd pfd{p.fd, POLLOUT, 0};
-      if (poll(&pfd, 1, 10) > 0) {
-        ssize_t n = send(p.fd, p.outbuf.data(), p.outbuf.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n <= 0) break;
-        p.outbuf.erase(0, static_cast<size_t>(n));
-      }
-    }
+    if (p.open) links_.flush(p.link, std::chrono::milliseconds(100));
   }
 }
 
@@ -353,6 +335,8 @@ Clock::time_point Lifeline::tick(Clock::time_point now) {
               "stopped process); neighbours declare a rank hung after ", heartbeatTimeout_.count(),
               " ms (ROCE_PG_HEARTBEAT_TIMEOUT_MS)");
   lastRound_ = now;
+  takeRecords();
+  checkLinks();
   if (now >= nextBeat_) {
     for (auto& p : peers_) sendRecord(p, kHeartbeat, "");
     nextBeat_ = now + interval_;
@@ -368,13 +352,15 @@ Clock::time_point Lifeline::tick(Clock::time_point now) {
     Peer& p = peers_[i];
     auto limit = [&] { return p.heard ? heartbeatTimeout_ : firstContact_; };
     if (!p.open || p.departed || heartbeatTimeout_.count() <= 0 || now - p.lastHeard < limit()) continue;
-    readFrom(i);
+    links_.readNow();
+    takeRecords();
+    checkLinks();
     if (!p.open || p.departed || now - p.lastHeard < limit()) continue;
     p.open = false;
     if (!p.heard)
       failWith(str("rank ", p.rank, " (host ", p.host, ") has not joined this group's lifeline with rank ", rank_,
-                   " within ", firstContact_.count(), " ms although its process accepted the connection: it did not "
-                   "create the group (a new_group, DeviceMesh or split_group call missing or late on that rank)"),
+                   " within ", firstContact_.count(), " ms although its process is alive (their link is open): it "
+                   "did not create the group (a new_group, DeviceMesh or split_group call missing or late on that rank)"),
                static_cast<int>(i));
     else
       failWith(str("rank ", p.rank, " (host ", p.host, ") sent no heartbeat to rank ", rank_, " for ",
@@ -384,27 +370,6 @@ Clock::time_point Lifeline::tick(Clock::time_point now) {
                static_cast<int>(i));
   }
   return nextBeat_;
-}
-
-void Lifeline::addPollFds(std::vector<pollfd>& fds) {
-  polledPeers_.clear();
-  for (size_t i = 0; i < peers_.size(); ++i) {
-    if (!peers_[i].open) continue;
-    fds.push_back({peers_[i].fd, static_cast<short>(POLLIN | (peers_[i].outbuf.empty() ? 0 : POLLOUT)), 0});
-    polledPeers_.push_back(i);
-  }
-}
-
-void Lifeline::polled(const pollfd* fds, size_t n) {
-  for (size_t k = 0; k < n && k < polledPeers_.size(); ++k) {
-    Peer& p = peers_[polledPeers_[k]];
-    if (!p.open) continue;
-    if (fds[k].revents & POLLOUT && !p.outbuf.empty()) {
-      ssize_t sent = send(p.fd, p.outbuf.data(), p.outbuf.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (sent > 0) p.outbuf.erase(0, static_cast<size_t>(sent));
-    }
-    if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) readFrom(polledPeers_[k]);
-  }
 }
 
 }  // namespace roce

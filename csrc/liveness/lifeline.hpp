@@ -1,12 +1,14 @@
 // Liveness of the ranks of a group, independent of the data transports.
 //
-// Every rank keeps one TCP connection to each of its ring neighbours (the
-// node-sorted ring of Topology), watched by the process's runtime thread
-// (runtime/process_runtime.hpp: one thread for every group's lifelines), which
-// blocks in poll() — no cost while nothing happens, and it keeps watching
-// while the group's progress thread is busy or idle:
+// Every rank exchanges records with each of its ring neighbours (the
+// node-sorted ring of Topology) over the link between their processes
+// (runtime/process_links.hpp: one TCP connection per peer process, shared by
+// every group's lifelines), handled on the process's runtime thread
+// (runtime/process_runtime.hpp), which blocks in poll() — no cost while
+// nothing happens, and it keeps watching while the group's progress thread
+// is busy or idle:
 //   * a peer process that dies, however it dies (SIGKILL, OOM killer, segfault),
-//     closes its sockets in the kernel: EOF arrives at once, on every transport
+//     closes its links in the kernel: EOF arrives at once, on every transport
 //     (shared-memory and verbs peers give no such signal themselves) and across
 //     PID namespaces (no pid is compared);
 //   * a peer that is alive but silent (SIGSTOP, its machine or link gone) stops
@@ -38,6 +40,7 @@
 #include <vector>
 
 #include "../common/backoff.hpp"
+#include "../runtime/process_links.hpp"
 #include "../runtime/process_runtime.hpp"
 
 namespace roce {
@@ -47,7 +50,8 @@ class Lifeline : public RuntimeService {
   struct Link {
     int peer;         // group rank
     std::string host; // for messages
-    int fd;           // connected socket (owned from now on)
+    uint64_t nonce;   // the peer's for this group: its records carry it, ours name it
+    int link;         // ProcessLinks' link to the peer's process
   };
   // onFailure(reason) runs on the runtime thread, once, for the first failure.
   // `firstContact`: how long a neighbour may stay silent before its first
@@ -55,7 +59,8 @@ class Lifeline : public RuntimeService {
   // neighbour creates it, and torch puts no barrier after new_group; the
   // group's timeout). After that, heartbeatTimeoutMs.
   // `settings`: non-empty to compare with the neighbours' (see above).
-  Lifeline(int rank, std::string host, std::vector<Link> links, int heartbeatTimeoutMs,
+  // `nonce`: this rank's for the group (what its neighbours' records name).
+  Lifeline(int rank, uint64_t nonce, std::string host, std::vector<Link> links, int heartbeatTimeoutMs,
            std::chrono::milliseconds firstContact, std::function<void(const std::string&)> onFailure,
            std::string settings = {});
   ~Lifeline() override;  // leaves with a FAIL notice unless leave() was called
@@ -94,29 +99,32 @@ class Lifeline : public RuntimeService {
  private:
   struct Peer;
   Clock::time_point tick(Clock::time_point now) override;
-  void addPollFds(std::vector<pollfd>& fds) override;
-  void polled(const pollfd* fds, size_t n) override;
+  // The records come from ProcessLinks, pulled in tick(): no descriptors.
+  void addPollFds(std::vector<pollfd>&) override {}
+  void polled(const pollfd*, size_t) override {}
   void lastWords(bool leaving);
   void failWith(const std::string& why, int exceptLink);
   void sendRecord(Peer& p, uint16_t type, const std::string& text);
-  void readFrom(size_t i);
-  bool parseRecords(size_t i);  // false: a corrupted record failed the link
+  void takeRecords();       // what the links delivered for this group
+  void checkLinks();        // a closed link: its peers are gone
   void sendOwnStateOnce();
   void receiveState(const std::string& record, int fromLink);
   void receiveSettings(const std::string& record, int fromLink);
   void stopThread();
 
   const int rank_;
+  const uint64_t nonce_;
   const std::string host_;
   const std::chrono::milliseconds heartbeatTimeout_;
   const std::chrono::milliseconds firstContact_;
   std::function<void(const std::string&)> onFailure_;
   std::vector<Peer> peers_;
   ProcessRuntime& runtime_;
+  ProcessLinks& links_;
+  uint64_t closuresSeen_ = 0;  // ProcessLinks::closures() when the links were last looked at
   bool attached_ = false;
   std::chrono::milliseconds interval_;  // between heartbeats
   Clock::time_point nextBeat_, lastRound_;
-  std::vector<size_t> polledPeers_;  // the peers addPollFds() listed, in order
   mutable std::mutex mu_;
   std::string outgoing_;  // failure to announce (set once)
   std::function<std::string()> stateOf_;

@@ -201,7 +201,7 @@ TcpAcceptor::~TcpAcceptor() {
 void TcpAcceptor::service() {
   for (Arrival& a : mailbox_->takeAll()) {
     const int src = a.src;
-    const bool ours = (a.kind == LinkKind::Mesh || a.kind == LinkKind::Lifeline) && a.dst == self_ && src >= 0 &&
+    const bool ours = a.kind == LinkKind::Mesh && a.dst == self_ && src >= 0 &&
                       src < static_cast<int>(nonces_.size()) && src != self_ && a.srcNonce == nonces_[src] &&
                       !ready_.count({static_cast<int>(a.kind), src});
     // Not a peer of this group incarnation (a late join, a duplicate): the

@@ -1,6 +1,6 @@
-// TCP connections between the ranks of a group, for the TCP transport's mesh,
-// the verbs handshake and the lifelines (liveness/lifeline.*), made over the
-// process's one listener (front_desk.hpp).
+// TCP connections between the ranks of a group, for the TCP transport's mesh
+// and the verbs handshake, and between processes for the lifelines
+// (process_links.hpp), made over the process's one listener (front_desk.hpp).
 //
 // Every connection starts with a fixed-size Hello (hello.hpp) from the dialer
 // naming the purpose, both ranks, the dialer's per-group random nonce
@@ -60,7 +60,8 @@ struct TcpEndpoint {
 // Connects to `peer` and sends the hello. Each attempt's connect() is bounded;
 // refused connections are retried until `deadline` (the peer may not listen
 // yet), calling `probe` about once a second meanwhile (it throws when the peer
-// is known never to come: a lifeline peer that refuses connections, see group_setup.cpp).
+// is known never to come: a lifeline neighbour's process that refuses
+// connections, see group_setup.cpp).
 UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint64_t selfNonce,
                   uint64_t peerNonce, Clock::time_point deadline, const std::function<void()>& probe = nullptr);
 

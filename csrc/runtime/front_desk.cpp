@@ -133,9 +133,9 @@ Clock::time_point FrontDesk::tick(Clock::time_point now) {
                                 [&](const auto& p) { return now - p->since > kHeadDeadline; }),
                  pending_.end());
   // Parked hellos whose dialer hung up (or that waited too long). Not polled
-  // for input: a parked lifeline keeps receiving heartbeats, which would wake
+  // for input: a parked connection may keep receiving, which would wake
   // every round. Once a second, a zero-timeout poll for the hang-up itself
-  // (POLLRDHUP: also when unread heartbeats sit in front of the EOF).
+  // (POLLRDHUP: also when unread bytes sit in front of the EOF).
   if (now >= nextParkCheck_) {
     nextParkCheck_ = now + std::chrono::seconds(1);
     std::lock_guard<std::mutex> g(mu_);
@@ -235,8 +235,8 @@ void FrontDesk::route(uint64_t key, Arrival a) {
   }
   if (a.kind == LinkKind::Join) return;  // a stale leader record: closing says so
   if (closed_.count(key)) {
-    // A destroyed group's: the dialer must stop (a lifeline sees the close
-    // as its peer leaving; a data dial waits for an answer, so it gets one).
+    // A destroyed group's: the dialer must stop (a data dial waits for an
+    // answer, so it gets one).
     if (a.kind == LinkKind::Mesh) sendReply(a.fd.get(), HelloReply::Gone);
     return;
   }

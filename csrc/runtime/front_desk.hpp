@@ -3,12 +3,13 @@
 // (process_runtime.hpp) accepts connections, reads their first bytes
 // (hello.hpp) under a deadline, so a client that never speaks delays nobody,
 // and hands each to the mailbox its key names: a forming group's leader
-// (joins), a group's rank (its data and lifeline connections). The owner of a
+// (joins), a group's rank (its data connections), the process links
+// (process_links.hpp: every group's lifelines). The owner of a
 // mailbox checks what it takes (the dialer's nonce against its roster); the
 // desk only routes. Where no mailbox is open for the key:
 //   * a key this process closed (a destroyed group's): closed at once, a data
 //     dial answered Gone first, so the dialer fails that peer instead of
-//     retrying (a lifeline sees the close as its peer leaving);
+//     retrying;
 //   * a join: closed at once. The leader opens its mailbox before it
 //     publishes its record, so the joiner read a stale record and waits for
 //     a newer one;
@@ -17,7 +18,7 @@
 //     parent (no join: every member computes every key) may be dialed by a
 //     member that got there first.
 // The desk never reads past a connection's head, so it keeps a parked
-// connection's later bytes (a lifeline's heartbeats) for the owner.
+// connection's later bytes (a data stream's) for the owner.
 //
 // The listener opens on first use and stays open for the process's life, so
 // a refused connection still means the process is gone.

@@ -1,10 +1,12 @@
 // The first bytes of every TCP connection between roce processes: what the
 // front desk (front_desk.hpp) reads to know which group, and which of the
 // group's waits, a connection belongs to. Two kinds:
-//   * Hello: a connection between two ranks of a formed group (data mesh,
-//     lifeline). It names the destination rank's nonce, the random 64-bit
-//     value that rank published for this group incarnation, which is the key
-//     the desk routes by (one listener serves every group of the process);
+//   * Hello: a connection between two ranks of a formed group (data mesh),
+//     or between two processes (their lifeline link). It names the
+//     destination rank's nonce, the random 64-bit value that rank published
+//     for this group incarnation, which is the key the desk routes by (one
+//     listener serves every group of the process); a process link names
+//     kProcessLinksKey instead;
 //   * JoinHeader: a rank joining a group at its leader (group/join.cpp). It
 //     names the leader nonce the joiner read from the store: the key of the
 //     leader's mailbox while the group forms.
@@ -17,13 +19,17 @@ namespace roce {
 
 constexpr uint32_t kHelloMagic = 0x526f4345;  // "RoCE"
 // 3: data connections are answered (HelloReply); 4: the hello names the
-// destination's nonce (one listener per process, issue 27).
-constexpr uint16_t kHelloVersion = 4;
+// destination's nonce (one listener per process, issue 27); 5: lifelines
+// travel over process links (process_links.hpp).
+constexpr uint16_t kHelloVersion = 5;
 
 // Probe: answered by the front desk itself (Gone if the key's mailbox was
 // closed, else Accepted), never delivered: a forming rank asks whether a
 // neighbour's group still exists on a process that is alive.
-enum class LinkKind : uint16_t { Mesh = 1, Lifeline = 2, Join = 3, Probe = 4 };
+// Process: a link between two processes for every group's lifelines
+// (process_links.hpp); its key is kProcessLinksKey. (2, a lifeline of one
+// group, is no longer used.)
+enum class LinkKind : uint16_t { Mesh = 1, Join = 3, Probe = 4, Process = 5 };
 
 struct Hello {
   uint32_t magic;

@@ -11,6 +11,7 @@
 
 #include "../common/error.hpp"
 #include "front_desk.hpp"
+#include "process_links.hpp"
 
 namespace roce {
 
@@ -34,6 +35,8 @@ ProcessRuntime::ProcessRuntime() {
   if (pokeFd_ < 0) throwComm(str("eventfd() for roce's runtime thread failed: ", std::strerror(errno)));
   desk_ = std::make_unique<FrontDesk>(*this);
   services_.push_back({desk_.get(), nextId_++});
+  links_ = std::make_unique<ProcessLinks>(*this, *desk_);
+  services_.push_back({links_.get(), nextId_++});
   std::thread t([this] { loop(); });
   pthread_setname_np(t.native_handle(), "roce-runtime");
   t.detach();

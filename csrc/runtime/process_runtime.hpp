@@ -1,7 +1,9 @@
 // The per-process runtime (issue 27): what every process group of a process
 // shares instead of owning a copy. Today: one thread ("roce-runtime") that
 // runs the process's front desk (one TCP listener for every group, see
-// front_desk.hpp) and watches every group's lifelines (liveness/lifeline.hpp).
+// front_desk.hpp), its links to peer processes (one connection per peer
+// process for every group's lifelines, process_links.hpp) and every group's
+// lifelines (liveness/lifeline.hpp).
 // The worker pool (common/worker_pool.hpp) and the verbs devices
 // (transport/verbs/verbs_device.hpp) are per process too; they need no thread
 // of this one.
@@ -30,6 +32,7 @@
 namespace roce {
 
 class FrontDesk;
+class ProcessLinks;
 
 class RuntimeService {
  public:
@@ -46,6 +49,7 @@ class ProcessRuntime {
   static ProcessRuntime& get();
 
   FrontDesk& desk() { return *desk_; }
+  ProcessLinks& links() { return *links_; }
   // Runs `s` on the runtime thread from the next round on.
   void attach(RuntimeService* s);
   // Returns once the runtime thread no longer uses `s` (it may be running it).
@@ -60,6 +64,7 @@ class ProcessRuntime {
 
   int pokeFd_ = -1;                     // eventfd
   std::unique_ptr<FrontDesk> desk_;
+  std::unique_ptr<ProcessLinks> links_;  // after desk_: it opens a mailbox there
   mutable std::mutex mu_;               // services_ and, held around every callback, their use
   struct Attached {
     RuntimeService* s;

@@ -11,6 +11,7 @@
 
 #include "../liveness/verdict.hpp"
 #include "../runtime/front_desk.hpp"
+#include "../runtime/process_links.hpp"
 #include "../runtime/process_runtime.hpp"
 #include "../algorithms/cost_model.hpp"
 #include "../common/config.hpp"
@@ -290,7 +291,8 @@ PYBIND11_MODULE(_C, m) {
     auto& rt = roce::ProcessRuntime::get();
     py::dict d;
     d["listen_port"] = rt.desk().port();
-    d["mailboxes"] = rt.desk().openMailboxes();
+    d["mailboxes"] = rt.desk().openMailboxes();  // every group's, and the process links' own
+    d["process_links"] = rt.links().openLinks();
     d["parked"] = rt.desk().parked();
     d["services"] = rt.services();
     d["verbs_devices"] = roce::VerbsDevice::openCount();

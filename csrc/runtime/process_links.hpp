@@ -1,0 +1,134 @@
+// One TCP connection per peer process, shared by the lifelines of every
+// group of the process (issue 27: a group no longer opens sockets of its own
+// for liveness). The lifelines of a 3-D parallel job's many groups run
+// between the same few processes; each group's records (heartbeat, BYE,
+// FAIL, state, settings: liveness/lifeline.hpp) travel as records tagged
+// with the destination group's nonce, the key its process knows the group
+// by, and the sender's group rank and nonce.
+//
+// Links:
+//   * a process dials a peer process the first time one of its groups has a
+//     lifeline to it and no open link to that process exists, and says who
+//     it is (its process key: host id, advertised address and listener
+//     port); the peer's front desk hands the connection here (LinkKind::Process).
+//     Of two processes, the one with the greater key first waits a moment
+//     for the other's dial: ranks form a group at nearly the same time, so
+//     one link, not two, normally joins a pair;
+//   * either end sends on the first link it has to the other process, dialed
+//     or accepted, and reads every link: two processes that dial each other
+//     at once keep both links, and each side's records still go in order;
+//   * a link lives as long as both processes: its EOF means the process on
+//     the other end is gone (it never closes one on purpose), and every
+//     group with a lifeline over it judges that (a BYE first says the group
+//     left on purpose).
+// Records for a group this process has not created yet are kept until it
+// does (a subgroup formed from its parent is created at different moments
+// on different ranks), those for a group it closed are dropped.
+//
+// Lifelines never get callbacks from here: they pull their records and look
+// at the links' state in their tick() on the runtime thread, so no lock is
+// held across the two. Everything here is thread-safe.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "../common/backoff.hpp"
+#include "process_runtime.hpp"
+
+namespace roce {
+
+class FrontDesk;
+class Mailbox;
+struct TcpEndpoint;
+
+// What the front desk routes process links by: no group nonce (a random
+// 64-bit value) is expected to take it.
+constexpr uint64_t kProcessLinksKey = 0x70726f636c696e6bULL;  // "proclink"
+
+struct LinkRecord {
+  uint16_t type;
+  int32_t srcRank;    // the sender's rank in the group
+  uint64_t srcNonce;  // the sender's nonce for the group
+  int link;           // where it came from
+  std::string text;
+};
+
+class ProcessLinks : public RuntimeService {
+ public:
+  ProcessLinks(ProcessRuntime& runtime, FrontDesk& desk);
+  ~ProcessLinks() override;
+
+  // The process's key as peers name it (see above).
+  static std::string processKey(const std::string& hostId, const std::string& host, int port);
+
+  // The link to send on to the process `peerKey`: an open one, else one
+  // dialed now to `ep` (blocking until `deadline`; `probe` as for
+  // dialRank). `selfKey`: this process's key, sent to a new link's peer.
+  int linkTo(const std::string& peerKey, const std::string& selfKey, const TcpEndpoint& ep, int peerRank,
+             Clock::time_point deadline, const std::function<void()>& probe);
+  // Queues a record, sent at once as far as the socket takes it. A
+  // `droppable` one (a heartbeat) is skipped while the link is backed up.
+  void send(int link, uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t type, const std::string& text,
+            bool droppable = false);
+  // Waits up to `bound` for the link to take what is queued (a group's last words).
+  void flush(int link, std::chrono::milliseconds bound);
+
+  // Records naming `nonce` are kept for take() from now on (those that came
+  // before are handed over); after close(), dropped.
+  void open(uint64_t nonce);
+  void close(uint64_t nonce);
+  std::vector<LinkRecord> take(uint64_t nonce);
+  // Reads every link now (a lifeline about to judge a silent peer: this
+  // thread may not have run for a while).
+  void readNow();
+
+  // False once the link closed: `err` is its errno (0: EOF) and `corrupted`
+  // says it carried garbage.
+  bool isOpen(int link, int* err, bool* corrupted) const;
+  // Bumped whenever a link closes: a lifeline looks at its links only then.
+  uint64_t closures() const;
+  size_t openLinks() const;
+
+  Clock::time_point tick(Clock::time_point now) override;
+  void addPollFds(std::vector<pollfd>& fds) override;
+  void polled(const pollfd* fds, size_t n) override;
+
+ private:
+  struct Link;
+  struct Parked {
+    Clock::time_point since;
+    std::vector<std::pair<uint64_t, LinkRecord>> records;
+  };
+  void adoptArrivals();                         // under mu_
+  void readLink(Link& l);                       // under mu_
+  void parse(Link& l);                          // under mu_
+  void closeLink(Link& l, int err, bool corrupted);  // under mu_
+  void sendQueued(Link& l);                     // under mu_
+  void keep(uint64_t nonce, LinkRecord r);      // under mu_
+
+  ProcessRuntime& runtime_;
+  FrontDesk& desk_;
+  std::shared_ptr<Mailbox> mailbox_;  // inbound links, from the front desk
+  mutable std::mutex mu_;
+  std::condition_variable identified_;           // an accepted link said whose it is
+  std::map<int, std::unique_ptr<Link>> links_;   // by id; closed ones keep their reason
+  std::unordered_map<std::string, int> sendOn_;  // process key -> the link this side sends on
+  int nextId_ = 1;
+  uint64_t closures_ = 0;
+  std::unordered_map<uint64_t, std::vector<LinkRecord>> inbox_;  // open nonces
+  std::unordered_map<uint64_t, Parked> parked_;                  // nonces not open yet
+  std::unordered_set<uint64_t> closed_;
+  std::vector<int> polledLinks_;  // the links addPollFds() listed, in order (runtime thread)
+  Clock::time_point nextParkCheck_{};
+};
+
+}  // namespace roce
