@@ -148,7 +148,11 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
     ++endWait.prepared;
   }
   if (connections_) connections_->addPollFds(waitFds_);
-  wakeup_.announce();
+  // Withdrawn on every exit, a throw from progress() included: an
+  // announcement left standing would keep the eventfd set for good
+  // (Wakeup clears it only when no waiter is left), and every later wait of
+  // the group would spin.
+  Wakeup::Announcement announced(wakeup_);
   // What arrived before the transports armed their notifications (and before
   // the doorbell's announcement) raises no event: look once more. Then the
   // conditions a waker sets.
@@ -156,10 +160,7 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
   const bool helperFinished = helperEvents != helperEventsSeen_;
   helperEventsSeen_ = helperEvents;  // a later wait blocks unless another job ends
   if (arrivalsPending()) connectionsReady_ = true;  // the mailbox has no descriptor to wake the poll
-  if (helperFinished || progress() || abortRequested_.load() || (interrupt && interrupt())) {
-    wakeup_.withdraw();
-    return Blocked::Moved;
-  }
+  if (helperFinished || progress() || abortRequested_.load() || (interrupt && interrupt())) return Blocked::Moved;
   // Sleep no later than the deadline and the next slow check (lifelines, the
   // abort notice, dead peers). While a reported peer death is in its grace
   // period, look again soon.
@@ -172,7 +173,7 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
   Counters::add(counters_.blockedWaits, 1);
   int rc = ppoll(waitFds_.data(), waitFds_.size(), &ts, nullptr);
   const int err = errno;
-  wakeup_.withdraw();
+  announced.withdraw();
   if (rc < 0 && err != EINTR) return Blocked::Cannot;  // cannot block here: poll instead
   connectionsReady_ = true;  // a peer may have dialed: look at the sockets at once
   return Blocked::Slept;

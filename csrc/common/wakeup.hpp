@@ -24,6 +24,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <utility>
 
 namespace roce {
 
@@ -56,6 +57,21 @@ class Wakeup {
     uint64_t v;
     if (read(fd_, &v, sizeof(v)) < 0) { /* EAGAIN: nobody wrote */ }
   }
+  // announce() now, withdraw() at the latest when it goes (a throw between
+  // the two must not leave the announcement standing).
+  class Announcement {
+   public:
+    explicit Announcement(Wakeup& w) : w_(&w) { w.announce(); }
+    ~Announcement() { withdraw(); }
+    Announcement(const Announcement&) = delete;
+    Announcement& operator=(const Announcement&) = delete;
+    void withdraw() {
+      if (w_) std::exchange(w_, nullptr)->withdraw();
+    }
+
+   private:
+    Wakeup* w_;
+  };
   // Waker: call after setting the condition.
   void wake() {
     std::atomic_thread_fence(std::memory_order_seq_cst);
