@@ -5,6 +5,8 @@ roster with no join, and one group's failure or destroy leaves the others
 working. Every collective is checked exactly against integers computed here."""
 import os
 import threading
+import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -168,6 +170,33 @@ def contained(rank, world, port):
     _check_allreduce(None, range(world), rank)
     dist.barrier()
     return {"msg": msg, "abort_msg": abort_msg}
+
+
+def failed_member(rank, world, port):
+    """Rank 2's creation of a subgroup fails before its lifelines exist
+    (ROCE_PG_TEST_FAULT=fail_forming) while the others' succeeds: their first
+    collective on it fails naming rank 2 long before the group's 600 s
+    timeout (rank 2's process answers their lifeline records with GONE), and
+    the world group keeps working."""
+    from .api_workers import expect_error
+
+    err, elapsed = "", 0.0
+    if rank == 2:
+        os.environ["ROCE_PG_TEST_FAULT"] = "fail_forming"
+        try:
+            err = expect_error(lambda: dist.new_group(list(range(world)), timeout=timedelta(seconds=600)),
+                               "fail_forming")
+        finally:
+            del os.environ["ROCE_PG_TEST_FAULT"]
+    else:
+        g = dist.new_group(list(range(world)), timeout=timedelta(seconds=600))
+        start = time.monotonic()
+        err = expect_error(lambda: _check_allreduce(g, range(world), rank), "rank 2")
+        elapsed = time.monotonic() - start
+    _store_barrier("failed-member", world)
+    _check_allreduce(None, range(world), rank)
+    dist.barrier()
+    return {"err": err, "elapsed": elapsed}
 
 
 def verbs_groups(rank, world, port):

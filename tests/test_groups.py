@@ -115,6 +115,15 @@ def test_a_destroyed_subgroup_leaves_the_others_working():
         assert "rank 2" in results[rank]["abort_msg"], results[rank]["abort_msg"]
 
 
+def test_a_member_whose_creation_failed_is_named_at_once():
+    results = run_group("tests.group_workers.failed_member", 4, env=FOUR_MACHINES)
+    assert "fail_forming" in results[2]["err"], results[2]
+    for rank in (0, 1, 3):
+        # Its neighbours (1 and 3) hear GONE from its process and forward it.
+        assert "left this group" in results[rank]["err"], (rank, results[rank])
+        assert results[rank]["elapsed"] < 60, (rank, results[rank])
+
+
 def test_split_group_forms_from_the_parent():
     import torch
 

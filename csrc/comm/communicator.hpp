@@ -237,6 +237,7 @@ class Communicator {
 
   Transport* route(int peer) const;
   void startOperation();  // counts the operation; refuses it on a broken group
+  bool fromParent_ = false;  // formed by deriveRoster, with no join
   std::string settingsToCompare_;  // formed from the parent: its settings as set, for the lifeline to compare
   bool settingsAgreed_ = false;  // the neighbours confirmed equal settings (groups formed from the parent)
   void slowChecks();

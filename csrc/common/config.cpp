@@ -31,7 +31,9 @@ size_t floorPow2(size_t x) { return x ? std::bit_floor(x) : 0; }
 // csrc/algorithms/select.cpp, whose byName() maps them back).
 const std::vector<const char*> kAllreduceAlgos = {"auto", "ring", "hier", "rd", "rabenseifner", "tree"};
 
-std::string readTestFault(EnvReader& r) { return r.oneOf("ROCE_PG_TEST_FAULT", "", {"garbage_frames", "no_doorbell"}); }
+std::string readTestFault(EnvReader& r) {
+  return r.oneOf("ROCE_PG_TEST_FAULT", "", {"garbage_frames", "no_doorbell", "fail_forming"});
+}
 
 }  // namespace
 
@@ -121,7 +123,7 @@ Config Config::read(EnvReader& r) {
       "ROCE_PG_HEARTBEAT_TIMEOUT_MS", c.heartbeatTimeoutMs, 1000, 86400000,
       "heartbeats are sent every few hundred ms and a busy machine would declare live peers "
       "dead; use >= 1000 or 0 (off)"));
-  (void)readTestFault(r);  // validated with the rest of the configuration
+  c.testFailForming = readTestFault(r) == "fail_forming";  // validated with the rest of the configuration
   return c;
 }
 

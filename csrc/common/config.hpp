@@ -177,6 +177,7 @@ struct Config {
   // declared dead (hung process, machine or network down). 0 disables the
   // check; a killed process is found through its closed connection anyway.
   int heartbeatTimeoutMs = 20000;        // ROCE_PG_HEARTBEAT_TIMEOUT_MS
+  bool testFailForming = false;          // ROCE_PG_TEST_FAULT=fail_forming when this group was created
 
   static Config fromEnv();
   // Every setting fromEnv() reads, with the values it accepts, in reading
@@ -212,6 +213,11 @@ struct Config {
 
 // ROCE_PG_TEST_FAULT: fault injection for the test suite only ("" when unset).
 //   garbage_frames  this rank sends corrupted frame headers over TCP/shm streams
+//   no_doorbell     this rank opens no shared-memory doorbell
+// (both read once per process), and per group (Config::testFailForming):
+//   fail_forming    a group created while it is set fails on this rank
+//                   before its lifelines exist (what the neighbours see of a
+//                   member whose creation failed)
 const std::string& testFault();
 
 }  // namespace roce

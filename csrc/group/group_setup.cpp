@@ -82,6 +82,7 @@ Communicator::Communicator(Bootstrap& outerStore, const Config& cfg, int rank, i
     : cfg_(cfg), timeout_(timeout) {
   const auto deadline = Clock::now() + timeout_;
   CountingBootstrap store(outerStore, formationStoreOps_);
+  fromParent_ = true;
   raiseDescriptorLimit();
   RankInfo me;
   me.hostId = localHostId();
@@ -131,6 +132,7 @@ Communicator::Communicator(const Communicator& parent, Bootstrap& outerStore, co
     : cfg_(cfg), timeout_(timeout) {
   const auto deadline = Clock::now() + timeout_;
   CountingBootstrap store(outerStore, formationStoreOps_);
+  fromParent_ = true;
   // As set, before form() resolves auto values (the neighbours compare these).
   settingsToCompare_ = cfg_.algorithmSettings();
   Roster roster = deriveRoster(cfg_, parent.roster_, parentRanks, groupName);
@@ -198,6 +200,8 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
                         "process lives, but destroyed the group or failed to form it; see that rank's log"));
       };
     };
+    if (cfg_.testFailForming)
+      throwComm(str("rank ", rank, " failed to form the group on purpose (ROCE_PG_TEST_FAULT=fail_forming)"));
     connectLifelines(endpoints_, nonces_, deadline, probe);
   }
 
@@ -294,12 +298,14 @@ void Communicator::connectLifelines(const std::vector<TcpEndpoint>& eps, const s
   for (int peer : neighbours)
     links.push_back({peer, hostNames_[peer], nonces[peer],
                      hub.linkTo(keyOf(peer), keyOf(rank()), eps[peer], peer, deadline, probe(peer))});
-  // Ranks create a group at different moments (more so a subgroup formed
-  // from its parent: no join made them wait for each other): until a
-  // neighbour's first record, allow it the group's timeout rather than the
-  // heartbeat's.
+  // A subgroup formed from its parent is created at different moments on
+  // different ranks (no join made them wait for each other; torch puts no
+  // barrier after new_group): until a neighbour's first record, allow it the
+  // group's timeout rather than the heartbeat's. A joined group's members
+  // left the join together.
+  const auto firstContact = fromParent_ ? timeout_ : std::chrono::milliseconds(cfg_.heartbeatTimeoutMs);
   lifeline_ = std::make_unique<Lifeline>(rank(), nonces[rank()], hostNames_[rank()], std::move(links),
-                                         cfg_.heartbeatTimeoutMs, timeout_,
+                                         cfg_.heartbeatTimeoutMs, firstContact,
                                          [this](const std::string& why) { onPeerFailure(why); },
                                          // no leader compared the members' settings: the neighbours do
                                          settingsToCompare_);

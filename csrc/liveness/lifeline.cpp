@@ -200,6 +200,20 @@ std::map<int, std::string> Lifeline::collectStates(int groupSize, Clock::time_po
 
 void Lifeline::takeRecords() {
   for (LinkRecord& r : links_.take(nonce_)) {
+    if (r.type == kGroupGone) {
+      // The neighbour's process lives, but the group is gone there
+      // (destroyed, or its creation failed) without a BYE read here first.
+      for (size_t i = 0; i < peers_.size(); ++i) {
+        Peer& p = peers_[i];
+        if (p.nonce != r.srcNonce || !p.open || p.departed) continue;
+        p.open = false;
+        failWith(str("rank ", p.rank, " (host ", p.host, ") left this group: its process lives, but the group is "
+                     "gone there (destroyed, aborted or failed while forming) and rank ", rank_,
+                     " got no goodbye; see that rank's log"),
+                 static_cast<int>(i));
+      }
+      continue;
+    }
     // From a neighbour of this incarnation only (a neighbour's nonce is
     // unique to it; an old incarnation's records name another).
     auto it = std::find_if(peers_.begin(), peers_.end(),
@@ -230,31 +244,45 @@ void Lifeline::takeRecords() {
 }
 
 void Lifeline::checkLinks() {
-  // After takeRecords(): a peer leaving on purpose sends BYE and its process
-  // may exit at once; on a busy machine both arrive before this thread runs,
-  // and judging the EOF first declared a rank that left cleanly dead.
   const uint64_t closures = links_.closures();
   if (closures == closuresSeen_) return;
   closuresSeen_ = closures;
+  // What arrived before the EOF first: a peer leaving on purpose sends BYE
+  // and its process may exit at once; on a busy machine both arrive before
+  // this thread runs, and judging the EOF first declared a rank that left
+  // cleanly dead. Where two links join the pair, the BYE may be on the other
+  // one: a peer is judged once every link it was heard on has closed (its
+  // process exiting closes them all).
+  links_.readNow();
+  takeRecords();
   for (size_t i = 0; i < peers_.size(); ++i) {
     Peer& p = peers_[i];
     if (!p.open) continue;
+    bool anyOpen = false, corrupted = false;
+    int err = 0;
     for (int link : p.from) {
-      int err = 0;
-      bool corrupted = false;
-      if (links_.isOpen(link, &err, &corrupted)) continue;
+      int e = 0;
+      bool c = false;
+      if (links_.isOpen(link, &e, &c)) {
+        anyOpen = true;
+      } else {
+        corrupted |= c;
+        err = err ? err : e;
+      }
+    }
+    if (corrupted) {
       p.open = false;
-      if (corrupted)
-        failWith(str("rank ", p.rank, " (host ", p.host, ") sent a corrupted lifeline record to rank ", rank_,
-                     " (mixed roce_pg versions?)"),
-                 static_cast<int>(i));
-      else if (!p.departed)
+      failWith(str("rank ", p.rank, " (host ", p.host, ") sent a corrupted lifeline record to rank ", rank_,
+                   " (mixed roce_pg versions?)"),
+               static_cast<int>(i));
+    } else if (!anyOpen) {
+      p.open = false;
+      if (!p.departed)
         failWith(str("rank ", p.rank, " (host ", p.host, ") died: its connection to rank ", rank_,
                      " closed without a goodbye (", err == 0 ? "EOF" : std::strerror(err),
                      "). The process exited, crashed or was killed (SIGKILL, OOM killer: check `dmesg` on ", p.host,
                      "); see that rank's log"),
                  static_cast<int>(i));
-      break;
     }
   }
 }
@@ -351,11 +379,20 @@ Clock::time_point Lifeline::tick(Clock::time_point now) {
   for (size_t i = 0; i < peers_.size(); ++i) {
     Peer& p = peers_[i];
     auto limit = [&] { return p.heard ? heartbeatTimeout_ : firstContact_; };
+    // Once heard from, any bytes on its links count: they come from its
+    // process's runtime thread, which also writes this group's heartbeats
+    // (a burst of another group's records may delay those).
+    auto last = [&] {
+      Clock::time_point t = p.lastHeard;
+      if (p.heard)
+        for (int link : p.from) t = std::max(t, links_.lastRead(link));
+      return t;
+    };
     if (!p.open || p.departed || heartbeatTimeout_.count() <= 0 || now - p.lastHeard < limit()) continue;
     links_.readNow();
     takeRecords();
     checkLinks();
-    if (!p.open || p.departed || now - p.lastHeard < limit()) continue;
+    if (!p.open || p.departed || now - last() < limit()) continue;
     p.open = false;
     if (!p.heard)
       failWith(str("rank ", p.rank, " (host ", p.host, ") has not joined this group's lifeline with rank ", rank_,

@@ -122,6 +122,11 @@ size_t FrontDesk::parked() const {
   return parked_.size();
 }
 
+bool FrontDesk::wasClosed(uint64_t key) const {
+  std::lock_guard<std::mutex> g(mu_);
+  return closed_.count(key) > 0;
+}
+
 size_t FrontDesk::openMailboxes() const {
   std::lock_guard<std::mutex> g(mu_);
   return boxes_.size();

@@ -102,6 +102,9 @@ class FrontDesk : public RuntimeService {
   void close(uint64_t key);
   size_t openMailboxes() const;
   size_t parked() const;
+  // Whether a mailbox was open for `key` once and closed since (its group
+  // was destroyed here, or failed to form).
+  bool wasClosed(uint64_t key) const;
 
   Clock::time_point tick(Clock::time_point now) override;
   void addPollFds(std::vector<pollfd>& fds) override;

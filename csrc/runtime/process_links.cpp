@@ -19,7 +19,12 @@ namespace {
 constexpr uint32_t kLinkMagic = 0x4c494e4b;  // "LINK"
 constexpr size_t kMaxText = 4096;
 // A peer process this far behind in reading is hung; its lifelines say so.
-constexpr size_t kMaxQueued = 4 << 20;
+// Room for every rank's state record (~150 bytes each) of many thousand
+// ranks passing through, in several groups at once.
+constexpr size_t kMaxQueued = 16 << 20;
+// A heartbeat is skipped only behind this much unsent data: one group's
+// burst (a verdict's state records) must not silence the others.
+constexpr size_t kHeartbeatBacklog = 256 << 10;
 // The first record on a dialed link: the dialer's process key.
 constexpr uint16_t kIdentity = 0x100;
 constexpr uint16_t kHeartbeatType = 1;  // liveness/lifeline.cpp's; only counted here
@@ -27,10 +32,11 @@ constexpr uint16_t kHeartbeatType = 1;  // liveness/lifeline.cpp's; only counted
 // late has timed out its peers anyway (front_desk.cpp parks hellos as long).
 constexpr auto kParkLimit = std::chrono::minutes(30);
 constexpr size_t kMaxParkedHeartbeats = 64;  // one says the peer is there; the rest add nothing
+// State records beyond this are dropped for a group not created yet; BYE,
+// FAIL and SETTINGS (one each per neighbour) always kept.
 constexpr size_t kMaxParkedRecords = 4096;
-// How long the process with the greater key waits for the other's dial
-// before it dials itself (a neighbour that creates the group later).
-constexpr auto kYieldToPeerDial = std::chrono::seconds(2);
+constexpr size_t kMaxParkedGroups = 4096;
+constexpr uint16_t kStateType = 4;  // liveness/lifeline.cpp's
 
 struct RecordHead {
   uint32_t magic;
@@ -47,12 +53,17 @@ static_assert(sizeof(RecordHead) == 32);
 
 struct ProcessLinks::Link {
   int id;
-  int fd;
+  int fd;  // -1 while pending: the peer process has not dialed yet
   std::string key;  // the peer process's, once it said (dialed: known from the start)
   std::string inbuf, outbuf;
   bool open = true;
   int err = 0;
   bool corrupted = false;
+  Clock::time_point lastRead = Clock::now();
+  // Only the process with the smaller key dials. The other's link is
+  // pending until that dial arrives: the groups send into its queue, and
+  // the accepted socket is moved into it (their link ids stay valid).
+  bool pending = false;
 };
 
 ProcessLinks::ProcessLinks(ProcessRuntime& runtime, FrontDesk& desk)
@@ -71,14 +82,22 @@ std::string ProcessLinks::processKey(const std::string& hostId, const std::strin
 int ProcessLinks::linkTo(const std::string& peerKey, const std::string& selfKey, const TcpEndpoint& ep, int peerRank,
                          Clock::time_point deadline, const std::function<void()>& probe) {
   {
-    std::unique_lock<std::mutex> g(mu_);
-    adoptArrivals();
+    // Accepted links are adopted, and their identity read, on the runtime
+    // thread only.
+    std::lock_guard<std::mutex> g(mu_);
     if (auto it = sendOn_.find(peerKey); it != sendOn_.end()) return it->second;
     if (selfKey > peerKey) {
-      // The runtime thread reads the peer's identity record and notifies.
-      identified_.wait_until(g, std::min(deadline, Clock::now() + kYieldToPeerDial),
-                             [&] { return sendOn_.count(peerKey) > 0; });
-      if (auto it = sendOn_.find(peerKey); it != sendOn_.end()) return it->second;
+      // The peer process dials when its side of a group needs the link (it
+      // may create the group later); this side's records wait until then.
+      auto l = std::make_unique<Link>();
+      l->id = nextId_++;
+      l->fd = -1;
+      l->key = peerKey;
+      l->pending = true;
+      const int id = l->id;
+      links_.emplace(id, std::move(l));
+      sendOn_.emplace(peerKey, id);
+      return id;
     }
   }
   UniqueFd fd = dialRank(ep, LinkKind::Process, -1, peerRank, 0, kProcessLinksKey, deadline, probe);
@@ -96,10 +115,7 @@ int ProcessLinks::linkTo(const std::string& peerKey, const std::string& selfKey,
     // Another group's thread may have linked the same process meanwhile:
     // both links stay (read from), the first one carries this side's records.
     id = sendOn_.emplace(peerKey, link.id).first->second;
-    RecordHead h{kLinkMagic, kIdentity, static_cast<uint16_t>(selfKey.size()), -1, 0, 0, 0};
-    link.outbuf.append(reinterpret_cast<const char*>(&h), sizeof(h));
-    link.outbuf += selfKey;
-    sendQueued(link);
+    enqueue(link, 0, 0, -1, kIdentity, selfKey);
   }
   runtime_.poke();  // watch the new link from the next round on
   return id;
@@ -113,16 +129,21 @@ void ProcessLinks::send(int link, uint64_t dstNonce, uint64_t srcNonce, int srcR
     auto it = links_.find(link);
     if (it == links_.end() || !it->second->open) return;
     Link& l = *it->second;
-    if (droppable && !l.outbuf.empty()) return;  // it has not even taken the last one
-    const std::string body = text.substr(0, kMaxText);
-    if (l.outbuf.size() + sizeof(RecordHead) + body.size() > kMaxQueued) return;
-    RecordHead h{kLinkMagic, type, static_cast<uint16_t>(body.size()), srcRank, 0, dstNonce, srcNonce};
-    l.outbuf.append(reinterpret_cast<const char*>(&h), sizeof(h));
-    l.outbuf += body;
-    sendQueued(l);
+    if (droppable && l.outbuf.size() > kHeartbeatBacklog) return;  // the peer is not reading anyway
+    enqueue(l, dstNonce, srcNonce, srcRank, type, text);
     backlog = !l.outbuf.empty();
   }
   if (backlog) runtime_.poke();  // the rest goes when the socket polls writable
+}
+
+void ProcessLinks::enqueue(Link& l, uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t type,
+                           const std::string& text) {
+  const std::string body = text.substr(0, kMaxText);
+  if (l.outbuf.size() + sizeof(RecordHead) + body.size() > kMaxQueued) return;
+  RecordHead h{kLinkMagic, type, static_cast<uint16_t>(body.size()), srcRank, 0, dstNonce, srcNonce};
+  l.outbuf.append(reinterpret_cast<const char*>(&h), sizeof(h));
+  l.outbuf += body;
+  sendQueued(l);
 }
 
 void ProcessLinks::flush(int link, std::chrono::milliseconds bound) {
@@ -132,7 +153,7 @@ void ProcessLinks::flush(int link, std::chrono::milliseconds bound) {
     {
       std::lock_guard<std::mutex> g(mu_);
       auto it = links_.find(link);
-      if (it == links_.end() || !it->second->open) return;
+      if (it == links_.end() || !it->second->open || it->second->pending) return;
       sendQueued(*it->second);
       if (it->second->outbuf.empty()) return;
       fd = it->second->fd;
@@ -147,7 +168,7 @@ void ProcessLinks::open(uint64_t nonce) {
   std::lock_guard<std::mutex> g(mu_);
   auto& box = inbox_[nonce];
   if (auto it = parked_.find(nonce); it != parked_.end()) {
-    for (auto& [n, r] : it->second.records) box.push_back(std::move(r));
+    for (auto& r : it->second.records) box.push_back(std::move(r));
     parked_.erase(it);
   }
 }
@@ -170,7 +191,7 @@ void ProcessLinks::readNow() {
   std::lock_guard<std::mutex> g(mu_);
   adoptArrivals();
   for (auto& [id, l] : links_)
-    if (l->open) readLink(*l);
+    if (l->open && !l->pending) readLink(*l);
 }
 
 bool ProcessLinks::isOpen(int link, int* err, bool* corrupted) const {
@@ -180,6 +201,12 @@ bool ProcessLinks::isOpen(int link, int* err, bool* corrupted) const {
   *err = it->second->err;
   *corrupted = it->second->corrupted;
   return it->second->open;
+}
+
+Clock::time_point ProcessLinks::lastRead(int link) const {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = links_.find(link);
+  return it == links_.end() ? Clock::time_point{} : it->second->lastRead;
 }
 
 uint64_t ProcessLinks::closures() const {
@@ -212,6 +239,7 @@ void ProcessLinks::readLink(Link& l) {
     const ssize_t n = recv(l.fd, buf, sizeof(buf), MSG_DONTWAIT);
     if (n > 0) {
       l.inbuf.append(buf, static_cast<size_t>(n));
+      l.lastRead = Clock::now();
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
@@ -239,28 +267,58 @@ void ProcessLinks::parse(Link& l) {
     at += sizeof(h) + h.len;
     if (h.type == kIdentity) {
       l.key = text;
-      sendOn_.emplace(text, l.id);  // an accepted link carries this side's records too, if it is the first
-      identified_.notify_all();
+      auto it = sendOn_.find(text);
+      if (it == sendOn_.end()) {
+        sendOn_.emplace(text, l.id);  // this side's records go on it too
+      } else if (Link& p = *links_.at(it->second); p.pending) {
+        // The dial this side's groups waited for: the socket moves into the
+        // link they hold; what follows the identity is read there.
+        p.fd = std::exchange(l.fd, -1);
+        p.pending = false;
+        p.lastRead = l.lastRead;
+        p.inbuf = l.inbuf.substr(at);
+        l.inbuf.clear();
+        l.open = false;  // an empty husk, not a closure: nobody holds its id
+        sendQueued(p);
+        parse(p);
+        return;
+      }
     } else {
-      keep(h.dstNonce, LinkRecord{h.type, h.srcRank, h.srcNonce, l.id, std::move(text)});
+      keep(l, h.dstNonce, LinkRecord{h.type, h.srcRank, h.srcNonce, l.id, std::move(text)});
     }
   }
   l.inbuf.erase(0, at);
 }
 
-void ProcessLinks::keep(uint64_t nonce, LinkRecord r) {
-  if (closed_.count(nonce)) return;  // a group this process closed
+void ProcessLinks::keep(Link& from, uint64_t nonce, LinkRecord r) {
+  if (closed_.count(nonce) || desk_.wasClosed(nonce)) {
+    answerGone(from, r, nonce);
+    return;
+  }
   if (auto it = inbox_.find(nonce); it != inbox_.end()) {
     it->second.push_back(std::move(r));
     return;
   }
-  auto [it, fresh] = parked_.try_emplace(nonce);
+  auto it = parked_.find(nonce);
+  if (it == parked_.end()) {
+    if (parked_.size() >= kMaxParkedGroups) return;
+    it = parked_.emplace(nonce, Parked{Clock::now(), {}, 0}).first;
+  }
   Parked& p = it->second;
-  if (fresh) p.since = Clock::now();
-  const size_t beats = static_cast<size_t>(std::count_if(
-      p.records.begin(), p.records.end(), [](const auto& e) { return e.second.type == kHeartbeatType; }));
-  if (p.records.size() >= kMaxParkedRecords || (r.type == kHeartbeatType && beats >= kMaxParkedHeartbeats)) return;
-  p.records.emplace_back(nonce, std::move(r));
+  if (r.type == kHeartbeatType && p.beats >= kMaxParkedHeartbeats) return;
+  if ((r.type == kHeartbeatType || r.type == kStateType) && p.records.size() >= kMaxParkedRecords) return;
+  p.beats += r.type == kHeartbeatType;
+  p.records.push_back(std::move(r));
+}
+
+void ProcessLinks::answerGone(Link& from, const LinkRecord& r, uint64_t nonce) {
+  if (r.type == kGroupGone) return;  // never an answer to an answer
+  // On the link this side sends on to that process, where the group's own
+  // last records (a BYE) went before: the neighbour reads those first.
+  Link* out = &from;
+  if (auto it = sendOn_.find(from.key); it != sendOn_.end())
+    if (auto l = links_.find(it->second); l != links_.end() && l->second->open) out = l->second.get();
+  enqueue(*out, r.srcNonce, nonce, -1, kGroupGone, "");
 }
 
 void ProcessLinks::closeLink(Link& l, int err, bool corrupted) {
@@ -272,12 +330,20 @@ void ProcessLinks::closeLink(Link& l, int err, bool corrupted) {
   l.fd = -1;
   l.inbuf.clear();
   l.outbuf.clear();
-  if (auto it = sendOn_.find(l.key); it != sendOn_.end() && it->second == l.id) sendOn_.erase(it);
+  if (auto it = sendOn_.find(l.key); it != sendOn_.end() && it->second == l.id) {
+    sendOn_.erase(it);
+    // Another open link to that process (both dialed at once) carries on.
+    for (auto& [id, other] : links_)
+      if (other->open && !l.key.empty() && other->key == l.key) {
+        sendOn_.emplace(l.key, id);
+        break;
+      }
+  }
   closures_++;
 }
 
 void ProcessLinks::sendQueued(Link& l) {
-  while (l.open && !l.outbuf.empty()) {
+  while (l.open && !l.pending && !l.outbuf.empty()) {
     const ssize_t n = ::send(l.fd, l.outbuf.data(), l.outbuf.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n <= 0) break;  // full (retried on POLLOUT) or broken (the read side reports it)
     l.outbuf.erase(0, static_cast<size_t>(n));
@@ -300,7 +366,7 @@ void ProcessLinks::addPollFds(std::vector<pollfd>& fds) {
   polledLinks_.clear();
   fds.push_back({mailbox_->fd(), POLLIN, 0});
   for (auto& [id, l] : links_) {
-    if (!l->open) continue;
+    if (!l->open || l->pending) continue;
     fds.push_back({l->fd, static_cast<short>(POLLIN | (l->outbuf.empty() ? 0 : POLLOUT)), 0});
     polledLinks_.push_back(id);
   }

@@ -11,26 +11,30 @@
 //     lifeline to it and no open link to that process exists, and says who
 //     it is (its process key: host id, advertised address and listener
 //     port); the peer's front desk hands the connection here (LinkKind::Process).
-//     Of two processes, the one with the greater key first waits a moment
-//     for the other's dial: ranks form a group at nearly the same time, so
-//     one link, not two, normally joins a pair;
-//   * either end sends on the first link it has to the other process, dialed
-//     or accepted, and reads every link: two processes that dial each other
-//     at once keep both links, and each side's records still go in order;
+//     Of two processes only the one with the smaller key dials, so one link
+//     joins a pair. The other's link is pending until that dial arrives (its
+//     neighbour may create the group minutes later): its groups' records
+//     wait in the link's queue and go out once the accepted socket is moved
+//     into it;
+//   * either end sends on its one link to the other process and reads every
+//     link (two threads of the smaller side dialing at once make a second
+//     one, which is only read from);
 //   * a link lives as long as both processes: its EOF means the process on
 //     the other end is gone (it never closes one on purpose), and every
 //     group with a lifeline over it judges that (a BYE first says the group
 //     left on purpose).
 // Records for a group this process has not created yet are kept until it
 // does (a subgroup formed from its parent is created at different moments
-// on different ranks), those for a group it closed are dropped.
+// on different ranks). One for a group it closed, or whose creation failed
+// here, is answered with GONE (kGroupGone), so a neighbour whose records
+// reach a live process where the group no longer exists stops waiting for
+// it at once.
 //
 // Lifelines never get callbacks from here: they pull their records and look
 // at the links' state in their tick() on the runtime thread, so no lock is
 // held across the two. Everything here is thread-safe.
 #pragma once
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -53,6 +57,10 @@ struct TcpEndpoint;
 // What the front desk routes process links by: no group nonce (a random
 // 64-bit value) is expected to take it.
 constexpr uint64_t kProcessLinksKey = 0x70726f636c696e6bULL;  // "proclink"
+// The answer to a record for a group that is gone here: it names the
+// sender's nonce as its destination and the gone group's as its source
+// (no rank: matched by nonce).
+constexpr uint16_t kGroupGone = 0x102;
 
 struct LinkRecord {
   uint16_t type;
@@ -71,8 +79,9 @@ class ProcessLinks : public RuntimeService {
   static std::string processKey(const std::string& hostId, const std::string& host, int port);
 
   // The link to send on to the process `peerKey`: an open one, else one
-  // dialed now to `ep` (blocking until `deadline`; `probe` as for
-  // dialRank). `selfKey`: this process's key, sent to a new link's peer.
+  // dialed now to `ep` when `selfKey` < `peerKey` (blocking until
+  // `deadline`; `probe` as for dialRank; the link's first record names
+  // `selfKey`), else a pending one that the peer's dial completes.
   int linkTo(const std::string& peerKey, const std::string& selfKey, const TcpEndpoint& ep, int peerRank,
              Clock::time_point deadline, const std::function<void()>& probe);
   // Queues a record, sent at once as far as the socket takes it. A
@@ -94,6 +103,9 @@ class ProcessLinks : public RuntimeService {
   // False once the link closed: `err` is its errno (0: EOF) and `corrupted`
   // says it carried garbage.
   bool isOpen(int link, int* err, bool* corrupted) const;
+  // When the link last delivered bytes (any group's: the peer process's
+  // runtime thread is running, so its lifelines are).
+  Clock::time_point lastRead(int link) const;
   // Bumped whenever a link closes: a lifeline looks at its links only then.
   uint64_t closures() const;
   size_t openLinks() const;
@@ -106,20 +118,23 @@ class ProcessLinks : public RuntimeService {
   struct Link;
   struct Parked {
     Clock::time_point since;
-    std::vector<std::pair<uint64_t, LinkRecord>> records;
+    std::vector<LinkRecord> records;
+    size_t beats = 0;  // heartbeats among them
   };
   void adoptArrivals();                         // under mu_
   void readLink(Link& l);                       // under mu_
   void parse(Link& l);                          // under mu_
   void closeLink(Link& l, int err, bool corrupted);  // under mu_
   void sendQueued(Link& l);                     // under mu_
-  void keep(uint64_t nonce, LinkRecord r);      // under mu_
+  void keep(Link& from, uint64_t nonce, LinkRecord r);  // under mu_
+  void answerGone(Link& from, const LinkRecord& r, uint64_t nonce);  // under mu_
+  void enqueue(Link& l, uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t type,
+               const std::string& text);  // under mu_
 
   ProcessRuntime& runtime_;
   FrontDesk& desk_;
   std::shared_ptr<Mailbox> mailbox_;  // inbound links, from the front desk
   mutable std::mutex mu_;
-  std::condition_variable identified_;           // an accepted link said whose it is
   std::map<int, std::unique_ptr<Link>> links_;   // by id; closed ones keep their reason
   std::unordered_map<std::string, int> sendOn_;  // process key -> the link this side sends on
   int nextId_ = 1;
