@@ -176,27 +176,44 @@ def failed_member(rank, world, port):
     """Rank 2's creation of a subgroup fails before its lifelines exist
     (ROCE_PG_TEST_FAULT=fail_forming) while the others' succeeds: their first
     collective on it fails naming rank 2 long before the group's 600 s
-    timeout (rank 2's process answers their lifeline records with GONE), and
-    the world group keeps working."""
+    timeout (rank 2's process answers their lifeline records with GONE).
+    Twice: a group over every rank (its lifelines run over links the world
+    group opened), and {0, 2}, whose processes had no link yet (the one
+    with the smaller key dials; the other's pending link dials after 2 s).
+    The world group keeps working."""
     from .api_workers import expect_error
 
-    err, elapsed = "", 0.0
-    if rank == 2:
-        os.environ["ROCE_PG_TEST_FAULT"] = "fail_forming"
-        try:
-            err = expect_error(lambda: dist.new_group(list(range(world)), timeout=timedelta(seconds=600)),
-                               "fail_forming")
-        finally:
-            del os.environ["ROCE_PG_TEST_FAULT"]
-    else:
-        g = dist.new_group(list(range(world)), timeout=timedelta(seconds=600))
-        start = time.monotonic()
-        err = expect_error(lambda: _check_allreduce(g, range(world), rank), "rank 2")
-        elapsed = time.monotonic() - start
-    _store_barrier("failed-member", world)
+    def attempt(members):
+        err, elapsed = "", 0.0
+        if rank == 2:
+            os.environ["ROCE_PG_TEST_FAULT"] = "fail_forming"
+            try:
+                err = expect_error(lambda: dist.new_group(members, timeout=timedelta(seconds=600)), "fail_forming")
+            finally:
+                del os.environ["ROCE_PG_TEST_FAULT"]
+        else:
+            g = dist.new_group(members, timeout=timedelta(seconds=600))
+            if rank in members:
+                # Errors name group ranks: rank 2 is members.index(2) there.
+                start = time.monotonic()
+                err = expect_error(lambda: _check_allreduce(g, members, rank), f"rank {members.index(2)}")
+                elapsed = time.monotonic() - start
+        return {"err": err, "elapsed": elapsed}
+
+    # The ring algorithm: every member talks to its ring neighbours only, so
+    # the failure reaches rank 0 as the forwarded notice, not as a refused
+    # data connection to rank 2.
+    os.environ["ROCE_PG_ALGO_ALLREDUCE"] = "ring"
+    try:
+        everyone = attempt(list(range(world)))
+        _store_barrier("failed-member-all", world)
+        pair = attempt([0, 2])
+        _store_barrier("failed-member-pair", world)
+    finally:
+        del os.environ["ROCE_PG_ALGO_ALLREDUCE"]
     _check_allreduce(None, range(world), rank)
     dist.barrier()
-    return {"err": err, "elapsed": elapsed}
+    return {"everyone": everyone, "pair": pair}
 
 
 def verbs_groups(rank, world, port):

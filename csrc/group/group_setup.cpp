@@ -82,7 +82,6 @@ Communicator::Communicator(Bootstrap& outerStore, const Config& cfg, int rank, i
     : cfg_(cfg), timeout_(timeout) {
   const auto deadline = Clock::now() + timeout_;
   CountingBootstrap store(outerStore, formationStoreOps_);
-  fromParent_ = true;
   raiseDescriptorLimit();
   RankInfo me;
   me.hostId = localHostId();

@@ -125,7 +125,7 @@ void Lifeline::announceFailure(const std::string& why) {
 }
 
 void Lifeline::sendRecord(Peer& p, uint16_t type, const std::string& text) {
-  if (!p.open) return;
+  if (!p.open || p.departed) return;  // a rank that left reads nothing more (its process answers GONE)
   links_.send(p.link, p.nonce, nonce_, rank_, type, text, /*droppable=*/type == kHeartbeat);
 }
 

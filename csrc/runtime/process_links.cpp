@@ -36,6 +36,10 @@ constexpr size_t kMaxParkedHeartbeats = 64;  // one says the peer is there; the 
 // FAIL and SETTINGS (one each per neighbour) always kept.
 constexpr size_t kMaxParkedRecords = 4096;
 constexpr size_t kMaxParkedGroups = 4096;
+// A pending link dials the peer itself after this long: the peer may have
+// failed or died before its dial, or create the group much later.
+constexpr auto kPendingGrace = std::chrono::seconds(2);
+constexpr auto kDialAttempt = std::chrono::seconds(5);
 constexpr uint16_t kStateType = 4;  // liveness/lifeline.cpp's
 
 struct RecordHead {
@@ -63,7 +67,17 @@ struct ProcessLinks::Link {
   // Only the process with the smaller key dials. The other's link is
   // pending until that dial arrives: the groups send into its queue, and
   // the accepted socket is moved into it (their link ids stay valid).
+  // After kPendingGrace it dials the peer itself, without blocking (the
+  // runtime thread): a refusal says the peer's process is gone; a
+  // connection carries the queued records, which a live process whose
+  // group failed answers with GONE.
   bool pending = false;
+  TcpEndpoint ep;
+  int peerRank = -1;
+  std::string selfKey;
+  Clock::time_point pendingSince{};
+  int dialFd = -1;  // the pending link's own dial, in progress
+  Clock::time_point dialStart{};
 };
 
 ProcessLinks::ProcessLinks(ProcessRuntime& runtime, FrontDesk& desk)
@@ -71,8 +85,10 @@ ProcessLinks::ProcessLinks(ProcessRuntime& runtime, FrontDesk& desk)
 
 ProcessLinks::~ProcessLinks() {
   desk_.close(kProcessLinksKey);
-  for (auto& [id, l] : links_)
+  for (auto& [id, l] : links_) {
     if (l->fd >= 0) ::close(l->fd);
+    if (l->dialFd >= 0) ::close(l->dialFd);
+  }
 }
 
 std::string ProcessLinks::processKey(const std::string& hostId, const std::string& host, int port) {
@@ -94,6 +110,10 @@ int ProcessLinks::linkTo(const std::string& peerKey, const std::string& selfKey,
       l->fd = -1;
       l->key = peerKey;
       l->pending = true;
+      l->ep = ep;
+      l->peerRank = peerRank;
+      l->selfKey = selfKey;
+      l->pendingSince = Clock::now();
       const int id = l->id;
       links_.emplace(id, std::move(l));
       sendOn_.emplace(peerKey, id);
@@ -115,7 +135,8 @@ int ProcessLinks::linkTo(const std::string& peerKey, const std::string& selfKey,
     // Another group's thread may have linked the same process meanwhile:
     // both links stay (read from), the first one carries this side's records.
     id = sendOn_.emplace(peerKey, link.id).first->second;
-    enqueue(link, 0, 0, -1, kIdentity, selfKey);
+    link.outbuf = identityRecord(selfKey);
+    sendQueued(link);
   }
   runtime_.poke();  // watch the new link from the next round on
   return id;
@@ -134,6 +155,41 @@ void ProcessLinks::send(int link, uint64_t dstNonce, uint64_t srcNonce, int srcR
     backlog = !l.outbuf.empty();
   }
   if (backlog) runtime_.poke();  // the rest goes when the socket polls writable
+}
+
+std::string ProcessLinks::identityRecord(const std::string& selfKey) {
+  RecordHead h{kLinkMagic, kIdentity, static_cast<uint16_t>(selfKey.size()), -1, 0, 0, 0};
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h)) + selfKey;
+}
+
+void ProcessLinks::startPendingDial(Link& l, Clock::time_point now) {
+  try {
+    l.dialFd = roce::startDial(l.ep, l.peerRank).release();
+    l.dialStart = now;
+  } catch (const Error&) {
+    l.pendingSince = now;  // no descriptor now: later
+  }
+}
+
+void ProcessLinks::finishPendingDial(Link& l, Clock::time_point now) {
+  const int err = connectResult(l.dialFd);
+  if (err == ECONNREFUSED) {
+    // Its listener is open for the process's life: the process is gone.
+    closeLink(l, err, false);
+    return;
+  }
+  if (err != 0 || !sendHello(l.dialFd, LinkKind::Process, -1, l.peerRank, 0, kProcessLinksKey)) {
+    ::close(std::exchange(l.dialFd, -1));
+    l.pendingSince = now;  // unreachable for now: again after the grace
+    return;
+  }
+  tuneSocket(l.dialFd);
+  setNonBlocking(l.dialFd, true);
+  l.fd = std::exchange(l.dialFd, -1);
+  l.pending = false;
+  l.lastRead = now;
+  l.outbuf.insert(0, identityRecord(l.selfKey));  // first, before what the groups queued
+  sendQueued(l);
 }
 
 void ProcessLinks::enqueue(Link& l, uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t type,
@@ -273,6 +329,7 @@ void ProcessLinks::parse(Link& l) {
       } else if (Link& p = *links_.at(it->second); p.pending) {
         // The dial this side's groups waited for: the socket moves into the
         // link they hold; what follows the identity is read there.
+        if (p.dialFd >= 0) ::close(std::exchange(p.dialFd, -1));  // its own dial is not needed
         p.fd = std::exchange(l.fd, -1);
         p.pending = false;
         p.lastRead = l.lastRead;
@@ -291,12 +348,12 @@ void ProcessLinks::parse(Link& l) {
 }
 
 void ProcessLinks::keep(Link& from, uint64_t nonce, LinkRecord r) {
-  if (closed_.count(nonce) || desk_.wasClosed(nonce)) {
-    answerGone(from, r, nonce);
-    return;
-  }
   if (auto it = inbox_.find(nonce); it != inbox_.end()) {
     it->second.push_back(std::move(r));
+    return;
+  }
+  if (closed_.count(nonce) || desk_.wasClosed(nonce)) {
+    answerGone(from, r, nonce);
     return;
   }
   auto it = parked_.find(nonce);
@@ -313,6 +370,7 @@ void ProcessLinks::keep(Link& from, uint64_t nonce, LinkRecord r) {
 
 void ProcessLinks::answerGone(Link& from, const LinkRecord& r, uint64_t nonce) {
   if (r.type == kGroupGone) return;  // never an answer to an answer
+  if (!goneAnswered_.insert({nonce, r.srcNonce}).second) return;  // once per neighbour: it stops at the first
   // On the link this side sends on to that process, where the group's own
   // last records (a BYE) went before: the neighbour reads those first.
   Link* out = &from;
@@ -326,8 +384,10 @@ void ProcessLinks::closeLink(Link& l, int err, bool corrupted) {
   l.open = false;
   l.err = err;
   l.corrupted = corrupted;
-  ::close(l.fd);
-  l.fd = -1;
+  if (l.fd >= 0) ::close(l.fd);
+  if (l.dialFd >= 0) ::close(l.dialFd);
+  l.fd = l.dialFd = -1;
+  l.pending = false;
   l.inbuf.clear();
   l.outbuf.clear();
   if (auto it = sendOn_.find(l.key); it != sendOn_.end() && it->second == l.id) {
@@ -358,7 +418,17 @@ Clock::time_point ProcessLinks::tick(Clock::time_point now) {
     for (auto it = parked_.begin(); it != parked_.end();)
       it = now - it->second.since > kParkLimit ? parked_.erase(it) : std::next(it);
   }
-  return nextParkCheck_;
+  Clock::time_point next = nextParkCheck_;
+  for (auto& [id, l] : links_) {
+    if (!l->open || !l->pending) continue;
+    if (l->dialFd >= 0 && now - l->dialStart > kDialAttempt) {
+      ::close(std::exchange(l->dialFd, -1));  // unroutable: again after the grace
+      l->pendingSince = now;
+    }
+    if (l->dialFd < 0 && now - l->pendingSince >= kPendingGrace) startPendingDial(*l, now);
+    next = std::min(next, l->dialFd >= 0 ? l->dialStart + kDialAttempt : l->pendingSince + kPendingGrace);
+  }
+  return next;
 }
 
 void ProcessLinks::addPollFds(std::vector<pollfd>& fds) {
@@ -366,8 +436,13 @@ void ProcessLinks::addPollFds(std::vector<pollfd>& fds) {
   polledLinks_.clear();
   fds.push_back({mailbox_->fd(), POLLIN, 0});
   for (auto& [id, l] : links_) {
-    if (!l->open || l->pending) continue;
-    fds.push_back({l->fd, static_cast<short>(POLLIN | (l->outbuf.empty() ? 0 : POLLOUT)), 0});
+    if (!l->open) continue;
+    if (l->pending) {
+      if (l->dialFd < 0) continue;
+      fds.push_back({l->dialFd, POLLOUT, 0});  // its own dial completing
+    } else {
+      fds.push_back({l->fd, static_cast<short>(POLLIN | (l->outbuf.empty() ? 0 : POLLOUT)), 0});
+    }
     polledLinks_.push_back(id);
   }
 }
@@ -378,6 +453,12 @@ void ProcessLinks::polled(const pollfd* fds, size_t n) {
   for (size_t k = 1; k < n && k - 1 < polledLinks_.size(); ++k) {
     auto it = links_.find(polledLinks_[k - 1]);
     if (it == links_.end() || !it->second->open) continue;
+    Link& l = *it->second;
+    if (l.pending) {  // the entry was its dial's (a merge may have ended the dial meanwhile)
+      if (fds[k].revents && l.dialFd == fds[k].fd) finishPendingDial(l, Clock::now());
+      continue;
+    }
+    if (fds[k].fd != l.fd) continue;  // it was a dial that completed meanwhile: next round
     if (fds[k].revents & POLLOUT) sendQueued(*it->second);
     if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) readLink(*it->second);
   }

@@ -12,10 +12,13 @@
 //     it is (its process key: host id, advertised address and listener
 //     port); the peer's front desk hands the connection here (LinkKind::Process).
 //     Of two processes only the one with the smaller key dials, so one link
-//     joins a pair. The other's link is pending until that dial arrives (its
-//     neighbour may create the group minutes later): its groups' records
-//     wait in the link's queue and go out once the accepted socket is moved
-//     into it;
+//     joins a pair. The other's link is pending until that dial arrives: its
+//     groups' records wait in the link's queue and go out once the accepted
+//     socket is moved into it. After 2 s it dials the peer itself (without
+//     blocking): the peer may create the group much later, or have failed or
+//     died before dialing. A refusal closes the link (the process is gone);
+//     a connection carries the queued records, which the peer answers with
+//     GONE if its group failed;
 //   * either end sends on its one link to the other process and reads every
 //     link (two threads of the smaller side dialing at once make a second
 //     one, which is only read from);
@@ -40,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -128,6 +132,9 @@ class ProcessLinks : public RuntimeService {
   void sendQueued(Link& l);                     // under mu_
   void keep(Link& from, uint64_t nonce, LinkRecord r);  // under mu_
   void answerGone(Link& from, const LinkRecord& r, uint64_t nonce);  // under mu_
+  static std::string identityRecord(const std::string& selfKey);
+  void startPendingDial(Link& l, Clock::time_point now);   // under mu_
+  void finishPendingDial(Link& l, Clock::time_point now);  // under mu_
   void enqueue(Link& l, uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t type,
                const std::string& text);  // under mu_
 
@@ -142,6 +149,7 @@ class ProcessLinks : public RuntimeService {
   std::unordered_map<uint64_t, std::vector<LinkRecord>> inbox_;  // open nonces
   std::unordered_map<uint64_t, Parked> parked_;                  // nonces not open yet
   std::unordered_set<uint64_t> closed_;
+  std::set<std::pair<uint64_t, uint64_t>> goneAnswered_;  // (gone group's nonce, asker's nonce)
   std::vector<int> polledLinks_;  // the links addPollFds() listed, in order (runtime thread)
   Clock::time_point nextParkCheck_{};
 };
