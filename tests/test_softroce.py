@@ -192,7 +192,11 @@ def test_subgroups_over_verbs_release_their_resources(one_vm):
     for r in _group(one_vm, "subgroups/verbs4")["results"]:
         assert r["during"]["threads"] > r["before"]["threads"], r
         assert r["after"]["threads"] == r["before"]["threads"], r
-        assert r["after"]["fds"] <= r["before"]["fds"], r
+        # The links to peer processes a subgroup opened stay for later groups
+        # (tests/test_api.py says the same on the host).
+        new_links = r["after"]["process_links"] - r["before"]["process_links"]
+        assert 0 <= new_links <= 2 * 3, r
+        assert r["after"]["fds"] <= r["before"]["fds"] + new_links, r
 
 
 def test_subgroups_over_verbs_form_from_the_world_and_share_its_device(one_vm):
