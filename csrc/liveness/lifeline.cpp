@@ -21,7 +21,7 @@ namespace {
 // rank asks (collectStates), forwarded around the ring like a failure notice.
 // kSettings: "<rank> <Config::algorithmSettings()>", once to each neighbour
 // of a group formed from its parent.
-enum RecordType : uint16_t { kHeartbeat = 1, kBye = 2, kFail = 3, kState = 4, kSettings = 5 };
+using namespace record;  // the types (runtime/process_links.hpp)
 
 // The "NAME=value" words of `a` that `b` lacks: what to name in a mismatch.
 std::string wordsMissingFrom(const std::string& a, const std::string& b) {

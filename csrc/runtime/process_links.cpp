@@ -27,7 +27,6 @@ constexpr size_t kMaxQueued = 16 << 20;
 constexpr size_t kHeartbeatBacklog = 256 << 10;
 // The first record on a dialed link: the dialer's process key.
 constexpr uint16_t kIdentity = 0x100;
-constexpr uint16_t kHeartbeatType = 1;  // liveness/lifeline.cpp's; only counted here
 // Records kept for a group this process has not created yet: a member that
 // late has timed out its peers anyway (front_desk.cpp parks hellos as long).
 constexpr auto kParkLimit = std::chrono::minutes(30);
@@ -40,7 +39,6 @@ constexpr size_t kMaxParkedGroups = 4096;
 // failed or died before its dial, or create the group much later.
 constexpr auto kPendingGrace = std::chrono::seconds(2);
 constexpr auto kDialAttempt = std::chrono::seconds(5);
-constexpr uint16_t kStateType = 4;  // liveness/lifeline.cpp's
 
 struct RecordHead {
   uint32_t magic;
@@ -362,21 +360,21 @@ void ProcessLinks::keep(Link& from, uint64_t nonce, LinkRecord r) {
     it = parked_.emplace(nonce, Parked{Clock::now(), {}, 0}).first;
   }
   Parked& p = it->second;
-  if (r.type == kHeartbeatType && p.beats >= kMaxParkedHeartbeats) return;
-  if ((r.type == kHeartbeatType || r.type == kStateType) && p.records.size() >= kMaxParkedRecords) return;
-  p.beats += r.type == kHeartbeatType;
+  if (r.type == record::kHeartbeat && p.beats >= kMaxParkedHeartbeats) return;
+  if ((r.type == record::kHeartbeat || r.type == record::kState) && p.records.size() >= kMaxParkedRecords) return;
+  p.beats += r.type == record::kHeartbeat;
   p.records.push_back(std::move(r));
 }
 
 void ProcessLinks::answerGone(Link& from, const LinkRecord& r, uint64_t nonce) {
-  if (r.type == kGroupGone) return;  // never an answer to an answer
+  if (r.type == record::kGroupGone) return;  // never an answer to an answer
   if (!goneAnswered_.insert({nonce, r.srcNonce}).second) return;  // once per neighbour: it stops at the first
   // On the link this side sends on to that process, where the group's own
   // last records (a BYE) went before: the neighbour reads those first.
   Link* out = &from;
   if (auto it = sendOn_.find(from.key); it != sendOn_.end())
     if (auto l = links_.find(it->second); l != links_.end() && l->second->open) out = l->second.get();
-  enqueue(*out, r.srcNonce, nonce, -1, kGroupGone, "");
+  enqueue(*out, r.srcNonce, nonce, -1, record::kGroupGone, "");
 }
 
 void ProcessLinks::closeLink(Link& l, int err, bool corrupted) {

@@ -29,7 +29,7 @@
 // Records for a group this process has not created yet are kept until it
 // does (a subgroup formed from its parent is created at different moments
 // on different ranks). One for a group it closed, or whose creation failed
-// here, is answered with GONE (kGroupGone), so a neighbour whose records
+// here, is answered with GONE (record::kGroupGone), so a neighbour whose records
 // reach a live process where the group no longer exists stops waiting for
 // it at once.
 //
@@ -61,10 +61,14 @@ struct TcpEndpoint;
 // What the front desk routes process links by: no group nonce (a random
 // 64-bit value) is expected to take it.
 constexpr uint64_t kProcessLinksKey = 0x70726f636c696e6bULL;  // "proclink"
-// The answer to a record for a group that is gone here: it names the
-// sender's nonce as its destination and the gone group's as its source
-// (no rank: matched by nonce).
-constexpr uint16_t kGroupGone = 0x102;
+// The lifeline's record types (liveness/lifeline.cpp says what each
+// carries), in one place: the links count heartbeats and state records when
+// they park them, and answer GONE themselves. GONE is the answer to a record
+// for a group that is gone here: it names the sender's nonce as its
+// destination and the gone group's as its source (no rank: matched by nonce).
+namespace record {
+enum Type : uint16_t { kHeartbeat = 1, kBye = 2, kFail = 3, kState = 4, kSettings = 5, kGroupGone = 0x102 };
+}  // namespace record
 
 struct LinkRecord {
   uint16_t type;
