@@ -2,8 +2,10 @@
 // completion that can be outstanding - each posted receive and each signalled
 // send of every queue pair on it - so its size follows the peers a rank
 // talks to. Resizing (ibv_resize_cq) is not portable, so when the current CQ
-// has no room for a new peer's queue pairs another one is created, on the
-// same completion channel; progress polls them all, idle waits arm them all.
+// has no room for a new peer's queue pairs another one is created; progress
+// polls them all, idle waits arm them all. Their events arrive on the
+// device's completion channel (one per port per process, verbs_device.hpp),
+// whose reader calls notified(): the group's blocked wait wakes.
 #pragma once
 #include <infiniband/verbs.h>
 
@@ -13,10 +15,12 @@
 namespace roce {
 
 class VerbsDevice;
+class Wakeup;
 
 class CqSet {
  public:
-  explicit CqSet(VerbsDevice& dev);
+  // `wake` (may be null: no blocking waits) is the group's wake-up.
+  CqSet(VerbsDevice& dev, Wakeup* wake);
   ~CqSet();
   CqSet(const CqSet&) = delete;
   CqSet& operator=(const CqSet&) = delete;
@@ -28,21 +32,21 @@ class CqSet {
   // Up to `max` completions from all CQs; negative if polling failed.
   int poll(ibv_wc* wcs, int max);
 
-  // Blocking waits: the channel's descriptor (-1 without one), arming every
-  // CQ for its next completion, and consuming the events once woken.
-  int channelFd() const { return channel_ ? channel_->fd : -1; }
+  // Blocking waits: arms every CQ for its next completion, whose event wakes
+  // the group; false if none can be armed (no completion channel).
   bool arm();
-  void consumeEvents();
+  // Called by the device's reader for an event of one of these CQs (already
+  // acknowledged), on the runtime thread.
+  void notified();
 
  private:
   struct Cq {
     ibv_cq* cq;
     int capacity;
     int reserved;
-    unsigned unacked;  // events received, acknowledged before the CQ is destroyed
   };
   VerbsDevice& dev_;
-  ibv_comp_channel* channel_ = nullptr;
+  Wakeup* wake_;
   std::vector<Cq> cqs_;
   size_t next_ = 0;  // where polling starts, round robin
 };

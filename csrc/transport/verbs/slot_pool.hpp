@@ -27,6 +27,7 @@ class SlotPool {
   uint32_t count() const { return count_; }
   size_t stride() const { return stride_; }
   size_t bytes() const { return static_cast<size_t>(count_) * stride_; }
+  size_t registeredBytes() const { return mrs_.bytes(); }  // pinned, page-rounded, summed over rails
   char* slot(uint32_t i) const { return base_ + static_cast<size_t>(i) * stride_; }
   uint64_t address() const { return reinterpret_cast<uint64_t>(base_); }
   uint32_t lkey(int rail) const { return mrs_.lkey(rail); }
