@@ -293,13 +293,13 @@ def counters(group=None):
     staging: shared-memory rings and slots, verbs staging, early-arrival buffers),
     ops (operations begun), sends (messages posted: an algorithm's rounds),
     blocked_waits (times a wait found nothing to do for ROCE_PG_SPIN_US and
-    blocked in poll() on the sockets / completion channel / doorbell), inline_ops
+    blocked in poll() on the sockets / wake-up eventfd / doorbell), inline_ops
     (collectives run on the calling thread instead of the progress thread),
     bytes_zero_copy (verbs: payload the NIC read from / wrote into the user's
     buffer directly, counted by the sender), registrations (verbs: ibv_reg_mr
     calls of the registration cache), eager_sends (verbs: messages of at most
-    ROCE_PG_IB_EAGER_MAX_BYTES sent without waiting for the receiver's RTR), staging_waits (verbs: times a
-    copied chunk waited because the staging pool the process's groups share had no free slot),
+    ROCE_PG_IB_EAGER_MAX_BYTES sent without waiting for the receiver's RTR), staging_waits (verbs: times
+    posting a copied chunk found the staging pool the process's groups share empty; counted per attempt),
     bytes_reduced_on_device (device
     tensors: staged rows reduced on their device, ROCE_PG_DEVICE_REDUCE), device_bytes_staged (device tensor
     bytes copied through pinned host buffers), device_bytes_direct (device tensor bytes handed to the verbs

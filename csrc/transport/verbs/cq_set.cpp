@@ -30,11 +30,13 @@ ibv_cq* CqSet::reserve(int entries) {
   if (size < entries)
     throwComm(str(dev_.describe(), " allows ", dev_.deviceAttr().max_cqe, " completions per CQ, fewer than the ",
                   entries, " one peer's queue pairs need: lower ROCE_PG_IB_QPS_PER_CONNECTION or ROCE_PG_IB_SLOTS"));
-  ibv_cq* cq = ibv_create_cq(dev_.context(), size, this, dev_.completionChannel(), 0);
+  auto notify = std::make_unique<Notify>();
+  notify->owner = this;
+  ibv_cq* cq = ibv_create_cq(dev_.context(), size, notify.get(), dev_.completionChannel(), 0);
   if (!cq)
     throwComm(str("ibv_create_cq(", size, ") on ", dev_.describe(), " failed: ", std::strerror(errno),
                   " (if ENOMEM: raise the memlock limit, `ulimit -l unlimited`)"));
-  cqs_.push_back({cq, size, entries});
+  cqs_.push_back({cq, size, entries, std::move(notify)});
   return cq;
 }
 
@@ -52,14 +54,24 @@ int CqSet::poll(ibv_wc* wcs, int max) {
 
 bool CqSet::arm() {
   if (!dev_.completionChannel()) return false;
-  // Re-arming an armed CQ is harmless.
-  for (auto& c : cqs_)
-    if (ibv_req_notify_cq(c.cq, 0) != 0) return false;
+  for (auto& c : cqs_) {
+    // Still armed, or its event not read yet (which wakes the group): leave it.
+    if (c.notify->armed.load(std::memory_order_acquire)) continue;
+    // Set before the request: its event may be read (and clear it) at once.
+    c.notify->armed.store(true, std::memory_order_relaxed);
+    if (ibv_req_notify_cq(c.cq, 0) != 0) {
+      c.notify->armed.store(false, std::memory_order_relaxed);
+      return false;
+    }
+  }
   return true;
 }
 
-void CqSet::notified() {
-  if (wake_) wake_->wake();
+void CqSet::Notify::fired() {
+  // Release: the reader's ibv_get_cq_event (which advances the arming
+  // sequence) happens before the group's next arm() sees false.
+  armed.store(false, std::memory_order_release);
+  if (owner->wake_) owner->wake_->wake();
 }
 
 std::string CqSet::errorOn(const VerbsDevice& dev) const {

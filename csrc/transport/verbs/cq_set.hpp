@@ -9,6 +9,8 @@
 #pragma once
 #include <infiniband/verbs.h>
 
+#include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,17 +35,31 @@ class CqSet {
   int poll(ibv_wc* wcs, int max);
 
   // Blocking waits: arms every CQ for its next completion, whose event wakes
-  // the group; false if none can be armed (no completion channel).
+  // the group; false if none can be armed (no completion channel). Call it
+  // after the group's wake-up is announced.
   bool arm();
-  // Called by the device's reader for an event of one of these CQs (already
-  // acknowledged), on the runtime thread.
-  void notified();
+
+  // One CQ's notification state: its cq_context, so that the device's
+  // reader (the runtime thread) finds it from an event.
+  struct Notify {
+    CqSet* owner;
+    // Armed and its event not yet read. A CQ is re-armed only once the
+    // reader has taken the event of its last arming: the providers advance
+    // the CQ's arming sequence number when the event is read (mlx4/mlx5:
+    // arm_sn), so an arming issued before that, on another thread, could
+    // use a stale number and be ignored. An unread event wakes the group
+    // anyway.
+    std::atomic<bool> armed{false};
+    // Called by the reader for an event of this CQ, already acknowledged.
+    void fired();
+  };
 
  private:
   struct Cq {
     ibv_cq* cq;
     int capacity;
     int reserved;
+    std::unique_ptr<Notify> notify;  // its cq_context (a stable address)
   };
   VerbsDevice& dev_;
   Wakeup* wake_;

@@ -4,12 +4,23 @@
 //
 // Why no group needs a guaranteed share (the landing pool would, so it stays
 // per group): a group takes a staging slot only to post a chunk the receiver
-// already granted a landing slot for, and the slot comes back at the write's
-// local completion, which the remote NIC's acknowledgement brings - no
-// software on either side has to act first (the receiver's queue pair has a
-// receive posted for every credit it granted). So a group that finds none
-// free waits a few microseconds for another group's chunk, never for
-// another group's progress; give() wakes the groups that found none.
+// already granted a landing slot for, and the write completes when the
+// remote NIC acknowledges it - no software on either side has to act first
+// (the receiver's queue pair has a receive posted for every credit it
+// granted). The owning group then gives the slot back when it polls that
+// completion, which its progress thread does promptly while it has chunks
+// in flight (a blocked wait is woken by the completion). So a group that
+// finds none free waits for other groups' chunks, not for their next
+// operation: no cycle between groups can form. The wait is longer when a
+// chunk's peer died (the queue pair's retries, ROCE_PG_IB_TIMEOUT /
+// ROCE_PG_IB_RETRY_CNT, until the flush) - the same wait that group's own
+// other chunks see.
+//
+// Fairness: a group that found none free queues (FIFO); a slot given back
+// while groups queue is handed to the first of them and wakes it, so a
+// group streaming copied chunks cannot take every slot back as it frees
+// them. A handed slot its group has not claimed within a millisecond
+// (it no longer needed one) may be taken by any group.
 //
 // Size: the most any of its groups asked for (verbsPoolSizes: a quarter of
 // ROCE_PG_IB_POOL_BYTES at most), not their sum. A group asking more than
@@ -17,7 +28,9 @@
 // regions stay until the last group using the pool goes, so creating and
 // destroying groups of one shape registers nothing new.
 #pragma once
+#include <chrono>
 #include <cstddef>
+#include <deque>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -52,12 +65,14 @@ class StagingPool {
     char* data = nullptr;
     uint32_t lkey[kMaxRails] = {};  // per rail
   };
-  // A free slot, or false: then `hungry` (may be null) is woken by the next
-  // give().
-  bool tryTake(Slot* slot, Wakeup* hungry);
+  // A free slot (or one handed to `group`), or false: then `group` queues
+  // and is woken when a slot is handed to it. `group` identifies the group
+  // (its wake-up); null: no queueing.
+  bool tryTake(Slot* slot, Wakeup* group);
   void give(uint32_t id);
-  // A group going: its wake-up must not be called any more.
-  void forget(Wakeup* hungry);
+  // A group going: it leaves the queue, slots handed to it go to the next,
+  // and its wake-up is not called any more.
+  void forget(Wakeup* group);
 
   uint32_t slots() const;
 
@@ -66,9 +81,18 @@ class StagingPool {
  private:
   const Rails rails_;
   const size_t stride_;
+  struct Handed {
+    uint32_t id;
+    Wakeup* to;
+    std::chrono::steady_clock::time_point at;
+  };
+  void fill(uint32_t id, Slot* slot) const;  // under mu_
+  void release(uint32_t id);                  // under mu_: to the first queued group, or free
+
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<SlotPool>> regions_;  // never shrinks while the pool lives
-  std::vector<Wakeup*> hungry_;
+  std::deque<Wakeup*> queued_;   // groups that found none free, first come first served
+  std::vector<Handed> handed_;   // slots given back to a queued group, not claimed yet
 };
 
 }  // namespace roce

@@ -1,6 +1,7 @@
 // Progress: completions from the CQs (control messages, landed chunks, sends
 // that finished), connections being set up, queued work that may now go;
-// idle waits on the completion channel; and what happens when a peer fails.
+// idle waits arm the CQs (the process's completion channel wakes the group);
+// and what happens when a peer fails.
 #include <arpa/inet.h>
 #include <poll.h>
 #include <sys/socket.h>

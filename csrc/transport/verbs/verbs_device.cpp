@@ -107,13 +107,27 @@ std::string VerbsDevice::cqError(const ibv_cq* cq) const {
 }
 
 void VerbsDevice::addPollFds(std::vector<pollfd>& fds) {
-  fds.push_back({ctx_->async_fd, POLLIN, 0});
-  if (channel_) fds.push_back({channel_->fd, POLLIN, 0});
+  // Always two entries (polled() finds them by position); -1: not polled.
+  fds.push_back({asyncBroken_ ? -1 : ctx_->async_fd, POLLIN, 0});
+  fds.push_back({channel_ && !channelBroken_ ? channel_->fd : -1, POLLIN, 0});
 }
 
 void VerbsDevice::polled(const pollfd* fds, size_t n) {
+  // A descriptor in error (the device was removed) would wake the runtime
+  // thread for ever: stop polling it. The groups on the device fail by
+  // their own checks (asyncError, their queue pairs' completions).
+  auto broken = [&](const pollfd& p, bool& flag, const char* what) {
+    if (!(p.revents & (POLLERR | POLLHUP | POLLNVAL)) || flag) return;
+    flag = true;
+    ROCE_WARN("verbs: the ", what, " of ", choice_.device, " reports an error; no longer polled",
+              " (device removed or reset?)");
+    std::lock_guard<std::mutex> g(mu_);
+    if (asyncError_.empty()) asyncError_ = str("the ", what, " of ", describe(), " failed (device removed or reset?)");
+  };
   if (n > 1 && (fds[1].revents & POLLIN)) forwardCqEvents();
   if (n > 0 && (fds[0].revents & POLLIN)) readAsyncEvents();
+  if (n > 1) broken(fds[1], channelBroken_, "completion channel");
+  if (n > 0) broken(fds[0], asyncBroken_, "asynchronous event descriptor");
 }
 
 void VerbsDevice::forwardCqEvents() {
@@ -121,18 +135,23 @@ void VerbsDevice::forwardCqEvents() {
   void* ctx = nullptr;
   std::lock_guard<std::mutex> g(cqEventsMu_);
   while (ibv_get_cq_event(channel_, &cq, &ctx) == 0) {  // non-blocking: until EAGAIN
-    // Acknowledged at once (under the lock destroyCq takes), so a group
-    // destroying its CQs never waits for this thread.
+    // Acknowledged at once, under the lock destroyCq takes: a group
+    // destroying its CQs waits at most for this loop, never for an ack.
     ibv_ack_cq_events(cq, 1);
-    if (ctx) static_cast<CqSet*>(ctx)->notified();
+    if (ctx) static_cast<CqSet::Notify*>(ctx)->fired();
   }
 }
 
 void VerbsDevice::destroyCq(ibv_cq* cq) {
+  int rc;
   {
     std::lock_guard<std::mutex> g(cqEventsMu_);
-    ibv_destroy_cq(cq);
+    // ibv_get_cq_event reads the context from the CQ: if the destroy fails
+    // (EBUSY), later events of this CQ find none instead of a freed CqSet.
+    cq->cq_context = nullptr;
+    rc = ibv_destroy_cq(cq);
   }
+  if (rc != 0) ROCE_WARN("ibv_destroy_cq on ", describe(), " failed (", rc, "): the CQ stays until the process exits");
   forget(cq);
 }
 

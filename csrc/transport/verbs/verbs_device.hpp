@@ -85,6 +85,7 @@ class VerbsDevice : public RuntimeService {
   ibv_pd* pd_ = nullptr;
   ibv_comp_channel* channel_ = nullptr;
   std::mutex cqEventsMu_;  // taking and acknowledging events vs destroying CQs (destroyCq)
+  bool asyncBroken_ = false, channelBroken_ = false;  // in error: no longer polled (runtime thread only)
   ibv_port_attr portAttr_{};
   ibv_device_attr devAttr_{};
   ibv_gid gid_{};

@@ -268,12 +268,14 @@ bool VerbsTransport::streamSends(int p) {
         if (pinned) break;  // the other channels' queue pairs may have room
         return moved;
       }
-      if (!pinned) peer.nextQp++;
       const uint64_t step = as.zc ? as.piece : slotBytes_;
       const uint64_t offset = as.posted * step;
       const uint64_t len = std::min<uint64_t>(step, as.r->len - std::min(as.r->len, offset));
       SlotHeader h{as.recvId, offset, len, as.zc ? kSlotZeroCopy : 0, 0, {}};
-      if (!postChunk(p, q, as, h, static_cast<const char*>(as.r->buf) + offset)) return moved;  // no staging slot
+      // No staging slot (the process's pool is shared): this message waits;
+      // a later zero-copy one needs none and may go.
+      if (!postChunk(p, q, as, h, static_cast<const char*>(as.r->buf) + offset)) break;
+      if (!pinned) peer.nextQp++;
       moved = true;
     }
   }
