@@ -11,7 +11,8 @@ so every peer is reached over the network transport, as on a cluster; with
 --transport verbs it needs an RDMA device (the Soft-RoCE VM). Counts are
 read from /proc/self (fd, task, net/tcp{,6} LISTEN sockets whose inodes the
 process holds) and from roce's counters (registered_bytes, summed over the
-groups; devices: verbs device contexts the process holds). Printed: the
+groups, plus the staging pool the process's groups share; devices: verbs
+device contexts the process holds). Printed: the
 maximum over ranks, and per extra group the growth from the first to the
 last point.
 """
@@ -35,8 +36,9 @@ def _snapshot(groups, backend):
     if backend == "roce":
         import roce_pg
 
-        registered = sum(roce_pg.counters(g)["registered_bytes"] for g in groups)
-        devices = roce_pg._C._runtime_stats()["verbs_devices"]  # RDMA device contexts this process holds
+        stats = roce_pg._C._runtime_stats()
+        registered = sum(roce_pg.counters(g)["registered_bytes"] for g in groups) + stats["verbs_staging_bytes"]
+        devices = stats["verbs_devices"]  # RDMA device contexts this process holds
     return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
             "listen": listening_ports(), "rss_kib": _rss_kib(), "registered": registered, "devices": devices}
 

@@ -293,12 +293,14 @@ def counters(group=None):
     staging: shared-memory rings and slots, verbs staging, early-arrival buffers),
     ops (operations begun), sends (messages posted: an algorithm's rounds),
     blocked_waits (times a wait found nothing to do for ROCE_PG_SPIN_US and
-    blocked in poll() on the sockets / completion channel / doorbell), inline_ops
+    blocked in poll() on the sockets / wake-up eventfd / doorbell), inline_ops
     (collectives run on the calling thread instead of the progress thread),
     bytes_zero_copy (verbs: payload the NIC read from / wrote into the user's
     buffer directly, counted by the sender), registrations (verbs: ibv_reg_mr
     calls of the registration cache), eager_sends (verbs: messages of at most
-    ROCE_PG_IB_EAGER_MAX_BYTES sent without waiting for the receiver's RTR), bytes_reduced_on_device (device
+    ROCE_PG_IB_EAGER_MAX_BYTES sent without waiting for the receiver's RTR), staging_waits (verbs: times
+    posting a copied chunk found the staging pool the process's groups share empty; counted per attempt),
+    bytes_reduced_on_device (device
     tensors: staged rows reduced on their device, ROCE_PG_DEVICE_REDUCE), device_bytes_staged (device tensor
     bytes copied through pinned host buffers), device_bytes_direct (device tensor bytes handed to the verbs
     transport itself: GPUDirect RDMA, ROCE_PG_GPUDIRECT), worker_slices (slices of local copies
@@ -306,8 +308,9 @@ def counters(group=None):
     reset_counters(), except
     three gauges: cached_mrs (the memory registrations the verbs cache holds now), connections (network peers
     connected: TCP sockets, or verbs peers with queue pairs; peers are connected when first needed) and
-    registered_bytes (what the verbs transport registered for its own buffers: landing and staging pools and
-    control rings, not user tensors)."""
+    registered_bytes (what the verbs transport registered for this group's own buffers: its landing pool and
+    control rings; not user tensors, and not the staging pool, which the process's groups share:
+    _C._runtime_stats()["verbs_staging_bytes"])."""
     return _roce_backend(group)._counters()
 
 

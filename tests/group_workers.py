@@ -227,11 +227,61 @@ def verbs_groups(rank, world, port):
     c = roce_pg.counters(extra)
     # Its pools follow its peers over verbs (world - 1 here), not the
     # 16 + 4 MiB ceiling: the formula the README states and the doctor uses.
+    # The staging pool is the process's, registered once (by the world group,
+    # which reaches as many peers): the group's own counter leaves it out.
     out["registered"] = {"world": roce_pg.counters()["registered_bytes"], "extra": c["registered_bytes"],
                          "formula": roce_pg._C.verbs_registered_bytes(c["connections"], routed=world - 1),
-                         "ceiling": roce_pg._C.verbs_registered_bytes(c["connections"], routed=1 << 20)}
+                         "ceiling": roce_pg._C.verbs_registered_bytes(c["connections"], routed=1 << 20),
+                         "staging": roce_pg._C._runtime_stats()["verbs_staging_bytes"],
+                         "staging_formula": roce_pg._C.verbs_staging_bytes(world - 1)}
     assert roce_pg._C._runtime_stats()["verbs_devices"] == 1
     two_threads(rank, world, port, rounds=10)
+    dist.barrier()
+    return out
+
+
+def staging_shared(rank, world, port, threads=3, rounds=6):
+    """Issue 27 over verbs: every group of a process copies its chunks out of
+    the process's one staging pool. Run with a pool of a few slots and zero
+    copy off, three groups' allreduces from three threads at once compete for
+    them (a group that finds none waits for another group's completion):
+    exact sums, the process registers the one pool's bytes, and no group's
+    counter includes them. The groups are then destroyed mid-life of the
+    pool; the world group still gets every slot back (a leaked slot would
+    stall its copied chunks)."""
+    groups = [dist.new_group(list(range(world))) for _ in range(threads)]
+    errors = []
+
+    def work(g, k):
+        try:
+            for i in range(rounds):
+                _check_allreduce(g, range(world), rank, n=(1 << 16) + 1000 * k + i)  # many chunks each
+        except BaseException as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(g, k)) for k, g in enumerate(groups)]
+    for t in ts:
+        t.start()
+    for i in range(rounds):
+        _check_allreduce(None, range(world), rank, n=(1 << 15) + i)
+    for t in ts:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in ts), "a group's thread did not finish"
+    if errors:
+        raise errors[0]
+    stats = roce_pg._C._runtime_stats()
+    own = [roce_pg.counters(g)["registered_bytes"] for g in groups]
+    out = {"waits": sum(roce_pg.counters(g)["staging_waits"] for g in groups),
+           "staging": stats["verbs_staging_bytes"], "staging_formula": roce_pg._C.verbs_staging_bytes(world - 1),
+           "own": own, "own_formula": [roce_pg._C.verbs_registered_bytes(roce_pg.counters(g)["connections"],
+                                                                         routed=world - 1)
+                                       - roce_pg._C.verbs_staging_bytes(world - 1) for g in groups]}
+    dist.barrier()
+    for g in groups:
+        dist.destroy_process_group(g)
+    for i in range(rounds):
+        _check_allreduce(None, range(world), rank, n=(1 << 16) + i)
+    out["staging_after"] = roce_pg._C._runtime_stats()["verbs_staging_bytes"]
     dist.barrier()
     return out
 

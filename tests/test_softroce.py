@@ -208,7 +208,21 @@ def test_subgroups_over_verbs_form_from_the_world_and_share_its_device(one_vm):
         assert r["ops"] and all(v == 0 for v in r["ops"].values()), r["ops"]
         assert r["stats"]["verbs_devices"] == 1, r["stats"]
         reg = r["registered"]
-        assert reg["extra"] == reg["formula"] and reg["extra"] < reg["ceiling"] // 3, reg
+        # The staging pool is the process's: registered once, not per group.
+        assert reg["staging"] == reg["staging_formula"] > 0, reg
+        assert reg["extra"] == reg["formula"] - reg["staging"] and reg["extra"] < reg["ceiling"] // 3, reg
+
+
+def test_groups_over_verbs_share_one_staging_pool(one_vm):
+    """Issue 27: with three staging slots per process and zero copy off, three
+    groups' allreduces from three threads (and the world group's on the main
+    thread) share the process's one staging pool: exact sums, the process
+    registers it once, no group's counter includes it, and after the groups
+    are destroyed the world group still has every slot."""
+    for r in _group(one_vm, "staging_shared/verbs3")["results"]:
+        assert r["staging"] == r["staging_formula"] == r["staging_after"] > 0, r
+        assert r["own"] == r["own_formula"], r
+        assert r["waits"] > 0, r  # the pool ran dry, so the wait-and-wake path ran
 
 
 def test_two_nics_carry_one_group_and_a_downed_nic_fails_it_clearly(one_vm):

@@ -267,6 +267,10 @@ class Communicator {
   std::vector<std::string> hostNames_;  // per rank, for messages
   std::vector<TcpEndpoint> endpoints_;  // per rank: its process's listener (loopback on this host)
   std::vector<uint64_t> nonces_;        // per rank: what it published; the front desk's key for its connections
+  // blockUntilActivity and the engine's idle wait (waitIdle). Declared
+  // before the transports, so it outlives them: the runtime thread forwards
+  // their completion events to it until their CQs are gone.
+  Wakeup wakeup_;
   std::vector<std::unique_ptr<Transport>> transports_;
   // Network peers' connections, made on demand (null without network peers;
   // destroyed before the transports, see the member order below).
@@ -277,7 +281,6 @@ class Communicator {
   Counters counters_;
   OpProgress progress_;  // before lifeline_: the runtime thread reads this until the lifeline detaches
   std::vector<Request*> anySource_;
-  Wakeup wakeup_;                // blockUntilActivity and the engine's idle wait (waitIdle)
   std::vector<pollfd> waitFds_;  // reused by blockUntilActivity
   std::vector<pollfd> idleFds_;  // reused by waitIdle
   std::deque<Request> owned_;  // requests created by post(kind, ...); see there

@@ -133,6 +133,14 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
   if (!wakeup_.valid()) return Blocked::Cannot;
   waitFds_.clear();
   waitFds_.push_back(pollfd{wakeup_.fd(), POLLIN, 0});
+  // Announced before the transports prepare: a waker that acts while they do
+  // (the runtime thread forwarding a verbs completion event, which a CQ
+  // armed just before may raise at once) must find the announcement and
+  // write. Withdrawn on every exit, a throw from progress() included: an
+  // announcement left standing would keep the eventfd set for good
+  // (Wakeup clears it only when no waiter is left), and every later wait of
+  // the group would spin.
+  Wakeup::Announcement announced(wakeup_);
   // A transport that prepared may have announced the sleep to its peers (the
   // shared-memory doorbell): every exit below, a throw included, ends its
   // wait with afterWait().
@@ -148,11 +156,6 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
     ++endWait.prepared;
   }
   if (connections_) connections_->addPollFds(waitFds_);
-  // Withdrawn on every exit, a throw from progress() included: an
-  // announcement left standing would keep the eventfd set for good
-  // (Wakeup clears it only when no waiter is left), and every later wait of
-  // the group would spin.
-  Wakeup::Announcement announced(wakeup_);
   // What arrived before the transports armed their notifications (and before
   // the doorbell's announcement) raises no event: look once more. Then the
   // conditions a waker sets.

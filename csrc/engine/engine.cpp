@@ -266,11 +266,15 @@ void Engine::loop() {
       idle.moved();
     }
     if (!inflight_.empty()) {
-      bool moved = false;
       try {
-        moved = comm_->progress();
+        const bool moved = comm_->progress();
         pollInflight();
         if (!inflight_.empty()) comm_->checkHealth();
+        // Inside the try: the idle wait re-checks by progressing too, and a
+        // throw there (a dial failing with EMFILE) must fail the pending work,
+        // not end the process in std::terminate.
+        if (moved) idle.moved();
+        else if (!next && !inflight_.empty()) comm_->idleRound(idle, workQueued);
       } catch (const Error& e) {
         failInflight(e.what());  // a peer failed while only asynchronous work was pending
       } catch (const std::exception& e) {
@@ -278,8 +282,6 @@ void Engine::loop() {
       } catch (...) {
         failInflight("roce: the progress engine failed with an unknown exception");
       }
-      if (moved) idle.moved();
-      else if (!next && !inflight_.empty()) comm_->idleRound(idle, workQueued);
     }
   }
   // Stopping: fail what is left.

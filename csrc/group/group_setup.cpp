@@ -237,7 +237,10 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
     if (viaNet[r]) routes_[r] = transports_.back().get();
   viaShm_.assign(size, false);
   for (int r = 0; r < size; ++r) viaShm_[r] = routes_[r] && !viaNet[r];
-  for (auto& t : transports_) t->setCounters(&counters_);
+  for (auto& t : transports_) {
+    t->setCounters(&counters_);
+    t->setWakeup(&wakeup_);
+  }
   if (anyNet) {
     // The mailbox stays open for the group's life: peers connect when they
     // first need this rank (TCP: the socket carries the data; verbs: it

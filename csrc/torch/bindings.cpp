@@ -75,6 +75,7 @@ PYBIND11_MODULE(_C, m) {
              d["bytes_zero_copy"] = get(c.bytesZeroCopy);
              d["registrations"] = get(c.registrations);
              d["eager_sends"] = get(c.eagerSends);
+             d["staging_waits"] = get(c.stagingWaits);
              d["bytes_reduced_on_device"] = get(c.bytesReducedOnDevice);
              d["device_bytes_staged"] = get(c.deviceBytesStaged);
              d["device_bytes_direct"] = get(c.deviceBytesDirect);
@@ -238,6 +239,12 @@ PYBIND11_MODULE(_C, m) {
         return roce::verbsRegisteredBytes(roce::Config::fromEnv(), peers, rails, routed);
       },
       py::arg("peers"), py::arg("rails") = 1, py::arg("routed") = -1);
+  // Of those, the staging pool's, which the process's groups share (so a
+  // group's counters leave it out; _runtime_stats()["verbs_staging_bytes"]).
+  m.def(
+      "verbs_staging_bytes",
+      [](int routed, int rails) { return roce::verbsStagingBytes(roce::Config::fromEnv(), rails, routed); },
+      py::arg("routed"), py::arg("rails") = 1);
   // The ports this process would drive with its ROCE_PG_* settings, as
   // [{"device", "port", "gid_index", "numa_node", "pci"}], and why none when empty
   // (the doctor's rank -> NIC row); `rank` spreads ranks over more than 4 ports.
@@ -296,6 +303,7 @@ PYBIND11_MODULE(_C, m) {
     d["parked"] = rt.desk().parked();
     d["services"] = rt.services();
     d["verbs_devices"] = roce::VerbsDevice::openCount();
+    d["verbs_staging_bytes"] = roce::StagingPool::processBytes();  // shared by the process's groups
     return d;
   });
   // The settings every rank of a group must share ("NAME=value ..."): what

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "../common/counters.hpp"
+#include "../common/wakeup.hpp"
 
 namespace roce {
 
@@ -146,15 +147,22 @@ class Transport {
 
   // Where copies into or out of staging are counted (set by the Communicator).
   void setCounters(Counters* c) { counters_ = c; }
+  // The group's wake-up (set by the Communicator, outlives the transport): a
+  // transport whose events arrive on another thread (verbs: the process's
+  // completion channel, read by the runtime thread) wakes the group's
+  // blocked wait through it.
+  void setWakeup(Wakeup* w) { wakeup_ = w; }
 
  protected:
   void countCopied(size_t n) {
     if (counters_) Counters::add(counters_->bytesCopied, n);
   }
   Counters* counters() const { return counters_; }
+  Wakeup* wakeup() const { return wakeup_; }
 
  private:
   Counters* counters_ = nullptr;
+  Wakeup* wakeup_ = nullptr;
 };
 
 }  // namespace roce

@@ -94,6 +94,10 @@ def groups(phases):
         # issue 27: subgroups from the world's roster, one device context per process
         g["shared_runtime/verbs4"] = _group("verbs4", "tests.group_workers.verbs_groups",
                                             env={"ROCE_PG_SUBGROUPS": "parent"})
+        # issue 27: one staging pool per process, 3 slots (1 MiB pool), zero
+        # copy off: three groups from three threads compete for it
+        g["staging_shared/verbs3"] = _group("verbs3", "tests.group_workers.staging_shared",
+                                            env={"ROCE_PG_IB_POOL_BYTES": "1M", "ROCE_PG_IB_ZERO_COPY_MIN_BYTES": "0"})
         g["skipped_collective/verbs2"] = _group("verbs2", "tests.api_workers.skipped_collective",
                                                 env={"TEST_PG_TIMEOUT_S": "3"})
         g["per_call_timeout/verbs2"] = _group("verbs2", "tests.api_workers.per_call_timeout",

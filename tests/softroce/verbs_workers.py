@@ -195,18 +195,24 @@ def _link_down_during_allreduce(t, downs_it, netdev, scratch, cap_s, wall=False)
     return res
 
 
-def _qps_of_this_process():
-    """Queue pairs this process owns, from `rdma res show qp` (netlink). Its
-    "pid" is the id of the thread that created the QP (the progress thread,
-    or a caller running a collective inline), so match every thread's id."""
+def _qp_lines_of_this_process():
+    """Queue pairs this process owns, from `rdma res show qp` (netlink), one
+    line each. Its "pid" is the id of the thread that created the QP (the
+    progress thread, or a caller running a collective inline), so match every
+    thread's id."""
     tids = set(os.listdir("/proc/self/task"))
     out = subprocess.run(["rdma", "res", "show", "qp"], capture_output=True, text=True, timeout=30).stdout
-    count = 0
+    mine = []
     for line in out.splitlines():
         words = line.split()
         pid = words[words.index("pid") + 1] if "pid" in words[:-1] else None
-        count += pid in tids
-    return count
+        if pid in tids:
+            mine.append(line.strip())
+    return mine
+
+
+def _qps_of_this_process():
+    return len(_qp_lines_of_this_process())
 
 
 def _store_barrier(name, world):
@@ -230,7 +236,9 @@ def verbs_at_scale(rank, world, port, big_numel=(1 << 20) // 8):
         dist.all_reduce(t)
         assert torch.equal(t, torch.arange(numel, dtype=torch.int64) * (world * (world + 1) // 2)), numel
     c = roce_pg.counters()
-    out.update(rd_connections=c["connections"], rd_registered=c["registered_bytes"], rd_qps=_qps_of_this_process(),
+    # The group's own bytes plus the process's staging pool (which it made).
+    registered = c["registered_bytes"] + roce_pg._C._runtime_stats()["verbs_staging_bytes"]
+    out.update(rd_connections=c["connections"], rd_registered=registered, rd_qps=_qps_of_this_process(),
                formula_3_peers=roce_pg._C.verbs_registered_bytes(3, routed=world - 1))
     _store_barrier("rd", world)
     # A second group whose allreduce is the ring: ring neighbours only.
@@ -239,7 +247,9 @@ def verbs_at_scale(rank, world, port, big_numel=(1 << 20) // 8):
     t = torch.full((4096,), rank + 1, dtype=torch.int64)
     dist.all_reduce(t, group=ring)
     assert torch.equal(t, torch.full((4096,), world * (world + 1) // 2, dtype=torch.int64))
-    out.update(ring_connections=roce_pg.counters(ring)["connections"], all_qps=_qps_of_this_process())
+    lines = _qp_lines_of_this_process()
+    out.update(ring_connections=roce_pg.counters(ring)["connections"], all_qps=len(lines),
+               qp_lines=lines if len(lines) != 5 else [])  # what an unexpected count was made of
     dist.barrier(group=ring)
     dist.destroy_process_group(ring)
     return out

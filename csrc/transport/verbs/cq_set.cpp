@@ -1,12 +1,11 @@
 #include "cq_set.hpp"
 
-#include <fcntl.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "../../common/error.hpp"
+#include "../../common/wakeup.hpp"
 #include "verbs_device.hpp"
 
 namespace roce {
@@ -16,25 +15,10 @@ namespace {
 constexpr int kMinCqEntries = 4096;
 }  // namespace
 
-CqSet::CqSet(VerbsDevice& dev) : dev_(dev) {
-  channel_ = ibv_create_comp_channel(dev_.context());
-  if (channel_) {
-    // Non-blocking, so that consuming an event never blocks the progress thread.
-    const int fl = fcntl(channel_->fd, F_GETFL);
-    if (fl < 0 || fcntl(channel_->fd, F_SETFL, fl | O_NONBLOCK) != 0) {
-      ibv_destroy_comp_channel(channel_);
-      channel_ = nullptr;  // waits then poll instead of blocking
-    }
-  }
-}
+CqSet::CqSet(VerbsDevice& dev, Wakeup* wake) : dev_(dev), wake_(wake) {}
 
 CqSet::~CqSet() {
-  for (auto& c : cqs_) {
-    if (c.unacked) ibv_ack_cq_events(c.cq, c.unacked);
-    ibv_destroy_cq(c.cq);
-    dev_.forget(c.cq);
-  }
-  if (channel_) ibv_destroy_comp_channel(channel_);
+  for (auto& c : cqs_) dev_.destroyCq(c.cq);  // events read were acknowledged at once
 }
 
 ibv_cq* CqSet::reserve(int entries) {
@@ -46,11 +30,13 @@ ibv_cq* CqSet::reserve(int entries) {
   if (size < entries)
     throwComm(str(dev_.describe(), " allows ", dev_.deviceAttr().max_cqe, " completions per CQ, fewer than the ",
                   entries, " one peer's queue pairs need: lower ROCE_PG_IB_QPS_PER_CONNECTION or ROCE_PG_IB_SLOTS"));
-  ibv_cq* cq = ibv_create_cq(dev_.context(), size, nullptr, channel_, 0);
+  auto notify = std::make_unique<Notify>();
+  notify->owner = this;
+  ibv_cq* cq = ibv_create_cq(dev_.context(), size, notify.get(), dev_.completionChannel(), 0);
   if (!cq)
     throwComm(str("ibv_create_cq(", size, ") on ", dev_.describe(), " failed: ", std::strerror(errno),
                   " (if ENOMEM: raise the memlock limit, `ulimit -l unlimited`)"));
-  cqs_.push_back({cq, size, entries, 0});
+  cqs_.push_back({cq, size, entries, std::move(notify)});
   return cq;
 }
 
@@ -67,27 +53,25 @@ int CqSet::poll(ibv_wc* wcs, int max) {
 
 
 bool CqSet::arm() {
-  if (!channel_) return false;
-  // Re-arming an armed CQ is harmless.
-  for (auto& c : cqs_)
-    if (ibv_req_notify_cq(c.cq, 0) != 0) return false;
+  if (!dev_.completionChannel()) return false;
+  for (auto& c : cqs_) {
+    // Still armed, or its event not read yet (which wakes the group): leave it.
+    if (c.notify->armed.load(std::memory_order_acquire)) continue;
+    // Set before the request: its event may be read (and clear it) at once.
+    c.notify->armed.store(true, std::memory_order_relaxed);
+    if (ibv_req_notify_cq(c.cq, 0) != 0) {
+      c.notify->armed.store(false, std::memory_order_relaxed);
+      return false;
+    }
+  }
   return true;
 }
 
-void CqSet::consumeEvents() {
-  if (!channel_) return;
-  ibv_cq* cq = nullptr;
-  void* ctx = nullptr;
-  while (ibv_get_cq_event(channel_, &cq, &ctx) == 0) {  // EAGAIN ends it
-    for (auto& c : cqs_)
-      if (c.cq == cq) {
-        // Acknowledged in batches: each ack takes a lock in the provider.
-        if (++c.unacked >= 64) {
-          ibv_ack_cq_events(c.cq, c.unacked);
-          c.unacked = 0;
-        }
-      }
-  }
+void CqSet::Notify::fired() {
+  // Release: the reader's ibv_get_cq_event (which advances the arming
+  // sequence) happens before the group's next arm() sees false.
+  armed.store(false, std::memory_order_release);
+  if (owner->wake_) owner->wake_->wake();
 }
 
 std::string CqSet::errorOn(const VerbsDevice& dev) const {

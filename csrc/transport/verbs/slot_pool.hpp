@@ -1,9 +1,9 @@
 // A registered region cut into fixed-size slots, shared by every peer of a
 // rank (issue 19: registered memory per rank independent of the world size).
-// The verbs transport has two: the landing pool, which peers write chunks
-// into (remote write; slots are granted to peers, see verbs_transport.hpp),
-// and the staging pool, which copied chunks are sent from. Registered on
-// every rail (memory_region.hpp).
+// The verbs transport's landing pool, which peers write chunks into (remote
+// write; slots are granted to peers, see verbs_transport.hpp), is one; the
+// process's staging pool, which copied chunks are sent from, is made of
+// them (staging_pool.hpp). Registered on every rail (memory_region.hpp).
 #pragma once
 #include <infiniband/verbs.h>
 
@@ -27,6 +27,7 @@ class SlotPool {
   uint32_t count() const { return count_; }
   size_t stride() const { return stride_; }
   size_t bytes() const { return static_cast<size_t>(count_) * stride_; }
+  size_t registeredBytes() const { return mrs_.bytes(); }  // pinned, page-rounded, summed over rails
   char* slot(uint32_t i) const { return base_ + static_cast<size_t>(i) * stride_; }
   uint64_t address() const { return reinterpret_cast<uint64_t>(base_); }
   uint32_t lkey(int rail) const { return mrs_.lkey(rail); }

@@ -1,6 +1,7 @@
 // Progress: completions from the CQs (control messages, landed chunks, sends
 // that finished), connections being set up, queued work that may now go;
-// idle waits on the completion channel; and what happens when a peer fails.
+// idle waits arm the CQs (the process's completion channel wakes the group);
+// and what happens when a peer fails.
 #include <arpa/inet.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -36,9 +37,9 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
     case kWrData: {
       Pair::retire(peer.qps[wrQp(wc.wr_id)]);
       const uint32_t slot = wrIndex(wc.wr_id);
-      ActiveSend* as = stagingOwner_[slot].send;
-      stagingOwner_[slot] = {};
-      staging_->give(slot);
+      auto it = stagingOwner_.find(slot);
+      ActiveSend* as = it == stagingOwner_.end() ? nullptr : it->second.send;
+      giveStaging(slot);
       sent(as);
       break;
     }
@@ -266,20 +267,15 @@ bool VerbsTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
     if (peer.deadReason.empty() && peer.sock >= 0 && !peer.ready())
       fds.push_back(pollfd{peer.sock, static_cast<short>(POLLIN | (peer.outbuf.empty() ? 0 : POLLOUT)), 0});
   }
-  // Nothing connected (no CQs): only sockets to watch. Every other event is
-  // a completion: the peer's control messages and chunks (receives), and the
-  // send completions that free queue slots, on any rail's channel.
+  // Every other event is a completion (the peer's control messages and
+  // chunks, and the send completions that free queue slots, on any rail):
+  // armed here, it wakes the group's wake-up descriptor, which the waiter
+  // polls already (the process's completion channel, read by the runtime
+  // thread: verbs_device.hpp). Nothing connected yet: no CQs, only sockets.
+  if (!wakeup()) return cqs_.empty();
   for (auto& cqs : cqs_)
-    if (!cqs->arm() || cqs->channelFd() < 0) return false;
-  for (auto& cqs : cqs_) fds.push_back(pollfd{cqs->channelFd(), POLLIN, 0});
-  armed_ = !cqs_.empty();
+    if (!cqs->arm()) return false;
   return true;
-}
-
-void VerbsTransport::afterWait() {
-  if (!armed_) return;
-  for (auto& cqs : cqs_) cqs->consumeEvents();
-  armed_ = false;
 }
 
 std::string VerbsTransport::checkPeers() {
@@ -342,11 +338,10 @@ void VerbsTransport::killPeer(int p, const std::string& why) {
           landingOwner_[s] = -1;
           landing_->give(s);
         }
-      for (uint32_t s = 0; s < stagingOwner_.size(); ++s)
-        if (stagingOwner_[s].peer == p) {
-          stagingOwner_[s] = {};
-          staging_->give(s);
-        }
+      std::vector<uint32_t> held;
+      for (const auto& [id, use] : stagingOwner_)
+        if (use.peer == p) held.push_back(id);
+      for (uint32_t id : held) giveStaging(id);
     }
     peer.granted = 0;
   }

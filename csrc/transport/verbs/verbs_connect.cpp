@@ -66,8 +66,12 @@ size_t verbsRegisteredBytes(const Config& cfg, int peers, int rails, int routedP
   const VerbsPoolSizes pools = verbsPoolSizes(cfg, strideOf(cfg.ibSlotBytes), routedPeers < 0 ? peers : routedPeers);
   const size_t perPeer = static_cast<size_t>(qps) *
                          (recvDepth(cfg.ibSlots, 1 << 30) + sendDepth(cfg.ibSlots, 1 << 30)) * kCtrlBytes;
-  return static_cast<size_t>(rails) *
-         (pageRound(pools.landing) + pageRound(pools.staging) + static_cast<size_t>(peers) * perPeer);
+  return static_cast<size_t>(rails) * (pageRound(pools.landing) + static_cast<size_t>(peers) * perPeer) +
+         verbsStagingBytes(cfg, rails, routedPeers < 0 ? peers : routedPeers);
+}
+
+size_t verbsStagingBytes(const Config& cfg, int rails, int routedPeers) {
+  return static_cast<size_t>(rails) * pageRound(verbsPoolSizes(cfg, strideOf(cfg.ibSlotBytes), routedPeers).staging);
 }
 
 VerbsTransport::VerbsTransport(int rank, int size, Rails rails, const Config& cfg, int qpsPerPeer,
@@ -116,6 +120,12 @@ VerbsTransport::~VerbsTransport() {
   // Queue pairs before the CQs, pools and registrations they use.
   for (int p : live_) peers_[p]->release();
   peers_.clear();
+  // No queue pair reads them any more: this group's staging slots in flight
+  // go back to the process's pool, and no give() may wake this group now.
+  if (staging_) {
+    staging_->forget(wakeup());
+    for (const auto& [id, use] : stagingOwner_) staging_->give(id);
+  }
 }
 
 Pair& VerbsTransport::peerOf(int p) {
@@ -139,19 +149,19 @@ void VerbsTransport::ensurePools() {
   // All or nothing: a registration that fails (memlock) leaves no half set
   // behind for the next connection to add to.
   std::vector<std::unique_ptr<CqSet>> cqs;
-  for (const auto& dev : rails_) cqs.push_back(std::make_unique<CqSet>(*dev));
+  for (const auto& dev : rails_) cqs.push_back(std::make_unique<CqSet>(*dev, wakeup()));
   auto landing = std::make_unique<SlotPool>(rails_, pools_.landing, stride_,
                                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "landing pool", counters());
   // Copied chunks in flight across all peers (each peer's credits); at most
   // a quarter of ROCE_PG_IB_POOL_BYTES (most large messages go zero copy and
-  // need no staging).
-  auto staging = std::make_unique<SlotPool>(rails_, pools_.staging, stride_,
-                                            IBV_ACCESS_LOCAL_WRITE, "staging pool", counters());
+  // need no staging). The process's pool: it grows only if this group asks
+  // more than every group before it.
+  auto staging = StagingPool::shared(rails_, stride_);
+  staging->reserve(static_cast<uint32_t>(pools_.staging / stride_));
   cqs_ = std::move(cqs);
   landing_ = std::move(landing);
   staging_ = std::move(staging);
   landingOwner_.assign(landing_->count(), -1);
-  stagingOwner_.assign(staging_->count(), {});
 }
 
 void VerbsTransport::adoptConnection(int p, int fd) {

@@ -14,6 +14,7 @@
 #include "../../common/config.hpp"
 #include "../../common/error.hpp"
 #include "../../common/log.hpp"
+#include "cq_set.hpp"
 
 namespace roce {
 
@@ -49,6 +50,15 @@ VerbsDevice::VerbsDevice(const VerbsPortChoice& choice, const Config& cfg) : cho
   if (!pd_) throwComm(str("ibv_alloc_pd on ", choice.device, " failed: ", std::strerror(errno)));
   int fl = fcntl(ctx_->async_fd, F_GETFL);
   fcntl(ctx_->async_fd, F_SETFL, fl | O_NONBLOCK);
+  channel_ = ibv_create_comp_channel(ctx_);
+  if (channel_) {
+    // Non-blocking: the runtime thread reads events until EAGAIN.
+    const int cfl = fcntl(channel_->fd, F_GETFL);
+    if (cfl < 0 || fcntl(channel_->fd, F_SETFL, cfl | O_NONBLOCK) != 0) {
+      ibv_destroy_comp_channel(channel_);
+      channel_ = nullptr;  // blocked waits poll instead
+    }
+  }
   runtime_ = &ProcessRuntime::get();
   runtime_->attach(this);  // its async events
   attached_ = true;
@@ -61,6 +71,7 @@ VerbsDevice::~VerbsDevice() {
     runtime_->detach(this);  // the runtime it attached to (a forked child has another)
     devicesOpen.fetch_sub(1);
   }
+  if (channel_) ibv_destroy_comp_channel(channel_);  // its CQs went with the groups
   if (pd_) ibv_dealloc_pd(pd_);
   if (ctx_) ibv_close_device(ctx_);
 }
@@ -95,10 +106,56 @@ std::string VerbsDevice::cqError(const ibv_cq* cq) const {
   return it == objectErrors_.end() ? std::string() : it->second;
 }
 
-void VerbsDevice::addPollFds(std::vector<pollfd>& fds) { fds.push_back({ctx_->async_fd, POLLIN, 0}); }
+void VerbsDevice::addPollFds(std::vector<pollfd>& fds) {
+  // Always two entries (polled() finds them by position); -1: not polled.
+  fds.push_back({asyncBroken_ ? -1 : ctx_->async_fd, POLLIN, 0});
+  fds.push_back({channel_ && !channelBroken_ ? channel_->fd : -1, POLLIN, 0});
+}
 
 void VerbsDevice::polled(const pollfd* fds, size_t n) {
-  if (n == 0 || !(fds[0].revents & POLLIN)) return;
+  // A descriptor in error (the device was removed) would wake the runtime
+  // thread for ever: stop polling it. The groups on the device fail by
+  // their own checks (asyncError, their queue pairs' completions).
+  auto broken = [&](const pollfd& p, bool& flag, const char* what) {
+    if (!(p.revents & (POLLERR | POLLHUP | POLLNVAL)) || flag) return;
+    flag = true;
+    ROCE_WARN("verbs: the ", what, " of ", choice_.device, " reports an error; no longer polled",
+              " (device removed or reset?)");
+    std::lock_guard<std::mutex> g(mu_);
+    if (asyncError_.empty()) asyncError_ = str("the ", what, " of ", describe(), " failed (device removed or reset?)");
+  };
+  if (n > 1 && (fds[1].revents & POLLIN)) forwardCqEvents();
+  if (n > 0 && (fds[0].revents & POLLIN)) readAsyncEvents();
+  if (n > 1) broken(fds[1], channelBroken_, "completion channel");
+  if (n > 0) broken(fds[0], asyncBroken_, "asynchronous event descriptor");
+}
+
+void VerbsDevice::forwardCqEvents() {
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  std::lock_guard<std::mutex> g(cqEventsMu_);
+  while (ibv_get_cq_event(channel_, &cq, &ctx) == 0) {  // non-blocking: until EAGAIN
+    // Acknowledged at once, under the lock destroyCq takes: a group
+    // destroying its CQs waits at most for this loop, never for an ack.
+    ibv_ack_cq_events(cq, 1);
+    if (ctx) static_cast<CqSet::Notify*>(ctx)->fired();
+  }
+}
+
+void VerbsDevice::destroyCq(ibv_cq* cq) {
+  int rc;
+  {
+    std::lock_guard<std::mutex> g(cqEventsMu_);
+    // ibv_get_cq_event reads the context from the CQ: if the destroy fails
+    // (EBUSY), later events of this CQ find none instead of a freed CqSet.
+    cq->cq_context = nullptr;
+    rc = ibv_destroy_cq(cq);
+  }
+  if (rc != 0) ROCE_WARN("ibv_destroy_cq on ", describe(), " failed (", rc, "): the CQ stays until the process exits");
+  forget(cq);
+}
+
+void VerbsDevice::readAsyncEvents() {
   ibv_async_event ev{};
   while (ibv_get_async_event(ctx_, &ev) == 0) {  // non-blocking: until EAGAIN
     const auto type = ev.event_type;

@@ -6,6 +6,11 @@
 // An asynchronous error that names a queue pair or CQ is kept for that object
 // only: one group's broken queue pair fails that group's peer, not the
 // groups beside it; a device or port error fails every group on the port.
+// One completion channel per port per process, too (issue 27: a descriptor
+// per group was one per rail): every group's CQs raise their events on it,
+// the runtime thread reads them and wakes the group whose CQ it was
+// (CqSet::notified). A woken group then polls its CQs on its own thread, as
+// before; only the blocked wait's wake-up takes the extra hop.
 #pragma once
 #include <infiniband/verbs.h>
 
@@ -54,6 +59,16 @@ class VerbsDevice : public RuntimeService {
   // Before a QP or CQ is destroyed: its error, if any, must not be pinned on
   // a later object at the same address (the device outlives the groups).
   void forget(const void* object);
+  // The process's completion channel on this port (null if the provider has
+  // none: blocked waits then poll). CQs created on it pass their CqSet as
+  // cq_context.
+  ibv_comp_channel* completionChannel() const { return channel_; }
+  // Destroys a CQ of the channel: under the lock the runtime thread holds
+  // while it takes and acknowledges events, so no event of `cq` is read but
+  // unacknowledged (ibv_destroy_cq would wait for it forever) and no
+  // notification reaches its CqSet afterwards (the kernel drops the events
+  // not yet read).
+  void destroyCq(ibv_cq* cq);
   // Registers memory, with the memlock fix in the error message on failure.
   ibv_mr* registerMemory(void* addr, size_t len, int access, const char* what);
 
@@ -61,11 +76,16 @@ class VerbsDevice : public RuntimeService {
   Clock::time_point tick(Clock::time_point now) override { return now + std::chrono::seconds(1); }
   void addPollFds(std::vector<pollfd>& fds) override;
   void polled(const pollfd* fds, size_t n) override;
+  void readAsyncEvents();
+  void forwardCqEvents();
 
   VerbsPortChoice choice_;
   int tc_;
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
+  ibv_comp_channel* channel_ = nullptr;
+  std::mutex cqEventsMu_;  // taking and acknowledging events vs destroying CQs (destroyCq)
+  bool asyncBroken_ = false, channelBroken_ = false;  // in error: no longer polled (runtime thread only)
   ibv_port_attr portAttr_{};
   ibv_device_attr devAttr_{};
   ibv_gid gid_{};

@@ -49,10 +49,8 @@ bool VerbsTransport::flushAnnouncements(int p) {
       peer.postCtrl(a.rts);
     } else {
       const Request& r = *a.eager->r;
-      const bool inlined = sizeof(SlotHeader) + r.len <= q.maxInline;
-      if (!inlined && staging_->available() == 0) break;
       SlotHeader h{0, 0, r.len, kSlotEager, r.tag, {}};
-      postChunk(p, q, *a.eager, h, static_cast<const char*>(r.buf));
+      if (!postChunk(p, q, *a.eager, h, static_cast<const char*>(r.buf))) break;  // no staging slot: later
       if (counters()) Counters::add(counters()->eagerSends, 1);
     }
     peer.announcements.pop_front();
@@ -264,18 +262,20 @@ bool VerbsTransport::streamSends(int p) {
     // A channel's messages keep to its own queue pair (one ECMP path per
     // ring); others are spread chunk by chunk.
     const bool pinned = as.r->lane > 0;
-    while (as.posted < as.chunks && !peer.remoteFree.empty() && (as.zc || staging_->available() > 0)) {
+    while (as.posted < as.chunks && !peer.remoteFree.empty()) {
       Qp& q = peer.qps[(pinned ? as.r->lane - 1u : peer.nextQp) % peer.qps.size()];
       if (q.posted + (as.zc ? 2 : 1) > sqDepth_) {
         if (pinned) break;  // the other channels' queue pairs may have room
         return moved;
       }
-      if (!pinned) peer.nextQp++;
       const uint64_t step = as.zc ? as.piece : slotBytes_;
       const uint64_t offset = as.posted * step;
       const uint64_t len = std::min<uint64_t>(step, as.r->len - std::min(as.r->len, offset));
       SlotHeader h{as.recvId, offset, len, as.zc ? kSlotZeroCopy : 0, 0, {}};
-      postChunk(p, q, as, h, static_cast<const char*>(as.r->buf) + offset);
+      // No staging slot (the process's pool is shared): this message waits;
+      // a later zero-copy one needs none and may go.
+      if (!postChunk(p, q, as, h, static_cast<const char*>(as.r->buf) + offset)) break;
+      if (!pinned) peer.nextQp++;
       moved = true;
     }
   }
@@ -291,7 +291,7 @@ bool VerbsTransport::streamSends(int p) {
 //     copies inline data into the work request during ibv_post_send);
 //   * any other copied chunk: header + payload from a staging slot.
 // All end with an RDMA_WRITE_WITH_IMM into the landing slot (immediate = slot).
-void VerbsTransport::postChunk(int p, Qp& q, ActiveSend& as, const SlotHeader& h, const char* payload) {
+bool VerbsTransport::postChunk(int p, Qp& q, ActiveSend& as, const SlotHeader& h, const char* payload) {
   Pair& peer = *peers_[p];
   const int qIndex = static_cast<int>(&q - peer.qps.data());
   const uint32_t land = peer.remoteFree.front();
@@ -313,11 +313,16 @@ void VerbsTransport::postChunk(int p, Qp& q, ActiveSend& as, const SlotHeader& h
       lkey = peer.ctrlMrs.lkey(q.rail);
     }
   } else {
-    const uint32_t slot = staging_->take();
-    stagingOwner_[slot] = {p, &as};
-    buf = staging_->slot(slot);
-    lkey = staging_->lkey(q.rail);
-    head.wr_id = wrId(kWrData, p, qIndex, slot);
+    // Another group may have taken the last one: the process shares the pool.
+    StagingPool::Slot slot;
+    if (!staging_->tryTake(&slot, wakeup())) {
+      if (counters()) Counters::add(counters()->stagingWaits, 1);
+      return false;
+    }
+    stagingOwner_[slot.id] = {p, &as};
+    buf = slot.data;
+    lkey = slot.lkey[q.rail];
+    head.wr_id = wrId(kWrData, p, qIndex, slot.id);
   }
   std::memcpy(buf, &h, sizeof(h));
   if (as.zc) {
@@ -347,7 +352,10 @@ void VerbsTransport::postChunk(int p, Qp& q, ActiveSend& as, const SlotHeader& h
   head.wr.rdma.rkey = q.remoteLandingRkey;
   ibv_send_wr* bad = nullptr;
   int rc = ibv_post_send(q.qp, &wrs[0], &bad);
-  if (rc != 0) throwComm(str("ibv_post_send (RDMA write) to rank ", p, " failed (", rc, ") on ", railOf(q).describe()));
+  if (rc != 0) {
+    if (wrKind(head.wr_id) == kWrData) giveStaging(wrIndex(head.wr_id));  // the process's: not left behind
+    throwComm(str("ibv_post_send (RDMA write) to rank ", p, " failed (", rc, ") on ", railOf(q).describe()));
+  }
   const int n = as.zc ? 2 : 1;
   q.posted += n;
   q.covers.push_back(q.unsignaled + n);
@@ -355,6 +363,11 @@ void VerbsTransport::postChunk(int p, Qp& q, ActiveSend& as, const SlotHeader& h
   peer.remoteFree.pop_front();
   peer.remoteIsFree[land] = false;
   as.posted++;
+  return true;
+}
+
+void VerbsTransport::giveStaging(uint32_t id) {
+  if (stagingOwner_.erase(id)) staging_->give(id);
 }
 
 }  // namespace roce

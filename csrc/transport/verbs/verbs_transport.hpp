@@ -52,10 +52,11 @@
 //   Inline sends (IBV_SEND_INLINE) carry control messages and chunks of up to
 //   the granted inline size (asked: 256 bytes) without a DMA read.
 // Memory (issue 19: per rank, independent of the world size): one landing
-// pool that every peer writes into and one staging pool that copied chunks go
-// out from, registered once per group at the first connection
-// (ROCE_PG_IB_POOL_BYTES, slots of ROCE_PG_IB_SLOT_BYTES); per connected peer
-// only its queue pairs and their control rings. Landing slots are granted:
+// pool that every peer writes into, registered once per group at the first
+// connection (ROCE_PG_IB_POOL_BYTES, slots of ROCE_PG_IB_SLOT_BYTES), and
+// one staging pool that copied chunks go out from, shared by every group of
+// the process (staging_pool.hpp says why it needs no per-group share); per
+// connected peer only its queue pairs and their control rings. Landing slots are granted:
 // a peer writes only into slots it was given (CREDIT names the slot) - two at
 // connection while the pool has more than a reserve free (so small messages
 // go eagerly), more when a receive posted for it needs them (up to
@@ -73,11 +74,13 @@
 // receive that fails (peer death, abort, deadline) moves the peer's queue
 // pairs to the error state first, so no write lands after it; a NACKed
 // receive was never written to. Completions are polled by the progress thread;
-// when a wait has been idle for ROCE_PG_SPIN_US it blocks on the CQ's
-// completion channel instead (prepareWait).
+// when a wait has been idle for ROCE_PG_SPIN_US it arms the CQs and blocks on
+// the group's wake-up, which the process's completion channel wakes through
+// the runtime thread (prepareWait, verbs_device.hpp).
 #pragma once
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "../transport.hpp"
@@ -85,6 +88,7 @@
 #include "dmabuf.hpp"
 #include "reg_cache.hpp"
 #include "slot_pool.hpp"
+#include "staging_pool.hpp"
 #include "verbs_device.hpp"
 #include "verbs_pair.hpp"
 
@@ -108,6 +112,10 @@ VerbsPoolSizes verbsPoolSizes(const Config& cfg, size_t stride, int routedPeers)
 // states, the doctor's memlock check uses, and tests/scale projects. With
 // `rails` ports, every pool and ring is registered once per port.
 size_t verbsRegisteredBytes(const Config& cfg, int peers, int rails = 1, int routedPeers = -1);
+// Of those, the staging pool's: registered once per process, by the group
+// that reaches the most peers over verbs (staging_pool.hpp); the groups'
+// counters count the rest.
+size_t verbsStagingBytes(const Config& cfg, int rails, int routedPeers);
 // Queue pairs per connection in a group whose ranks drive at most `maxRails`
 // ports: ROCE_PG_IB_QPS_PER_CONNECTION, at least one per channel and per rail.
 int groupQueuePairs(const Config& cfg, int maxRails);
@@ -129,7 +137,6 @@ class VerbsTransport : public Transport {
   void failAll(const std::string& why) override;
   void failPeer(int peer, const std::string& why) override;
   bool prepareWait(std::vector<pollfd>& fds, bool anySource) override;
-  void afterWait() override;
   bool needsConnection(int peer) const override;
   bool registersDmabuf(std::string* why) const override {
     *why = dmabuf_.why;
@@ -149,7 +156,9 @@ class VerbsTransport : public Transport {
   // ---- posting and matching (verbs_transport.cpp) ----
   bool flushAnnouncements(int peer);
   bool streamSends(int peer);
-  void postChunk(int peer, Qp& q, ActiveSend& as, const verbs::SlotHeader& h, const char* payload);
+  // False (nothing posted) when the chunk needs a staging slot and none is free.
+  bool postChunk(int peer, Qp& q, ActiveSend& as, const verbs::SlotHeader& h, const char* payload);
+  void giveStaging(uint32_t id);
   void announce(int peer, uint64_t tag, verbs::Arrival a, const char* eagerData = nullptr);
   void deliverEager(int peer, uint32_t id, const char* data, uint64_t len);
   size_t eagerLimit() const { return std::min(eagerMax_, slotBytes_); }
@@ -192,19 +201,19 @@ class VerbsTransport : public Transport {
   std::unique_ptr<RegCache> deviceRegCache_;  // device memory: ROCE_PG_IB_DEVICE_REG_BYTES
   DmabufAnswer dmabuf_;  // the provider's answer, asked once at construction
   std::vector<std::unique_ptr<CqSet>> cqs_;  // per rail (a CQ belongs to one device); empty until the first connection
-  std::unique_ptr<SlotPool> landing_, staging_;
+  std::unique_ptr<SlotPool> landing_;     // this group's: peers are granted slots of it
+  std::shared_ptr<StagingPool> staging_;  // the process's (staging_pool.hpp)
   std::vector<int> landingOwner_;  // per landing slot: the peer it is granted to, -1 while in the pool
   struct StagingUse {
     int peer = -1;
     ActiveSend* send = nullptr;
   };
-  std::vector<StagingUse> stagingOwner_;  // per staging slot in flight
+  std::unordered_map<uint32_t, StagingUse> stagingOwner_;  // this group's staging slots in flight, by id
   verbs::PairShape shape_;  // what every pair shares (filled by the constructor)
   // Declared after what the pairs use (pools, CQs, caches): destroyed first.
   std::vector<std::unique_ptr<Pair>> peers_;  // null for peers never talked to
   std::vector<int> live_;                     // peers with state, for iteration
   std::vector<int> needy_;                    // peers waiting for landing grants
-  bool armed_ = false;  // notifications requested, no event consumed since
 };
 
 }  // namespace roce
