@@ -286,6 +286,43 @@ def staging_shared(rank, world, port, threads=3, rounds=6):
     return out
 
 
+def watched_peers(rank, world, port):
+    """Issue 27 over verbs: once a verbs connection is set up its socket is
+    closed (the group's lifeline watches the peer over the link between the
+    two processes instead), so a group whose rank talks to every other rank
+    holds no descriptor per peer. Then rank 2, outside rank 0's ring
+    neighbours (1 and 3), destroys the group: rank 0's receive from it fails
+    at once naming rank 2, as the socket's EOF did; the world group keeps
+    working."""
+    from .api_workers import expect_error
+
+    links_before = roce_pg._C._runtime_stats()["process_links"]
+    fds_before = _cost()["fds"]
+    g = dist.new_group(list(range(world)), timeout=timedelta(seconds=120))
+    # Every rank talks to every other on g.
+    got = {p: torch.empty(4096, dtype=torch.int64) for p in range(world) if p != rank}
+    ops = [dist.P2POp(dist.isend, torch.full((4096,), rank * 100 + p, dtype=torch.int64), p, group=g)
+           for p in got]
+    ops += [dist.P2POp(dist.irecv, t, p, group=g) for p, t in got.items()]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    for p, t in got.items():
+        assert torch.equal(t, torch.full((4096,), p * 100 + rank, dtype=torch.int64)), (p, t[:2])
+    out = {"connections": roce_pg.counters(g)["connections"], "fds_added": _cost()["fds"] - fds_before,
+           "links_added": roce_pg._C._runtime_stats()["process_links"] - links_before}
+    _store_barrier("watched-connected", world)
+    if rank == 2:
+        dist.destroy_process_group(g)
+    _store_barrier("watched-destroyed", world)
+    if rank == 0:
+        start = time.monotonic()
+        out["msg"] = expect_error(lambda: dist.recv(torch.ones(1 << 16), 2, group=g), "rank 2", "left")
+        out["elapsed"] = time.monotonic() - start
+    _check_allreduce(None, range(world), rank)
+    dist.barrier()
+    return out
+
+
 def split(rank, world, port):
     """torch.distributed.split_group over a roce world group: the halves form
     from the world's roster (no store operation of their own), exact sums;

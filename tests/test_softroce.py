@@ -213,6 +213,20 @@ def test_subgroups_over_verbs_form_from_the_world_and_share_its_device(one_vm):
         assert reg["extra"] == reg["formula"] - reg["staging"] and reg["extra"] < reg["ceiling"] // 3, reg
 
 
+def test_verbs_connections_keep_no_socket_and_a_departure_is_still_told(one_vm):
+    """Issue 27: a verbs group whose rank talks to all 3 others adds only its
+    wake-up descriptor (plus the links to peer processes it opened, which
+    stay for the process's other groups) - no socket per peer. Rank 2,
+    outside rank 0's ring neighbours, destroys the group: rank 0's receive
+    from it fails within seconds naming rank 2 (the group's timeout is 120 s)."""
+    results = _group(one_vm, "watched_peers/verbs4")["results"]
+    for r in results:
+        assert r["connections"] == 3, r
+        assert r["fds_added"] <= 1 + r["links_added"], r
+    assert results[0]["elapsed"] < 10, results[0]
+    assert "left" in results[0]["msg"], results[0]["msg"]
+
+
 def test_groups_over_verbs_share_one_staging_pool(one_vm):
     """Issue 27: with three staging slots per process and zero copy off, three
     groups' allreduces from three threads (and the world group's on the main

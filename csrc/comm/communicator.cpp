@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "../common/error.hpp"
+#include "../common/log.hpp"
 #include "../transport/shm/node_shm.hpp"
 #include "../transport/tcp/tcp_transport.hpp"
 #include "connection_manager.hpp"
@@ -23,6 +24,32 @@ void Communicator::onPeerFailure(const std::string& why) {
   }
   peerFailed_.store(true);
   wakeup_.wake();
+}
+
+bool Communicator::watchPeer(int peer) {
+  if (!lifeline_) return false;
+  auto keyOf = [&](int r) {
+    const RankInfo& info = roster_.ranks[r];
+    return ProcessLinks::processKey(info.hostId, info.tcpHost, info.tcpPort);
+  };
+  try {
+    // Its process's link: open already (a lifeline neighbour's in some
+    // group), or dialed now - the peer just connected, so its process lives.
+    const int link = ProcessRuntime::get().links().linkTo(keyOf(peer), keyOf(rank()), endpoints_[peer], peer,
+                                                          Clock::now() + timeout_, {});
+    lifeline_->watch({peer, hostNames_[peer], nonces_[peer], link});
+    return true;
+  } catch (const std::exception& e) {
+    ROCE_WARN("rank ", rank(), ": cannot watch rank ", peer, " over its process's link (", e.what(),
+              "); keeping the connection's socket to see it leave");
+    return false;
+  }
+}
+
+void Communicator::failGonePeers() {
+  if (!peersGone_.exchange(false) || !lifeline_) return;
+  for (const auto& [peer, why] : lifeline_->takeGone())
+    if (Transport* t = routes_.at(peer)) t->failPeer(peer, why);
 }
 
 void Communicator::leaveGracefully() {

@@ -250,6 +250,10 @@ class Communicator {
   // ROCE_PG_CONNECT=eager: connects every network peer before init returns.
   void connectAll(const std::vector<bool>& viaNet, Clock::time_point deadline);
   void onPeerFailure(const std::string& why);  // from the runtime thread (the lifeline)
+  // A transport connected `peer` and needs no socket to see it leave if the
+  // lifeline watches it (Transport::setPeerWatch): true once it does.
+  bool watchPeer(int peer);
+  void failGonePeers();  // the watched peers the lifeline reported gone
   bool arrivalsPending() const;  // connections in the mailbox, not yet taken
   [[noreturn]] void throwFailure(const std::string& msg);
   void transportsFailAll(const std::string& why);
@@ -290,6 +294,7 @@ class Communicator {
   std::string abortReason_;
   // A peer's failure reported by the lifelines (under abortMu_).
   std::atomic<bool> peerFailed_{false};
+  std::atomic<bool> peersGone_{false};  // the lifeline has watched peers to report (takeGone)
   std::string peerFailure_;
   Clock::time_point peerFailedAt_{};
   std::string opName() const { return opWhat_ ? opWhat_->describe() : opName_; }

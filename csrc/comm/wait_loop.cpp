@@ -16,6 +16,9 @@
 namespace roce {
 
 void Communicator::checkDeadline(const std::function<std::string()>& waitingFor) {
+  // Watched peers that left or died: their requests fail here, on the thread
+  // that owns the transports (an atomic load when there is no news).
+  if (peersGone_.load(std::memory_order_relaxed)) failGonePeers();
   if (abortRequested_.load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> g(abortMu_);
     throw Error(ErrorKind::Aborted, str("roce: ", opName(), " on rank ", rank(), " was aborted: ", abortReason_));
@@ -49,6 +52,7 @@ std::string Communicator::verdict() {
 }
 
 void Communicator::checkHealth() {
+  if (peersGone_.load(std::memory_order_relaxed)) failGonePeers();
   throwIfPeerFailed("point-to-point operation");
   if (Clock::now() - lastSlowCheck_ > kSlowCheckEvery) {
     lastSlowCheck_ = Clock::now();

@@ -240,6 +240,7 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
   for (auto& t : transports_) {
     t->setCounters(&counters_);
     t->setWakeup(&wakeup_);
+    t->setPeerWatch([this](int peer) { return watchPeer(peer); });
   }
   if (anyNet) {
     // The mailbox stays open for the group's life: peers connect when they
@@ -312,6 +313,10 @@ void Communicator::connectLifelines(const std::vector<TcpEndpoint>& eps, const s
                                          // no leader compared the members' settings: the neighbours do
                                          settingsToCompare_);
   lifeline_->setStateProvider([this] { return progress_.snapshot(); });
+  lifeline_->setGoneHandler([this] {
+    peersGone_.store(true);
+    wakeup_.wake();
+  });
 }
 
 void Communicator::connectAll(const std::vector<bool>& viaNet, Clock::time_point deadline) {

@@ -43,6 +43,9 @@ struct Lifeline::Peer {
   std::vector<int> from; // links its records came on (normally the same one)
   bool open = true;      // still watched
   bool departed = false; // said BYE
+  bool neighbour = true; // ring duties (heartbeats, notices); else only watched
+  bool watched = false;  // its departure is reported (takeGone)
+  bool goneReported = false;
   Clock::time_point lastHeard;
   bool heard = false;  // anything arrived yet (before that, firstContact_ applies)
 };
@@ -67,6 +70,7 @@ Lifeline::Lifeline(int rank, uint64_t nonce, std::string host, std::vector<Link>
     p.lastHeard = Clock::now();
     peers_.push_back(std::move(p));
   }
+  neighbours_ = peers_.size();
   nextBeat_ = lastRound_ = Clock::now();
   closuresSeen_ = links_.closures();
   // Records the neighbours sent before this rank got here are kept from now on.
@@ -105,6 +109,7 @@ void Lifeline::stopThread() {
   if (!attached_) return;
   runtime_.detach(this);  // from here on only this thread touches the peers
   attached_ = false;
+  mergeWatched();  // a watched peer gets its BYE too
   lastWords(leaving);
   links_.close(nonce_);  // the links stay: other groups (and later ones) use them
 }
@@ -112,6 +117,61 @@ void Lifeline::stopThread() {
 bool Lifeline::departed(int peer) const {
   std::lock_guard<std::mutex> g(mu_);
   return std::find(departed_.begin(), departed_.end(), peer) != departed_.end();
+}
+
+void Lifeline::watch(Link l) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    watchRequests_.push_back(std::move(l));
+  }
+  runtime_.poke();
+}
+
+void Lifeline::setGoneHandler(std::function<void()> onGone) {
+  std::lock_guard<std::mutex> g(mu_);
+  onGone_ = std::move(onGone);
+}
+
+std::vector<std::pair<int, std::string>> Lifeline::takeGone() {
+  std::lock_guard<std::mutex> g(mu_);
+  return std::exchange(gone_, {});
+}
+
+void Lifeline::mergeWatched() {
+  std::vector<Link> requests;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    requests.swap(watchRequests_);
+  }
+  for (Link& l : requests) {
+    auto it = std::find_if(peers_.begin(), peers_.end(), [&](const Peer& p) { return p.rank == l.peer; });
+    if (it != peers_.end()) {
+      it->watched = true;
+      continue;
+    }
+    Peer p{l.peer, l.host, l.nonce, l.link, {l.link}};
+    p.neighbour = false;
+    p.watched = true;
+    p.heard = true;  // no first contact to wait for: it is connected
+    p.lastHeard = Clock::now();
+    peers_.push_back(std::move(p));
+    // A link that closed before this, unseen by closures_ now: looked at once.
+    int err = 0;
+    bool corrupted = false;
+    if (!links_.isOpen(l.link, &err, &corrupted)) closuresSeen_ = ~uint64_t(0);
+  }
+}
+
+void Lifeline::reportGone(Peer& p, const std::string& why) {
+  if (!p.watched || p.goneReported) return;
+  p.goneReported = true;
+  std::function<void()> wake;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    gone_.emplace_back(p.rank, why);
+    wake = onGone_;
+  }
+  if (wake) wake();
 }
 
 void Lifeline::announceFailure(const std::string& why) {
@@ -126,6 +186,7 @@ void Lifeline::announceFailure(const std::string& why) {
 
 void Lifeline::sendRecord(Peer& p, uint16_t type, const std::string& text) {
   if (!p.open || p.departed) return;  // a rank that left reads nothing more (its process answers GONE)
+  if (!p.neighbour && type != kBye) return;  // a watched rank outside the ring hears only the goodbye
   links_.send(p.link, p.nonce, nonce_, rank_, type, text, /*droppable=*/type == kHeartbeat);
 }
 
@@ -207,6 +268,10 @@ void Lifeline::takeRecords() {
         Peer& p = peers_[i];
         if (p.nonce != r.srcNonce || !p.open || p.departed) continue;
         p.open = false;
+        const std::string left = str("rank ", p.rank, " (host ", p.host, ") left this group: its process lives, but the "
+                                     "group is gone there (destroyed, aborted or failed while forming)");
+        reportGone(p, left);
+        if (!p.neighbour) continue;  // its own departure only: the ring tells the group about failures
         failWith(str("rank ", p.rank, " (host ", p.host, ") left this group: its process lives, but the group is "
                      "gone there (destroyed, aborted or failed while forming) and rank ", rank_,
                      " got no goodbye; see that rank's log"),
@@ -226,8 +291,14 @@ void Lifeline::takeRecords() {
     if (std::find(p.from.begin(), p.from.end(), r.link) == p.from.end()) p.from.push_back(r.link);
     if (r.type == kBye) {
       p.departed = true;
-      std::lock_guard<std::mutex> g(mu_);
-      departed_.push_back(p.rank);
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        departed_.push_back(p.rank);
+      }
+      reportGone(p, str("rank ", p.rank, " (host ", p.host, ") left: it destroyed the process group (or exited) while "
+                        "rank ", rank_, " still exchanged data with it"));
+    } else if (!p.neighbour) {
+      continue;  // only a goodbye is expected from outside the ring
     } else if (r.type == kFail) {
       failWith(r.text, i);
     } else if (r.type == kState) {
@@ -277,6 +348,14 @@ void Lifeline::checkLinks() {
                static_cast<int>(i));
     } else if (!anyOpen) {
       p.open = false;
+      if (!p.neighbour) {
+        // A watched rank's death: its requests fail now; its ring neighbours
+        // fail the group.
+        if (!p.departed)
+          reportGone(p, str("rank ", p.rank, " (host ", p.host, ") died: the link to its process closed without a "
+                            "goodbye (", err == 0 ? "EOF" : std::strerror(err), ")"));
+        continue;
+      }
       if (!p.departed)
         failWith(str("rank ", p.rank, " (host ", p.host, ") died: its connection to rank ", rank_,
                      " closed without a goodbye (", err == 0 ? "EOF" : std::strerror(err),
@@ -310,14 +389,14 @@ void Lifeline::receiveSettings(const std::string& record, int fromLink) {
 Lifeline::SettingsVerdict Lifeline::awaitSettings(Clock::time_point deadline, const std::function<bool()>& abandon) {
   if (settings_.empty()) return {true, {}};
   std::unique_lock<std::mutex> g(mu_);
-  auto settled = [&] { return failed_ || stop_ || settingsMatched_ >= peers_.size(); };
+  auto settled = [&] { return failed_ || stop_ || settingsMatched_ >= neighbours_; };
   // In slices, so that an abort from another thread (`abandon`) ends the wait.
   while (!settled() && Clock::now() < deadline && !(abandon && abandon()))
     statesCv_.wait_until(g, std::min(deadline, Clock::now() + std::chrono::milliseconds(50)), settled);
   // The reason comes from here, recorded with failed_: a slice can end between
   // failWith setting failed_ and onFailure_ handing the communicator its copy
   // (CI saw a mismatch reported as "did not confirm" that way).
-  return {!failed_ && !stop_ && settingsMatched_ >= peers_.size(), failure_};
+  return {!failed_ && !stop_ && settingsMatched_ >= neighbours_, failure_};
 }
 
 void Lifeline::lastWords(bool leaving) {
@@ -363,6 +442,7 @@ Clock::time_point Lifeline::tick(Clock::time_point now) {
               "stopped process); neighbours declare a rank hung after ", heartbeatTimeout_.count(),
               " ms (ROCE_PG_HEARTBEAT_TIMEOUT_MS)");
   lastRound_ = now;
+  mergeWatched();
   takeRecords();
   checkLinks();
   if (now >= nextBeat_) {
@@ -388,7 +468,8 @@ Clock::time_point Lifeline::tick(Clock::time_point now) {
         for (int link : p.from) t = std::max(t, links_.lastRead(link));
       return t;
     };
-    if (!p.open || p.departed || heartbeatTimeout_.count() <= 0 || now - p.lastHeard < limit()) continue;
+    if (!p.neighbour || !p.open || p.departed || heartbeatTimeout_.count() <= 0 || now - p.lastHeard < limit())
+      continue;
     links_.readNow();
     takeRecords();
     checkLinks();

@@ -29,6 +29,15 @@
 //     and ended (OpProgress), forwarded the same way, so every rank can name
 //     the same culprit (verdict.hpp).
 // A rank leaving on purpose (shutdown) says BYE first; its EOF is then no failure.
+//
+// Watched peers (watch()): ranks outside the ring that this rank exchanges
+// data with over a transport that shows no departure itself (verbs: its
+// queue pairs, once set up, need no socket). They get no heartbeat and no
+// notice; a watched rank that destroys the group says BYE to each of its
+// own watched peers, and a closed link to its process, a BYE or a GONE is
+// reported to the group through takeGone() - a peer-level event (the
+// requests that involve that rank fail), not the group's failure: a death
+// fails the group through its ring neighbours anyway.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -37,6 +46,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../common/backoff.hpp"
@@ -74,6 +84,13 @@ class Lifeline : public RuntimeService {
   void leave();
   // Ranks that said BYE (left on purpose), thread-safe.
   bool departed(int peer) const;
+  // Thread-safe: watch `l.peer` from now on (see above); a neighbour is
+  // watched in addition to its ring duties. `onGone` (set once, before the
+  // first watch) runs on the runtime thread when takeGone() has news.
+  void watch(Link l);
+  void setGoneHandler(std::function<void()> onGone);
+  // Watched ranks that left or died since the last call: (group rank, why).
+  std::vector<std::pair<int, std::string>> takeGone();
   // What this rank answers when asked for its state (OpProgress::snapshot).
   // Set before any operation runs; called on the runtime thread.
   void setStateProvider(std::function<std::string()> provider);
@@ -108,6 +125,8 @@ class Lifeline : public RuntimeService {
   void takeRecords();       // what the links delivered for this group
   void checkLinks();        // a closed link: its peers are gone
   void sendOwnStateOnce();
+  void mergeWatched();                           // watch() requests into peers_ (runtime thread)
+  void reportGone(Peer& p, const std::string& why);
   void receiveState(const std::string& record, int fromLink);
   void receiveSettings(const std::string& record, int fromLink);
   void stopThread();
@@ -138,6 +157,10 @@ class Lifeline : public RuntimeService {
   std::string failure_;   // its reason, recorded with failed_
   bool stop_ = false, leaving_ = false;
   std::vector<int> departed_;
+  size_t neighbours_ = 0;            // peers_[0, neighbours_) are the ring neighbours
+  std::vector<Link> watchRequests_;  // from watch(), merged by the runtime thread
+  std::vector<std::pair<int, std::string>> gone_;
+  std::function<void()> onGone_;
 };
 
 }  // namespace roce

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -152,6 +153,12 @@ class Transport {
   // completion channel, read by the runtime thread) wakes the group's
   // blocked wait through it.
   void setWakeup(Wakeup* w) { wakeup_ = w; }
+  // Asks the group to watch a connected peer's departure for this transport
+  // (its lifeline, over the link between the processes: liveness/
+  // lifeline.hpp); true if it does, and then failPeer() reports a departure.
+  // Verbs then closes the connection's setup socket, which it otherwise
+  // keeps only for its EOF. Called on the group's thread.
+  void setPeerWatch(std::function<bool(int)> watch) { peerWatch_ = std::move(watch); }
 
  protected:
   void countCopied(size_t n) {
@@ -159,10 +166,12 @@ class Transport {
   }
   Counters* counters() const { return counters_; }
   Wakeup* wakeup() const { return wakeup_; }
+  bool watchPeer(int peer) const { return peerWatch_ && peerWatch_(peer); }
 
  private:
   Counters* counters_ = nullptr;
   Wakeup* wakeup_ = nullptr;
+  std::function<bool(int)> peerWatch_;
 };
 
 }  // namespace roce

@@ -98,6 +98,8 @@ def groups(phases):
         # copy off: three groups from three threads compete for it
         g["staging_shared/verbs3"] = _group("verbs3", "tests.group_workers.staging_shared",
                                             env={"ROCE_PG_IB_POOL_BYTES": "1M", "ROCE_PG_IB_ZERO_COPY_MIN_BYTES": "0"})
+        # issue 27: verbs connections keep no socket; a departure is still told
+        g["watched_peers/verbs4"] = _group("verbs4", "tests.group_workers.watched_peers")
         g["skipped_collective/verbs2"] = _group("verbs2", "tests.api_workers.skipped_collective",
                                                 env={"TEST_PG_TIMEOUT_S": "3"})
         g["per_call_timeout/verbs2"] = _group("verbs2", "tests.api_workers.per_call_timeout",

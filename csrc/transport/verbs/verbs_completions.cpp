@@ -248,6 +248,7 @@ bool VerbsTransport::progress() {
         moved |= peer.advanceHandshake();
         if (!peer.ready()) continue;
       }
+      if (!peer.watchAsked) dropSideChannel(p, peer);
       moved |= peers_[p]->flushCtrl();
       moved |= flushAnnouncements(p);
       moved |= streamSends(p);
@@ -309,7 +310,7 @@ std::string VerbsTransport::checkPeers() {
   pollCompletions();
   for (int p : live_) {
     Pair& peer = *peers_[p];
-    if (!peer.deadReason.empty() || !peer.ready()) continue;
+    if (!peer.deadReason.empty() || !peer.ready() || peer.sock < 0) continue;  // no socket: the lifeline watches it
     char c;
     const ssize_t n = recv(peer.sock, &c, 1, MSG_DONTWAIT | MSG_PEEK);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
@@ -321,7 +322,24 @@ std::string VerbsTransport::checkPeers() {
   return {};
 }
 
-void VerbsTransport::failPeer(int p, const std::string& why) { killPeer(p, why); }
+void VerbsTransport::failPeer(int p, const std::string& why) {
+  // What the peer wrote before it left is in the CQs already: take it first.
+  pollCompletions();
+  killPeer(p, why);
+}
+
+void VerbsTransport::dropSideChannel(int p, Pair& peer) {
+  // Once both ends are ready the socket carries nothing more; it was kept
+  // only for its EOF (the peer left). The group's lifeline can watch the
+  // peer's process instead, over the one link between the two processes:
+  // then the socket goes, and a group costs no descriptor per peer.
+  // (The ready byte went out before: outbuf is empty once sent.)
+  if (!peer.outbuf.empty()) return;  // not sent yet: ask again next round
+  peer.watchAsked = true;
+  if (!watchPeer(p)) return;
+  close(peer.sock);
+  peer.sock = -1;
+}
 
 void VerbsTransport::killPeer(int p, const std::string& why) {
   Pair& peer = peerOf(p);

@@ -139,7 +139,7 @@ Pair& VerbsTransport::peerOf(int p) {
 
 bool VerbsTransport::needsConnection(int p) const {
   const auto& peer = peers_.at(p);
-  return !peer || (peer->sock < 0 && peer->deadReason.empty());
+  return !peer || (peer->phase == Pair::Phase::Unconnected && peer->deadReason.empty());
 }
 
 void VerbsTransport::ensurePools() {
@@ -166,7 +166,7 @@ void VerbsTransport::ensurePools() {
 
 void VerbsTransport::adoptConnection(int p, int fd) {
   Pair& peer = peerOf(p);
-  if (!peer.deadReason.empty() || peer.sock >= 0) {
+  if (!peer.deadReason.empty() || peer.phase != Pair::Phase::Unconnected || peer.sock >= 0) {
     close(fd);
     return;
   }

@@ -111,6 +111,10 @@ bool Pair::advanceHandshake() {
     moved = true;
   }
   char buf[1024];
+  // A peer that finished first closes the socket right after its last byte
+  // (the socket is no longer needed once both ends are ready): that byte
+  // counts, the EOF fails the setup only if the setup is not complete.
+  std::string closed;
   for (;;) {
     const ssize_t n = recv(sock, buf, sizeof(buf), MSG_DONTWAIT);
     if (n > 0) {
@@ -119,9 +123,8 @@ bool Pair::advanceHandshake() {
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
-    throwComm(str("rank ", peer_, " closed its connection to rank ", shape_.rank, " during the verbs queue-pair setup (",
-                  n == 0 ? "EOF" : std::strerror(errno), "): it exited, destroyed the process group or failed to "
-                  "set up its end (see that rank's log)"));
+    closed = n == 0 ? "EOF" : std::strerror(errno);
+    break;
   }
   if (phase == Phase::Handshake && inbuf.size() >= 4) {
     uint32_t len = 0;
@@ -148,6 +151,9 @@ bool Pair::advanceHandshake() {
     outbuf.shrink_to_fit();
     moved = true;
   }
+  if (!closed.empty() && phase != Phase::Ready)
+    throwComm(str("rank ", peer_, " closed its connection to rank ", shape_.rank, " during the verbs queue-pair setup (",
+                  closed, "): it exited, destroyed the process group or failed to set up its end (see that rank's log)"));
   return moved;
 }
 

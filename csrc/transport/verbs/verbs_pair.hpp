@@ -118,7 +118,11 @@ class Pair {
   // our queue pairs are ready, waiting for the peer's -> ready (data flows).
   enum class Phase { Unconnected, Handshake, AwaitReady, Ready };
   Phase phase = Phase::Unconnected;
-  int sock = -1;            // the side channel (ConnectionManager's socket); kept to see the peer leave
+  // The side channel (ConnectionManager's socket). Closed once ready if the
+  // group watches the peer's departure (Transport::setPeerWatch), else kept
+  // for its EOF.
+  int sock = -1;
+  bool watchAsked = false;  // the group was asked to watch this peer
   std::string inbuf, outbuf;
   std::vector<Qp> qps;
   std::string deadReason;

@@ -66,8 +66,10 @@
 // No shared receive queue: eRDMA has none.
 // Connections: a peer's queue pairs are set up when the ConnectionManager
 // hands over a TCP socket to it; the two ranks exchange endpoints over it
-// (verbs_endpoint.hpp), and requests posted meanwhile wait. The socket stays
-// open: its EOF says the peer left.
+// (verbs_endpoint.hpp), and requests posted meanwhile wait. Once ready the
+// socket is closed if the group's lifeline watches the peer (its departure
+// then arrives as failPeer, see Transport::setPeerWatch); else it stays
+// open, and its EOF says the peer left.
 // User buffers are registered through RegCache, whose entries keep their
 // allocation alive (see reg_cache.hpp): a tensor freed and reallocated at the
 // same address is a different allocation, never a stale registration. A
@@ -182,6 +184,7 @@ class VerbsTransport : public Transport {
   void onCtrl(int peer, const Ctrl& msg);
   void onData(int peer, uint32_t slot, uint32_t byteLen);
   void killPeer(int peer, const std::string& why);
+  void dropSideChannel(int peer, Pair& state);
 
   VerbsDevice& railOf(const Qp& q) const { return *rails_[q.rail]; }
 
