@@ -34,9 +34,11 @@ bool Communicator::watchPeer(int peer) {
   };
   try {
     // Its process's link: open already (a lifeline neighbour's in some
-    // group), or dialed now - the peer just connected, so its process lives.
-    const int link = ProcessRuntime::get().links().linkTo(keyOf(peer), keyOf(rank()), endpoints_[peer], peer,
-                                                          Clock::now() + timeout_, {});
+    // group), or one the runtime thread dials now: this thread is inside an
+    // operation and must not wait for a dial (a peer process that exited
+    // right after connecting would hold it for the group's timeout; a
+    // refused dial closes the link, which reports the peer gone).
+    const int link = ProcessRuntime::get().links().linkSoon(keyOf(peer), keyOf(rank()), endpoints_[peer], peer);
     lifeline_->watch({peer, hostNames_[peer], nonces_[peer], link});
     return true;
   } catch (const std::exception& e) {

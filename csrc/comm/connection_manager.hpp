@@ -3,7 +3,8 @@
 // then follow the peers it talks to - two ring neighbours, log2(n) partners of
 // the recursive algorithms - instead of the world size. Shared by the TCP
 // transport (the socket carries the data) and verbs (the socket carries the
-// queue-pair handshake, then only watches the peer's liveness).
+// queue-pair handshake; then it is closed if the group's lifeline watches the
+// peer, else kept for its EOF).
 //
 // Both ranks of a pair may ask at once: each dials, and an acceptor answers
 // every data hello (HelloReply). A rank that receives a dial while its own

@@ -146,7 +146,10 @@ void Lifeline::mergeWatched() {
   for (Link& l : requests) {
     auto it = std::find_if(peers_.begin(), peers_.end(), [&](const Peer& p) { return p.rank == l.peer; });
     if (it != peers_.end()) {
+      // A neighbour: watched too. Already gone: reported now.
       it->watched = true;
+      if (it->departed) reportGone(*it, str("rank ", it->rank, " (host ", it->host, ") left: it shut the process group down"));
+      else if (!it->open) reportGone(*it, str("rank ", it->rank, " (host ", it->host, ") is gone"));
       continue;
     }
     Peer p{l.peer, l.host, l.nonce, l.link, {l.link}};
@@ -155,6 +158,14 @@ void Lifeline::mergeWatched() {
     p.heard = true;  // no first contact to wait for: it is connected
     p.lastHeard = Clock::now();
     peers_.push_back(std::move(p));
+    // Its goodbye may have come before this rank asked to watch it.
+    auto bye = std::find(earlyByes_.begin(), earlyByes_.end(), std::make_pair(l.peer, l.nonce));
+    if (bye != earlyByes_.end()) {
+      earlyByes_.erase(bye);
+      peers_.back().departed = true;
+      reportGone(peers_.back(), str("rank ", l.peer, " (host ", l.host, ") left: it shut the process group down "
+                                    "while rank ", rank_, " still exchanged data with it"));
+    }
     // A link that closed before this, unseen by closures_ now: looked at once.
     int err = 0;
     bool corrupted = false;
@@ -283,7 +294,13 @@ void Lifeline::takeRecords() {
     // unique to it; an old incarnation's records name another).
     auto it = std::find_if(peers_.begin(), peers_.end(),
                            [&](const Peer& p) { return p.rank == r.srcRank && p.nonce == r.srcNonce; });
-    if (it == peers_.end() || !it->open) continue;
+    if (it == peers_.end()) {
+      // A goodbye from a rank not watched yet (its end of a connection was
+      // ready first): kept for mergeWatched. At most one per rank.
+      if (r.type == kBye && earlyByes_.size() < 4096) earlyByes_.emplace_back(r.srcRank, r.srcNonce);
+      continue;
+    }
+    if (!it->open) continue;
     Peer& p = *it;
     const int i = static_cast<int>(it - peers_.begin());
     p.lastHeard = Clock::now();
@@ -295,8 +312,8 @@ void Lifeline::takeRecords() {
         std::lock_guard<std::mutex> g(mu_);
         departed_.push_back(p.rank);
       }
-      reportGone(p, str("rank ", p.rank, " (host ", p.host, ") left: it destroyed the process group (or exited) while "
-                        "rank ", rank_, " still exchanged data with it"));
+      reportGone(p, str("rank ", p.rank, " (host ", p.host, ") left: it shut the process group down while rank ",
+                        rank_, " still exchanged data with it"));
     } else if (!p.neighbour) {
       continue;  // only a goodbye is expected from outside the ring
     } else if (r.type == kFail) {
@@ -356,6 +373,7 @@ void Lifeline::checkLinks() {
                             "goodbye (", err == 0 ? "EOF" : std::strerror(err), ")"));
         continue;
       }
+      if (!p.departed) reportGone(p, str("rank ", p.rank, " (host ", p.host, ") died: the link to its process closed"));
       if (!p.departed)
         failWith(str("rank ", p.rank, " (host ", p.host, ") died: its connection to rank ", rank_,
                      " closed without a goodbye (", err == 0 ? "EOF" : std::strerror(err),
@@ -409,14 +427,19 @@ void Lifeline::lastWords(bool leaving) {
     alreadyFailed = failed_;
     announce.swap(outgoing_);
   }
+  std::vector<int> flushed;
   for (auto& p : peers_) {
     if (!announce.empty()) sendRecord(p, kFail, announce);
     if (leaving) sendRecord(p, kBye, "");
     else if (!alreadyFailed)
       sendRecord(p, kFail, str("rank ", rank_, " (host ", host_, ") aborted or destroyed its process group "
                                "without shutting it down"));
-    // Give the kernel a moment to take what is queued (bounded: the peer may be hung).
-    if (p.open) links_.flush(p.link, std::chrono::milliseconds(100));
+    // Give the kernel a moment to take what is queued (bounded: the peer
+    // may be hung), once per link (watched peers may share one).
+    if (!p.open || (!p.neighbour && !leaving) || std::find(flushed.begin(), flushed.end(), p.link) != flushed.end())
+      continue;
+    flushed.push_back(p.link);
+    links_.flush(p.link, std::chrono::milliseconds(100));
   }
 }
 

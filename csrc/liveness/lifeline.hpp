@@ -33,8 +33,9 @@
 // Watched peers (watch()): ranks outside the ring that this rank exchanges
 // data with over a transport that shows no departure itself (verbs: its
 // queue pairs, once set up, need no socket). They get no heartbeat and no
-// notice; a watched rank that destroys the group says BYE to each of its
-// own watched peers, and a closed link to its process, a BYE or a GONE is
+// notice; a watched rank that shuts the group down says BYE to each of its
+// own watched peers (an abort reaches them as the ring's FAIL), and a closed
+// link to its process, a BYE or a GONE is
 // reported to the group through takeGone() - a peer-level event (the
 // requests that involve that rank fail), not the group's failure: a death
 // fails the group through its ring neighbours anyway.
@@ -160,6 +161,7 @@ class Lifeline : public RuntimeService {
   size_t neighbours_ = 0;            // peers_[0, neighbours_) are the ring neighbours
   std::vector<Link> watchRequests_;  // from watch(), merged by the runtime thread
   std::vector<std::pair<int, std::string>> gone_;
+  std::vector<std::pair<int, uint64_t>> earlyByes_;  // (rank, nonce) said BYE before being watched (runtime thread)
   std::function<void()> onGone_;
 };
 

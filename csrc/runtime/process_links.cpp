@@ -100,23 +100,9 @@ int ProcessLinks::linkTo(const std::string& peerKey, const std::string& selfKey,
     // thread only.
     std::lock_guard<std::mutex> g(mu_);
     if (auto it = sendOn_.find(peerKey); it != sendOn_.end()) return it->second;
-    if (selfKey > peerKey) {
-      // The peer process dials when its side of a group needs the link (it
-      // may create the group later); this side's records wait until then.
-      auto l = std::make_unique<Link>();
-      l->id = nextId_++;
-      l->fd = -1;
-      l->key = peerKey;
-      l->pending = true;
-      l->ep = ep;
-      l->peerRank = peerRank;
-      l->selfKey = selfKey;
-      l->pendingSince = Clock::now();
-      const int id = l->id;
-      links_.emplace(id, std::move(l));
-      sendOn_.emplace(peerKey, id);
-      return id;
-    }
+    // The peer process dials when its side of a group needs the link (it
+    // may create the group later); this side's records wait until then.
+    if (selfKey > peerKey) return addPending(peerKey, selfKey, ep, peerRank, Clock::now());
   }
   UniqueFd fd = dialRank(ep, LinkKind::Process, -1, peerRank, 0, kProcessLinksKey, deadline, probe);
   tuneSocket(fd.get());
@@ -137,6 +123,38 @@ int ProcessLinks::linkTo(const std::string& peerKey, const std::string& selfKey,
     sendQueued(link);
   }
   runtime_.poke();  // watch the new link from the next round on
+  return id;
+}
+
+int ProcessLinks::linkSoon(const std::string& peerKey, const std::string& selfKey, const TcpEndpoint& ep,
+                           int peerRank) {
+  int id;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (auto it = sendOn_.find(peerKey); it != sendOn_.end()) return it->second;
+    // The side that would dial dials at the runtime thread's next round (a
+    // pending link past its grace); the other waits for it as in linkTo.
+    const auto since = selfKey < peerKey ? Clock::now() - kPendingGrace : Clock::now();
+    id = addPending(peerKey, selfKey, ep, peerRank, since);
+  }
+  runtime_.poke();
+  return id;
+}
+
+int ProcessLinks::addPending(const std::string& peerKey, const std::string& selfKey, const TcpEndpoint& ep,
+                             int peerRank, Clock::time_point since) {
+  auto l = std::make_unique<Link>();
+  l->id = nextId_++;
+  l->fd = -1;
+  l->key = peerKey;
+  l->pending = true;
+  l->ep = ep;
+  l->peerRank = peerRank;
+  l->selfKey = selfKey;
+  l->pendingSince = since;
+  const int id = l->id;
+  links_.emplace(id, std::move(l));
+  sendOn_.emplace(peerKey, id);
   return id;
 }
 

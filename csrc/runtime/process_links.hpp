@@ -92,6 +92,11 @@ class ProcessLinks : public RuntimeService {
   // `selfKey`), else a pending one that the peer's dial completes.
   int linkTo(const std::string& peerKey, const std::string& selfKey, const TcpEndpoint& ep, int peerRank,
              Clock::time_point deadline, const std::function<void()>& probe);
+  // The same without blocking: an open link, else a pending one whose dial
+  // (by the side that would dial) starts on the runtime thread at once. A
+  // dial refused (the peer process is gone) closes it. For a thread that must
+  // not wait (a group's progress thread in an operation).
+  int linkSoon(const std::string& peerKey, const std::string& selfKey, const TcpEndpoint& ep, int peerRank);
   // Queues a record, sent at once as far as the socket takes it. A
   // `droppable` one (a heartbeat) is skipped while the link is backed up.
   void send(int link, uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t type, const std::string& text,
@@ -130,6 +135,8 @@ class ProcessLinks : public RuntimeService {
     size_t beats = 0;  // heartbeats among them
   };
   void adoptArrivals();                         // under mu_
+  int addPending(const std::string& peerKey, const std::string& selfKey, const TcpEndpoint& ep, int peerRank,
+                 Clock::time_point since);      // under mu_
   void readLink(Link& l);                       // under mu_
   void parse(Link& l);                          // under mu_
   void closeLink(Link& l, int err, bool corrupted);  // under mu_

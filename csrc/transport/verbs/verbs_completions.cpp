@@ -333,8 +333,11 @@ void VerbsTransport::dropSideChannel(int p, Pair& peer) {
   // only for its EOF (the peer left). The group's lifeline can watch the
   // peer's process instead, over the one link between the two processes:
   // then the socket goes, and a group costs no descriptor per peer.
-  // (The ready byte went out before: outbuf is empty once sent.)
-  if (!peer.outbuf.empty()) return;  // not sent yet: ask again next round
+  // The ready byte must be out first (normally it is).
+  if (!peer.outbuf.empty()) {
+    peer.advanceHandshake();
+    if (!peer.outbuf.empty()) return;  // the socket is full: next round
+  }
   peer.watchAsked = true;
   if (!watchPeer(p)) return;
   close(peer.sock);
