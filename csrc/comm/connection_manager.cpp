@@ -65,7 +65,12 @@ void ConnectionManager::startDial(int peer, Dial& d) {
   d.attempts++;
 }
 
-void ConnectionManager::accepted(int peer, UniqueFd fd) {
+void ConnectionManager::accepted(int peer, UniqueFd fd, bool ourDial) {
+  // Which side's dial made the connection: with ROCE_PG_DEBUG=TRACE, who
+  // connected to whom and when (a peer's first operation dials this rank).
+  ROCE_TRACE("rank ", rank_, ": ", transport_, " connection with rank ", peer, " made by ",
+             ourDial ? "this rank's dial" : "the peer's dial", " (", connected_.size() + 1,
+             " peer(s) connected)");
   tuneSocket(fd.get());
   connected_.insert(peer);
   awaiting_.erase(peer);
@@ -85,7 +90,7 @@ void ConnectionManager::onIncoming(int peer, UniqueFd fd) {
   }
   if (!sendReply(fd.get(), HelloReply::Accepted)) return;  // gone already: it dials again or is reported dead
   if (d != dials_.end()) dials_.erase(d);  // the lower rank's dial won; the peer drops ours
-  accepted(peer, std::move(fd));
+  accepted(peer, std::move(fd), /*ourDial=*/false);
 }
 
 void ConnectionManager::refused(int peer) {
@@ -143,7 +148,7 @@ bool ConnectionManager::advanceDial(int peer, Dial& d, Clock::time_point now) {
       }
       UniqueFd fd = std::move(d.fd);
       dials_.erase(peer);
-      if (*reply == HelloReply::Accepted) accepted(peer, std::move(fd));
+      if (*reply == HelloReply::Accepted) accepted(peer, std::move(fd), /*ourDial=*/true);
       else awaiting_[peer] = now;  // the peer's own dial reaches our acceptor
       return true;
     }

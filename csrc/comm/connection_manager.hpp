@@ -69,7 +69,7 @@ class ConnectionManager {
   void onIncoming(int peer, UniqueFd fd);
   void startDial(int peer, Dial& d);
   bool advanceDial(int peer, Dial& d, Clock::time_point now);
-  void accepted(int peer, UniqueFd fd);
+  void accepted(int peer, UniqueFd fd, bool ourDial);
   void refused(int peer);  // fails the peer's requests; drops its dial
 
   const int rank_;

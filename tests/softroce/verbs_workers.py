@@ -250,6 +250,10 @@ def verbs_at_scale(rank, world, port, big_numel=(1 << 20) // 8):
     lines = _qp_lines_of_this_process()
     out.update(ring_connections=roce_pg.counters(ring)["connections"], all_qps=len(lines),
                qp_lines=lines if len(lines) != 5 else [])  # what an unexpected count was made of
+    # Every rank reads before any starts the barrier: its partners are not all
+    # ring neighbours, and a rank already in it dials ranks still reading here,
+    # whose idle engines answer at once (counted 3-5 connections, 6 QPs).
+    _store_barrier("ring", world)
     dist.barrier(group=ring)
     dist.destroy_process_group(ring)
     return out
