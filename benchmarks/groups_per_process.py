@@ -11,7 +11,7 @@ so every peer is reached over the network transport, as on a cluster; with
 --transport verbs it needs an RDMA device (the Soft-RoCE VM). Counts are
 read from /proc/self (fd, task, net/tcp{,6} LISTEN sockets whose inodes the
 process holds) and from roce's counters (registered_bytes, summed over the
-groups, plus the staging pool the process's groups share; devices: verbs
+groups, plus the landing and staging pools the process's groups share; devices: verbs
 device contexts the process holds). Printed: the
 maximum over ranks, and per extra group the growth from the first to the
 last point.
@@ -37,7 +37,8 @@ def _snapshot(groups, backend):
         import roce_pg
 
         stats = roce_pg._C._runtime_stats()
-        registered = sum(roce_pg.counters(g)["registered_bytes"] for g in groups) + stats["verbs_staging_bytes"]
+        registered = (sum(roce_pg.counters(g)["registered_bytes"] for g in groups)
+                      + stats["verbs_landing_bytes"] + stats["verbs_staging_bytes"])
         devices = stats["verbs_devices"]  # RDMA device contexts this process holds
     return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
             "listen": listening_ports(), "rss_kib": _rss_kib(), "registered": registered, "devices": devices}

@@ -300,6 +300,9 @@ def counters(group=None):
     calls of the registration cache), eager_sends (verbs: messages of at most
     ROCE_PG_IB_EAGER_MAX_BYTES sent without waiting for the receiver's RTR), staging_waits (verbs: times
     posting a copied chunk found the staging pool the process's groups share empty; counted per attempt),
+    landing_waits (verbs: times a receive needed more landing slots for a peer than it held and found
+    no open slot of the process's landing pool free - the peer goes on through the credits it holds,
+    at least its reserved slot; counted per attempt),
     bytes_reduced_on_device (device
     tensors: staged rows reduced on their device, ROCE_PG_DEVICE_REDUCE), device_bytes_staged (device tensor
     bytes copied through pinned host buffers), device_bytes_direct (device tensor bytes handed to the verbs
@@ -308,9 +311,9 @@ def counters(group=None):
     reset_counters(), except
     three gauges: cached_mrs (the memory registrations the verbs cache holds now), connections (network peers
     connected: TCP sockets, or verbs peers with queue pairs; peers are connected when first needed) and
-    registered_bytes (what the verbs transport registered for this group's own buffers: its landing pool and
-    control rings; not user tensors, and not the staging pool, which the process's groups share:
-    _C._runtime_stats()["verbs_staging_bytes"])."""
+    registered_bytes (what the verbs transport registered for this group's own buffers: its connections'
+    control rings; not user tensors, and not the landing and staging pools, which the process's groups
+    share: _C._runtime_stats()["verbs_landing_bytes"] and ["verbs_staging_bytes"])."""
     return _roce_backend(group)._counters()
 
 

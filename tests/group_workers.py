@@ -222,17 +222,22 @@ def verbs_groups(rank, world, port):
     (VerbsDevice::shared); what each group registers is reported."""
     out = subgroups(rank, world, port)
     assert out["stats"]["verbs_devices"] == 1, out["stats"]
+    landing_before = roce_pg._C._runtime_stats()["verbs_landing_bytes"]
     extra = dist.new_group(list(range(world)))
     _check_allreduce(extra, range(world), rank, n=1 << 16)
     c = roce_pg.counters(extra)
-    # Its pools follow its peers over verbs (world - 1 here), not the
-    # 16 + 4 MiB ceiling: the formula the README states and the doctor uses.
-    # The staging pool is the process's, registered once (by the world group,
-    # which reaches as many peers): the group's own counter leaves it out.
+    stats = roce_pg._C._runtime_stats()
+    # The landing and staging pools are the process's, registered by the
+    # world group (which reaches as many peers): the group's own counter has
+    # only its control rings, and the landing pool grows by at most its
+    # reserved slots (less if a destroyed subgroup left reservations free).
     out["registered"] = {"world": roce_pg.counters()["registered_bytes"], "extra": c["registered_bytes"],
-                         "formula": roce_pg._C.verbs_registered_bytes(c["connections"], routed=world - 1),
+                         "formula": roce_pg._C.verbs_registered_bytes(c["connections"], routed=world - 1)
+                         - roce_pg._C.verbs_landing_bytes(world - 1) - roce_pg._C.verbs_staging_bytes(world - 1),
                          "ceiling": roce_pg._C.verbs_registered_bytes(c["connections"], routed=1 << 20),
-                         "staging": roce_pg._C._runtime_stats()["verbs_staging_bytes"],
+                         "landing_added": stats["verbs_landing_bytes"] - landing_before,
+                         "reserved_formula": roce_pg._C.verbs_reserved_bytes(world - 1),
+                         "staging": stats["verbs_staging_bytes"],
                          "staging_formula": roce_pg._C.verbs_staging_bytes(world - 1)}
     assert roce_pg._C._runtime_stats()["verbs_devices"] == 1
     two_threads(rank, world, port, rounds=10)
@@ -242,13 +247,16 @@ def verbs_groups(rank, world, port):
 
 def staging_shared(rank, world, port, threads=3, rounds=6):
     """Issue 27 over verbs: every group of a process copies its chunks out of
-    the process's one staging pool. Run with a pool of a few slots and zero
-    copy off, three groups' allreduces from three threads at once compete for
-    them (a group that finds none waits for another group's completion):
-    exact sums, the process registers the one pool's bytes, and no group's
-    counter includes them. The groups are then destroyed mid-life of the
-    pool; the world group still gets every slot back (a leaked slot would
-    stall its copied chunks)."""
+    the process's one staging pool and is written into the process's one
+    landing pool. Run with pools of a few slots and zero copy off, three
+    groups' allreduces from three threads at once compete for them (a group
+    that finds no staging slot waits for another group's completion; a peer
+    that can be granted no open landing slot goes on through the slot
+    reserved for it): exact sums,
+    the process registers each pool once (the landing pool grows by each
+    extra group's reservation only), and no group's counter includes them.
+    The groups are then destroyed mid-life of the pools; the world group
+    still gets every slot back (a leaked slot would stall its chunks)."""
     groups = [dist.new_group(list(range(world))) for _ in range(threads)]
     errors = []
 
@@ -272,9 +280,14 @@ def staging_shared(rank, world, port, threads=3, rounds=6):
     stats = roce_pg._C._runtime_stats()
     own = [roce_pg.counters(g)["registered_bytes"] for g in groups]
     out = {"waits": sum(roce_pg.counters(g)["staging_waits"] for g in groups),
+           "landing_waits": sum(roce_pg.counters(g)["landing_waits"] for g in [None, *groups]),
+           "landing": stats["verbs_landing_bytes"],
+           "landing_formula": roce_pg._C.verbs_landing_bytes(world - 1)
+           + threads * roce_pg._C.verbs_reserved_bytes(world - 1),
            "staging": stats["verbs_staging_bytes"], "staging_formula": roce_pg._C.verbs_staging_bytes(world - 1),
            "own": own, "own_formula": [roce_pg._C.verbs_registered_bytes(roce_pg.counters(g)["connections"],
                                                                          routed=world - 1)
+                                       - roce_pg._C.verbs_landing_bytes(world - 1)
                                        - roce_pg._C.verbs_staging_bytes(world - 1) for g in groups]}
     dist.barrier()
     for g in groups:
@@ -282,6 +295,7 @@ def staging_shared(rank, world, port, threads=3, rounds=6):
     for i in range(rounds):
         _check_allreduce(None, range(world), rank, n=(1 << 16) + i)
     out["staging_after"] = roce_pg._C._runtime_stats()["verbs_staging_bytes"]
+    out["landing_after"] = roce_pg._C._runtime_stats()["verbs_landing_bytes"]
     dist.barrier()
     return out
 

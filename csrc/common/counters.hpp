@@ -21,6 +21,7 @@ struct Counters {
   std::atomic<uint64_t> registrations{0}; // ibv_reg_mr calls of the verbs registration cache
   std::atomic<uint64_t> eagerSends{0};    // verbs messages sent eagerly (no RTR round trip)
   std::atomic<uint64_t> stagingWaits{0};  // verbs chunks held back: the process's staging pool had no free slot
+  std::atomic<uint64_t> landingWaits{0};  // verbs landing grants a receive needed that found no open slot free
   std::atomic<uint64_t> bytesReducedOnDevice{0};  // staged bytes reduced on their device (ROCE_PG_DEVICE_REDUCE)
   std::atomic<uint64_t> deviceBytesStaged{0};  // device tensor bytes copied through host staging buffers
   std::atomic<uint64_t> deviceBytesDirect{0};  // device tensor bytes handed to the transport itself (GPUDirect)
@@ -36,8 +37,8 @@ struct Counters {
   std::atomic<uint64_t> cachedMrs{0};        // memory registrations the verbs cache holds right now
   std::atomic<uint64_t> connections{0};      // network peers connected (TCP socket, or verbs queue pairs)
   std::atomic<uint64_t> registeredBytes{0};  // bytes the verbs transport registered for this group's own
-                                             // buffers (landing pool, control rings; not user tensors, not
-                                             // the process's staging pool)
+                                             // buffers (its connections' control rings; not user tensors,
+                                             // not the process's landing and staging pools)
 
   static void add(std::atomic<uint64_t>& c, uint64_t n) { c.fetch_add(n, std::memory_order_relaxed); }
   static int64_t steadyNs() {
@@ -46,7 +47,7 @@ struct Counters {
   }
   void reset() {
     for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends, &blockedWaits, &inlineOps,
-                    &bytesZeroCopy, &registrations, &eagerSends, &stagingWaits, &bytesReducedOnDevice, &deviceBytesStaged,
+                    &bytesZeroCopy, &registrations, &eagerSends, &stagingWaits, &landingWaits, &bytesReducedOnDevice, &deviceBytesStaged,
                     &deviceBytesDirect, &workerSlices})
       c->store(0, std::memory_order_relaxed);
     resetWindow();

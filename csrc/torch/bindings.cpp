@@ -76,6 +76,7 @@ PYBIND11_MODULE(_C, m) {
              d["registrations"] = get(c.registrations);
              d["eager_sends"] = get(c.eagerSends);
              d["staging_waits"] = get(c.stagingWaits);
+             d["landing_waits"] = get(c.landingWaits);
              d["bytes_reduced_on_device"] = get(c.bytesReducedOnDevice);
              d["device_bytes_staged"] = get(c.deviceBytesStaged);
              d["device_bytes_direct"] = get(c.deviceBytesDirect);
@@ -240,10 +241,22 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("peers"), py::arg("rails") = 1, py::arg("routed") = -1);
   // Of those, the staging pool's, which the process's groups share (so a
-  // group's counters leave it out; _runtime_stats()["verbs_staging_bytes"]).
+  // group's counters leave it out, as the landing pool's below;
+  // _runtime_stats()["verbs_staging_bytes"]).
   m.def(
       "verbs_staging_bytes",
       [](int routed, int rails) { return roce::verbsStagingBytes(roce::Config::fromEnv(), rails, routed); },
+      py::arg("routed"), py::arg("rails") = 1);
+  // And the landing pool's (also the process's): as the first group
+  // registers it, and what a further group of the same shape adds (its
+  // reserved slots); _runtime_stats()["verbs_landing_bytes"] has the total.
+  m.def(
+      "verbs_landing_bytes",
+      [](int routed, int rails) { return roce::verbsLandingBytes(roce::Config::fromEnv(), rails, routed); },
+      py::arg("routed"), py::arg("rails") = 1);
+  m.def(
+      "verbs_reserved_bytes",
+      [](int routed, int rails) { return roce::verbsReservedBytes(roce::Config::fromEnv(), rails, routed); },
       py::arg("routed"), py::arg("rails") = 1);
   // The ports this process would drive with its ROCE_PG_* settings, as
   // [{"device", "port", "gid_index", "numa_node", "pci"}], and why none when empty
@@ -304,6 +317,7 @@ PYBIND11_MODULE(_C, m) {
     d["services"] = rt.services();
     d["verbs_devices"] = roce::VerbsDevice::openCount();
     d["verbs_staging_bytes"] = roce::StagingPool::processBytes();  // shared by the process's groups
+    d["verbs_landing_bytes"] = roce::LandingPool::processBytes();  // likewise
     return d;
   });
   // The settings every rank of a group must share ("NAME=value ..."): what

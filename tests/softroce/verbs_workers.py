@@ -236,8 +236,9 @@ def verbs_at_scale(rank, world, port, big_numel=(1 << 20) // 8):
         dist.all_reduce(t)
         assert torch.equal(t, torch.arange(numel, dtype=torch.int64) * (world * (world + 1) // 2)), numel
     c = roce_pg.counters()
-    # The group's own bytes plus the process's staging pool (which it made).
-    registered = c["registered_bytes"] + roce_pg._C._runtime_stats()["verbs_staging_bytes"]
+    # The group's own bytes plus the process's landing and staging pools (which it made).
+    stats = roce_pg._C._runtime_stats()
+    registered = c["registered_bytes"] + stats["verbs_landing_bytes"] + stats["verbs_staging_bytes"]
     out.update(rd_connections=c["connections"], rd_registered=registered, rd_qps=_qps_of_this_process(),
                formula_3_peers=roce_pg._C.verbs_registered_bytes(3, routed=world - 1))
     _store_barrier("rd", world)

@@ -43,10 +43,11 @@ uint32_t SlotPool::take() {
   return s;
 }
 
-void SlotPool::give(uint32_t slot) {
-  if (inFree_[slot]) return;
+bool SlotPool::give(uint32_t slot) {
+  if (inFree_[slot]) return false;
   inFree_[slot] = true;
   free_.push_back(slot);
+  return true;
 }
 
 }  // namespace roce

@@ -35,7 +35,7 @@ class SlotPool {
 
   size_t available() const { return free_.size(); }
   uint32_t take();             // requires available() > 0
-  void give(uint32_t slot);    // a slot taken before; double gives are ignored
+  bool give(uint32_t slot);    // a slot taken before; a double give is ignored (false)
 
  private:
   char* base_ = nullptr;

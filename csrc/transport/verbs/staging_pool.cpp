@@ -1,37 +1,22 @@
 #include "staging_pool.hpp"
 
 #include <infiniband/verbs.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <map>
 
 #include "../../common/error.hpp"
 #include "../../common/wakeup.hpp"
+#include "process_pool.hpp"
 #include "slot_pool.hpp"
 
 namespace roce {
 namespace {
-constexpr uint32_t kSlotBits = 20;
-constexpr uint32_t kSlotMask = (1u << kSlotBits) - 1;
 std::atomic<size_t> stagingBytes{0};  // StagingPool::processBytes
 }  // namespace
 
 std::shared_ptr<StagingPool> StagingPool::shared(const Rails& rails, size_t stride) {
-  static std::mutex mu;
-  static std::map<std::vector<const void*>, std::weak_ptr<StagingPool>> open;
-  // The devices are per process (VerbsDevice::shared keys by pid): a forked
-  // child never finds its parent's pool here.
-  std::vector<const void*> key;
-  for (const auto& dev : rails) key.push_back(dev.get());
-  key.push_back(reinterpret_cast<const void*>(stride));
-  key.push_back(reinterpret_cast<const void*>(static_cast<uintptr_t>(getpid())));
-  std::lock_guard<std::mutex> g(mu);
-  if (auto pool = open[key].lock()) return pool;
-  auto pool = std::make_shared<StagingPool>(rails, stride);
-  open[key] = pool;
-  return pool;
+  return processPool<StagingPool>(rails, stride);
 }
 
 size_t StagingPool::processBytes() { return stagingBytes.load(); }
@@ -49,7 +34,7 @@ void StagingPool::reserve(uint32_t slots) {
     uint32_t have = 0;
     for (const auto& r : regions_) have += r->count();
     if (have >= slots || regions_.size() >= static_cast<size_t>(kMaxRegions)) return;  // full: the groups share what is there
-    more = std::max<uint32_t>(2, std::min(slots - have, kSlotMask + 1));
+    more = std::max<uint32_t>(2, std::min(slots - have, kPoolSlotMask + 1));
   }
   // Registered without the lock: the other groups keep taking and giving.
   auto region = std::make_unique<SlotPool>(rails_, static_cast<size_t>(more) * stride_, stride_,
@@ -62,13 +47,13 @@ void StagingPool::reserve(uint32_t slots) {
   stagingBytes.fetch_add(regions_.back()->registeredBytes());
   // Its slots serve the queued groups first.
   const uint32_t r = static_cast<uint32_t>(regions_.size() - 1);
-  for (uint32_t s = 0; s < regions_[r]->count() && !queued_.empty(); ++s) release((r << kSlotBits) | regions_[r]->take());
+  for (uint32_t s = 0; s < regions_[r]->count() && !queued_.empty(); ++s) release((r << kPoolSlotBits) | regions_[r]->take());
 }
 
 void StagingPool::fill(uint32_t id, Slot* slot) const {
-  const SlotPool& region = *regions_.at(id >> kSlotBits);
+  const SlotPool& region = *regions_.at(id >> kPoolSlotBits);
   slot->id = id;
-  slot->data = region.slot(id & kSlotMask);
+  slot->data = region.slot(id & kPoolSlotMask);
   for (size_t rail = 0; rail < rails_.size(); ++rail) slot->lkey[rail] = region.lkey(static_cast<int>(rail));
 }
 
@@ -89,7 +74,7 @@ bool StagingPool::tryTake(Slot* slot, Wakeup* group) {
   if (group && pick([&](const Handed& h) { return h.to == group; })) return true;
   for (uint32_t r = 0; r < regions_.size(); ++r)
     if (regions_[r]->available() > 0) {
-      fill((r << kSlotBits) | regions_[r]->take(), slot);
+      fill((r << kPoolSlotBits) | regions_[r]->take(), slot);
       return true;
     }
   if (pick([&](const Handed& h) { return now - h.at > std::chrono::milliseconds(1); })) return true;
@@ -99,7 +84,7 @@ bool StagingPool::tryTake(Slot* slot, Wakeup* group) {
 
 void StagingPool::release(uint32_t id) {
   if (queued_.empty()) {
-    regions_.at(id >> kSlotBits)->give(id & kSlotMask);
+    regions_.at(id >> kPoolSlotBits)->give(id & kPoolSlotMask);
     return;
   }
   Wakeup* to = queued_.front();

@@ -99,12 +99,10 @@ void VerbsTransport::onCtrl(int p, const Ctrl& msg) {
       break;
     }
     case kCredit:
-      if (msg.id >= peer.remoteIsFree.size() || peer.remoteIsFree[msg.id])
-        return killPeer(p, str("rank ", p, " granted landing slot ", msg.id, " which ",
-                               msg.id >= peer.remoteIsFree.size() ? "it does not have" : "was granted already",
+      if (msg.addr == 0 || peer.remoteHeld.count(msg.id))
+        return killPeer(p, str("rank ", p, " granted landing slot ", msg.id, msg.addr == 0 ? " at address 0" : " twice",
                                " (corrupted control message)"));
-      peer.remoteIsFree[msg.id] = true;
-      peer.remoteFree.push_back(msg.id);
+      peer.addCredit(msg.id, msg.addr, msg.rkey, kMaxRails);
       break;
     case kNack: {
       auto it = peer.recvs.find(msg.id);
@@ -131,13 +129,13 @@ void VerbsTransport::onData(int p, uint32_t slot, uint32_t byteLen) {
   // Everything here comes from the peer: the slot from the immediate, the rest
   // from the header it wrote. Any inconsistency fails the peer; nothing is
   // copied and the receive cannot complete with a hole.
-  if (slot >= landing_->count() || landingOwner_[slot] != p)
-    return killPeer(p, str("rank ", p, " wrote to landing slot ", slot, " of ", landing_->count(),
-                           ", which is not granted to it (corrupted immediate)"));
+  const auto owner = landingOwner_.find(slot);
+  if (owner == landingOwner_.end() || owner->second.peer != p)
+    return killPeer(p, str("rank ", p, " wrote to landing slot ", slot, ", which is not granted to it (corrupted immediate)"));
   // byte_len of a WRITE_WITH_IMM is what the peer wrote; 0 means the provider does not report it.
   if (byteLen != 0 && (byteLen < sizeof(SlotHeader) || byteLen > stride_))
     return killPeer(p, str("rank ", p, " wrote ", byteLen, " bytes into a landing slot of ", stride_));
-  const char* src = landing_->slot(slot);
+  const char* src = landing_->data(slot);
   SlotHeader h;
   std::memcpy(&h, src, sizeof(h));
   if (h.flags & kSlotEager) {
@@ -354,17 +352,17 @@ void VerbsTransport::killPeer(int p, const std::string& why) {
     // Its queue pairs are in the error state: the shared pools' slots it held
     // can serve the other peers.
     if (landing_) {
-      for (uint32_t s = 0; s < landingOwner_.size(); ++s)
-        if (landingOwner_[s] == p) {
-          landingOwner_[s] = -1;
-          landing_->give(s);
-        }
+      std::vector<uint32_t> landed;
+      for (const auto& [id, l] : landingOwner_)
+        if (l.peer == p) landed.push_back(id);
+      for (uint32_t id : landed) giveLanding(id);
       std::vector<uint32_t> held;
       for (const auto& [id, use] : stagingOwner_)
         if (use.peer == p) held.push_back(id);
       for (uint32_t id : held) giveStaging(id);
     }
     peer.granted = 0;
+    peer.reservedHeld = 0;
   }
   for (auto& [tag, q] : peer.sendsWaiting)
     for (const Pair::WaitingSend& w : q)

@@ -58,16 +58,35 @@ VerbsPoolSizes verbsPoolSizes(const Config& cfg, size_t stride, int routedPeers)
   // Copied chunks in flight, across peers: at most each peer's credits.
   const uint64_t stagingSlots =
       std::min<uint64_t>(std::max(cfg.ibPoolBytes / 4, 2 * stride) / stride, std::max<uint64_t>(2, peers * cap));
-  return {landingSlots * stride, stagingSlots * stride};
+  // Of the landing slots, one per peer is reserved for the group in the
+  // process's pool (landing_pool.hpp: no group waits for another's), at
+  // least the two a region holds; the rest is the open share it asks for.
+  // So the first group registers what it would alone, and a further group
+  // of the same shape adds its reservation.
+  const auto reserved = static_cast<uint32_t>(
+      std::clamp<uint64_t>(peers, 2, LandingPool::kMaxReservedPerGroup));
+  const uint64_t open = std::max<uint64_t>(2, landingSlots > reserved ? landingSlots - reserved : 0);
+  return {open * stride, stagingSlots * stride, reserved};
 }
 
 size_t verbsRegisteredBytes(const Config& cfg, int peers, int rails, int routedPeers) {
   const int qps = groupQueuePairs(cfg, rails);
-  const VerbsPoolSizes pools = verbsPoolSizes(cfg, strideOf(cfg.ibSlotBytes), routedPeers < 0 ? peers : routedPeers);
   const size_t perPeer = static_cast<size_t>(qps) *
                          (recvDepth(cfg.ibSlots, 1 << 30) + sendDepth(cfg.ibSlots, 1 << 30)) * kCtrlBytes;
-  return static_cast<size_t>(rails) * (pageRound(pools.landing) + static_cast<size_t>(peers) * perPeer) +
-         verbsStagingBytes(cfg, rails, routedPeers < 0 ? peers : routedPeers);
+  const int routed = routedPeers < 0 ? peers : routedPeers;
+  return static_cast<size_t>(rails) * static_cast<size_t>(peers) * perPeer + verbsLandingBytes(cfg, rails, routed) +
+         verbsStagingBytes(cfg, rails, routed);
+}
+
+size_t verbsLandingBytes(const Config& cfg, int rails, int routedPeers) {
+  const size_t stride = strideOf(cfg.ibSlotBytes);
+  const VerbsPoolSizes pools = verbsPoolSizes(cfg, stride, routedPeers);
+  return static_cast<size_t>(rails) * pageRound(pools.landing + pools.reserved * stride);
+}
+
+size_t verbsReservedBytes(const Config& cfg, int rails, int routedPeers) {
+  const size_t stride = strideOf(cfg.ibSlotBytes);
+  return static_cast<size_t>(rails) * pageRound(verbsPoolSizes(cfg, stride, routedPeers).reserved * stride);
 }
 
 size_t verbsStagingBytes(const Config& cfg, int rails, int routedPeers) {
@@ -126,6 +145,12 @@ VerbsTransport::~VerbsTransport() {
     staging_->forget(wakeup());
     for (const auto& [id, use] : stagingOwner_) staging_->give(id);
   }
+  // Likewise the landing slots granted to peers, then the reservation.
+  if (landing_) {
+    for (const auto& [id, l] : landingOwner_) landing_->give(l.reserved ? &landingShare_ : nullptr, id);
+    landingOwner_.clear();
+    landing_->leave(landingShare_);
+  }
 }
 
 Pair& VerbsTransport::peerOf(int p) {
@@ -150,18 +175,21 @@ void VerbsTransport::ensurePools() {
   // behind for the next connection to add to.
   std::vector<std::unique_ptr<CqSet>> cqs;
   for (const auto& dev : rails_) cqs.push_back(std::make_unique<CqSet>(*dev, wakeup()));
-  auto landing = std::make_unique<SlotPool>(rails_, pools_.landing, stride_,
-                                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "landing pool", counters());
+  // The process's landing pool: this group joins it with its reserved slots
+  // (one per peer) and the open share its peers may hold at once.
+  auto landing = LandingPool::shared(rails_, stride_);
   // Copied chunks in flight across all peers (each peer's credits); at most
   // a quarter of ROCE_PG_IB_POOL_BYTES (most large messages go zero copy and
   // need no staging). The process's pool: it grows only if this group asks
   // more than every group before it.
   auto staging = StagingPool::shared(rails_, stride_);
   staging->reserve(static_cast<uint32_t>(pools_.staging / stride_));
+  // Last: the one step that leaves something behind (the reservation) can
+  // no longer be followed by a failure.
+  landing->join(landingShare_, pools_.reserved, static_cast<uint32_t>(pools_.landing / stride_));
   cqs_ = std::move(cqs);
   landing_ = std::move(landing);
   staging_ = std::move(staging);
-  landingOwner_.assign(landing_->count(), -1);
 }
 
 void VerbsTransport::adoptConnection(int p, int fd) {
@@ -178,23 +206,24 @@ void VerbsTransport::adoptConnection(int p, int fd) {
     Endpoint me;
     for (size_t r = 0; r < rails_.size(); ++r) {
       const VerbsDevice& dev = *rails_[r];
-      me.rails.push_back({dev.portAttr().lid, dev.gid(), static_cast<int>(dev.portAttr().active_mtu),
-                          landing_->rkey(static_cast<int>(r))});
+      me.rails.push_back({dev.portAttr().lid, dev.gid(), static_cast<int>(dev.portAttr().active_mtu)});
     }
     for (auto& q : peer.qps) me.qps.push_back({q.qp->qp_num, static_cast<uint32_t>(q.rail)});
     peer.localPsn = std::mt19937(std::random_device{}())() & 0xffffff;
     me.psn = peer.localPsn;
-    me.landing = landing_->address();
-    me.slots = landing_->count();
     me.slotBytes = slotBytes_;
     me.stride = stride_;
     me.ctrlRecvs = static_cast<uint32_t>(rqDepth_ - cap_ - 4);
-    const size_t reserve = std::max<size_t>(cap_, landing_->count() / 4);
-    for (int i = 0; i < kStandingGrants && landing_->available() > reserve; ++i) {
-      const uint32_t slot = landing_->take();
-      landingOwner_[slot] = p;
-      peer.granted++;
-      me.grants.push_back(slot);
+    // Standing grants: the peer's reserved slot (then always its own), and
+    // an open one while the pool keeps its reserve.
+    LandingPool::Slot slot;
+    for (int i = 0; i < kStandingGrants; ++i) {
+      if (!(peer.reservedHeld == 0 && takeLanding(p, peer, Grant::Reserved, &slot)) &&
+          !takeLanding(p, peer, Grant::Standing, &slot))
+        break;
+      Endpoint::Grant g{slot.id, slot.addr, {}};
+      std::copy(std::begin(slot.rkey), std::end(slot.rkey), std::begin(g.rkey));
+      me.grants.push_back(g);
     }
     peer.startHandshake(fd, me.encode());
   } catch (const Error& e) {

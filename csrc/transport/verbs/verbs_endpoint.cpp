@@ -42,11 +42,14 @@ bool unhex(const std::string& s, void* p, size_t n) {
 std::string Endpoint::encode() const {
   std::ostringstream os;
   os << rails.size();
-  for (const Rail& r : rails) os << " " << r.lid << " " << hex(r.gid.raw, 16) << " " << r.mtu << " " << r.landingRkey;
+  for (const Rail& r : rails) os << " " << r.lid << " " << hex(r.gid.raw, 16) << " " << r.mtu;
   os << " " << qps.size();
   for (const Qp& q : qps) os << " " << q.qpn << " " << q.rail;
-  os << " " << psn << " " << landing << " " << slots << " " << slotBytes << " " << stride << " " << ctrlRecvs << " " << grants.size();
-  for (uint32_t g : grants) os << " " << g;
+  os << " " << psn << " " << slotBytes << " " << stride << " " << ctrlRecvs << " " << grants.size();
+  for (const Grant& g : grants) {
+    os << " " << g.id << " " << g.addr;
+    for (size_t r = 0; r < rails.size(); ++r) os << " " << g.rkey[r];
+  }
   return os.str();
 }
 
@@ -71,7 +74,6 @@ Endpoint Endpoint::parse(const std::string& text, int peer, int expectQps, int s
     std::string gidHex;
     if (!(in >> gidHex) || !unhex(gidHex, rail.gid.raw, 16)) fail("GID");
     rail.mtu = static_cast<int>(next(IBV_MTU_256, IBV_MTU_4096, "MTU"));
-    rail.landingRkey = static_cast<uint32_t>(next(0, UINT32_MAX, "rkey"));
     e.rails.push_back(rail);
   }
   const auto nq = static_cast<int>(next(1, 16, "queue pair count"));
@@ -86,14 +88,20 @@ Endpoint Endpoint::parse(const std::string& text, int peer, int expectQps, int s
     e.qps.push_back(qp);
   }
   e.psn = static_cast<uint32_t>(next(0, 0xffffff, "PSN"));
-  e.landing = next(1, UINT64_MAX, "landing address");
-  e.slots = static_cast<uint32_t>(next(2, 1u << 24, "slot count"));
   e.slotBytes = next(1, 1ull << 30, "slot size");
   e.stride = next(sizeof(SlotHeader) + e.slotBytes, 1ull << 31, "slot stride");
   if (e.stride % 64) fail("slot stride not 64-byte aligned");
   e.ctrlRecvs = static_cast<uint32_t>(next(kCtrlReserve + 4, 1 << 20, "control receive count"));
   const auto grants = next(0, 1024, "grant count");
-  for (uint64_t i = 0; i < grants; ++i) e.grants.push_back(static_cast<uint32_t>(next(0, e.slots - 1, "granted slot")));
+  for (uint64_t i = 0; i < grants; ++i) {
+    Grant g;
+    g.id = static_cast<uint32_t>(next(0, UINT32_MAX, "granted slot"));
+    g.addr = next(1, UINT64_MAX, "granted slot's address");
+    for (int r = 0; r < nr; ++r) g.rkey[r] = static_cast<uint32_t>(next(0, UINT32_MAX, "granted slot's rkey"));
+    for (const Grant& earlier : e.grants)
+      if (earlier.id == g.id) fail(str("landing slot ", g.id, " granted twice"));
+    e.grants.push_back(g);
+  }
   return e;
 }
 

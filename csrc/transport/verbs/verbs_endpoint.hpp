@@ -1,8 +1,8 @@
 // What a rank tells a peer about its end of a verbs connection, over the TCP
 // side channel the ConnectionManager made for them: its rails (per port:
-// GID/LID, MTU and the landing pool's rkey there), its queue pairs and the
-// rail each is on, where the peer may write (the landing pool: base, slot
-// geometry) and which landing slots it grants the peer to begin with. Every
+// GID/LID and MTU), its queue pairs and the rail each is on, the slot
+// geometry, and the landing slots it grants the peer to begin with (id,
+// address, rkey per rail: the process's landing pool, landing_pool.hpp). Every
 // field of a peer's endpoint is checked before it configures a queue pair or
 // addresses memory.
 #pragma once
@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "port_choice.hpp"
+
 namespace roce::verbs {
 
 struct Endpoint {
@@ -19,7 +21,6 @@ struct Endpoint {
     uint32_t lid = 0;
     ibv_gid gid{};
     int mtu = 0;
-    uint32_t landingRkey = 0;  // the landing pool's rkey on this port
   };
   struct Qp {
     uint32_t qpn = 0;
@@ -28,11 +29,14 @@ struct Endpoint {
   std::vector<Rail> rails;
   std::vector<Qp> qps;
   uint32_t psn = 0;
-  uint64_t landing = 0;  // the landing pool's base address
-  uint32_t slots = 0;    // landing slots in the pool
   uint64_t slotBytes = 0, stride = 0;
-  uint32_t ctrlRecvs = 0;         // control messages it can take before returning credits
-  std::vector<uint32_t> grants;   // landing slots the peer may write from the start
+  uint32_t ctrlRecvs = 0;  // control messages it can take before returning credits
+  struct Grant {
+    uint32_t id = 0;  // the immediate to write with
+    uint64_t addr = 0;
+    uint32_t rkey[kMaxRails] = {};  // per rail, as rails
+  };
+  std::vector<Grant> grants;  // landing slots the peer may write from the start
 
   std::string encode() const;
   // Throws (naming `peer`) on anything malformed or inconsistent with this side.

@@ -1,17 +1,22 @@
 // Which peer may write which landing slot (see verbs_transport.hpp, Memory).
 //
-// A peer holds `granted` slots of this rank's landing pool: credits it has
-// not used yet, chunks in flight, chunks landed and not yet handled. Slots
-// are granted
-//   * at connection: two "standing" slots, for eager messages, while the
-//     pool keeps more than its reserve free;
+// A peer holds `granted` slots of the process's landing pool for this group
+// (landing_pool.hpp): credits it has not used yet, chunks in flight, chunks
+// landed and not yet handled. Slots are granted
+//   * at connection: the peer's reserved slot (one per peer is reserved for
+//     the group in the process's pool), which goes back to the same peer
+//     each time it is consumed, so the peer always has a credit; and one
+//     open slot while the pool keeps more than its reserve of open slots
+//     free. These two "standing" grants let small messages go eagerly;
 //   * when a receive from the peer needs more chunks than the peer holds, up
-//     to ROCE_PG_IB_SLOTS at a time, from anywhere in the pool;
-// and a consumed slot goes back to the same peer while it still needs one
-// (or to keep its standing two, reserve permitting), else to the pool, where
-// peers waiting for slots get it. Demand grants are consumed and come back
-// promptly; standing grants are capped by the reserve; so a receive that
-// needs slots always gets them eventually, whatever idle peers hold.
+//     to ROCE_PG_IB_SLOTS at a time: open slots, as many as are free;
+// and a consumed open slot goes back to the same peer while it still needs
+// one (or to keep its standing two, reserve permitting), else to the pool,
+// where peers waiting for slots get it. Demand grants are consumed and come
+// back promptly, standing open grants are capped by the reserve, and each
+// peer's reserved slot is its own: so a receive that needs slots always
+// gets them eventually, at worst one chunk per round trip through the
+// reserved slot, whatever idle peers or other groups hold.
 #include <algorithm>
 
 #include "verbs_transport.hpp"
@@ -38,44 +43,84 @@ int VerbsTransport::need(const Pair& peer) const {
   return std::max(0, wanted - peer.granted);
 }
 
-void VerbsTransport::grantTo(int p, Pair& peer) {
-  const uint32_t slot = landing_->take();
-  landingOwner_[slot] = p;
+uint32_t VerbsTransport::standingReserve() const {
+  return std::max<uint32_t>(static_cast<uint32_t>(cap_), landing_->openSlots() / 4);
+}
+
+bool VerbsTransport::takeLanding(int p, Pair& peer, Grant kind, LandingPool::Slot* slot) {
+  const bool reserved = kind == Grant::Reserved;
+  if (reserved ? !landing_->takeReserved(landingShare_, slot)
+               : !landing_->takeOpen(slot, kind == Grant::Standing ? standingReserve() : 0))
+    return false;
+  landingOwner_[slot->id] = {p, reserved};
   peer.granted++;
-  peers_[p]->queueCtrl(makeCtrl(kCredit, slot));
+  peer.reservedHeld += reserved;
+  return true;
+}
+
+void VerbsTransport::sendCredit(int p, const LandingPool::Slot& slot) {
+  Ctrl c = makeCtrl(kCredit, slot.id);
+  c.addr = slot.addr;
+  std::copy(std::begin(slot.rkey), std::end(slot.rkey), std::begin(c.rkey));
+  peers_[p]->queueCtrl(c);
+}
+
+bool VerbsTransport::grantTo(int p, Pair& peer) {
+  LandingPool::Slot slot;
+  // Open slots; a peer without its reserved slot (a group of more than
+  // LandingPool::kMaxReservedPerGroup peers) gets one when one is left.
+  if (!takeLanding(p, peer, Grant::Demand, &slot) &&
+      (peer.reservedHeld > 0 || !takeLanding(p, peer, Grant::Reserved, &slot))) {
+    // Other groups (or this one's other peers) hold every open slot: this
+    // peer goes on through the credits it holds.
+    if (counters()) Counters::add(counters()->landingWaits, 1);
+    return false;
+  }
+  sendCredit(p, slot);
+  return true;
+}
+
+void VerbsTransport::giveLanding(uint32_t slot) {
+  auto it = landingOwner_.find(slot);
+  if (it == landingOwner_.end()) return;
+  landing_->give(it->second.reserved ? &landingShare_ : nullptr, slot);
+  landingOwner_.erase(it);
 }
 
 void VerbsTransport::grantNeeded(int p) {
   if (!landing_) return;  // not connected yet: grants go out with the handshake
   Pair& peer = *peers_[p];
   int n = need(peer);
-  while (n-- > 0 && landing_->available() > 0) grantTo(p, peer);
+  while (n-- > 0 && grantTo(p, peer)) {
+  }
   if (need(peer) > 0 && std::find(needy_.begin(), needy_.end(), p) == needy_.end()) needy_.push_back(p);
 }
 
 void VerbsTransport::landingConsumed(int p, uint32_t slot) {
   Pair& peer = *peers_[p];
-  landingOwner_[slot] = -1;
+  const bool reserved = landingOwner_.at(slot).reserved;  // onData checked the owner
   peer.granted--;
-  const size_t reserve = std::max<size_t>(cap_, landing_->count() / 4);
+  peer.reservedHeld -= reserved;
   if (peer.deadReason.empty() &&
-      (need(peer) > 0 || (peer.granted < kStandingGrants && landing_->available() >= reserve))) {
-    // Straight back to the peer that wrote it.
-    landingOwner_[slot] = p;
+      (reserved || need(peer) > 0 ||
+       (peer.granted < kStandingGrants && landing_->openFree() >= standingReserve()))) {
+    // Straight back to the peer that wrote it: always its reserved slot.
     peer.granted++;
-    peers_[p]->queueCtrl(makeCtrl(kCredit, slot));
+    peer.reservedHeld += reserved;
+    sendCredit(p, landing_->slot(slot));
     return;
   }
-  landing_->give(slot);
+  giveLanding(slot);
   serveNeedy();
 }
 
 void VerbsTransport::serveNeedy() {
-  for (size_t i = 0; i < needy_.size() && landing_->available() > 0;) {
+  for (size_t i = 0; i < needy_.size();) {
     const int p = needy_[i];
     Pair& peer = *peers_[p];
     int n = peer.deadReason.empty() ? need(peer) : 0;
-    while (n-- > 0 && landing_->available() > 0) grantTo(p, peer);
+    while (n-- > 0 && grantTo(p, peer)) {
+    }
     if (peer.deadReason.empty() && need(peer) > 0) {
       ++i;
     } else {

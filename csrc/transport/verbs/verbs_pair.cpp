@@ -164,13 +164,7 @@ void Pair::connect(const Endpoint& e) {
   remoteGid.clear();
   for (const auto& r : e.rails) remoteGid += (remoteGid.empty() ? "" : ", ") + gidToString(r.gid);
   remoteQpn0 = e.qps[0].qpn;
-  remoteLanding = e.landing;
-  remoteIsFree.assign(e.slots, false);
-  for (uint32_t g : e.grants) {
-    if (remoteIsFree[g]) throwComm(str("rank ", peer_, " granted landing slot ", g, " twice (corrupted handshake)"));
-    remoteIsFree[g] = true;
-    remoteFree.push_back(g);
-  }
+  for (const auto& g : e.grants) addCredit(g.id, g.addr, g.rkey, e.rails.size());  // parse() refused duplicates
   ctrlCredits = ctrlCreditsMax = static_cast<int>(e.ctrlRecvs);
   mtu = 0;
   for (size_t q = 0; q < e.qps.size(); ++q) {
@@ -178,7 +172,6 @@ void Pair::connect(const Endpoint& e) {
     const VerbsDevice& dev = railOf(mine);
     const Endpoint::Rail& theirs = e.rails[e.qps[q].rail];
     mine.remoteRail = static_cast<int>(e.qps[q].rail);
-    mine.remoteLandingRkey = theirs.landingRkey;
     const ibv_mtu pathMtu = std::min(dev.portAttr().active_mtu, static_cast<ibv_mtu>(theirs.mtu));
     mtu = mtu ? std::min(mtu, mtuToBytes(pathMtu)) : mtuToBytes(pathMtu);
     ibv_qp_attr a{};
@@ -249,6 +242,13 @@ void Pair::retire(Qp& q) {
   if (q.covers.empty()) return;
   q.posted -= q.covers.front();
   q.covers.pop_front();
+}
+
+void Pair::addCredit(uint32_t id, uint64_t addr, const uint32_t* rkeys, size_t rails) {
+  RemoteSlot slot{id, addr, {}};
+  std::copy(rkeys, rkeys + rails, slot.rkey.begin());
+  remoteHeld.insert(id);
+  remoteFree.push_back(slot);
 }
 
 void Pair::queueCtrl(const Ctrl& msg) {

@@ -9,11 +9,13 @@
 #pragma once
 #include <infiniband/verbs.h>
 
+#include <array>
 #include <deque>
 #include <list>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "../../common/counters.hpp"
@@ -57,7 +59,6 @@ struct Qp {
   ibv_qp* qp = nullptr;
   int rail = 0;                 // our port it is on (index into the transport's rails)
   int remoteRail = 0;           // the peer's port it reaches
-  uint32_t remoteLandingRkey = 0;  // the peer's landing pool on that port
   int posted = 0;             // send WRs not yet known complete
   int unsignaled = 0;         // send WRs since the last signaled one
   std::deque<int> covers;     // per signaled WR in flight: WRs it retires
@@ -135,13 +136,20 @@ class Pair {
   char* ctrlMem = nullptr;
   MemoryRegion ctrlMrs;  // registered on every rail
   size_t ctrlBytes = 0;
-  // The peer's landing pool (its rkeys are per queue pair: Qp::remoteLandingRkey),
-  // and the slots of it we may write (its credits).
-  uint64_t remoteLanding = 0;
-  std::deque<uint32_t> remoteFree;
-  std::vector<bool> remoteIsFree;  // per remote slot: in remoteFree (a duplicate CREDIT is an error)
-  // Our landing slots this peer holds: granted and not yet consumed.
+  // The peer's landing slots we may write (its credits: where each is, and
+  // its rkey per rail of the peer; a queue pair uses its remoteRail's).
+  struct RemoteSlot {
+    uint32_t id;  // the immediate
+    uint64_t addr;
+    std::array<uint32_t, kMaxRails> rkey;
+  };
+  std::deque<RemoteSlot> remoteFree;
+  std::unordered_set<uint32_t> remoteHeld;  // ids in remoteFree (a duplicate CREDIT is an error)
+  void addCredit(uint32_t id, uint64_t addr, const uint32_t* rkeys, size_t rails);
+  // Our landing slots this peer holds: granted and not yet consumed; of
+  // them, reserved ones (at most one: landing_pool.hpp).
   int granted = 0;
+  int reservedHeld = 0;
   // Control-message flow control: SENDs on QP 0 each consume one of the peer's
   // posted receives, so we send only while we hold credits for them (no RNR).
   int ctrlCredits = 0;

@@ -294,7 +294,7 @@ bool VerbsTransport::streamSends(int p) {
 bool VerbsTransport::postChunk(int p, Qp& q, ActiveSend& as, const SlotHeader& h, const char* payload) {
   Pair& peer = *peers_[p];
   const int qIndex = static_cast<int>(&q - peer.qps.data());
-  const uint32_t land = peer.remoteFree.front();
+  const Pair::RemoteSlot land = peer.remoteFree.front();
   const size_t headBytes = sizeof(h) + (as.zc ? 0 : h.len);
   const bool inlined = headBytes <= q.maxInline;
   ibv_send_wr wrs[2]{};
@@ -347,9 +347,9 @@ bool VerbsTransport::postChunk(int p, Qp& q, ActiveSend& as, const SlotHeader& h
   head.num_sge = 1;
   head.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   head.send_flags = IBV_SEND_SIGNALED | (inlined ? IBV_SEND_INLINE : 0);  // completion frees / retires
-  head.imm_data = htonl(land);
-  head.wr.rdma.remote_addr = peer.remoteLanding + land * stride_;  // the handshake checked that both sides use it
-  head.wr.rdma.rkey = q.remoteLandingRkey;
+  head.imm_data = htonl(land.id);
+  head.wr.rdma.remote_addr = land.addr;  // header + payload fit: the handshake checked that both sides use one stride
+  head.wr.rdma.rkey = land.rkey[q.remoteRail];
   ibv_send_wr* bad = nullptr;
   int rc = ibv_post_send(q.qp, &wrs[0], &bad);
   if (rc != 0) {
@@ -361,7 +361,7 @@ bool VerbsTransport::postChunk(int p, Qp& q, ActiveSend& as, const SlotHeader& h
   q.covers.push_back(q.unsignaled + n);
   q.unsignaled = 0;
   peer.remoteFree.pop_front();
-  peer.remoteIsFree[land] = false;
+  peer.remoteHeld.erase(land.id);
   as.posted++;
   return true;
 }

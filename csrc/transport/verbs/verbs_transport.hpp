@@ -52,11 +52,13 @@
 //   Inline sends (IBV_SEND_INLINE) carry control messages and chunks of up to
 //   the granted inline size (asked: 256 bytes) without a DMA read.
 // Memory (issue 19: per rank, independent of the world size): one landing
-// pool that every peer writes into, registered once per group at the first
-// connection (ROCE_PG_IB_POOL_BYTES, slots of ROCE_PG_IB_SLOT_BYTES), and
-// one staging pool that copied chunks go out from, shared by every group of
-// the process (staging_pool.hpp says why it needs no per-group share); per
-// connected peer only its queue pairs and their control rings. Landing slots are granted:
+// pool that every peer writes into and one staging pool that copied chunks
+// go out from, both shared by every group of the process and registered at
+// a group's first connection (ROCE_PG_IB_POOL_BYTES, slots of
+// ROCE_PG_IB_SLOT_BYTES; landing_pool.hpp says why each group keeps one
+// reserved landing slot per peer there, staging_pool.hpp why staging needs
+// no per-group share); per connected peer only its queue pairs and their
+// control rings. Landing slots are granted:
 // a peer writes only into slots it was given (CREDIT names the slot) - two at
 // connection while the pool has more than a reserve free (so small messages
 // go eagerly), more when a receive posted for it needs them (up to
@@ -88,6 +90,7 @@
 #include "../transport.hpp"
 #include "cq_set.hpp"
 #include "dmabuf.hpp"
+#include "landing_pool.hpp"
 #include "reg_cache.hpp"
 #include "slot_pool.hpp"
 #include "staging_pool.hpp"
@@ -102,9 +105,12 @@ struct Endpoint;
 }
 
 // The pools of a group whose rank reaches `routedPeers` peers over verbs
-// (verbs_connect.cpp says why these sizes): bytes, whole slots of `stride`.
+// (verbs_connect.cpp says why these sizes): bytes, whole slots of `stride`
+// (landing: the open share it asks of the process's landing pool, beside
+// the `reserved` slots kept for it there: landing_pool.hpp).
 struct VerbsPoolSizes {
   size_t landing, staging;
+  uint32_t reserved;
 };
 VerbsPoolSizes verbsPoolSizes(const Config& cfg, size_t stride, int routedPeers);
 // Bytes the verbs transport registers per rank with `cfg` once connected to
@@ -115,9 +121,14 @@ VerbsPoolSizes verbsPoolSizes(const Config& cfg, size_t stride, int routedPeers)
 // `rails` ports, every pool and ring is registered once per port.
 size_t verbsRegisteredBytes(const Config& cfg, int peers, int rails = 1, int routedPeers = -1);
 // Of those, the staging pool's: registered once per process, by the group
-// that reaches the most peers over verbs (staging_pool.hpp); the groups'
-// counters count the rest.
+// that reaches the most peers over verbs (staging_pool.hpp).
 size_t verbsStagingBytes(const Config& cfg, int rails, int routedPeers);
+// And the landing pool's, as the first group of the process registers it
+// (its reservation and open share, landing_pool.hpp). A further group of
+// the same shape adds verbsReservedBytes. The groups' counters count
+// neither pool: only their connections' control rings.
+size_t verbsLandingBytes(const Config& cfg, int rails, int routedPeers);
+size_t verbsReservedBytes(const Config& cfg, int rails, int routedPeers);
 // Queue pairs per connection in a group whose ranks drive at most `maxRails`
 // ports: ROCE_PG_IB_QPS_PER_CONNECTION, at least one per channel and per rail.
 int groupQueuePairs(const Config& cfg, int maxRails);
@@ -173,7 +184,15 @@ class VerbsTransport : public Transport {
   uint64_t zeroCopyPiece(uint64_t len, int qps) const;
   // ---- landing slots granted to peers (verbs_grants.cpp) ----
   int need(const Pair& peer) const;
-  void grantTo(int peer, Pair& state);
+  uint32_t standingReserve() const;  // open slots kept free of standing grants
+  // Takes a landing slot for `peer` and records it as the peer's: its
+  // reserved one, or an open one (standing: only while more than the
+  // reserve is free); false if there is none.
+  enum class Grant { Reserved, Standing, Demand };
+  bool takeLanding(int peer, Pair& state, Grant kind, LandingPool::Slot* slot);
+  bool grantTo(int peer, Pair& state);  // a slot for a receive's need, then CREDIT
+  void sendCredit(int peer, const LandingPool::Slot& slot);
+  void giveLanding(uint32_t slot);  // back to the process's pool
   void grantNeeded(int peer);
   void landingConsumed(int peer, uint32_t slot);
   void serveNeedy();
@@ -204,9 +223,14 @@ class VerbsTransport : public Transport {
   std::unique_ptr<RegCache> deviceRegCache_;  // device memory: ROCE_PG_IB_DEVICE_REG_BYTES
   DmabufAnswer dmabuf_;  // the provider's answer, asked once at construction
   std::vector<std::unique_ptr<CqSet>> cqs_;  // per rail (a CQ belongs to one device); empty until the first connection
-  std::unique_ptr<SlotPool> landing_;     // this group's: peers are granted slots of it
+  std::shared_ptr<LandingPool> landing_;  // the process's: peers are granted slots of it (landing_pool.hpp)
+  LandingPool::Share landingShare_;       // this group's reservation there
   std::shared_ptr<StagingPool> staging_;  // the process's (staging_pool.hpp)
-  std::vector<int> landingOwner_;  // per landing slot: the peer it is granted to, -1 while in the pool
+  struct Landing {
+    int peer;       // granted to
+    bool reserved;  // one of the group's reserved slots
+  };
+  std::unordered_map<uint32_t, Landing> landingOwner_;  // slots granted to peers and not consumed, by id
   struct StagingUse {
     int peer = -1;
     ActiveSend* send = nullptr;

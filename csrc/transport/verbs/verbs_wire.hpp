@@ -14,15 +14,19 @@ enum CtrlType : uint32_t { kRts = 1, kRtr = 2, kCredit = 3, kNack = 4, kAck = 5 
 
 struct Ctrl {
   uint32_t type = 0;
-  uint32_t id = 0;       // RTR/NACK: receive id; CREDIT: the landing slot granted
+  uint32_t id = 0;       // RTR/NACK: receive id; CREDIT: the landing slot granted (the immediate to write with)
   uint64_t tag = 0;
   uint64_t len = 0;      // RTS/RTR: message size; NACK: the sender's size
   uint32_t credits = 0;  // control receives the sender re-posted since its last message
   // RTR with addr: the receive buffer's rkey on each of the receiver's rails
   // (a piece goes through some queue pair, which lands on one of them).
+  // CREDIT: the landing slot's rkey on each rail.
   uint32_t rkey[kMaxRails] = {};
   uint32_t pad = 0;
-  uint64_t addr = 0;     // RTR: receive buffer for zero copy; 0: copy through landing slots
+  // RTR: receive buffer for zero copy (0: copy through landing slots);
+  // CREDIT: the landing slot's address (the process's landing pool grows by
+  // separately registered regions, so a peer cannot compute it).
+  uint64_t addr = 0;
   uint64_t piece = 0;    // RTR with addr: bytes per RDMA write; the receiver counts pieces of this size
 };
 static_assert(sizeof(Ctrl) == 64);

@@ -1,0 +1,149 @@
+#include "landing_pool.hpp"
+
+#include <infiniband/verbs.h>
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#include "../../common/error.hpp"
+#include "process_pool.hpp"
+#include "slot_pool.hpp"
+
+namespace roce {
+namespace {
+std::atomic<size_t> landingBytes{0};  // LandingPool::processBytes
+}  // namespace
+
+std::shared_ptr<LandingPool> LandingPool::shared(const Rails& rails, size_t stride) {
+  return processPool<LandingPool>(rails, stride);
+}
+
+size_t LandingPool::processBytes() { return landingBytes.load(); }
+
+LandingPool::LandingPool(Rails rails, size_t stride) : rails_(std::move(rails)), stride_(stride) {}
+
+LandingPool::~LandingPool() {
+  for (int r = 0; r < regionCount_; ++r) landingBytes.fetch_sub(regions_[r]->registeredBytes());
+}
+
+uint32_t LandingPool::total() const {
+  uint32_t n = 0;
+  for (int r = 0; r < regionCount_; ++r) n += regions_[r]->count();
+  return n;
+}
+
+void LandingPool::join(Share& share, uint32_t reserved, uint32_t open) {
+  for (;;) {
+    uint32_t more = 0;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      const uint32_t want = reservedSum_ + reserved + std::max(openMax_, open);
+      const uint32_t have = total();
+      if (have >= want) {
+        // Backed: the free slots cover every unused reservation and the
+        // open share (openHeld_ <= openMax_ <= have - reservedSum_).
+        reservedSum_ += reserved;
+        reservedUnused_ += reserved;
+        openMax_ = std::max(openMax_, open);
+        share = Share{reserved, 0, true};
+        return;
+      }
+      if (regionCount_ >= kMaxRegions)
+        throwInvalid(str("the verbs landing pool of this process has grown ", kMaxRegions,
+                         " times (one region per group of a new shape): destroy process groups that are no longer used"));
+      more = std::max<uint32_t>(2, std::min(want - have, kPoolSlotMask + 1));
+    }
+    // Registered without the lock: the other groups keep granting meanwhile.
+    auto region = std::make_unique<SlotPool>(rails_, static_cast<size_t>(more) * stride_, stride_,
+                                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "landing pool", nullptr);
+    std::lock_guard<std::mutex> g(mu_);
+    if (regionCount_ >= kMaxRegions) continue;  // reported above on the next round
+    free_ += region->count();
+    landingBytes.fetch_add(region->registeredBytes());
+    regions_[regionCount_] = std::move(region);
+    ++regionCount_;  // then look again: another group may have joined meanwhile
+  }
+}
+
+void LandingPool::leave(Share& share) {
+  if (!share.joined) return;
+  std::lock_guard<std::mutex> g(mu_);
+  // The caller gave its slots back; a reserved one it still held stays
+  // counted as taken until given (it cannot be: its queue pairs are gone).
+  reservedSum_ -= share.reserved;
+  reservedUnused_ -= share.reserved - share.held;
+  share = Share{};
+}
+
+uint32_t LandingPool::openFreeLocked() const {
+  // Free slots beyond the unused reservations, and within the open share.
+  const uint32_t beyond = free_ > reservedUnused_ ? free_ - reservedUnused_ : 0;
+  return std::min(beyond, openMax_ > openHeld_ ? openMax_ - openHeld_ : 0);
+}
+
+uint32_t LandingPool::takeAny() {
+  for (int r = 0; r < regionCount_; ++r)
+    if (regions_[r]->available() > 0) {
+      --free_;
+      return (static_cast<uint32_t>(r) << kPoolSlotBits) | regions_[r]->take();
+    }
+  throwInvalid("the verbs landing pool has no free slot although its accounting says so (a bug)");
+}
+
+LandingPool::Slot LandingPool::slot(uint32_t id) const {
+  Slot s;
+  s.id = id;
+  s.addr = reinterpret_cast<uint64_t>(data(id));
+  const SlotPool& region = *regions_[id >> kPoolSlotBits];
+  for (size_t rail = 0; rail < rails_.size(); ++rail) s.rkey[rail] = region.rkey(static_cast<int>(rail));
+  return s;
+}
+
+bool LandingPool::takeOpen(Slot* slot, uint32_t keep) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (openFreeLocked() <= keep) return false;
+  ++openHeld_;
+  *slot = this->slot(takeAny());
+  return true;
+}
+
+bool LandingPool::takeReserved(Share& share, Slot* slot) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (share.held >= share.reserved) return false;
+  ++share.held;
+  --reservedUnused_;
+  *slot = this->slot(takeAny());
+  return true;
+}
+
+void LandingPool::give(Share* share, uint32_t id) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!regions_[id >> kPoolSlotBits]->give(id & kPoolSlotMask)) return;  // given already
+  ++free_;
+  if (share) {
+    --share->held;
+    ++reservedUnused_;
+  } else {
+    --openHeld_;
+  }
+}
+
+char* LandingPool::data(uint32_t id) const { return regions_[id >> kPoolSlotBits]->slot(id & kPoolSlotMask); }
+
+uint32_t LandingPool::openSlots() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return openMax_;
+}
+
+uint32_t LandingPool::openFree() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return openFreeLocked();
+}
+
+uint32_t LandingPool::slots() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return total();
+}
+
+}  // namespace roce

@@ -1,0 +1,114 @@
+// The landing slots peers write chunks into: one pool per process for each
+// set of rails and slot size, which every group of the process shares
+// (issue 27: an extra group registers a few slots, not a pool of its own).
+//
+// Why a group needs slots of its own here (staging does not, see
+// staging_pool.hpp): a landing slot is granted to a peer for a receive
+// before the peer's matching send may exist, and comes back only once the
+// peer wrote into it. A peer busy in another group's operation holds the
+// slots it was granted meanwhile. Were every slot held that way, a group
+// could wait for slots that come back only after a peer finishes an
+// operation that waits for this group: a cycle between groups. So each
+// group joins with a reservation of one slot per peer (up to
+// kMaxReservedPerGroup), which the group grants to each peer for good
+// (verbs_grants.cpp): every peer of every group always has a credit,
+// whatever the other groups hold, and keeps moving (one chunk per round
+// trip at worst). The rest of the pool ("open" slots) goes to whoever asks:
+// further standing grants for eager messages and demand grants, at most the
+// most any member asked for (`open` in join) at once, which is what keeps
+// every reservation backed by a free slot.
+//
+// Size: the members' reservations plus the largest open share any of them
+// asked for - registered once, by the first group; a further group of the
+// same shape adds only its reservation (one region of that many slots). The
+// pool never shrinks while it lives, so creating and destroying groups of
+// one shape registers nothing new.
+//
+// Slots are addressed by id (region in bits 20-29, slot in bits 0-19: the
+// 32-bit immediate of the write that fills it). Because the pool grows by
+// regions, each registered separately, a grant carries the slot's address
+// and its rkey per rail (verbs_wire.hpp, kCredit) instead of a peer
+// computing them from a base.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "memory_region.hpp"
+#include "port_choice.hpp"
+
+namespace roce {
+
+class SlotPool;
+
+class LandingPool {
+ public:
+  // The process's pool for `rails` (in this order: rkeys are per rail index)
+  // and slots of `stride` bytes; created on first use.
+  static std::shared_ptr<LandingPool> shared(const Rails& rails, size_t stride);
+  // Registered bytes of every landing pool of the process (runtime stats).
+  static size_t processBytes();
+
+  static constexpr uint32_t kMaxReservedPerGroup = 64;
+  static constexpr int kMaxRegions = 1024;
+
+  LandingPool(Rails rails, size_t stride);
+  ~LandingPool();
+  LandingPool(const LandingPool&) = delete;
+  LandingPool& operator=(const LandingPool&) = delete;
+
+  // A member group's reservation (touched only under the pool's lock).
+  struct Share {
+    uint32_t reserved = 0;  // slots it may always take
+    uint32_t held = 0;      // of those, taken
+    bool joined = false;
+  };
+  // Joins with `reserved` slots and asks that `open` slots be open to all;
+  // grows the pool as needed. Throws (memlock) leaving pool and share as they were.
+  void join(Share& share, uint32_t reserved, uint32_t open);
+  // Leaves; its slots must have been given back (the reservation goes).
+  void leave(Share& share);
+
+  struct Slot {
+    uint32_t id = 0;
+    uint64_t addr = 0;
+    uint32_t rkey[kMaxRails] = {};  // per rail
+  };
+  // An open slot, if more than `keep` are free; else false.
+  bool takeOpen(Slot* slot, uint32_t keep = 0);
+  // One of `share`'s reserved slots; false when it holds all of them.
+  bool takeReserved(Share& share, Slot* slot);
+  // Gives back a slot; `share` non-null for one taken by takeReserved.
+  void give(Share* share, uint32_t id);
+  // Where a slot's bytes are. Lock-free: the slot's region was published
+  // before the id was handed out, and regions never move or go while the
+  // pool lives.
+  // Ids come from peers' immediates: the group checks that it granted the
+  // id before asking.
+  char* data(uint32_t id) const;
+  Slot slot(uint32_t id) const;  // a taken slot's address and rkeys (lock-free, as data())
+
+  uint32_t openSlots() const;  // the largest open share asked for
+  uint32_t openFree() const;   // open slots free now
+  uint32_t slots() const;      // all slots
+
+ private:
+  uint32_t total() const;        // under mu_
+  uint32_t openFreeLocked() const;  // under mu_
+  uint32_t takeAny();            // under mu_; requires a free slot
+
+  const Rails rails_;
+  const size_t stride_;
+  mutable std::mutex mu_;
+  std::array<std::unique_ptr<SlotPool>, kMaxRegions> regions_;
+  int regionCount_ = 0;
+  uint32_t free_ = 0;             // free slots in all regions
+  uint32_t reservedSum_ = 0;      // members' reservations
+  uint32_t reservedUnused_ = 0;   // members' reservations not taken
+  uint32_t openMax_ = 0;          // the largest open share any member asked for
+  uint32_t openHeld_ = 0;         // open slots taken
+};
+
+}  // namespace roce
