@@ -89,7 +89,7 @@ class Machine:
         peers in a group reaching `routed` peers over verbs (default `peers`):
         the landing pool (a peer holds at most ROCE_PG_IB_SLOTS slots, so at
         most 2 x slots x (routed + 1) of them, ROCE_PG_IB_POOL_BYTES at most,
-        of which one per peer, 2 to 64, is reserved for the group: at least
+        of which one per peer, 1 to 64, is reserved for the group: at least
         that plus 2),
         the staging pool (slots x routed, a quarter of the pool at most) and
         each connected peer's control rings. Mirrors verbsRegisteredBytes in
@@ -105,7 +105,7 @@ class Machine:
         routed = peers if routed is None or routed < 0 else routed  # as the extension: -1 means `peers`
         stride = (64 + slot + 63) & ~63
         page = lambda n: (n + 4095) & ~4095  # noqa: E731
-        reserved = min(max(routed, 2), 64)
+        reserved = min(max(routed, 1), 64)
         landing = page(max(min(pool // stride, 2 * cap * (routed + 1)), reserved + 2) * stride)
         staging = page(min(max(pool // 4, 2 * stride) // stride, max(2, routed * cap)) * stride)
         per_peer = qps * ((cap + 32 + 4) + max(128, 2 * cap + 64)) * 64

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../../common/error.hpp"
+#include "../../common/wakeup.hpp"
 #include "process_pool.hpp"
 #include "slot_pool.hpp"
 
@@ -30,10 +31,18 @@ LandingPool::~LandingPool() {
 uint32_t LandingPool::total() const {
   uint32_t n = 0;
   for (int r = 0; r < regionCount_; ++r) n += regions_[r]->count();
-  return n;
+  return n - lost_;
+}
+
+void LandingPool::wakeWaiting() {
+  for (Wakeup* w : waiting_) w->wake();  // under the lock: forget() cannot race with it
+  waiting_.clear();
 }
 
 void LandingPool::join(Share& share, uint32_t reserved, uint32_t open) {
+  // Joins one at a time: two groups' first connections at once would
+  // otherwise both register the pool.
+  std::lock_guard<std::mutex> growing(growMu_);
   for (;;) {
     uint32_t more = 0;
     {
@@ -69,11 +78,13 @@ void LandingPool::join(Share& share, uint32_t reserved, uint32_t open) {
 void LandingPool::leave(Share& share) {
   if (!share.joined) return;
   std::lock_guard<std::mutex> g(mu_);
-  // The caller gave its slots back; a reserved one it still held stays
-  // counted as taken until given (it cannot be: its queue pairs are gone).
+  // The caller gave its slots back; one it still held (not done today) could
+  // never be given now: it no longer counts as the pool's.
+  lost_ += share.held;
   reservedSum_ -= share.reserved;
   reservedUnused_ -= share.reserved - share.held;
   share = Share{};
+  wakeWaiting();  // the open share may have room again
 }
 
 uint32_t LandingPool::openFreeLocked() const {
@@ -100,9 +111,12 @@ LandingPool::Slot LandingPool::slot(uint32_t id) const {
   return s;
 }
 
-bool LandingPool::takeOpen(Slot* slot, uint32_t keep) {
+bool LandingPool::takeOpen(Slot* slot, uint32_t keep, Wakeup* waiter) {
   std::lock_guard<std::mutex> g(mu_);
-  if (openFreeLocked() <= keep) return false;
+  if (openFreeLocked() <= keep) {
+    if (waiter && std::find(waiting_.begin(), waiting_.end(), waiter) == waiting_.end()) waiting_.push_back(waiter);
+    return false;
+  }
   ++openHeld_;
   *slot = this->slot(takeAny());
   return true;
@@ -126,7 +140,13 @@ void LandingPool::give(Share* share, uint32_t id) {
     ++reservedUnused_;
   } else {
     --openHeld_;
+    wakeWaiting();
   }
+}
+
+void LandingPool::forget(Wakeup* waiter) {
+  std::lock_guard<std::mutex> g(mu_);
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), waiter), waiting_.end());
 }
 
 char* LandingPool::data(uint32_t id) const { return regions_[id >> kPoolSlotBits]->slot(id & kPoolSlotMask); }

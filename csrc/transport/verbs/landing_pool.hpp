@@ -16,7 +16,10 @@
 // trip at worst). The rest of the pool ("open" slots) goes to whoever asks:
 // further standing grants for eager messages and demand grants, at most the
 // most any member asked for (`open` in join) at once, which is what keeps
-// every reservation backed by a free slot.
+// every reservation backed by a free slot. A group that wanted an open slot
+// and found none is woken when one is given back (its peers beyond the
+// reservation, in a group of more peers than kMaxReservedPerGroup, may
+// have no credit until then).
 //
 // Size: the members' reservations plus the largest open share any of them
 // asked for - registered once, by the first group; a further group of the
@@ -35,6 +38,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "memory_region.hpp"
 #include "port_choice.hpp"
@@ -42,6 +46,7 @@
 namespace roce {
 
 class SlotPool;
+class Wakeup;
 
 class LandingPool {
  public:
@@ -68,7 +73,8 @@ class LandingPool {
   // Joins with `reserved` slots and asks that `open` slots be open to all;
   // grows the pool as needed. Throws (memlock) leaving pool and share as they were.
   void join(Share& share, uint32_t reserved, uint32_t open);
-  // Leaves; its slots must have been given back (the reservation goes).
+  // Leaves; its slots must have been given back (the reservation goes;
+  // a reserved slot still held is lost to the pool for good).
   void leave(Share& share);
 
   struct Slot {
@@ -76,8 +82,12 @@ class LandingPool {
     uint64_t addr = 0;
     uint32_t rkey[kMaxRails] = {};  // per rail
   };
-  // An open slot, if more than `keep` are free; else false.
-  bool takeOpen(Slot* slot, uint32_t keep = 0);
+  // An open slot, if more than `keep` are free; else false, and `waiter`
+  // (a group's wake-up; may be null) is woken when an open slot is given
+  // back or a reservation goes.
+  bool takeOpen(Slot* slot, uint32_t keep = 0, Wakeup* waiter = nullptr);
+  // A group going: its wake-up is not called any more.
+  void forget(Wakeup* waiter);
   // One of `share`'s reserved slots; false when it holds all of them.
   bool takeReserved(Share& share, Slot* slot);
   // Gives back a slot; `share` non-null for one taken by takeReserved.
@@ -95,12 +105,14 @@ class LandingPool {
   uint32_t slots() const;      // all slots
 
  private:
-  uint32_t total() const;        // under mu_
+  uint32_t total() const;        // under mu_: usable slots (registered, less lost ones)
+  void wakeWaiting();            // under mu_
   uint32_t openFreeLocked() const;  // under mu_
   uint32_t takeAny();            // under mu_; requires a free slot
 
   const Rails rails_;
   const size_t stride_;
+  std::mutex growMu_;  // one join grows the pool at a time (no two groups register the same need)
   mutable std::mutex mu_;
   std::array<std::unique_ptr<SlotPool>, kMaxRegions> regions_;
   int regionCount_ = 0;
@@ -109,6 +121,8 @@ class LandingPool {
   uint32_t reservedUnused_ = 0;   // members' reservations not taken
   uint32_t openMax_ = 0;          // the largest open share any member asked for
   uint32_t openHeld_ = 0;         // open slots taken
+  uint32_t lost_ = 0;             // reserved slots a leaving member still held
+  std::vector<Wakeup*> waiting_;  // groups that found no open slot
 };
 
 }  // namespace roce

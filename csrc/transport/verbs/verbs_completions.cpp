@@ -99,8 +99,10 @@ void VerbsTransport::onCtrl(int p, const Ctrl& msg) {
       break;
     }
     case kCredit:
-      if (msg.addr == 0 || peer.remoteHeld.count(msg.id))
-        return killPeer(p, str("rank ", p, " granted landing slot ", msg.id, msg.addr == 0 ? " at address 0" : " twice",
+      // A peer holds at most ROCE_PG_IB_SLOTS (<= 256) + 2 of our credits.
+      if (msg.addr == 0 || peer.remoteHeld.count(msg.id) || peer.remoteHeld.size() > 1024)
+        return killPeer(p, str("rank ", p, " granted landing slot ", msg.id,
+                               msg.addr == 0 ? " at address 0" : peer.remoteHeld.count(msg.id) ? " twice" : " beyond 1024 credits",
                                " (corrupted control message)"));
       peer.addCredit(msg.id, msg.addr, msg.rkey, kMaxRails);
       break;
@@ -238,6 +240,9 @@ bool VerbsTransport::pollRail(size_t rail, ibv_wc* wcs) {
 
 bool VerbsTransport::progress() {
   bool moved = pollCompletions();
+  // Peers waiting for landing slots: another group may have given some back
+  // (the pool wakes this group's wait when it does).
+  if (!needy_.empty() && landing_->openFree() > 0) moved |= serveNeedy();
   for (int p : live_) {
     Pair& peer = *peers_[p];
     if (!peer.deadReason.empty() || peer.phase == Pair::Phase::Unconnected) continue;

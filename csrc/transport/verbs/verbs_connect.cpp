@@ -59,12 +59,12 @@ VerbsPoolSizes verbsPoolSizes(const Config& cfg, size_t stride, int routedPeers)
   const uint64_t stagingSlots =
       std::min<uint64_t>(std::max(cfg.ibPoolBytes / 4, 2 * stride) / stride, std::max<uint64_t>(2, peers * cap));
   // Of the landing slots, one per peer is reserved for the group in the
-  // process's pool (landing_pool.hpp: no group waits for another's), at
-  // least the two a region holds; the rest is the open share it asks for.
+  // process's pool (landing_pool.hpp: no group waits for another's); the
+  // rest is the open share it asks for.
   // So the first group registers what it would alone, and a further group
   // of the same shape adds its reservation.
   const auto reserved = static_cast<uint32_t>(
-      std::clamp<uint64_t>(peers, 2, LandingPool::kMaxReservedPerGroup));
+      std::clamp<uint64_t>(peers, 1, LandingPool::kMaxReservedPerGroup));
   const uint64_t open = std::max<uint64_t>(2, landingSlots > reserved ? landingSlots - reserved : 0);
   return {open * stride, stagingSlots * stride, reserved};
 }
@@ -86,7 +86,9 @@ size_t verbsLandingBytes(const Config& cfg, int rails, int routedPeers) {
 
 size_t verbsReservedBytes(const Config& cfg, int rails, int routedPeers) {
   const size_t stride = strideOf(cfg.ibSlotBytes);
-  return static_cast<size_t>(rails) * pageRound(verbsPoolSizes(cfg, stride, routedPeers).reserved * stride);
+  // A region holds at least two slots (SlotPool).
+  const uint32_t slots = std::max<uint32_t>(2, verbsPoolSizes(cfg, stride, routedPeers).reserved);
+  return static_cast<size_t>(rails) * pageRound(slots * stride);
 }
 
 size_t verbsStagingBytes(const Config& cfg, int rails, int routedPeers) {
@@ -147,6 +149,7 @@ VerbsTransport::~VerbsTransport() {
   }
   // Likewise the landing slots granted to peers, then the reservation.
   if (landing_) {
+    landing_->forget(wakeup());
     for (const auto& [id, l] : landingOwner_) landing_->give(l.reserved ? &landingShare_ : nullptr, id);
     landingOwner_.clear();
     landing_->leave(landingShare_);

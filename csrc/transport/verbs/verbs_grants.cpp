@@ -49,8 +49,10 @@ uint32_t VerbsTransport::standingReserve() const {
 
 bool VerbsTransport::takeLanding(int p, Pair& peer, Grant kind, LandingPool::Slot* slot) {
   const bool reserved = kind == Grant::Reserved;
+  // A receive's need that finds no open slot is woken when one comes back.
   if (reserved ? !landing_->takeReserved(landingShare_, slot)
-               : !landing_->takeOpen(slot, kind == Grant::Standing ? standingReserve() : 0))
+               : !landing_->takeOpen(slot, kind == Grant::Standing ? standingReserve() : 0,
+                                     kind == Grant::Demand ? wakeup() : nullptr))
     return false;
   landingOwner_[slot->id] = {p, reserved};
   peer.granted++;
@@ -70,12 +72,8 @@ bool VerbsTransport::grantTo(int p, Pair& peer) {
   // Open slots; a peer without its reserved slot (a group of more than
   // LandingPool::kMaxReservedPerGroup peers) gets one when one is left.
   if (!takeLanding(p, peer, Grant::Demand, &slot) &&
-      (peer.reservedHeld > 0 || !takeLanding(p, peer, Grant::Reserved, &slot))) {
-    // Other groups (or this one's other peers) hold every open slot: this
-    // peer goes on through the credits it holds.
-    if (counters()) Counters::add(counters()->landingWaits, 1);
-    return false;
-  }
+      (peer.reservedHeld > 0 || !takeLanding(p, peer, Grant::Reserved, &slot)))
+    return false;  // every open slot is held: the peer goes on with its credits meanwhile
   sendCredit(p, slot);
   return true;
 }
@@ -93,7 +91,11 @@ void VerbsTransport::grantNeeded(int p) {
   int n = need(peer);
   while (n-- > 0 && grantTo(p, peer)) {
   }
-  if (need(peer) > 0 && std::find(needy_.begin(), needy_.end(), p) == needy_.end()) needy_.push_back(p);
+  if (need(peer) > 0) {
+    // Other groups (or this one's other peers) hold every open slot.
+    if (counters()) Counters::add(counters()->landingWaits, 1);
+    if (std::find(needy_.begin(), needy_.end(), p) == needy_.end()) needy_.push_back(p);
+  }
 }
 
 void VerbsTransport::landingConsumed(int p, uint32_t slot) {
@@ -114,19 +116,20 @@ void VerbsTransport::landingConsumed(int p, uint32_t slot) {
   serveNeedy();
 }
 
-void VerbsTransport::serveNeedy() {
+bool VerbsTransport::serveNeedy() {
+  bool granted = false;
   for (size_t i = 0; i < needy_.size();) {
     const int p = needy_[i];
     Pair& peer = *peers_[p];
     int n = peer.deadReason.empty() ? need(peer) : 0;
-    while (n-- > 0 && grantTo(p, peer)) {
-    }
+    while (n-- > 0 && grantTo(p, peer)) granted = true;
     if (peer.deadReason.empty() && need(peer) > 0) {
       ++i;
     } else {
       needy_.erase(needy_.begin() + static_cast<long>(i));
     }
   }
+  return granted;
 }
 
 }  // namespace roce

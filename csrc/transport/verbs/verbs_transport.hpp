@@ -59,11 +59,12 @@
 // reserved landing slot per peer there, staging_pool.hpp why staging needs
 // no per-group share); per connected peer only its queue pairs and their
 // control rings. Landing slots are granted:
-// a peer writes only into slots it was given (CREDIT names the slot) - two at
-// connection while the pool has more than a reserve free (so small messages
-// go eagerly), more when a receive posted for it needs them (up to
-// ROCE_PG_IB_SLOTS at a time), and a consumed slot goes back to the pool
-// unless its peer still needs it. An eager send that holds no credit goes as
+// a peer writes only into slots it was given (CREDIT names the slot, its
+// address and rkeys) - two at connection, its reserved slot (which always
+// goes back to it) and an open one while the pool has more than a reserve
+// free (so small messages go eagerly), more when a receive posted for it
+// needs them (up to ROCE_PG_IB_SLOTS at a time), and a consumed open slot
+// goes back to the pool unless its peer still needs it (verbs_grants.cpp). An eager send that holds no credit goes as
 // a rendezvous instead, so a peer never waits for slots nobody will return.
 // No shared receive queue: eRDMA has none.
 // Connections: a peer's queue pairs are set up when the ConnectionManager
@@ -195,7 +196,7 @@ class VerbsTransport : public Transport {
   void giveLanding(uint32_t slot);  // back to the process's pool
   void grantNeeded(int peer);
   void landingConsumed(int peer, uint32_t slot);
-  void serveNeedy();
+  bool serveNeedy();  // grants what it can to the peers waiting for slots; true if any
   // ---- completions (verbs_completions.cpp) ----
   bool pollCompletions();
   bool pollRail(size_t rail, struct ibv_wc* wcs);
