@@ -35,8 +35,14 @@ uint32_t LandingPool::total() const {
 }
 
 void LandingPool::wakeWaiting() {
+  publish();  // before the wake-ups: a woken group reads the snapshot
   for (Wakeup* w : waiting_) w->wake();  // under the lock: forget() cannot race with it
   waiting_.clear();
+}
+
+void LandingPool::publish() {
+  openMaxNow_.store(openMax_, std::memory_order_release);
+  openFreeNow_.store(openFreeLocked(), std::memory_order_release);
 }
 
 void LandingPool::join(Share& share, uint32_t reserved, uint32_t open) {
@@ -56,6 +62,7 @@ void LandingPool::join(Share& share, uint32_t reserved, uint32_t open) {
         reservedUnused_ += reserved;
         openMax_ = std::max(openMax_, open);
         share = Share{reserved, 0, true};
+        publish();
         return;
       }
       if (regionCount_ >= kMaxRegions)
@@ -72,6 +79,7 @@ void LandingPool::join(Share& share, uint32_t reserved, uint32_t open) {
     landingBytes.fetch_add(region->registeredBytes());
     regions_[regionCount_] = std::move(region);
     ++regionCount_;  // then look again: another group may have joined meanwhile
+    publish();
   }
 }
 
@@ -119,6 +127,7 @@ bool LandingPool::takeOpen(Slot* slot, uint32_t keep, Wakeup* waiter) {
   }
   ++openHeld_;
   *slot = this->slot(takeAny());
+  publish();
   return true;
 }
 
@@ -128,6 +137,7 @@ bool LandingPool::takeReserved(Share& share, Slot* slot) {
   ++share.held;
   --reservedUnused_;
   *slot = this->slot(takeAny());
+  publish();
   return true;
 }
 
@@ -138,9 +148,10 @@ void LandingPool::give(Share* share, uint32_t id) {
   if (share) {
     --share->held;
     ++reservedUnused_;
+    publish();
   } else {
     --openHeld_;
-    wakeWaiting();
+    wakeWaiting();  // publishes first
   }
 }
 
@@ -150,20 +161,5 @@ void LandingPool::forget(Wakeup* waiter) {
 }
 
 char* LandingPool::data(uint32_t id) const { return regions_[id >> kPoolSlotBits]->slot(id & kPoolSlotMask); }
-
-uint32_t LandingPool::openSlots() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return openMax_;
-}
-
-uint32_t LandingPool::openFree() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return openFreeLocked();
-}
-
-uint32_t LandingPool::slots() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return total();
-}
 
 }  // namespace roce

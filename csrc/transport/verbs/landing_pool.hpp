@@ -34,6 +34,7 @@
 // computing them from a base.
 #pragma once
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -100,15 +101,20 @@ class LandingPool {
   char* data(uint32_t id) const;
   Slot slot(uint32_t id) const;  // a taken slot's address and rkeys (lock-free, as data())
 
-  uint32_t openSlots() const;  // the largest open share asked for
-  uint32_t openFree() const;   // open slots free now
-  uint32_t slots() const;      // all slots
+  // Lock-free snapshots as of the pool's last change, for a group's hot path
+  // (every consumed chunk, every progress round while a peer waits for
+  // slots): they say whether trying is worth it; taking a slot checks again
+  // under the lock. A group that found no open slot is woken after the
+  // snapshot counts the slot given back.
+  uint32_t openSlots() const { return openMaxNow_.load(std::memory_order_acquire); }  // largest open share asked
+  uint32_t openFree() const { return openFreeNow_.load(std::memory_order_acquire); }  // open slots free
 
  private:
   uint32_t total() const;        // under mu_: usable slots (registered, less lost ones)
   void wakeWaiting();            // under mu_
   uint32_t openFreeLocked() const;  // under mu_
   uint32_t takeAny();            // under mu_; requires a free slot
+  void publish();                // under mu_: the snapshots, after every change
 
   const Rails rails_;
   const size_t stride_;
@@ -123,6 +129,8 @@ class LandingPool {
   uint32_t openHeld_ = 0;         // open slots taken
   uint32_t lost_ = 0;             // reserved slots a leaving member still held
   std::vector<Wakeup*> waiting_;  // groups that found no open slot
+  std::atomic<uint32_t> openMaxNow_{0};
+  std::atomic<uint32_t> openFreeNow_{0};
 };
 
 }  // namespace roce

@@ -113,11 +113,4 @@ void StagingPool::forget(Wakeup* group) {
   for (uint32_t id : mine) release(id);
 }
 
-uint32_t StagingPool::slots() const {
-  std::lock_guard<std::mutex> g(mu_);
-  uint32_t n = 0;
-  for (const auto& r : regions_) n += r->count();
-  return n;
-}
-
 }  // namespace roce

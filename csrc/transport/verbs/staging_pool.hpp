@@ -74,8 +74,6 @@ class StagingPool {
   // and its wake-up is not called any more.
   void forget(Wakeup* group);
 
-  uint32_t slots() const;
-
   static constexpr int kMaxRegions = 16;  // ids: region in bits 20-23, slot in 0-19 (wr_id has 24)
 
  private:
