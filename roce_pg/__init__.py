@@ -306,7 +306,8 @@ def counters(group=None):
     bytes_reduced_on_device (device
     tensors: staged rows reduced on their device, ROCE_PG_DEVICE_REDUCE), device_bytes_staged (device tensor
     bytes copied through pinned host buffers), device_bytes_direct (device tensor bytes handed to the verbs
-    transport itself: GPUDirect RDMA, ROCE_PG_GPUDIRECT), worker_slices (slices of local copies
+    transport itself: GPUDirect RDMA, ROCE_PG_GPUDIRECT), device_bytes_local (GPUDirect: bytes of a rank's own
+    block that allgather, gather, scatter and all-to-all copied within the rank, on the device), worker_slices (slices of local copies
     and reductions that worker-pool threads ran, not the calling thread; ROCE_PG_WORKERS). Monotonic until
     reset_counters(), except
     three gauges: cached_mrs (the memory registrations the verbs cache holds now), connections (network peers
@@ -393,7 +394,8 @@ def declare_device_memory(device, path="pointer"):
 def device_memory_path(device):
     """What `device`'s side allows GPUDirect RDMA (docs/ACCELERATORS.md): a dict with dmabuf (its memory
     exports as dma-bufs) and pointer (ibv_reg_mr takes its pointers: a peer-memory module, or declared), each
-    with a *_why. A group uses dma-buf where its NIC's provider registers dma-bufs too, else peer memory, else
+    with a *_why, and flush (what the NIC wrote is flushed before the device reads it: CUDA GPUs that do not
+    order NIC writes, before compute capability 9.0) with flush_why. A group uses dma-buf where its NIC's provider registers dma-bufs too, else peer memory, else
     stages; the path a group took is in its log (ROCE_PG_DEBUG=INFO) and `python -m roce_pg.doctor`."""
     from . import _C
     return _C._device_memory_path(device)

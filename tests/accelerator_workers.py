@@ -518,3 +518,78 @@ def gpudirect(rank, world, port, kind, sizes=(1, 5000, 300_000)):
     counters = roce_pg.counters()
     return {**ck.result(), "counters": counters, "device_memory": roce_pg.device_memory_path(acc.kind),
             "log": roce_pg._roce_backend(None)._gpudirect_log(), "nic_dmabuf": roce_pg._C._probe_dmabuf()}
+
+
+def gpudirect_movement(rank, world, port, kind, sizes=(1, 4099, 100_000)):
+    """allgather (tensor, in-place, list with a strided output), gather,
+    scatter and all-to-all (single with uneven splits and empty blocks, list)
+    of device tensors, each input produced by a kernel still running at the
+    call and each result read by a kernel queued after wait(); then the
+    data-movement part of the collective matrix on the device. Run with
+    testdev's peer-memory mode over verbs: every call goes to the NIC with no
+    host copy, and a rank's own block is copied on the device. Returns the
+    counters of these calls alone (three ranks: allgather would pick Bruck,
+    which copies through host memory, at the small sizes)."""
+    import roce_pg
+
+    from . import matrix as cpu_matrix
+
+    acc = Accel(kind, rank)
+    ck = Checker(rank)
+    roce_pg.reset_counters()
+    for n in sizes:
+        slow = SLOW_MS if n == sizes[-1] else 1
+        for dtype in (torch.float32, torch.int64, torch.bfloat16):
+            tag = f"n={n} {dtype}"
+
+            def produced(shift, length=n):
+                x = _pattern(length, dtype, 0).to(acc.device)
+                acc.busy(slow)
+                return x.add_(shift)  # queued after the slow kernel: only then is x the payload
+
+            want = torch.cat([_pattern(n, dtype, r + 1) for r in range(world)])
+            out = torch.empty(world * n, dtype=dtype, device=acc.device)
+            dist.all_gather_into_tensor(out, produced(rank + 1))
+            ck.same(f"all_gather_into_tensor {tag}", out.mul_(2), want * 2)
+            # in place: the input is this rank's slot of the output (no copy of its own)
+            out = torch.zeros(world * n, dtype=dtype, device=acc.device)
+            out.narrow(0, rank * n, n).copy_(produced(rank + 1))
+            dist.all_gather_into_tensor(out, out.narrow(0, rank * n, n))
+            ck.same(f"all_gather_into_tensor in place {tag}", out.mul_(2), want * 2)
+            # a list whose first tensor is every other element of a larger one
+            strided = torch.zeros(2 * n, dtype=dtype, device=acc.device)
+            outs = [strided[::2]] + [torch.empty(n, dtype=dtype, device=acc.device) for _ in range(world - 1)]
+            dist.all_gather(outs, produced(rank + 1))
+            ck.same(f"all_gather list {tag}", torch.cat([o.mul(2) for o in outs]), want * 2)
+            ck.same(f"all_gather strided output leaves the gaps {tag}", strided[1::2], torch.zeros(n, dtype=dtype))
+            for root in range(world):
+                gl = [torch.empty(n, dtype=dtype, device=acc.device) for _ in range(world)] if rank == root else None
+                dist.gather(produced(rank + 1), gather_list=gl, dst=root)
+                if rank == root:
+                    ck.same(f"gather root={root} {tag}", torch.cat([g.mul(2) for g in gl]), want * 2)
+                sl = [produced(10 + r) for r in range(world)] if rank == root else None
+                got = torch.empty(n, dtype=dtype, device=acc.device)
+                dist.scatter(got, scatter_list=sl, src=root)
+                ck.same(f"scatter root={root} {tag}", got.mul_(2), _pattern(n, dtype, 10 + rank) * 2)
+            # rank k sends ((k + r) % world) * m rows to rank r: some blocks are empty, its own among them for rank 0
+            m = max(1, n // world)
+            rows = lambda k, r: (k + r) % world * m  # noqa: E731
+            x = torch.cat([_pattern(rows(rank, r), dtype, 10 * rank + r) for r in range(world)]).to(acc.device)
+            acc.busy(slow)
+            x.add_(1)
+            got = torch.empty(sum(rows(k, rank) for k in range(world)), dtype=dtype, device=acc.device)
+            dist.all_to_all_single(got, x, output_split_sizes=[rows(k, rank) for k in range(world)],
+                                   input_split_sizes=[rows(rank, r) for r in range(world)])
+            exp = torch.cat([_pattern(rows(k, rank), dtype, 10 * k + rank + 1) for k in range(world)])
+            ck.same(f"all_to_all_single uneven {tag}", got.mul_(2), exp * 2)
+            ins = [produced(10 * rank + r) for r in range(world)]
+            outs = [torch.empty(n, dtype=dtype, device=acc.device) for _ in range(world)]
+            dist.all_to_all(outs, ins)
+            ck.same(f"all_to_all list {tag}", torch.cat([o.mul(2) for o in outs]),
+                    torch.cat([_pattern(n, dtype, 10 * k + rank) * 2 for k in range(world)]))
+    result = cpu_matrix.run(rank, world, port, parts=("data_movement",), device=str(acc.device),
+                            sizes=[0, 1, 7, 1000, 4099])
+    ck.checks += result["checks"]
+    ck.failures += result["failures"]
+    acc.synchronize()
+    return {**ck.result(), "counters": roce_pg.counters(), "log": roce_pg._roce_backend(None)._gpudirect_log()}

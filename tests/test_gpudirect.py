@@ -15,8 +15,10 @@ def _C():
 
 
 def _choose(mode="auto", dmabuf=False, pointer=True, nic_dmabuf=False, peers=("", "verbs"), nbytes=1 << 20,
-            limit=2 << 30, shared_machine=False):
-    return _C()._choose_gpudirect(mode, dmabuf, pointer, nic_dmabuf, list(peers), shared_machine, nbytes, limit)
+            limit=2 << 30, shared_machine=False, flush=False, with_flush=False):
+    path, why, flushes = _C()._choose_gpudirect(mode, dmabuf, pointer, nic_dmabuf, list(peers), shared_machine,
+                                                nbytes, limit, flush)
+    return (path, why, flushes) if with_flush else (path, why)
 
 
 @pytest.mark.parametrize("peers, why", [
@@ -54,6 +56,18 @@ def test_the_mode_and_the_limit_stage():
     path, why = _choose(nbytes=(1 << 20) + 1, limit=1 << 20)
     assert path == "staged" and "exceeds ROCE_PG_IB_DEVICE_REG_BYTES=1048576" in why, why
     assert _choose(nbytes=1 << 20, limit=1 << 20)[0] == "peer memory"
+
+
+def test_a_device_that_needs_its_nic_writes_flushed_gets_the_flush_on_both_direct_paths():
+    """CUDA before compute capability 9.0 (GPU_DIRECT_RDMA_WRITES_ORDERING
+    below OWNER): the call carries the device's flush, and the log says so."""
+    for dmabuf, path in ((True, "dma-buf"), (False, "peer memory")):
+        got = _choose(dmabuf=dmabuf, nic_dmabuf=True, flush=True, with_flush=True)
+        assert got[0] == path and got[1].endswith("; device flush 1") and got[2] is True, got
+        assert _choose(dmabuf=dmabuf, nic_dmabuf=True, with_flush=True)[2] is False
+    # Staged: the CPU copies, nothing to flush.
+    assert _choose(mode="off", flush=True, with_flush=True)[2] is False
+    assert _choose(pointer=False, flush=True, with_flush=True)[2] is False
 
 
 def test_peer_memory_module_detection():

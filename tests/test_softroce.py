@@ -399,6 +399,21 @@ def test_gpudirect_testdev_peer_memory_crosses_verbs_with_no_staging(one_vm):
         assert c["device_bytes_direct"] > 0 and c["bytes_zero_copy"] > 0 and c["eager_sends"] == 0, c
 
 
+def test_gpudirect_allgather_gather_scatter_all_to_all_cross_verbs_with_no_host_copy(one_vm):
+    g = _group(one_vm, "gpudirect_movement/verbs3")
+    print(f"\ngpudirect_movement/verbs3: {g['packets']} packets (>= {g['min_packets']}), rxe {g['hw_delta']}")
+    for r, res in enumerate(g["results"]):
+        c = res["counters"]
+        print(f"rank {r}: {res['log']}; {c}")
+        assert not res["failures"], "\n".join(res["failures"][:40])
+        assert res["checks"] >= 3 * 3 * (5 + 2 * 3) and "to the NIC directly, by peer memory" in res["log"], res
+        # No byte through host staging or a transport's copy: not the lists (a
+        # device buffer), not Bruck's small allgathers (the ring instead), not
+        # the rank's own block (copied on the device).
+        assert c["device_bytes_staged"] == 0 and c["bytes_copied"] == 0, c
+        assert c["device_bytes_direct"] > 0 and c["bytes_zero_copy"] > 0 and c["device_bytes_local"] > 0, c
+
+
 def test_gpudirect_over_the_device_registration_limit_is_staged(one_vm):
     for r, res in enumerate(_group(one_vm, "gpudirect_limit/verbs2")["results"]):
         c = res["counters"]

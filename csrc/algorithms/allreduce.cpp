@@ -145,7 +145,7 @@ void allgather(Communicator& c, const void* input, void* output, size_t blockByt
   char* mine = out + static_cast<size_t>(c.rank()) * blockBytes;
   const Algo algo = c.size() == 1 ? Algo::Ring : chooseAllgather(c, blockBytes * c.size());
   if (algo == Algo::Shm) return detail::shmAllgather(c, input, output, blockBytes);
-  if (mine != input) moveBytes(mine, input, blockBytes);
+  c.copyLocal(mine, input, blockBytes);
   const uint64_t tag = c.nextCollectiveTag();
   if (c.size() == 1) return;
   switch (algo) {

@@ -4,7 +4,6 @@
 #include <stdexcept>
 
 #include "../comm/communicator.hpp"
-#include "../common/bytes.hpp"
 #include "algorithms.hpp"
 
 namespace roce {
@@ -28,7 +27,7 @@ void gather(Communicator& c, const void* input, void* output, size_t blockBytes,
   Exchange x{c, c.nextCollectiveTag(), {}};
   if (c.rank() == root) {
     char* out = static_cast<char*>(output);
-    copyBytes(out + static_cast<size_t>(root) * blockBytes, input, blockBytes);
+    c.copyLocal(out + static_cast<size_t>(root) * blockBytes, input, blockBytes);
     for (int r = 0; r < c.size(); ++r)
       if (r != root) x.recv(r, out + static_cast<size_t>(r) * blockBytes, blockBytes);
   } else {
@@ -41,7 +40,7 @@ void scatter(Communicator& c, const void* input, void* output, size_t blockBytes
   Exchange x{c, c.nextCollectiveTag(), {}};
   if (c.rank() == root) {
     const char* in = static_cast<const char*>(input);
-    copyBytes(output, in + static_cast<size_t>(root) * blockBytes, blockBytes);
+    c.copyLocal(output, in + static_cast<size_t>(root) * blockBytes, blockBytes);
     for (int r = 0; r < c.size(); ++r)
       if (r != root) x.send(r, in + static_cast<size_t>(r) * blockBytes, blockBytes);
   } else {
@@ -59,7 +58,7 @@ void alltoallv(Communicator& c, const void* input, const std::vector<size_t>& se
   char* in = const_cast<char*>(static_cast<const char*>(input));
   if (sendBytes[me] != recvBytes[me])
     throw std::logic_error("alltoall: self send and receive sizes differ");  // checked by the adapter
-  moveBytes(out + recvOffsets[me], in + sendOffsets[me], sendBytes[me]);
+  c.copyLocal(out + recvOffsets[me], in + sendOffsets[me], sendBytes[me]);
   // Receives first, then sends in a staggered order so no rank is hit by all at once.
   for (int i = 1; i < n; ++i) {
     int from = (me - i + n) % n;

@@ -167,6 +167,11 @@ Algo announceShm(Communicator& c, Kind kind, const std::string& setting, size_t 
 
 Algo chooseAllgather(Communicator& c, size_t totalBytes) {
   const Config& cfg = c.config();
+  // Device memory (GPUDirect) is never touched by the CPU: Bruck and hier
+  // copy blocks through host scratch memory, the ring moves each by RDMA.
+  // Every rank of a collective chose the direct path alike.
+  if (c.deviceBuffers())
+    return announce(c, kAllgather, Algo::Ring, totalBytes, "device memory (GPUDirect): the ring, which copies no block");
   if (shmRoute(c, cfg.algoAllgather))
     return announceShm(c, kAllgather, cfg.algoAllgather, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER");
   if (cfg.algoAllgather == "bruck")

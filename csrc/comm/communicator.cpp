@@ -5,7 +5,9 @@
 // Routing requests to transports, the operation context, and failure
 // handling. Group formation is in group_setup.cpp, waiting in wait_loop.cpp.
 #include <cstdlib>
+#include <stdexcept>
 
+#include "../common/bytes.hpp"
 #include "../common/error.hpp"
 #include "../common/log.hpp"
 #include "../transport/shm/node_shm.hpp"
@@ -157,7 +159,27 @@ Request* Communicator::post(Request::Kind kind, int peer, uint64_t tag, void* bu
   return &r;
 }
 
+bool Communicator::deviceBuffers() const {
+  for (const BufferOwner& o : taskOwners_)
+    if (o.device) return true;
+  return false;
+}
+
+void Communicator::copyLocal(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  for (const BufferOwner& o : taskOwners_) {
+    if (!o.device || !(o.covers(dst, bytes) || o.covers(src, bytes))) continue;
+    if (!deviceCopy_)
+      throw std::logic_error("roce: an algorithm copied device memory but the operation gave no device copy");
+    return deviceCopy_(dst, src, bytes);
+  }
+  moveBytes(dst, src, bytes);
+}
+
 void Communicator::attachOwner(Request& r) const {
+  // A zero-length message touches no memory: it goes without an owner on
+  // both sides, device memory or not (no registration for nothing).
+  if (r.len == 0) return;
   // Below the zero-copy threshold no transport registers host buffers; device
   // memory (GPUDirect) always goes with its owner: the CPU must not touch it.
   const bool small = cfg_.ibZeroCopyMinBytes == 0 || r.len < cfg_.ibZeroCopyMinBytes;

@@ -202,19 +202,38 @@ class Communicator {
   // covering a request's buffer, or a scratch block, to Request::owner, so a
   // zero-copy transport may register it (see BufferOwner). Cleared by the
   // returned guard when the operation's body ends.
+  //
+  // Device memory among them (BufferOwner::device, GPUDirect) must never be
+  // touched by the CPU: the algorithms copy their own blocks with copyLocal(),
+  // which hands such copies to `deviceCopy` (the adapter's: a copy on the
+  // device, complete when it returns).
+  using DeviceCopy = std::function<void(void* dst, const void* src, size_t bytes)>;
   class OwnersScope {
    public:
     explicit OwnersScope(Communicator& c) : c_(c) {}
-    ~OwnersScope() { c_.taskOwners_.clear(); }
+    ~OwnersScope() {
+      c_.taskOwners_.clear();
+      c_.deviceCopy_ = nullptr;
+    }
     OwnersScope(const OwnersScope&) = delete;
     OwnersScope& operator=(const OwnersScope&) = delete;
    private:
     Communicator& c_;
   };
-  [[nodiscard]] OwnersScope useBufferOwners(std::vector<BufferOwner> owners) {
+  [[nodiscard]] OwnersScope useBufferOwners(std::vector<BufferOwner> owners, DeviceCopy deviceCopy = nullptr) {
     taskOwners_ = std::move(owners);
+    deviceCopy_ = std::move(deviceCopy);
     return OwnersScope(*this);
   }
+  // True while the running operation's buffers include device memory: the
+  // algorithms then avoid any variant that copies blocks through host
+  // scratch memory (select.cpp).
+  bool deviceBuffers() const;
+  // An algorithm's copy of a block within this rank (its own block of an
+  // allgather, gather, scatter or all-to-all): memmove for host memory, the
+  // adapter's device copy where either side is device memory. Overlapping
+  // ranges are allowed only when identical (then nothing is copied).
+  void copyLocal(void* dst, const void* src, size_t bytes);
 
   // Shared-memory allreduce bookkeeping (barrier generation, slot parity).
   uint64_t shmBarrierGeneration = 0;
@@ -308,6 +327,7 @@ class Communicator {
   // is replaced by a larger one (see BufferOwner).
   std::vector<std::shared_ptr<char>> scratch_;
   std::vector<BufferOwner> taskOwners_;
+  DeviceCopy deviceCopy_;  // set with taskOwners_ (useBufferOwners)
   void attachOwner(Request& r) const;
   std::vector<size_t> scratchBytes_;
   // Helper threads and the count of jobs they finished, which a blocking wait

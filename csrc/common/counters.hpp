@@ -25,6 +25,7 @@ struct Counters {
   std::atomic<uint64_t> bytesReducedOnDevice{0};  // staged bytes reduced on their device (ROCE_PG_DEVICE_REDUCE)
   std::atomic<uint64_t> deviceBytesStaged{0};  // device tensor bytes copied through host staging buffers
   std::atomic<uint64_t> deviceBytesDirect{0};  // device tensor bytes handed to the transport itself (GPUDirect)
+  std::atomic<uint64_t> deviceBytesLocal{0};   // GPUDirect: own blocks an algorithm copied within the rank, on the device
   std::atomic<uint64_t> workerSlices{0};  // slices of local copies/reductions run by worker-pool threads
   // Time inside collectives (start to end on the thread that ran them) and
   // their count: a rank that keeps the others waiting spends little time
@@ -48,7 +49,7 @@ struct Counters {
   void reset() {
     for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends, &blockedWaits, &inlineOps,
                     &bytesZeroCopy, &registrations, &eagerSends, &stagingWaits, &landingWaits, &bytesReducedOnDevice, &deviceBytesStaged,
-                    &deviceBytesDirect, &workerSlices})
+                    &deviceBytesDirect, &deviceBytesLocal, &workerSlices})
       c->store(0, std::memory_order_relaxed);
     resetWindow();
   }

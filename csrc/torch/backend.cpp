@@ -266,14 +266,23 @@ CallStaging RoceBackend::staging(const at::Tensor& like) {
 
 CallStaging RoceBackend::staging(const at::Tensor& like, int peer) {
   if (like.device().is_cpu() || !like.is_contiguous() || like.numel() == 0) return staging(like);
-  const GpudirectChoice choice = gpudirect(like, peer);
+  return directStaging(like, gpudirect(like, peer));
+}
+
+CallStaging RoceBackend::movementStaging(const at::Tensor& like, size_t largest) {
+  if (like.device().is_cpu()) return staging(like);
+  return directStaging(like, gpudirect(like, /*peer=*/-1, largest));
+}
+
+CallStaging RoceBackend::directStaging(const at::Tensor& like, const GpudirectChoice& choice) {
   if (choice.path == DeviceMemoryPath::Staged) return staging(like);
   CallStaging st(std::make_shared<DeviceStaging>(lanes_.of(like.device()), pinned_), /*direct=*/true);
   st.exportDmabuf = choice.exportDmabuf;  // null unless by dma-buf
+  st.flushNicWrites = choice.flushNicWrites;
   return st;
 }
 
-GpudirectChoice RoceBackend::gpudirect(const at::Tensor& t, int peer) {
+GpudirectChoice RoceBackend::gpudirect(const at::Tensor& t, int peer, size_t largest) {
   Communicator& c = engine_->comm();
   // The ranks the call talks to and their transports: one for send/recv; every
   // other rank for a collective, listed once per group (routes are fixed at
@@ -293,7 +302,8 @@ GpudirectChoice RoceBackend::gpudirect(const at::Tensor& t, int peer) {
   // peer, so every rank of a collective stages. The topology is everyone's.
   const bool sharedMachine = peer < 0 && !c.config().forceNetwork && c.topology().numNodes != c.size();
   GpudirectChoice choice = chooseGpudirect(cfg_.gpudirect, deviceMemoryPath(t.device()), nicDmabuf, nicWhy, peers,
-                                           sharedMachine, t.storage().nbytes(), cfg_.ibDeviceRegBytes);
+                                           sharedMachine, std::max<size_t>(t.storage().nbytes(), largest),
+                                           cfg_.ibDeviceRegBytes);
   std::call_once(gpudirectLogged_, [&] {
     gpudirectLog_ = str("rank ", c.rank(), ": ", t.device().str(), " tensors of data-movement calls go ",
                         choice.path == DeviceMemoryPath::Staged ? "through host staging" : "to the NIC directly, by ",
@@ -428,7 +438,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather(std::vector<std::vector<at
   checkSingle(inputs, "allgather");
   TORCH_CHECK(outputs.size() == 1, "roce: allgather takes one list of output tensors, got ", outputs.size());
   checkList(outputs[0], inputs[0], getSize(), "allgather", "output");
-  CallStaging st = staging(inputs[0]);
+  CallStaging st = movementStaging(inputs[0], getSize() * inputs[0].nbytes());
   const at::Tensor in = st.input(inputs[0]), flat = st.outputs(outputs[0]);
   return submit(OpType::ALLGATHER, "allgather", outputs[0], std::move(st),
                 [in, flat](Communicator& c) { roce::allgather(c, in.data_ptr(), flat.data_ptr(), bytesOf(in)); },
@@ -440,7 +450,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::_allgather_base(at::Tensor& output, 
   checkSameDeviceAndDtype(output, input, "all_gather_into_tensor");
   TORCH_CHECK(output.numel() == input.numel() * getSize(), "roce: all_gather_into_tensor: output has ", output.numel(),
               " elements, expected world size (", getSize(), ") x input (", input.numel(), ")");
-  CallStaging st = staging(input);
+  CallStaging st = movementStaging(input, output.nbytes());
   const at::Tensor in = st.input(input), out = st.output(output);
   return submit(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, std::move(st),
                 [in, out](Communicator& c) { roce::allgather(c, in.data_ptr(), out.data_ptr(), bytesOf(in)); },
@@ -469,7 +479,9 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_coalesced(std::vector<std:
       all.push_back(outputLists[r][i]);
     }
   }
-  CallStaging st = staging(inputs[0]);
+  size_t inputBytes = 0;
+  for (const auto& x : inputs) inputBytes += x.nbytes();
+  CallStaging st = movementStaging(inputs[0], getSize() * inputBytes);
   const at::Tensor in = st.inputs(inputs), flat = st.outputs(all);
   const size_t bytes = bytesOf(in);
   return submit(OpType::ALLGATHER_COALESCED, op, all, std::move(st),
@@ -490,7 +502,9 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_into_tensor_coalesced(std:
     TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * getSize(), "roce: allgather_into_tensor_coalesced: output ",
                 i, " has ", outputs[i].numel(), " elements, expected ", inputs[i].numel() * getSize());
   }
-  CallStaging st = staging(inputs[0]);
+  size_t largest = 0;
+  for (const auto& x : outputs) largest = std::max(largest, x.nbytes());
+  CallStaging st = movementStaging(inputs[0], largest);
   const size_t bytes = stagePairs(st, inputs, outputs, ins, outs);
   return submit(allgatherIntoTensorCoalesced<OpType>(0), "allgather_into_tensor_coalesced", outputs, std::move(st),
                 [ins, outs](Communicator& c) {
@@ -514,7 +528,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::gather(std::vector<std::vector<at::T
     TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
                 "roce: gather: only the root (rank ", root, ") may pass output tensors");
   }
-  CallStaging st = staging(inputs[0]);
+  CallStaging st = movementStaging(inputs[0], getSize() * inputs[0].nbytes());
   const at::Tensor in = st.input(inputs[0]);
   const at::Tensor flat = value.empty() ? at::Tensor() : st.outputs(value);
   CallOptions call = callOf(opts);
@@ -540,7 +554,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::scatter(std::vector<at::Tensor>& out
     TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
                 "roce: scatter: only the root (rank ", root, ") may pass input tensors");
   }
-  CallStaging st = staging(outputs[0]);
+  CallStaging st = movementStaging(outputs[0], getSize() * outputs[0].nbytes());
   const at::Tensor flat = isRoot ? st.inputs(inputs[0]) : at::Tensor();
   const at::Tensor out = st.output(outputs[0]);
   return submit(OpType::SCATTER, "scatter", outputs, std::move(st),
@@ -645,7 +659,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall_base(at::Tensor& output, at
   const int me = getRank();
   TORCH_CHECK(sendBytes[me] == recvBytes[me], "roce: all_to_all_single: rank ", me, " sends ", sendBytes[me],
               " bytes to itself but expects to receive ", recvBytes[me]);
-  CallStaging st = staging(input);
+  CallStaging st = movementStaging(input, std::max(input.nbytes(), output.nbytes()));
   const at::Tensor in = st.input(input), out = st.output(output);
   return submit(OpType::ALLTOALL_BASE, "all_to_all_single", {output}, std::move(st),
                 [=](Communicator& c) {
@@ -677,7 +691,8 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall(std::vector<at::Tensor>& ou
   const int me = getRank();
   TORCH_CHECK(sendBytes[me] == recvBytes[me], "roce: all_to_all: input and output tensor ", me,
               " (this rank's own block) differ in size");
-  CallStaging st = staging(inputs[0]);
+  CallStaging st =
+      movementStaging(inputs[0], std::max(sendOff.back() + sendBytes.back(), recvOff.back() + recvBytes.back()));
   const at::Tensor flatIn = st.inputs(inputs), flatOut = st.outputs(outputs);
   return submit(OpType::ALLTOALL, "all_to_all", outputs, std::move(st),
                 [=](Communicator& c) {

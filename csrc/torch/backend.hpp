@@ -148,11 +148,20 @@ class RoceBackend : public c10d::Backend {
   // itself where gpudirect() says so (data-movement calls only: the
   // algorithms must not touch it with the CPU). peer -1: every other rank.
   CallStaging staging(const at::Tensor& like, int peer);
+  // The data-movement collectives' (allgather, gather, scatter, all-to-all):
+  // device tensors go to the transport itself where gpudirect() says so,
+  // lists of them and non-contiguous ones through one device buffer
+  // (DeviceStaging::deviceBuffer); the algorithms copy their own block on the
+  // device (Communicator::copyLocal). The choice ignores this rank's layout
+  // (contiguity, empty blocks), which other ranks need not share; `largest`
+  // is the largest buffer the call registers, for the limit.
+  CallStaging movementStaging(const at::Tensor& like, size_t largest);
+  CallStaging directStaging(const at::Tensor& like, const GpudirectChoice& choice);  // staged if it says so
   // GPUDirect RDMA for t in a call with `peer` (-1: all)? Decided before the
   // call is issued from what is alike on every rank: ROCE_PG_GPUDIRECT, the
   // device type's registration path (device_memory.hpp), every peer served
-  // by verbs, t's allocation within ROCE_PG_IB_DEVICE_REG_BYTES.
-  GpudirectChoice gpudirect(const at::Tensor& t, int peer);
+  // by verbs, t's allocation (and `largest`) within ROCE_PG_IB_DEVICE_REG_BYTES.
+  GpudirectChoice gpudirect(const at::Tensor& t, int peer, size_t largest = 0);
 
  public:
   // The line logged (ROCE_PG_DEBUG=INFO) at the group's first choice, for tests.

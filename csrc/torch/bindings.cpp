@@ -80,6 +80,7 @@ PYBIND11_MODULE(_C, m) {
              d["bytes_reduced_on_device"] = get(c.bytesReducedOnDevice);
              d["device_bytes_staged"] = get(c.deviceBytesStaged);
              d["device_bytes_direct"] = get(c.deviceBytesDirect);
+             d["device_bytes_local"] = get(c.deviceBytesLocal);
              d["collective_ns"] = get(c.collectiveNs);
              d["collectives_timed"] = get(c.collectivesTimed);
              d["window_ns"] = roce::Counters::steadyNs() - c.resetAtNs.load(std::memory_order_relaxed);
@@ -210,6 +211,8 @@ PYBIND11_MODULE(_C, m) {
     d["dmabuf_why"] = a.dmabufWhy;
     d["pointer"] = a.pointer;
     d["pointer_why"] = a.pointerWhy;
+    d["flush"] = a.flushNicWrites != nullptr;
+    d["flush_why"] = a.flushWhy;
     return d;
   }, py::arg("device"));
   // The provider's answer to ibv_reg_dmabuf_mr on the first RDMA device.
@@ -219,16 +222,21 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_choose_gpudirect", [](const std::string& mode, bool dmabuf, bool pointer, bool nicDmabuf,
                                 const std::vector<std::string>& peers, bool sharedMachine, size_t allocationBytes,
-                                size_t limitBytes) {
+                                size_t limitBytes, bool flush) {
     roce::DeviceMemoryAnswer a{dmabuf, "device dma-buf " + std::to_string(dmabuf), pointer,
                                "device pointer " + std::to_string(pointer), nullptr};
+    // `flush`: a device whose NIC writes need flushing (a hook that does nothing).
+    if (flush) {
+      a.flushNicWrites = [](int) { return true; };
+      a.flushWhy = "device flush 1";
+    }
     // `peers`: a transport name per rank, "" for ranks the call does not talk to.
     std::vector<roce::CallPeer> talks;
     for (size_t p = 0; p < peers.size(); ++p)
       if (!peers[p].empty()) talks.emplace_back(static_cast<int>(p), peers[p].c_str());
     const roce::GpudirectChoice c = roce::chooseGpudirect(mode, a, nicDmabuf, "nic dma-buf " + std::to_string(nicDmabuf),
                                                           talks, sharedMachine, allocationBytes, limitBytes);
-    return py::make_tuple(roce::pathName(c.path), c.why);
+    return py::make_tuple(roce::pathName(c.path), c.why, c.flushNicWrites != nullptr);
   });
   m.def("_peer_memory_module_loaded", &roce::peerMemoryModuleLoaded, py::arg("modules_text"));
   // The verbs transport's registered bytes per rank for `peers` connected

@@ -5,7 +5,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "cuda_dmabuf.hpp"
+#include "cuda_driver.hpp"
 
 namespace roce {
 namespace {
@@ -76,12 +76,19 @@ DeviceMemoryAnswer deviceMemoryPath(c10::Device device) {
   }
   a.dmabuf = cudaDmabufSupported(index, &a.dmabufWhy);
   if (a.dmabuf) a.exportDmabuf = exportCudaDmabuf;
+  if (cudaRdmaWritesNeedFlush(index, &a.flushWhy)) a.flushNicWrites = flushCudaRdmaWrites;
   a.pointer = peerMemoryModuleLoaded(procModules());
   a.pointerWhy = a.pointer ? "nvidia_peermem is loaded (/proc/modules): ibv_reg_mr takes device pointers"
                            : "no peer-memory module loaded (nvidia_peermem not in /proc/modules)";
   std::lock_guard<std::mutex> g(mu);
   return cuda.emplace(index, a).first->second;
 }
+
+namespace {
+std::string flushNote(const DeviceMemoryAnswer& device) {
+  return device.flushWhy.empty() ? "" : "; " + device.flushWhy;
+}
+}  // namespace
 
 GpudirectChoice chooseGpudirect(const std::string& mode, const DeviceMemoryAnswer& device, bool nicDmabuf,
                                 const std::string& nicWhy, const std::vector<CallPeer>& peers,
@@ -99,9 +106,12 @@ GpudirectChoice chooseGpudirect(const std::string& mode, const DeviceMemoryAnswe
     return {DeviceMemoryPath::Staged, "the tensor's allocation (" + std::to_string(allocationBytes) +
                                           " bytes) exceeds ROCE_PG_IB_DEVICE_REG_BYTES=" + std::to_string(limitBytes)};
   if (device.dmabuf && nicDmabuf)
-    return {DeviceMemoryPath::Dmabuf, device.dmabufWhy + "; " + nicWhy, device.exportDmabuf};
+    return {DeviceMemoryPath::Dmabuf, device.dmabufWhy + "; " + nicWhy + flushNote(device), device.exportDmabuf,
+            device.flushNicWrites};
   const std::string noDmabuf = "no dma-buf: " + (device.dmabuf ? nicWhy : device.dmabufWhy);
-  if (device.pointer) return {DeviceMemoryPath::Pointer, noDmabuf + "; peer memory: " + device.pointerWhy};
+  if (device.pointer)
+    return {DeviceMemoryPath::Pointer, noDmabuf + "; peer memory: " + device.pointerWhy + flushNote(device), nullptr,
+            device.flushNicWrites};
   return {DeviceMemoryPath::Staged, noDmabuf + "; no peer memory: " + device.pointerWhy};
 }
 

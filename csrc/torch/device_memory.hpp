@@ -26,6 +26,11 @@ struct DeviceMemoryAnswer {
   bool pointer = false;  // ibv_reg_mr takes its pointers (peer-memory module, or declared)
   std::string pointerWhy;
   int (*exportDmabuf)(const void* base, size_t len, int deviceIndex, uint64_t* offset) = nullptr;
+  // Where NIC writes must be flushed before the device's kernels read them
+  // (CUDA before compute capability 9.0): called once received data is
+  // complete, before anything on the device may read it; false if it failed.
+  bool (*flushNicWrites)(int deviceIndex) = nullptr;
+  std::string flushWhy;
 };
 
 // Declares that memory of `type` is registrable by pointer (true) or never
@@ -34,7 +39,7 @@ struct DeviceMemoryAnswer {
 void declareDeviceMemory(c10::DeviceType type, bool pointer, std::string why);
 
 // The declaration if any; for CUDA: dma-buf where the driver exports them
-// (cuda_dmabuf.hpp), by pointer where nvidia_peermem (or nv_peer_mem) is in
+// (cuda_driver.hpp), by pointer where nvidia_peermem (or nv_peer_mem) is in
 // /proc/modules. Other device types: neither. Thread-safe.
 DeviceMemoryAnswer deviceMemoryPath(c10::Device device);
 
@@ -50,6 +55,7 @@ struct GpudirectChoice {
   DeviceMemoryPath path = DeviceMemoryPath::Staged;
   std::string why;
   decltype(DeviceMemoryAnswer::exportDmabuf) exportDmabuf = nullptr;  // the device's hook, for Dmabuf
+  decltype(DeviceMemoryAnswer::flushNicWrites) flushNicWrites = nullptr;  // the device's, unless staged
 };
 // A rank the call talks to and the name of the transport serving it.
 using CallPeer = std::pair<int, const char*>;

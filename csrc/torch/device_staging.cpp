@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
 #include <thread>
 
 #include "../comm/communicator.hpp"
@@ -41,6 +42,61 @@ void DeviceStaging::addDirect(const at::Tensor& user) {
   if (user.numel() > 0) direct_.push_back(user);
 }
 
+at::Tensor DeviceStaging::deviceBuffer(int64_t numel, at::ScalarType dtype) {
+  // Allocated on the caller's stream by the caching allocator and recorded
+  // on the copy streams that fill and drain it, so that its memory is not
+  // reused before their copies ran even once the transport's registration,
+  // which holds it past finish(), lets go of it.
+  at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype).device(lane_.device()));
+  c10::impl::VirtualGuardImpl impl(lane_.device().type());
+  impl.recordDataPtrOnStream(t.storage().data_ptr(), lane_.toHost);
+  impl.recordDataPtrOnStream(t.storage().data_ptr(), lane_.toDevice);
+  // Freed memory is reusable on its stream at once: the block may still have
+  // work of its previous owner (a device's poisoning, a kernel) queued on the
+  // caller's stream after the event the constructor recorded. The copy
+  // streams, and the NIC through the piece's readiness (start()), wait for
+  // the caller's stream again, from here.
+  auto allocated = std::make_shared<c10::Event>(lane_.device().type());
+  allocated->record(impl.getStream(lane_.device()));
+  allocated->block(lane_.toHost);
+  allocated->block(lane_.toDevice);
+  issued_ = std::move(allocated);
+  addDirect(t);
+  return t;
+}
+
+at::Tensor DeviceStaging::directSpan(const void* p, size_t bytes) const {
+  auto* b = static_cast<const char*>(p);
+  for (const at::Tensor& t : direct_) {
+    auto* base = static_cast<const char*>(t.data_ptr());
+    const size_t len = t.nbytes(), esz = t.element_size();
+    if (b < base || b + bytes > base + len) continue;
+    const size_t at = static_cast<size_t>(b - base);
+    if (at % esz || bytes % esz)
+      throw std::logic_error(str("roce: a device copy of ", bytes, " bytes at offset ", at,
+                                 " is not whole elements of ", esz, " bytes"));
+    return t.view(-1).narrow(0, static_cast<int64_t>(at / esz), static_cast<int64_t>(bytes / esz));
+  }
+  return at::Tensor();
+}
+
+void DeviceStaging::copyOnDevice(void* dst, const void* src, size_t bytes, Communicator& c) {
+  at::Tensor to = directSpan(dst, bytes), from = directSpan(src, bytes);
+  if (!to.defined() || !from.defined())
+    throw std::logic_error("roce: a copy within the rank touches device memory outside the call's tensors");
+  {
+    at::NoGradGuard noGrad;
+    c10::StreamGuard guard(lane_.toDevice);
+    to.copy_(from, /*non_blocking=*/true);
+  }
+  Counters::add(c.counters().deviceBytesLocal, bytes);
+  c10::Event copied(lane_.device().type());
+  copied.record(lane_.toDevice);
+  awaitDeviceEvent(copied, c, [&] {
+    return str("the copy of this rank's own block (", bytes, " bytes) on ", lane_.device().str());
+  });
+}
+
 DeviceStaging::~DeviceStaging() {
   if (end_ || (blocks_.empty() && segments_.empty() && direct_.empty())) return;
   try {
@@ -71,8 +127,19 @@ void DeviceStaging::add(const at::Tensor& user, const at::Tensor& host, bool rea
 }
 
 void DeviceStaging::start(int64_t pieceElems, int64_t totalElems) {
-  if (!direct_.empty()) {  // nothing to copy; the transport reads once the producers are done
+  if (!direct_.empty()) {
+    // One piece: the transport reads once the producers are done, or once the
+    // copies into device buffers (deviceBuffer) that follow them are.
     pieces_.push_back(Piece{0, totalElems, issued_});
+    at::NoGradGuard noGrad;
+    c10::StreamGuard guard(lane_.toHost);
+    bool queued = false;
+    for (auto& s : segments_)
+      if (s.read) queued = copy(s, pieces_[0], /*toHost=*/true, /*lastPiece=*/true) || queued;
+    if (queued) {
+      pieces_[0].ready = std::make_shared<c10::Event>(lane_.device().type());
+      pieces_[0].ready->record(lane_.toHost);
+    }
     return;
   }
   if (pieceElems <= 0) {

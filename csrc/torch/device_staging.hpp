@@ -88,6 +88,12 @@ class DeviceStaging {
   // finish(), and kept alive beyond it by the transport's registration.
   void addDirect(const at::Tensor& user);
   const std::vector<at::Tensor>& directTensors() const { return direct_; }
+  // GPUDirect RDMA for what cannot go as it is (a list of tensors, a
+  // non-contiguous one): a contiguous buffer of `numel` elements on the
+  // device, handed to the transport like addDirect's; add() it as the `host`
+  // of the user's tensors, and the copies in and back are device-to-device
+  // copies on the copy streams (start() then waits for those going in).
+  at::Tensor deviceBuffer(int64_t numel, at::ScalarType dtype);
   // Queues the copies to the host. pieceElems > 0: pieces of that many
   // elements over [0, totalElems) (at least one); 0: one piece, everything.
   void start(int64_t pieceElems, int64_t totalElems);
@@ -103,6 +109,12 @@ class DeviceStaging {
   void awaitPiece(size_t k, Communicator& c);
   // Queues the copies of piece k's results back to the device.
   void copyBack(size_t k);
+  // An algorithm's copy within this rank between device buffers of the call
+  // (its own block: Communicator::copyLocal): queued on the results' stream
+  // and waited for through the Communicator's wait loop before returning, as
+  // the transport may send the block next. `dst` and `src` must lie in
+  // tensors handed to the transport (addDirect, deviceBuffer).
+  void copyOnDevice(void* dst, const void* src, size_t bytes, Communicator& c);
   // Records the end event E (after every copy of the call, on both streams),
   // returns the host buffers to the cache for reuse after E and drops the
   // tensors. Idempotent; returns E.
@@ -110,6 +122,7 @@ class DeviceStaging {
 
   // The stream the results arrive on (the Work completes its future there).
   c10::Stream resultStream() const { return lane_.toDevice; }
+  c10::Device device() const { return lane_.device(); }
   // The host buffers, for zero-copy transports (BufferOwner).
   const std::vector<at::Tensor>& hostTensors() const { return hostTensors_; }
 
@@ -138,6 +151,8 @@ class DeviceStaging {
   std::shared_ptr<c10::Event> end_;
   std::shared_ptr<c10::Event> issued_;  // on the caller's stream at the call
   std::vector<at::Tensor> direct_;
+  // The direct tensor holding [p, p + bytes) as a flat view of it, or undefined.
+  at::Tensor directSpan(const void* p, size_t bytes) const;
 };
 
 }  // namespace roce

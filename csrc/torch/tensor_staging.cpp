@@ -62,9 +62,18 @@ at::Tensor CallStaging::directly(const at::Tensor& t) {
   return t.view(-1);
 }
 
+void CallStaging::flushReceived() const {
+  if (!direct || !flushNicWrites) return;
+  const c10::Device d = device->device();
+  const int index = d.has_index() ? d.index() : 0;
+  if (!flushNicWrites(index))
+    throwComm(str("flushing the NIC's writes into ", d.str(), " failed (cuFlushGPUDirectRDMAWrites); "
+                  "received data may not be visible to its kernels: set ROCE_PG_GPUDIRECT=off on every rank"));
+}
+
 at::Tensor CallStaging::input(const at::Tensor& t) {
   if (!device) return stage(t, true).host;
-  if (direct) return directly(t);
+  if (direct) return t.is_contiguous() ? directly(t) : inPlace({t}, /*read=*/true, /*write=*/false);
   at::Tensor host = device->hostBuffer(t.numel(), t.scalar_type());
   device->add(t, host.view(t.sizes()), /*read=*/true, /*write=*/false);
   return host;
@@ -75,7 +84,7 @@ at::Tensor CallStaging::output(const at::Tensor& t) {
     cpuOutputs.push_back(stage(t, false));
     return cpuOutputs.back().host;
   }
-  if (direct) return directly(t);
+  if (direct) return t.is_contiguous() ? directly(t) : inPlace({t}, /*read=*/false, /*write=*/true);
   at::Tensor host = device->hostBuffer(t.numel(), t.scalar_type());
   device->add(t, host.view(t.sizes()), /*read=*/false, /*write=*/true);
   return host;
@@ -110,9 +119,13 @@ at::Tensor CallStaging::inPlace(const std::vector<at::Tensor>& ts, bool read, bo
       for (auto& s : slicesOf(flat, ts)) cpuOutputs.push_back(s);
     return flat;
   }
-  if (direct && ts.size() == 1) return directly(ts[0]);
-  TORCH_INTERNAL_ASSERT(!direct, "roce: GPUDirect was chosen for a call of several tensors");
-  at::Tensor flat = device->hostBuffer(totalNumel(ts), ts[0].scalar_type());
+  if (direct && ts.size() == 1 && ts[0].is_contiguous()) return directly(ts[0]);
+  // Several tensors (or one not contiguous) in one buffer: pinned host memory
+  // when staged; with GPUDirect a device buffer, filled and drained by
+  // device-to-device copies, which the transport gets as it is.
+  const int64_t numel = totalNumel(ts);
+  at::Tensor flat = direct ? device->deviceBuffer(numel, ts[0].scalar_type())
+                           : device->hostBuffer(numel, ts[0].scalar_type());
   int64_t at = 0;
   for (const auto& t : ts) {
     device->add(t, flat.narrow(0, at, t.numel()).view(t.sizes()), read, write, at);

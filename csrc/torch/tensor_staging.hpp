@@ -59,10 +59,16 @@ class CallStaging {
   std::vector<Staged> cpuOutputs;
   std::shared_ptr<DeviceStaging> device;  // null for CPU tensors
   // GPUDirect RDMA (device only): single contiguous tensors are handed to the
-  // algorithm as they are, no host buffer (RoceBackend::gpudirect decided).
+  // algorithm as they are, lists and non-contiguous ones through one device
+  // buffer; no host buffer (RoceBackend::gpudirect decided).
   bool direct = false;
   // direct by dma-buf: the device type's export (device_memory.hpp); null: by pointer.
   int (*exportDmabuf)(const void* base, size_t len, int deviceIndex, uint64_t* offset) = nullptr;
+  // direct, on devices that need it: makes what the NIC wrote visible to the
+  // device's later work (device_memory.hpp); null: nothing to do.
+  bool (*flushNicWrites)(int deviceIndex) = nullptr;
+  // Runs flushNicWrites, if any, for the call's device; throws if it failed.
+  void flushReceived() const;
 
  private:
   at::Tensor directly(const at::Tensor& t);  // direct: t itself, flat

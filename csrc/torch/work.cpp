@@ -185,7 +185,10 @@ bool CollectiveTask::start(Communicator& c) {
     for (const auto& s : staging_.cpuOutputs) own(s.host);
   }
   {
-    auto scope = c.useBufferOwners(std::move(owners));
+    Communicator::DeviceCopy deviceCopy;
+    if (device && !device->directTensors().empty())
+      deviceCopy = [device, &c](void* dst, const void* src, size_t bytes) { device->copyOnDevice(dst, src, bytes, c); };
+    auto scope = c.useBufferOwners(std::move(owners), std::move(deviceCopy));
     if (!device) {
       body_(c, 0, elems_);
     } else {
@@ -194,6 +197,7 @@ bool CollectiveTask::start(Communicator& c) {
       for (size_t k = 0; k < device->pieces(); ++k) {
         device->awaitPiece(k, c);
         body_(c, device->pieceFirst(k), device->pieceCount(k));
+        staging_.flushReceived();  // before any device work may read what the NIC wrote
         device->copyBack(k);
       }
     }
@@ -235,6 +239,7 @@ bool PointToPointTask::poll(Communicator&) {
   if (req_.failed()) throwComm(str(what_, " failed: ", req_.error));
   if (req_.kind == Request::Kind::Recv) {
     work_->setSourceRank(req_.peer);
+    staging_.flushReceived();
     if (staging_.device) staging_.device->copyBack(0);
     for (const auto& s : staging_.cpuOutputs) s.finish();
   }

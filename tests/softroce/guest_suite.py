@@ -24,7 +24,8 @@ Phases (argv after the report path; default: all of them):
           send/recv go to the NIC with no staging copy (device_bytes_staged 0),
           exact, stream-ordered with slow kernels and the poisoning allocator;
           the same under a 64 KiB ROCE_PG_IB_DEVICE_REG_BYTES, where the larger
-          tensors are staged instead
+          tensors are staged instead; allgather, gather, scatter and all-to-all
+          (3 ranks, lists, strided, uneven, empty blocks) with no host copy
   multinic  two rxe devices (rxe1 on dummy1 made for the group): both ranks
           drive both; exact results, packets on both; dummy1 downed mid-run
           gives every rank an error naming the device (issue 27)
@@ -164,6 +165,10 @@ def groups(phases):
                                        min_packets=proof_packets(2) + payload // MTU, **gd)
         g["gpudirect_limit/verbs2"] = _group("verbs2", "tests.accelerator_workers.gpudirect",
                                              env={**peer, "ROCE_PG_IB_DEVICE_REG_BYTES": str(64 << 10)}, **gd)
+        # allgather, gather, scatter, all-to-all: every rank sends at least its
+        # block of the largest size, in three dtypes, in four of its calls
+        g["gpudirect_movement/verbs3"] = _group("verbs3", "tests.accelerator_workers.gpudirect_movement", env=peer,
+                                                min_packets=proof_packets(3) + 4 * 100_000 * (4 + 8 + 2) // MTU, **gd)
     return g
 
 

@@ -1,4 +1,4 @@
-#include "cuda_dmabuf.hpp"
+#include "cuda_driver.hpp"
 
 #include <dlfcn.h>
 
@@ -12,6 +12,10 @@ using CUdeviceptr = unsigned long long;
 using CUcontext = void*;
 constexpr int kDmaBufSupported = 124;      // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
 constexpr int kRangeHandleDmaBufFd = 0x1;  // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
+constexpr int kRdmaWritesOrdering = 118;   // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING
+constexpr int kOrderingOwner = 100;        // CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER
+constexpr int kFlushTargetCurrentCtx = 0;  // CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX
+constexpr int kFlushToOwner = 100;         // CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER
 
 struct Driver {
   CUresult (*init)(unsigned) = nullptr;
@@ -23,6 +27,7 @@ struct Driver {
   CUresult (*pop)(CUcontext*) = nullptr;
   CUresult (*addressRange)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
   CUresult (*handle)(void*, CUdeviceptr, size_t, int, unsigned long long) = nullptr;
+  CUresult (*flush)(int target, int scope) = nullptr;  // CUDA 11.3+
   std::string missing;  // why the driver cannot be used; empty when it can
 };
 
@@ -49,10 +54,29 @@ const Driver& driver() {
     bind(lib, "cuCtxPopCurrent_v2", d.pop, d.missing);
     bind(lib, "cuMemGetAddressRange_v2", d.addressRange, d.missing);
     bind(lib, "cuMemGetHandleForAddressRange", d.handle, d.missing);
+    bind(lib, "cuFlushGPUDirectRDMAWrites", d.flush, d.missing);
     if (d.missing.empty() && d.init(0) != 0) d.missing = "cuInit failed";
     return d;
   }();
   return d;
+}
+
+// Runs fn() with device `index`'s primary context current (the context
+// PyTorch allocates in): the progress thread may have none. False if the
+// context could not be made current.
+template <class Fn>
+bool inPrimaryContext(const Driver& d, int index, Fn&& fn) {
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  if (d.deviceGet(&dev, index) != 0 || d.retain(&ctx, dev) != 0) return false;
+  const bool pushed = d.push(ctx) == 0;
+  if (pushed) {
+    fn();
+    CUcontext popped = nullptr;
+    d.pop(&popped);
+  }
+  d.release(dev);
+  return pushed;
 }
 
 }  // namespace
@@ -73,13 +97,8 @@ bool cudaDmabufSupported(int index, std::string* why) {
 int exportCudaDmabuf(const void* ptr, size_t len, int index, uint64_t* offset) {
   const Driver& d = driver();
   if (!d.missing.empty()) return -1;
-  CUdevice dev = 0;
-  CUcontext ctx = nullptr;
-  // The progress thread may have no current context: the device's primary
-  // one (the context PyTorch allocates in) for the duration of the calls.
-  if (d.deviceGet(&dev, index) != 0 || d.retain(&ctx, dev) != 0) return -1;
   int fd = -1;
-  if (d.push(ctx) == 0) {
+  inPrimaryContext(d, index, [&] {
     CUdeviceptr base = 0;
     size_t size = 0;
     const auto p = reinterpret_cast<CUdeviceptr>(ptr);
@@ -88,11 +107,34 @@ int exportCudaDmabuf(const void* ptr, size_t len, int index, uint64_t* offset) {
       *offset = p - base;
     else
       fd = -1;
-    CUcontext popped = nullptr;
-    d.pop(&popped);
-  }
-  d.release(dev);
+  });
   return fd;
+}
+
+bool cudaRdmaWritesNeedFlush(int index, std::string* why) {
+  const Driver& d = driver();
+  // PyTorch's CUDA needs a driver far newer than 11.7; should one still lack
+  // the calls, say so where the path is logged.
+  if (!d.missing.empty())
+    return *why = d.missing + ": NIC writes cannot be flushed (on GPUs before compute capability 9.0 set "
+                              "ROCE_PG_GPUDIRECT=off)", false;
+  CUdevice dev = 0;
+  int ordering = 0;
+  if (d.deviceGet(&dev, index) != 0 || d.attribute(&ordering, kRdmaWritesOrdering, dev) != 0)
+    return *why = "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING unknown: NIC writes are flushed", true;
+  if (ordering >= kOrderingOwner)
+    return *why = "the GPU orders NIC writes before its own reads (GPU_DIRECT_RDMA_WRITES_ORDERING >= OWNER): "
+                  "no flush", false;
+  *why = "the GPU does not order NIC writes (GPU_DIRECT_RDMA_WRITES_ORDERING = NONE): "
+         "cuFlushGPUDirectRDMAWrites after each receive";
+  return true;
+}
+
+bool flushCudaRdmaWrites(int index) {
+  const Driver& d = driver();
+  if (!d.missing.empty()) return false;
+  CUresult r = -1;
+  return inPrimaryContext(d, index, [&] { r = d.flush(kFlushTargetCurrentCtx, kFlushToOwner); }) && r == 0;
 }
 
 }  // namespace roce
