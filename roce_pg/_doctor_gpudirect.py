@@ -16,6 +16,8 @@ from ._doctor_rows import OK, WARN, Row
 
 PEER_MEMORY_MODULES = ("nvidia_peermem", "nv_peer_mem")
 _DMA_BUF_SUPPORTED = 124  # CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+_RDMA_WRITES_ORDERING = 118  # CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING
+_ORDERING_OWNER = 100  # CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER
 _NOT_SUPPORTED = (errno.EOPNOTSUPP, errno.ENOSYS, errno.EPROTONOSUPPORT)
 
 
@@ -33,21 +35,36 @@ def nvidia_gpus(root: sysfs.Root) -> List[str]:
             and (root.read(f"{base}/{d}/class") or "").startswith("0x03")]
 
 
-def cuda_dmabuf(count: int) -> Tuple[List[Optional[bool]], str]:
-    """CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED per CUDA device, or Nones and why not."""
+def cuda_attributes(count: int) -> Tuple[List[Tuple[Optional[bool], Optional[int]]], str]:
+    """Per CUDA device: CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED and
+    GPU_DIRECT_RDMA_WRITES_ORDERING (None where unknown), or Nones and why not."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
-        return [None] * count, "libcuda.so.1 cannot be loaded (no NVIDIA driver)"
+        return [(None, None)] * count, "libcuda.so.1 cannot be loaded (no NVIDIA driver)"
     if cuda.cuInit(0) != 0:
-        return [None] * count, "cuInit failed"
+        return [(None, None)] * count, "cuInit failed"
     out = []
     for i in range(count):
-        dev, value = ctypes.c_int(), ctypes.c_int()
-        ok = cuda.cuDeviceGet(ctypes.byref(dev), i) == 0 and \
-            cuda.cuDeviceGetAttribute(ctypes.byref(value), _DMA_BUF_SUPPORTED, dev) == 0
-        out.append(bool(value.value) if ok else None)
+        dev = ctypes.c_int()
+        if cuda.cuDeviceGet(ctypes.byref(dev), i) != 0:
+            out.append((None, None))
+            continue
+        values = []
+        for attr in (_DMA_BUF_SUPPORTED, _RDMA_WRITES_ORDERING):
+            value = ctypes.c_int()
+            values.append(value.value if cuda.cuDeviceGetAttribute(ctypes.byref(value), attr, dev) == 0 else None)
+        out.append((None if values[0] is None else bool(values[0]), values[1]))
     return out, ""
+
+
+def flush_note(ordering: Optional[int]) -> str:
+    """What the extension does with the NIC's writes into this GPU (cuda_driver.cpp)."""
+    if ordering is None:
+        return ""
+    if ordering >= _ORDERING_OWNER:
+        return "; NIC writes ordered by the GPU"
+    return "; NIC writes flushed after each receive (GPU_DIRECT_RDMA_WRITES_ORDERING=NONE: before compute capability 9.0)"
 
 
 def nic_dmabuf(device: str) -> Tuple[Optional[bool], str]:
@@ -130,11 +147,13 @@ def check_gpudirect(m, nic_device: Optional[str]) -> Row:
     if not nic_device:
         return Row("GPUDirect RDMA", OK, f"{len(gpus)} NVIDIA GPU(s) but no RDMA port: device tensors are staged "
                                          "(only verbs takes device memory); " + "; ".join(facts))
-    attrs, why = cuda_dmabuf(len(gpus)) if root.is_real else ([None] * len(gpus), "driver not asked")
+    attrs, why = cuda_attributes(len(gpus)) if root.is_real else ([(None, None)] * len(gpus), "driver not asked")
     paths = []
-    for i, (pci, attr) in enumerate(zip(gpus, attrs)):
+    for i, (pci, (attr, ordering)) in enumerate(zip(gpus, attrs)):
         driver = why or ("driver exports dma-bufs" if attr else "driver: DMA_BUF_SUPPORTED=0")
-        paths.append((gpu_path(attr, nic, peermem), f"cuda:{i} ({pci}): {gpu_path(attr, nic, peermem)} [{driver}]"))
+        path = gpu_path(attr, nic, peermem)
+        flush = flush_note(ordering) if path != "staged" else ""
+        paths.append((path, f"cuda:{i} ({pci}): {path} [{driver}{flush}]"))
     detail = "; ".join(p[1] for p in paths) + "; " + "; ".join(facts)
     if any(p[0] == "staged" for p in paths):
         return Row("GPUDirect RDMA", WARN, detail + ": device tensors are staged through host memory",

@@ -148,6 +148,14 @@ def test_gpudirect_row_gives_each_gpus_path_and_why(tmp_path):
     assert "1 NVIDIA GPU(s) but no RDMA port" in rows_of(tmp_path / "no_nic")["GPUDirect RDMA"].detail
 
 
+def test_gpudirect_row_says_whether_nic_writes_are_flushed():
+    from roce_pg._doctor_gpudirect import flush_note
+
+    assert flush_note(None) == ""  # the driver was not asked
+    assert "flushed after each receive" in flush_note(0)
+    assert flush_note(100) == flush_note(200) == "; NIC writes ordered by the GPU"
+
+
 def test_gpudirect_order_is_the_extensions():
     from roce_pg._doctor_gpudirect import gpu_path
 
