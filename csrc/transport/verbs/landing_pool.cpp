@@ -22,17 +22,12 @@ std::shared_ptr<LandingPool> LandingPool::shared(const Rails& rails, size_t stri
 
 size_t LandingPool::processBytes() { return landingBytes.load(); }
 
-LandingPool::LandingPool(Rails rails, size_t stride) : rails_(std::move(rails)), stride_(stride) {}
+LandingPool::LandingPool(Rails rails, size_t stride)
+    : rails_(rails.size()),
+      regions_(std::move(rails), stride, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "landing pool",
+               landingBytes, kMaxRegions) {}
 
-LandingPool::~LandingPool() {
-  for (int r = 0; r < regionCount_; ++r) landingBytes.fetch_sub(regions_[r]->registeredBytes());
-}
-
-uint32_t LandingPool::total() const {
-  uint32_t n = 0;
-  for (int r = 0; r < regionCount_; ++r) n += regions_[r]->count();
-  return n - lost_;
-}
+uint32_t LandingPool::total() const { return regions_.slots() - lost_; }
 
 void LandingPool::wakeWaiting() {
   publish();  // before the wake-ups: a woken group reads the snapshot
@@ -65,21 +60,18 @@ void LandingPool::join(Share& share, uint32_t reserved, uint32_t open) {
         publish();
         return;
       }
-      if (regionCount_ >= kMaxRegions)
+      if (regions_.full())
         throwInvalid(str("the verbs landing pool of this process has grown ", kMaxRegions,
                          " times (one region per group of a new shape): destroy process groups that are no longer used"));
-      more = std::max<uint32_t>(2, std::min(want - have, kPoolSlotMask + 1));
+      more = want - have;
     }
     // Registered without the lock: the other groups keep granting meanwhile.
-    auto region = std::make_unique<SlotPool>(rails_, static_cast<size_t>(more) * stride_, stride_,
-                                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "landing pool", nullptr);
+    auto region = regions_.make(more);
+    const uint32_t added = region->count();
     std::lock_guard<std::mutex> g(mu_);
-    if (regionCount_ >= kMaxRegions) continue;  // reported above on the next round
-    free_ += region->count();
-    landingBytes.fetch_add(region->registeredBytes());
-    regions_[regionCount_] = std::move(region);
-    ++regionCount_;  // then look again: another group may have joined meanwhile
-    publish();
+    if (!regions_.add(std::move(region))) continue;  // full: reported above on the next round
+    free_ += added;
+    publish();  // then look again: another group may have joined meanwhile
   }
 }
 
@@ -102,20 +94,19 @@ uint32_t LandingPool::openFreeLocked() const {
 }
 
 uint32_t LandingPool::takeAny() {
-  for (int r = 0; r < regionCount_; ++r)
-    if (regions_[r]->available() > 0) {
-      --free_;
-      return (static_cast<uint32_t>(r) << kPoolSlotBits) | regions_[r]->take();
-    }
-  throwInvalid("the verbs landing pool has no free slot although its accounting says so (a bug)");
+  uint32_t id = 0;
+  if (!regions_.take(&id))
+    throwInvalid("the verbs landing pool has no free slot although its accounting says so (a bug)");
+  --free_;
+  return id;
 }
 
 LandingPool::Slot LandingPool::slot(uint32_t id) const {
   Slot s;
   s.id = id;
-  s.addr = reinterpret_cast<uint64_t>(data(id));
-  const SlotPool& region = *regions_[id >> kPoolSlotBits];
-  for (size_t rail = 0; rail < rails_.size(); ++rail) s.rkey[rail] = region.rkey(static_cast<int>(rail));
+  s.addr = reinterpret_cast<uint64_t>(regions_.data(id));
+  const SlotPool& region = regions_.region(id);
+  for (size_t rail = 0; rail < rails_; ++rail) s.rkey[rail] = region.rkey(static_cast<int>(rail));
   return s;
 }
 
@@ -143,7 +134,7 @@ bool LandingPool::takeReserved(Share& share, Slot* slot) {
 
 void LandingPool::give(Share* share, uint32_t id) {
   std::lock_guard<std::mutex> g(mu_);
-  if (!regions_[id >> kPoolSlotBits]->give(id & kPoolSlotMask)) return;  // given already
+  if (!regions_.give(id)) return;  // given already
   ++free_;
   if (share) {
     --share->held;
@@ -160,6 +151,6 @@ void LandingPool::forget(Wakeup* waiter) {
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), waiter), waiting_.end());
 }
 
-char* LandingPool::data(uint32_t id) const { return regions_[id >> kPoolSlotBits]->slot(id & kPoolSlotMask); }
+char* LandingPool::data(uint32_t id) const { return regions_.data(id); }
 
 }  // namespace roce

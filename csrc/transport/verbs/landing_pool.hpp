@@ -33,7 +33,6 @@
 // and its rkey per rail (verbs_wire.hpp, kCredit) instead of a peer
 // computing them from a base.
 #pragma once
-#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -42,11 +41,11 @@
 #include <vector>
 
 #include "memory_region.hpp"
+#include "pool_regions.hpp"
 #include "port_choice.hpp"
 
 namespace roce {
 
-class SlotPool;
 class Wakeup;
 
 class LandingPool {
@@ -61,7 +60,7 @@ class LandingPool {
   static constexpr int kMaxRegions = 1024;
 
   LandingPool(Rails rails, size_t stride);
-  ~LandingPool();
+  ~LandingPool() = default;
   LandingPool(const LandingPool&) = delete;
   LandingPool& operator=(const LandingPool&) = delete;
 
@@ -113,15 +112,13 @@ class LandingPool {
   uint32_t total() const;        // under mu_: usable slots (registered, less lost ones)
   void wakeWaiting();            // under mu_
   uint32_t openFreeLocked() const;  // under mu_
-  uint32_t takeAny();            // under mu_; requires a free slot
+  uint32_t takeAny();            // under mu_; requires a free slot (the accounting says so)
   void publish();                // under mu_: the snapshots, after every change
 
-  const Rails rails_;
-  const size_t stride_;
+  const size_t rails_;            // how many rails a slot has an rkey on
   std::mutex growMu_;  // one join grows the pool at a time (no two groups register the same need)
   mutable std::mutex mu_;
-  std::array<std::unique_ptr<SlotPool>, kMaxRegions> regions_;
-  int regionCount_ = 0;
+  PoolRegions regions_;
   uint32_t free_ = 0;             // free slots in all regions
   uint32_t reservedSum_ = 0;      // members' reservations
   uint32_t reservedUnused_ = 0;   // members' reservations not taken

@@ -21,40 +21,33 @@ std::shared_ptr<StagingPool> StagingPool::shared(const Rails& rails, size_t stri
 
 size_t StagingPool::processBytes() { return stagingBytes.load(); }
 
-StagingPool::StagingPool(Rails rails, size_t stride) : rails_(std::move(rails)), stride_(stride) {}
-
-StagingPool::~StagingPool() {
-  for (const auto& r : regions_) stagingBytes.fetch_sub(r->registeredBytes());
-}
+StagingPool::StagingPool(Rails rails, size_t stride)
+    : rails_(rails.size()),
+      regions_(std::move(rails), stride, IBV_ACCESS_LOCAL_WRITE, "staging pool", stagingBytes, kMaxRegions) {}
 
 void StagingPool::reserve(uint32_t slots) {
   uint32_t more = 0;
   {
     std::lock_guard<std::mutex> g(mu_);
-    uint32_t have = 0;
-    for (const auto& r : regions_) have += r->count();
-    if (have >= slots || regions_.size() >= static_cast<size_t>(kMaxRegions)) return;  // full: the groups share what is there
-    more = std::max<uint32_t>(2, std::min(slots - have, kPoolSlotMask + 1));
+    const uint32_t have = regions_.slots();
+    if (have >= slots || regions_.full()) return;  // full: the groups share what is there
+    more = slots - have;
   }
   // Registered without the lock: the other groups keep taking and giving.
-  auto region = std::make_unique<SlotPool>(rails_, static_cast<size_t>(more) * stride_, stride_,
-                                           IBV_ACCESS_LOCAL_WRITE, "staging pool", nullptr);
+  auto region = regions_.make(more);
   std::lock_guard<std::mutex> g(mu_);
-  uint32_t have = 0;
-  for (const auto& r : regions_) have += r->count();
-  if (have >= slots || regions_.size() >= static_cast<size_t>(kMaxRegions)) return;  // another group grew it meanwhile
-  regions_.push_back(std::move(region));
-  stagingBytes.fetch_add(regions_.back()->registeredBytes());
-  // Its slots serve the queued groups first.
-  const uint32_t r = static_cast<uint32_t>(regions_.size() - 1);
-  for (uint32_t s = 0; s < regions_[r]->count() && !queued_.empty(); ++s) release((r << kPoolSlotBits) | regions_[r]->take());
+  if (regions_.slots() >= slots || !regions_.add(std::move(region))) return;  // another group grew it meanwhile
+  // Its slots serve the queued groups first (the other regions have none
+  // free while groups queue: a slot given back goes to them).
+  uint32_t id = 0;
+  while (!queued_.empty() && regions_.take(&id)) release(id);
 }
 
 void StagingPool::fill(uint32_t id, Slot* slot) const {
-  const SlotPool& region = *regions_.at(id >> kPoolSlotBits);
+  const SlotPool& region = regions_.region(id);
   slot->id = id;
-  slot->data = region.slot(id & kPoolSlotMask);
-  for (size_t rail = 0; rail < rails_.size(); ++rail) slot->lkey[rail] = region.lkey(static_cast<int>(rail));
+  slot->data = regions_.data(id);
+  for (size_t rail = 0; rail < rails_; ++rail) slot->lkey[rail] = region.lkey(static_cast<int>(rail));
 }
 
 bool StagingPool::tryTake(Slot* slot, Wakeup* group) {
@@ -72,11 +65,11 @@ bool StagingPool::tryTake(Slot* slot, Wakeup* group) {
     return false;
   };
   if (group && pick([&](const Handed& h) { return h.to == group; })) return true;
-  for (uint32_t r = 0; r < regions_.size(); ++r)
-    if (regions_[r]->available() > 0) {
-      fill((r << kPoolSlotBits) | regions_[r]->take(), slot);
-      return true;
-    }
+  uint32_t id = 0;
+  if (regions_.take(&id)) {
+    fill(id, slot);
+    return true;
+  }
   if (pick([&](const Handed& h) { return now - h.at > std::chrono::milliseconds(1); })) return true;
   if (group && std::find(queued_.begin(), queued_.end(), group) == queued_.end()) queued_.push_back(group);
   return false;
@@ -84,7 +77,7 @@ bool StagingPool::tryTake(Slot* slot, Wakeup* group) {
 
 void StagingPool::release(uint32_t id) {
   if (queued_.empty()) {
-    regions_.at(id >> kPoolSlotBits)->give(id & kPoolSlotMask);
+    regions_.give(id);
     return;
   }
   Wakeup* to = queued_.front();

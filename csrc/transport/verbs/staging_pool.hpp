@@ -37,11 +37,11 @@
 #include <vector>
 
 #include "memory_region.hpp"
+#include "pool_regions.hpp"
 #include "port_choice.hpp"
 
 namespace roce {
 
-class SlotPool;
 class Wakeup;
 
 class StagingPool {
@@ -53,7 +53,7 @@ class StagingPool {
   static size_t processBytes();
 
   StagingPool(Rails rails, size_t stride);
-  ~StagingPool();
+  ~StagingPool() = default;
   StagingPool(const StagingPool&) = delete;
   StagingPool& operator=(const StagingPool&) = delete;
 
@@ -77,8 +77,7 @@ class StagingPool {
   static constexpr int kMaxRegions = 16;  // ids: region in bits 20-23, slot in 0-19 (wr_id has 24)
 
  private:
-  const Rails rails_;
-  const size_t stride_;
+  const size_t rails_;  // how many rails a slot has an lkey on
   struct Handed {
     uint32_t id;
     Wakeup* to;
@@ -88,7 +87,7 @@ class StagingPool {
   void release(uint32_t id);                  // under mu_: to the first queued group, or free
 
   mutable std::mutex mu_;
-  std::vector<std::unique_ptr<SlotPool>> regions_;  // never shrinks while the pool lives
+  PoolRegions regions_;          // never shrinks while the pool lives
   std::deque<Wakeup*> queued_;   // groups that found none free, first come first served
   std::vector<Handed> handed_;   // slots given back to a queued group, not claimed yet
 };
