@@ -587,6 +587,25 @@ def gpudirect_movement(rank, world, port, kind, sizes=(1, 4099, 100_000)):
             dist.all_to_all(outs, ins)
             ck.same(f"all_to_all list {tag}", torch.cat([o.mul(2) for o in outs]),
                     torch.cat([_pattern(n, dtype, 10 * k + rank) * 2 for k in range(world)]))
+    # Layouts that cannot go as they are, still with no host copy (through a
+    # device buffer of the call): a view of a storage larger than
+    # ROCE_PG_IB_DEVICE_REG_BYTES (4 MiB in this group; the transport
+    # registers whole storages), and a non-contiguous broadcast.
+    n = 1000
+    big = torch.zeros(1 << 20, dtype=torch.int64, device=acc.device)  # 8 MiB
+    x = _pattern(n, torch.int64, 0).to(acc.device)
+    acc.busy(SLOW_MS)
+    dist.all_gather_into_tensor(big.narrow(0, 4096, world * n), x.add_(rank + 1))
+    ck.same("all_gather_into_tensor into a view of a storage over the limit", big[:4096 + world * n].mul(2),
+            torch.cat([torch.zeros(4096, dtype=torch.int64)] + [_pattern(n, torch.int64, r + 1) * 2 for r in range(world)]))
+    for root in range(world):
+        base = torch.zeros(2 * n, dtype=torch.float32, device=acc.device)
+        if rank == root:
+            acc.busy(SLOW_MS)
+            base[::2].add_(_pattern(n, torch.float32, root).to(acc.device))
+        dist.broadcast(base[::2], root)
+        ck.same(f"broadcast of every other element root={root}", base.mul(2),
+                torch.stack([_pattern(n, torch.float32, root) * 2, torch.zeros(n)], dim=1).reshape(-1))
     result = cpu_matrix.run(rank, world, port, parts=("data_movement",), device=str(acc.device),
                             sizes=[0, 1, 7, 1000, 4099])
     ck.checks += result["checks"]

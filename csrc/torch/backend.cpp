@@ -264,21 +264,14 @@ CallStaging RoceBackend::staging(const at::Tensor& like) {
   return CallStaging(std::make_shared<DeviceStaging>(lanes_.of(like.device()), pinned_));
 }
 
-CallStaging RoceBackend::staging(const at::Tensor& like, int peer) {
-  if (like.device().is_cpu() || !like.is_contiguous() || like.numel() == 0) return staging(like);
-  return directStaging(like, gpudirect(like, peer));
-}
-
-CallStaging RoceBackend::movementStaging(const at::Tensor& like, size_t largest) {
+CallStaging RoceBackend::staging(const at::Tensor& like, int peer, size_t largest) {
   if (like.device().is_cpu()) return staging(like);
-  return directStaging(like, gpudirect(like, /*peer=*/-1, largest));
-}
-
-CallStaging RoceBackend::directStaging(const at::Tensor& like, const GpudirectChoice& choice) {
+  const GpudirectChoice choice = gpudirect(like, peer, largest);
   if (choice.path == DeviceMemoryPath::Staged) return staging(like);
   CallStaging st(std::make_shared<DeviceStaging>(lanes_.of(like.device()), pinned_), /*direct=*/true);
   st.exportDmabuf = choice.exportDmabuf;  // null unless by dma-buf
   st.flushNicWrites = choice.flushNicWrites;
+  st.directLimit = cfg_.ibDeviceRegBytes;
   return st;
 }
 
@@ -302,8 +295,7 @@ GpudirectChoice RoceBackend::gpudirect(const at::Tensor& t, int peer, size_t lar
   // peer, so every rank of a collective stages. The topology is everyone's.
   const bool sharedMachine = peer < 0 && !c.config().forceNetwork && c.topology().numNodes != c.size();
   GpudirectChoice choice = chooseGpudirect(cfg_.gpudirect, deviceMemoryPath(t.device()), nicDmabuf, nicWhy, peers,
-                                           sharedMachine, std::max<size_t>(t.storage().nbytes(), largest),
-                                           cfg_.ibDeviceRegBytes);
+                                           sharedMachine, largest, cfg_.ibDeviceRegBytes);
   std::call_once(gpudirectLogged_, [&] {
     gpudirectLog_ = str("rank ", c.rank(), ": ", t.device().str(), " tensors of data-movement calls go ",
                         choice.path == DeviceMemoryPath::Staged ? "through host staging" : "to the NIC directly, by ",
@@ -366,7 +358,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::broadcast(std::vector<at::Tensor>& t
   checkSingle(tensors, "broadcast");
   checkRank(opts.rootRank, getSize(), "root", "broadcast");
   const int root = static_cast<int>(opts.rootRank);
-  CallStaging st = staging(tensors[0], /*peer=*/-1);
+  CallStaging st = staging(tensors[0], /*peer=*/-1, tensors[0].nbytes());
   const at::Tensor h = st.inPlace(tensors, /*read=*/getRank() == root, /*write=*/getRank() != root);
   return submitElementwise(OpType::BROADCAST, "broadcast", tensors, std::move(st), h,
                            [h, root](Communicator& c, size_t first, size_t count) {
@@ -438,7 +430,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather(std::vector<std::vector<at
   checkSingle(inputs, "allgather");
   TORCH_CHECK(outputs.size() == 1, "roce: allgather takes one list of output tensors, got ", outputs.size());
   checkList(outputs[0], inputs[0], getSize(), "allgather", "output");
-  CallStaging st = movementStaging(inputs[0], getSize() * inputs[0].nbytes());
+  CallStaging st = staging(inputs[0], /*peer=*/-1, getSize() * inputs[0].nbytes());
   const at::Tensor in = st.input(inputs[0]), flat = st.outputs(outputs[0]);
   return submit(OpType::ALLGATHER, "allgather", outputs[0], std::move(st),
                 [in, flat](Communicator& c) { roce::allgather(c, in.data_ptr(), flat.data_ptr(), bytesOf(in)); },
@@ -450,7 +442,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::_allgather_base(at::Tensor& output, 
   checkSameDeviceAndDtype(output, input, "all_gather_into_tensor");
   TORCH_CHECK(output.numel() == input.numel() * getSize(), "roce: all_gather_into_tensor: output has ", output.numel(),
               " elements, expected world size (", getSize(), ") x input (", input.numel(), ")");
-  CallStaging st = movementStaging(input, output.nbytes());
+  CallStaging st = staging(input, /*peer=*/-1, output.nbytes());
   const at::Tensor in = st.input(input), out = st.output(output);
   return submit(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, std::move(st),
                 [in, out](Communicator& c) { roce::allgather(c, in.data_ptr(), out.data_ptr(), bytesOf(in)); },
@@ -481,7 +473,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_coalesced(std::vector<std:
   }
   size_t inputBytes = 0;
   for (const auto& x : inputs) inputBytes += x.nbytes();
-  CallStaging st = movementStaging(inputs[0], getSize() * inputBytes);
+  CallStaging st = staging(inputs[0], /*peer=*/-1, getSize() * inputBytes);
   const at::Tensor in = st.inputs(inputs), flat = st.outputs(all);
   const size_t bytes = bytesOf(in);
   return submit(OpType::ALLGATHER_COALESCED, op, all, std::move(st),
@@ -504,7 +496,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_into_tensor_coalesced(std:
   }
   size_t largest = 0;
   for (const auto& x : outputs) largest = std::max(largest, x.nbytes());
-  CallStaging st = movementStaging(inputs[0], largest);
+  CallStaging st = staging(inputs[0], /*peer=*/-1, largest);
   const size_t bytes = stagePairs(st, inputs, outputs, ins, outs);
   return submit(allgatherIntoTensorCoalesced<OpType>(0), "allgather_into_tensor_coalesced", outputs, std::move(st),
                 [ins, outs](Communicator& c) {
@@ -528,7 +520,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::gather(std::vector<std::vector<at::T
     TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
                 "roce: gather: only the root (rank ", root, ") may pass output tensors");
   }
-  CallStaging st = movementStaging(inputs[0], getSize() * inputs[0].nbytes());
+  CallStaging st = staging(inputs[0], /*peer=*/-1, getSize() * inputs[0].nbytes());
   const at::Tensor in = st.input(inputs[0]);
   const at::Tensor flat = value.empty() ? at::Tensor() : st.outputs(value);
   CallOptions call = callOf(opts);
@@ -554,7 +546,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::scatter(std::vector<at::Tensor>& out
     TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
                 "roce: scatter: only the root (rank ", root, ") may pass input tensors");
   }
-  CallStaging st = movementStaging(outputs[0], getSize() * outputs[0].nbytes());
+  CallStaging st = staging(outputs[0], /*peer=*/-1, getSize() * outputs[0].nbytes());
   const at::Tensor flat = isRoot ? st.inputs(inputs[0]) : at::Tensor();
   const at::Tensor out = st.output(outputs[0]);
   return submit(OpType::SCATTER, "scatter", outputs, std::move(st),
@@ -659,7 +651,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall_base(at::Tensor& output, at
   const int me = getRank();
   TORCH_CHECK(sendBytes[me] == recvBytes[me], "roce: all_to_all_single: rank ", me, " sends ", sendBytes[me],
               " bytes to itself but expects to receive ", recvBytes[me]);
-  CallStaging st = movementStaging(input, std::max(input.nbytes(), output.nbytes()));
+  CallStaging st = staging(input, /*peer=*/-1, std::max(input.nbytes(), output.nbytes()));
   const at::Tensor in = st.input(input), out = st.output(output);
   return submit(OpType::ALLTOALL_BASE, "all_to_all_single", {output}, std::move(st),
                 [=](Communicator& c) {
@@ -692,7 +684,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall(std::vector<at::Tensor>& ou
   TORCH_CHECK(sendBytes[me] == recvBytes[me], "roce: all_to_all: input and output tensor ", me,
               " (this rank's own block) differ in size");
   CallStaging st =
-      movementStaging(inputs[0], std::max(sendOff.back() + sendBytes.back(), recvOff.back() + recvBytes.back()));
+      staging(inputs[0], /*peer=*/-1, std::max(sendOff.back() + sendBytes.back(), recvOff.back() + recvBytes.back()));
   const at::Tensor flatIn = st.inputs(inputs), flatOut = st.outputs(outputs);
   return submit(OpType::ALLTOALL, "all_to_all", outputs, std::move(st),
                 [=](Communicator& c) {
@@ -723,7 +715,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char
                 " itself");
   }
   // A receive from any rank may be served by any transport: staged.
-  CallStaging st = peer >= 0 ? staging(tensors[0], peer) : staging(tensors[0]);
+  CallStaging st = peer >= 0 ? staging(tensors[0], peer, tensors[0].nbytes()) : staging(tensors[0]);
   const at::Tensor host = sending ? st.input(tensors[0]) : st.output(tensors[0]);
   if (st.device) st.device->start(/*pieceElems=*/0, 0);
   const OpLabel what = label(title, bytesOf(host));

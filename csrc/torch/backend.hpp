@@ -144,24 +144,22 @@ class RoceBackend : public c10d::Backend {
   void start(std::unique_ptr<Communicator> comm);  // the engine and the trace hooks
   // Host buffers for a call whose tensors are on like's device.
   CallStaging staging(const at::Tensor& like);
-  // The same, but a single contiguous device tensor goes to the transport
-  // itself where gpudirect() says so (data-movement calls only: the
-  // algorithms must not touch it with the CPU). peer -1: every other rank.
-  CallStaging staging(const at::Tensor& like, int peer);
-  // The data-movement collectives' (allgather, gather, scatter, all-to-all):
-  // device tensors go to the transport itself where gpudirect() says so,
-  // lists of them and non-contiguous ones through one device buffer
+  // For the data-movement calls (broadcast, send/recv, allgather, gather,
+  // scatter, all-to-all; peer -1: a collective): device tensors go to the
+  // transport itself where gpudirect() says so - single contiguous ones as
+  // they are, lists, non-contiguous tensors and views of storages larger than
+  // ROCE_PG_IB_DEVICE_REG_BYTES through one device buffer of the call
   // (DeviceStaging::deviceBuffer); the algorithms copy their own block on the
-  // device (Communicator::copyLocal). The choice ignores this rank's layout
-  // (contiguity, empty blocks), which other ranks need not share; `largest`
-  // is the largest buffer the call registers, for the limit.
-  CallStaging movementStaging(const at::Tensor& like, size_t largest);
-  CallStaging directStaging(const at::Tensor& like, const GpudirectChoice& choice);  // staged if it says so
-  // GPUDirect RDMA for t in a call with `peer` (-1: all)? Decided before the
-  // call is issued from what is alike on every rank: ROCE_PG_GPUDIRECT, the
-  // device type's registration path (device_memory.hpp), every peer served
-  // by verbs, t's allocation (and `largest`) within ROCE_PG_IB_DEVICE_REG_BYTES.
-  GpudirectChoice gpudirect(const at::Tensor& t, int peer, size_t largest = 0);
+  // device (Communicator::copyLocal). `largest` is the largest buffer the call
+  // moves as every rank computes it (the whole list, n x the block), so the
+  // ranks of a collective choose alike whatever their tensors' layout.
+  CallStaging staging(const at::Tensor& like, int peer, size_t largest);
+  // GPUDirect RDMA for a call on t's device with `peer` (-1: all)? Decided
+  // before the call is issued from what is alike on every rank:
+  // ROCE_PG_GPUDIRECT, the device type's registration path
+  // (device_memory.hpp), every peer served by verbs, `largest` within
+  // ROCE_PG_IB_DEVICE_REG_BYTES.
+  GpudirectChoice gpudirect(const at::Tensor& t, int peer, size_t largest);
 
  public:
   // The line logged (ROCE_PG_DEBUG=INFO) at the group's first choice, for tests.

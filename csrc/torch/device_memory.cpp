@@ -92,7 +92,7 @@ std::string flushNote(const DeviceMemoryAnswer& device) {
 
 GpudirectChoice chooseGpudirect(const std::string& mode, const DeviceMemoryAnswer& device, bool nicDmabuf,
                                 const std::string& nicWhy, const std::vector<CallPeer>& peers,
-                                bool sharedMachine, size_t allocationBytes, size_t limitBytes) {
+                                bool sharedMachine, size_t callBytes, size_t limitBytes) {
   if (mode == "off") return {DeviceMemoryPath::Staged, "ROCE_PG_GPUDIRECT=off"};
   for (const auto& [p, transport] : peers)
     if (std::string(transport) != "verbs")
@@ -102,8 +102,8 @@ GpudirectChoice chooseGpudirect(const std::string& mode, const DeviceMemoryAnswe
     return {DeviceMemoryPath::Staged, "a machine of this group holds several of its ranks, whose shared-memory "
                                       "transport copies with the CPU; collectives go to the NIC directly only with "
                                       "one rank per machine"};
-  if (allocationBytes > limitBytes)
-    return {DeviceMemoryPath::Staged, "the tensor's allocation (" + std::to_string(allocationBytes) +
+  if (callBytes > limitBytes)
+    return {DeviceMemoryPath::Staged, "the call's largest buffer (" + std::to_string(callBytes) +
                                           " bytes) exceeds ROCE_PG_IB_DEVICE_REG_BYTES=" + std::to_string(limitBytes)};
   if (device.dmabuf && nicDmabuf)
     return {DeviceMemoryPath::Dmabuf, device.dmabufWhy + "; " + nicWhy + flushNote(device), device.exportDmabuf,

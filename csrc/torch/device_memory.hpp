@@ -48,9 +48,9 @@ DeviceMemoryAnswer deviceMemoryPath(c10::Device device);
 // answer, the provider's (`nicDmabuf`, `nicWhy`), the transports serving the
 // ranks the call talks to (`peers`), whether the call is a collective of a group some machine of
 // which holds several ranks (`sharedMachine`: those ranks reach each other
-// through shared memory, so all must stage), the bytes of the tensor's
-// allocation against ROCE_PG_IB_DEVICE_REG_BYTES. `why` says what decided,
-// for the log line.
+// through shared memory, so all must stage), the largest buffer the call
+// moves (as every rank computes it) against ROCE_PG_IB_DEVICE_REG_BYTES.
+// `why` says what decided, for the log line.
 struct GpudirectChoice {
   DeviceMemoryPath path = DeviceMemoryPath::Staged;
   std::string why;
@@ -61,7 +61,7 @@ struct GpudirectChoice {
 using CallPeer = std::pair<int, const char*>;
 GpudirectChoice chooseGpudirect(const std::string& mode, const DeviceMemoryAnswer& device, bool nicDmabuf,
                                 const std::string& nicWhy, const std::vector<CallPeer>& peers,
-                                bool sharedMachine, size_t allocationBytes, size_t limitBytes);
+                                bool sharedMachine, size_t callBytes, size_t limitBytes);
 
 // True if /proc/modules' text lists a peer-memory module for NVIDIA GPUs.
 bool peerMemoryModuleLoaded(const std::string& modulesText);

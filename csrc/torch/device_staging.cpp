@@ -22,7 +22,8 @@ DeviceLane DeviceLanes::of(c10::Device device) {
   // Pool streams, as ProcessGroupGloo's device path and c10::ivalue::Future
   // use: created once per device and process, shared round robin.
   c10::impl::VirtualGuardImpl impl(device.type());
-  lanes_.push_back(DeviceLane{impl.getStreamFromGlobalPool(device), impl.getStreamFromGlobalPool(device)});
+  lanes_.push_back(DeviceLane{impl.getStreamFromGlobalPool(device), impl.getStreamFromGlobalPool(device),
+                              impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true)});
   return lanes_.back();
 }
 
@@ -86,12 +87,12 @@ void DeviceStaging::copyOnDevice(void* dst, const void* src, size_t bytes, Commu
     throw std::logic_error("roce: a copy within the rank touches device memory outside the call's tensors");
   {
     at::NoGradGuard noGrad;
-    c10::StreamGuard guard(lane_.toDevice);
+    c10::StreamGuard guard(lane_.local);
     to.copy_(from, /*non_blocking=*/true);
   }
   Counters::add(c.counters().deviceBytesLocal, bytes);
   c10::Event copied(lane_.device().type());
-  copied.record(lane_.toDevice);
+  copied.record(lane_.local);
   awaitDeviceEvent(copied, c, [&] {
     return str("the copy of this rank's own block (", bytes, " bytes) on ", lane_.device().str());
   });

@@ -47,9 +47,15 @@ void awaitDeviceEvent(const c10::Event& event, Communicator& c, const std::funct
 // into host memory, `toDevice` the results back. Two streams, so that piece
 // k-1's results travel back while piece k+1 is still being copied out (the
 // two directions of the link run at once; one stream would serialize them).
+// `local` carries the copies an algorithm makes within the rank while it runs
+// (GPUDirect: its own block): the other two wait for the caller's stream at
+// every call's issue, so a copy queued there at run time would also wait for
+// whatever the caller launched after later calls; `local` never waits for
+// anything (what it copies is ready when the host runs the algorithm).
 struct DeviceLane {
   c10::Stream toHost;
   c10::Stream toDevice;
+  c10::Stream local;
   c10::Device device() const { return toHost.device(); }
 };
 
@@ -110,7 +116,7 @@ class DeviceStaging {
   // Queues the copies of piece k's results back to the device.
   void copyBack(size_t k);
   // An algorithm's copy within this rank between device buffers of the call
-  // (its own block: Communicator::copyLocal): queued on the results' stream
+  // (its own block: Communicator::copyLocal): queued on the lane's `local` stream
   // and waited for through the Communicator's wait loop before returning, as
   // the transport may send the block next. `dst` and `src` must lie in
   // tensors handed to the transport (addDirect, deviceBuffer).

@@ -56,10 +56,14 @@ Staged stage(const at::Tensor& t, bool readable) {
   return s;
 }
 
-at::Tensor CallStaging::directly(const at::Tensor& t) {
-  TORCH_INTERNAL_ASSERT(t.is_contiguous(), "roce: GPUDirect was chosen for a non-contiguous tensor");
-  device->addDirect(t);
-  return t.view(-1);
+at::Tensor CallStaging::directly(const at::Tensor& t, bool read, bool write) {
+  if (t.is_contiguous() && t.storage().nbytes() <= directLimit) {
+    device->addDirect(t);
+    return t.view(-1);
+  }
+  at::Tensor flat = device->deviceBuffer(t.numel(), t.scalar_type());
+  device->add(t, flat.view(t.sizes()), read, write);
+  return flat;
 }
 
 void CallStaging::flushReceived() const {
@@ -73,7 +77,7 @@ void CallStaging::flushReceived() const {
 
 at::Tensor CallStaging::input(const at::Tensor& t) {
   if (!device) return stage(t, true).host;
-  if (direct) return t.is_contiguous() ? directly(t) : inPlace({t}, /*read=*/true, /*write=*/false);
+  if (direct) return directly(t, /*read=*/true, /*write=*/false);
   at::Tensor host = device->hostBuffer(t.numel(), t.scalar_type());
   device->add(t, host.view(t.sizes()), /*read=*/true, /*write=*/false);
   return host;
@@ -84,7 +88,7 @@ at::Tensor CallStaging::output(const at::Tensor& t) {
     cpuOutputs.push_back(stage(t, false));
     return cpuOutputs.back().host;
   }
-  if (direct) return t.is_contiguous() ? directly(t) : inPlace({t}, /*read=*/false, /*write=*/true);
+  if (direct) return directly(t, /*read=*/false, /*write=*/true);
   at::Tensor host = device->hostBuffer(t.numel(), t.scalar_type());
   device->add(t, host.view(t.sizes()), /*read=*/false, /*write=*/true);
   return host;
@@ -119,10 +123,10 @@ at::Tensor CallStaging::inPlace(const std::vector<at::Tensor>& ts, bool read, bo
       for (auto& s : slicesOf(flat, ts)) cpuOutputs.push_back(s);
     return flat;
   }
-  if (direct && ts.size() == 1 && ts[0].is_contiguous()) return directly(ts[0]);
-  // Several tensors (or one not contiguous) in one buffer: pinned host memory
-  // when staged; with GPUDirect a device buffer, filled and drained by
-  // device-to-device copies, which the transport gets as it is.
+  if (direct && ts.size() == 1) return directly(ts[0], read, write);
+  // Several tensors in one buffer: pinned host memory when staged; with
+  // GPUDirect a device buffer, filled and drained by device-to-device
+  // copies, which the transport gets as it is.
   const int64_t numel = totalNumel(ts);
   at::Tensor flat = direct ? device->deviceBuffer(numel, ts[0].scalar_type())
                            : device->hostBuffer(numel, ts[0].scalar_type());

@@ -59,9 +59,12 @@ class CallStaging {
   std::vector<Staged> cpuOutputs;
   std::shared_ptr<DeviceStaging> device;  // null for CPU tensors
   // GPUDirect RDMA (device only): single contiguous tensors are handed to the
-  // algorithm as they are, lists and non-contiguous ones through one device
-  // buffer; no host buffer (RoceBackend::gpudirect decided).
+  // algorithm as they are, lists, non-contiguous tensors and views of
+  // storages over `directLimit` bytes through one device buffer (the
+  // transport registers whole storages); no host buffer
+  // (RoceBackend::gpudirect decided).
   bool direct = false;
+  size_t directLimit = 0;
   // direct by dma-buf: the device type's export (device_memory.hpp); null: by pointer.
   int (*exportDmabuf)(const void* base, size_t len, int deviceIndex, uint64_t* offset) = nullptr;
   // direct, on devices that need it: makes what the NIC wrote visible to the
@@ -71,7 +74,9 @@ class CallStaging {
   void flushReceived() const;
 
  private:
-  at::Tensor directly(const at::Tensor& t);  // direct: t itself, flat
+  // direct: t itself, flat; or, where it cannot go as it is, a device buffer
+  // copied from t (read) and back into it (write).
+  at::Tensor directly(const at::Tensor& t, bool read, bool write);
 };
 
 // Argument checks that raise c10::Error naming the operation. Tensors may be

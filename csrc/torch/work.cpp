@@ -220,7 +220,7 @@ PointToPointTask::PointToPointTask(c10::intrusive_ptr<RoceWork> work, std::strin
 
 bool PointToPointTask::start(Communicator& c) {
   if (staging_.direct) {
-    req_.owner = directOwner(host_, staging_, c);
+    if (req_.len > 0) req_.owner = directOwner(host_, staging_, c);  // an empty message touches nothing
   } else {
     req_.owner = ownerOf(host_, c.config().ibZeroCopyMinBytes);
     if (staging_.device) countStaged(*staging_.device, c);

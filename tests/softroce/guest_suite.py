@@ -167,7 +167,8 @@ def groups(phases):
                                              env={**peer, "ROCE_PG_IB_DEVICE_REG_BYTES": str(64 << 10)}, **gd)
         # allgather, gather, scatter, all-to-all: every rank sends at least its
         # block of the largest size, in three dtypes, in four of its calls
-        g["gpudirect_movement/verbs3"] = _group("verbs3", "tests.accelerator_workers.gpudirect_movement", env=peer,
+        g["gpudirect_movement/verbs3"] = _group("verbs3", "tests.accelerator_workers.gpudirect_movement",
+                                                env={**peer, "ROCE_PG_IB_DEVICE_REG_BYTES": str(4 << 20)},
                                                 min_packets=proof_packets(3) + 4 * 100_000 * (4 + 8 + 2) // MTU, **gd)
     return g
 

@@ -30,7 +30,8 @@ LandingPool::LandingPool(Rails rails, size_t stride)
 uint32_t LandingPool::total() const { return regions_.slots() - lost_; }
 
 void LandingPool::wakeWaiting() {
-  publish();  // before the wake-ups: a woken group reads the snapshot
+  publish();  // before the wake-ups: a woken group reads the snapshots
+  wakeupsNow_.fetch_add(1, std::memory_order_release);
   for (Wakeup* w : waiting_) w->wake();  // under the lock: forget() cannot race with it
   waiting_.clear();
 }
@@ -55,9 +56,11 @@ void LandingPool::join(Share& share, uint32_t reserved, uint32_t open) {
         // open share (openHeld_ <= openMax_ <= have - reservedSum_).
         reservedSum_ += reserved;
         reservedUnused_ += reserved;
+        const bool wider = open > openMax_;
         openMax_ = std::max(openMax_, open);
         share = Share{reserved, 0, true};
-        publish();
+        if (wider) wakeWaiting();  // the open share has room again
+        else publish();
         return;
       }
       if (regions_.full())

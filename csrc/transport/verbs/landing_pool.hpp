@@ -107,6 +107,11 @@ class LandingPool {
   // snapshot counts the slot given back.
   uint32_t openSlots() const { return openMaxNow_.load(std::memory_order_acquire); }  // largest open share asked
   uint32_t openFree() const { return openFreeNow_.load(std::memory_order_acquire); }  // open slots free
+  // Bumped whenever the groups waiting for an open slot are woken (a slot
+  // given back, a reservation gone, the open share raised): a group retries
+  // its waiting peers when this changed since it last tried, so a wake-up
+  // it lost to a faster group still makes it try - and, failing, wait again.
+  uint64_t wakeups() const { return wakeupsNow_.load(std::memory_order_acquire); }
 
  private:
   uint32_t total() const;        // under mu_: usable slots (registered, less lost ones)
@@ -128,6 +133,7 @@ class LandingPool {
   std::vector<Wakeup*> waiting_;  // groups that found no open slot
   std::atomic<uint32_t> openMaxNow_{0};
   std::atomic<uint32_t> openFreeNow_{0};
+  std::atomic<uint64_t> wakeupsNow_{0};
 };
 
 }  // namespace roce

@@ -241,8 +241,13 @@ bool VerbsTransport::pollRail(size_t rail, ibv_wc* wcs) {
 bool VerbsTransport::progress() {
   bool moved = pollCompletions();
   // Peers waiting for landing slots: another group may have given some back
-  // (the pool wakes this group's wait when it does).
-  if (!needy_.empty() && landing_->openFree() > 0) moved |= serveNeedy();
+  // (the pool wakes this group's wait when it does). Tried once per wake-up
+  // of the pool's waiters, lock-free until then; a try that finds none
+  // waits again (takeOpen registers this group).
+  if (!needy_.empty() && landing_->wakeups() != needyTried_) {
+    needyTried_ = landing_->wakeups();
+    moved |= serveNeedy();
+  }
   for (int p : live_) {
     Pair& peer = *peers_[p];
     if (!peer.deadReason.empty() || peer.phase == Pair::Phase::Unconnected) continue;

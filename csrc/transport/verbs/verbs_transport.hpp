@@ -242,6 +242,7 @@ class VerbsTransport : public Transport {
   std::vector<std::unique_ptr<Pair>> peers_;  // null for peers never talked to
   std::vector<int> live_;                     // peers with state, for iteration
   std::vector<int> needy_;                    // peers waiting for landing grants
+  uint64_t needyTried_ = 0;                   // LandingPool::wakeups() when progress() last served them
 };
 
 }  // namespace roce
