@@ -560,4 +560,11 @@ def test_two_vms_port_down_gives_errors_not_a_hang(two_vms):
     for r, res in ranks.items():
         assert not res.get("capped") and res.get("msg"), (r, res)  # an error, not a hang
         assert res["dist_backend_error"], (r, res)
-        assert res["destroy_s"] < 30, (r, res)
+        # The broken group's queue pairs go to the reaper, which waits 15 s
+        # here (ROCE_PG_TEST_FAULT=slow_teardown, the driver's wait made
+        # certain): destroy returns without it, and the reaper finishes.
+        assert res["destroy_s"] < 10, (r, res)
+        if res["remains_after_destroy"]:
+            assert res["remains_released_s"] is not None, (r, res)
+    # The ranks beside the downed port always find their group broken.
+    assert ranks[2]["remains_after_destroy"] and ranks[3]["remains_after_destroy"], ranks

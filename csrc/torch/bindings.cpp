@@ -18,6 +18,7 @@
 #include "../transport/verbs/device_probe.hpp"
 #include "../transport/verbs/dmabuf.hpp"
 #include "../transport/verbs/port_choice.hpp"
+#include "../transport/verbs/reaper.hpp"
 #include "../transport/verbs/verbs_transport.hpp"
 #include "backend.hpp"
 #include "device_memory.hpp"
@@ -326,6 +327,7 @@ PYBIND11_MODULE(_C, m) {
     d["verbs_devices"] = roce::VerbsDevice::openCount();
     d["verbs_staging_bytes"] = roce::StagingPool::processBytes();  // shared by the process's groups
     d["verbs_landing_bytes"] = roce::LandingPool::processBytes();  // likewise
+    d["verbs_remains_pending"] = roce::remainsPending();  // broken groups' objects the reaper has yet to release
     return d;
   });
   // The settings every rank of a group must share ("NAME=value ..."): what

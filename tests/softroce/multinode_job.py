@@ -54,7 +54,11 @@ NETEM_ENV = {
     "ROCE_PG_IB_TIMEOUT": "14",   # 67 ms per ACK timeout (the default 18 waits 1 s per tail loss)
     "TEST_PG_TIMEOUT_S": "600",
 }
-PORT_DOWN_ENV = {"ROCE_PG_IB_TIMEOUT": "14", "ROCE_PG_HEARTBEAT_TIMEOUT_MS": "10000"}
+# slow_teardown: the reaper waits 15 s before it destroys a broken group's
+# queue pairs, as Soft-RoCE may (up to 50 s) when packets are stuck on the
+# downed port; destroy_process_group must not wait for it.
+PORT_DOWN_ENV = {"ROCE_PG_IB_TIMEOUT": "14", "ROCE_PG_HEARTBEAT_TIMEOUT_MS": "10000",
+                 "ROCE_PG_TEST_FAULT": "slow_teardown"}
 STORE_PORTS = {"netem": 29510, "port_down": 29520, "algorithms": 29530}
 # The thresholds of tests/test_algorithms.py: a few KiB cover every size class.
 ALGO_ENV = {"ROCE_PG_ALGO_RD_MAX_BYTES": "64", "ROCE_PG_ALGO_RING_MIN_BYTES": "8192",

@@ -192,7 +192,22 @@ def _link_down_during_allreduce(t, downs_it, netdev, scratch, cap_s, wall=False)
     except Exception as e:  # noqa: BLE001
         res["destroy"] = f"{type(e).__name__}: {str(e)[:300]}"
     res["destroy_s"] = round(time.monotonic() - t0, 3)
+    res.update(_await_reaper())
     return res
+
+
+def _await_reaper(cap_s=90.0):
+    """A broken group's verbs objects are released by the process's reaper
+    after destroy returned (csrc/transport/verbs/reaper.hpp): how many it
+    had to release, and how long after destroy it took (None: not within cap_s)."""
+    import roce_pg
+
+    pending = roce_pg._C._runtime_stats()["verbs_remains_pending"]
+    t0 = time.monotonic()
+    while roce_pg._C._runtime_stats()["verbs_remains_pending"] and time.monotonic() - t0 < cap_s:
+        time.sleep(0.1)
+    left = roce_pg._C._runtime_stats()["verbs_remains_pending"]
+    return {"remains_after_destroy": pending, "remains_released_s": None if left else round(time.monotonic() - t0, 3)}
 
 
 def _qp_lines_of_this_process():

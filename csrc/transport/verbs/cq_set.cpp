@@ -67,6 +67,10 @@ bool CqSet::arm() {
   return true;
 }
 
+void CqSet::detachWake() {
+  dev_.withCqEventsHeld([&] { wake_ = nullptr; });  // Notify::fired runs under that lock
+}
+
 void CqSet::Notify::fired() {
   // Release: the reader's ibv_get_cq_event (which advances the arming
   // sequence) happens before the group's next arm() sees false.

@@ -38,6 +38,9 @@ class CqSet {
   // the group; false if none can be armed (no completion channel). Call it
   // after the group's wake-up is announced.
   bool arm();
+  // No wake-up of the group from here on (it is going away; the CQs are
+  // destroyed later, by the reaper: reaper.hpp).
+  void detachWake();
 
   // One CQ's notification state: its cq_context, so that the device's
   // reader (the runtime thread) finds it from an event.

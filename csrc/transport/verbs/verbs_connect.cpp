@@ -12,8 +12,10 @@
 
 #include "../../common/config.hpp"
 #include "../../common/error.hpp"
+#include "../../common/log.hpp"
 #include "../../common/page_memory.hpp"
 #include "../../common/sockets.hpp"
+#include "reaper.hpp"
 #include "verbs_endpoint.hpp"
 #include "verbs_transport.hpp"
 
@@ -119,6 +121,7 @@ VerbsTransport::VerbsTransport(int rank, int size, Rails rails, const Config& cf
                      " too few are left for control messages: lower ROCE_PG_IB_SLOTS"));
   zeroCopyMin_ = cfg.ibZeroCopyMinBytes;
   eagerMax_ = cfg.ibEagerMaxBytes;
+  slowTeardown_ = testFault() == "slow_teardown";
   regCache_ = std::make_unique<RegCache>(rails_, defaultRegCacheBytes(cfg.ibRegCacheBytes), rank_);
   deviceRegCache_ = std::make_unique<RegCache>(rails_, cfg.ibDeviceRegBytes, rank_, /*overcommit=*/true);
   // Asked before any call could hand over a dma-buf (a failed registration
@@ -138,9 +141,24 @@ VerbsTransport::VerbsTransport(int rank, int size, Rails rails, const Config& cf
 }
 
 VerbsTransport::~VerbsTransport() {
-  // Queue pairs before the CQs, pools and registrations they use.
-  for (int p : live_) peers_[p]->release();
-  peers_.clear();
+  // A broken group (a peer failed: its queue pairs are in the error state,
+  // see killPeer) leaves its kernel objects to the reaper, because the
+  // driver may take long to destroy them (reaper.hpp); the NIC no longer
+  // touches their buffers once every queue pair is in the error state.
+  // Otherwise: queue pairs before the CQs, pools and registrations they use.
+  const bool broken = std::any_of(live_.begin(), live_.end(), [&](int p) { return !peers_[p]->deadReason.empty(); });
+  if (broken) {
+    for (int p : live_) {
+      Pair& peer = *peers_[p];
+      peer.toError();
+      // Its EOF tells a peer without a lifeline watch that this rank left: now, not after the reaper.
+      if (peer.sock >= 0) close(peer.sock);
+      peer.sock = -1;
+    }
+  } else {
+    for (int p : live_) peers_[p]->release();
+    peers_.clear();
+  }
   // No queue pair reads them any more: this group's staging slots in flight
   // go back to the process's pool, and no give() may wake this group now.
   if (staging_) {
@@ -154,6 +172,33 @@ VerbsTransport::~VerbsTransport() {
     landingOwner_.clear();
     landing_->leave(landingShare_);
   }
+  if (!broken) return;
+  try {
+    handOverToReaper();
+  } catch (const std::exception& e) {  // out of memory: what was not handed over is destroyed here, in order
+    ROCE_WARN("rank ", rank_, ": the broken group's verbs objects are destroyed on this thread (", e.what(), ")");
+  }
+}
+
+void VerbsTransport::handOverToReaper() {
+  auto remains = std::make_unique<VerbsRemains>();
+  for (int p : live_) {
+    peers_[p]->forgetCounters();  // the group's counters go with it
+    remains->pairs.push_back(std::move(peers_[p]));
+  }
+  peers_.clear();
+  for (auto* cache : {&regCache_, &deviceRegCache_}) {
+    if (!*cache) continue;
+    if (Counters* c = counters()) c->cachedMrs.fetch_sub((*cache)->entries(), std::memory_order_relaxed);
+    (*cache)->setCounters(nullptr);  // likewise
+    remains->regCaches.push_back(std::move(*cache));
+  }
+  for (auto& cqs : cqs_) cqs->detachWake();  // the group's wake-up goes with it
+  remains->cqs = std::move(cqs_);
+  remains->landing = std::move(landing_);
+  remains->staging = std::move(staging_);
+  remains->rails = rails_;
+  releaseLater(std::move(remains), std::chrono::milliseconds(slowTeardown_ ? 15000 : 0));
 }
 
 Pair& VerbsTransport::peerOf(int p) {

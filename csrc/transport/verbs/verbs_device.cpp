@@ -143,14 +143,18 @@ void VerbsDevice::forwardCqEvents() {
 }
 
 void VerbsDevice::destroyCq(ibv_cq* cq) {
-  int rc;
   {
+    // ibv_get_cq_event reads the context from the CQ when it takes an event:
+    // from here on an event of this CQ finds none instead of a CqSet going
+    // away (and, if the destroy fails with EBUSY, instead of a freed one).
     std::lock_guard<std::mutex> g(cqEventsMu_);
-    // ibv_get_cq_event reads the context from the CQ: if the destroy fails
-    // (EBUSY), later events of this CQ find none instead of a freed CqSet.
     cq->cq_context = nullptr;
-    rc = ibv_destroy_cq(cq);
   }
+  // Outside the lock: the driver may take long (reaper.hpp), and the runtime
+  // thread must go on forwarding the other CQs' events meanwhile. An event
+  // of this CQ it took before the kernel dropped the unread ones is
+  // acknowledged in the same loop, which ibv_destroy_cq waits for.
+  const int rc = ibv_destroy_cq(cq);
   if (rc != 0) ROCE_WARN("ibv_destroy_cq on ", describe(), " failed (", rc, "): the CQ stays until the process exits");
   forget(cq);
 }

@@ -63,12 +63,20 @@ class VerbsDevice : public RuntimeService {
   // none: blocked waits then poll). CQs created on it pass their CqSet as
   // cq_context.
   ibv_comp_channel* completionChannel() const { return channel_; }
-  // Destroys a CQ of the channel: under the lock the runtime thread holds
-  // while it takes and acknowledges events, so no event of `cq` is read but
-  // unacknowledged (ibv_destroy_cq would wait for it forever) and no
-  // notification reaches its CqSet afterwards (the kernel drops the events
-  // not yet read).
+  // Destroys a CQ of the channel: first clears its context under the lock
+  // the runtime thread holds while it takes, acknowledges and forwards
+  // events, so no notification reaches its CqSet afterwards (the kernel
+  // drops the events not yet read); then destroys it outside that lock
+  // (ibv_destroy_cq waits only for the acknowledgement of an event already
+  // taken, which comes in the same locked loop).
   void destroyCq(ibv_cq* cq);
+  // Runs `f` under that same lock: no CQ event is being forwarded meanwhile
+  // (a CqSet handed to the reaper drops its group's wake-up this way).
+  template <typename F>
+  void withCqEventsHeld(F&& f) {
+    std::lock_guard<std::mutex> g(cqEventsMu_);
+    f();
+  }
   // Registers memory, with the memlock fix in the error message on failure.
   ibv_mr* registerMemory(void* addr, size_t len, int access, const char* what);
 

@@ -84,6 +84,11 @@ void Pair::release() {
   sock = -1;
 }
 
+void Pair::forgetCounters() {
+  if (counters_ && ctrlMrs.registered()) counters_->registeredBytes.fetch_sub(ctrlMrs.bytes(), std::memory_order_relaxed);
+  counters_ = nullptr;
+}
+
 void Pair::toError() {
   for (auto& q : qps) {
     ibv_qp_attr a{};

@@ -95,6 +95,9 @@ class Pair {
   void toError();
   // Destroys the queue pairs, deregisters the rings, closes the side channel.
   void release();
+  // Takes the rings' bytes off the group's counters now and stops touching
+  // them: the pair outlives its group on the reaper (reaper.hpp).
+  void forgetCounters();
   bool ready() const { return phase == Phase::Ready && deadReason.empty(); }
   // ---- posting (verbs_pair.cpp) ----
   void postRecv(int q, int index);
@@ -200,8 +203,10 @@ class Pair {
   void connect(const Endpoint& e);
 
   const int peer_;
-  const PairShape& shape_;
-  const Rails& rails_;
+  // Copies, not references to the transport's: a broken group's pairs are
+  // released after the transport is gone (reaper.hpp).
+  const PairShape shape_;
+  const Rails rails_;
   Counters* counters_;
 };
 

@@ -167,6 +167,8 @@ class VerbsTransport : public Transport {
   // ---- connections (verbs_connect.cpp) ----
   Pair& peerOf(int p);  // the peer's state, created (unconnected) on first use
   void ensurePools();
+  // A broken group's queue pairs, registrations and CQs to the reaper (reaper.hpp).
+  void handOverToReaper();
   // ---- posting and matching (verbs_transport.cpp) ----
   bool flushAnnouncements(int peer);
   bool streamSends(int peer);
@@ -218,6 +220,7 @@ class VerbsTransport : public Transport {
   size_t maxMsg_;           // port max_msg_sz: no work request is larger
   size_t zeroCopyMin_;      // ROCE_PG_IB_ZERO_COPY_MIN_BYTES (0: off)
   size_t eagerMax_;         // ROCE_PG_IB_EAGER_MAX_BYTES (0: off)
+  bool slowTeardown_ = false;  // ROCE_PG_TEST_FAULT=slow_teardown (reaper.hpp)
   // Declared before peers_: destroyed after their queue pairs, so no MR or CQ
   // goes while a queue pair could still use it.
   std::unique_ptr<RegCache> regCache_;
