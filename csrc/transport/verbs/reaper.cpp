@@ -6,6 +6,7 @@
 #include <mutex>
 #include <thread>
 
+#include "../../common/backoff.hpp"
 #include "../../common/log.hpp"
 #include "cq_set.hpp"
 #include "landing_pool.hpp"
@@ -15,8 +16,6 @@
 
 namespace roce {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 struct Reaper {
   std::mutex mu;

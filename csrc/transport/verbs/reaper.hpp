@@ -49,7 +49,7 @@ struct VerbsRemains {
 // If no thread can be started, releases them here.
 void releaseLater(std::unique_ptr<VerbsRemains> remains, std::chrono::milliseconds delay);
 
-// Remains handed over and not released yet (tests, and the doctor's reading of a hang).
+// Remains handed over and not released yet (_runtime_stats()["verbs_remains_pending"]).
 size_t remainsPending();
 
 }  // namespace roce
