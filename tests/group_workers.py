@@ -72,6 +72,9 @@ def costs(rank, world, port, groups=(1, 9)):
             made.append(g)
         _store_barrier(f"costs{target}", world)
         points[target] = _cost()
+        # Before any rank goes on: a faster rank's next operation would
+        # otherwise dial a rank still counting.
+        _store_barrier(f"costs{target}-counted", world)
     points["stats"] = roce_pg._C._runtime_stats()
     dist.barrier()
     return points
@@ -95,6 +98,7 @@ def cycles(rank, world, port, n=64):
             s["rss_kib"] = rss_kib()
             stats = roce_pg._C._runtime_stats()
             s["mailboxes"], s["process_links"] = stats["mailboxes"], stats["process_links"]
+            s["tcp_sockets"] = stats["tcp_sockets"]
             samples.append(s)
     _check_allreduce(None, range(world), rank)
     dist.barrier()
@@ -364,3 +368,108 @@ def settings_mismatch(rank, world, port):
     ck = Checker(rank)
     _check_settings_mismatch(ck, rank, list(range(world)))
     return {"checks": ck.checks, "failures": ck.failures}
+
+
+def shared_connection(rank, world, port, threads=3, mib=3):
+    """Issue 27 over TCP: every group of a process reaches a peer process over
+    one connection (tcp_mux.hpp). The world group connects every pair; then
+    `threads` groups exchange `mib` MiB with every peer from their own
+    threads at once (chunks of all of them interleave on each socket, more
+    than its buffer holds); a group's stream that starts before the receiving
+    process created the group is parked and handed over; a destroyed group's
+    peer hears it. Exact values throughout; no group after the world one dials."""
+    from .api_workers import expect_error
+
+    n = mib * (1 << 20) // 8
+
+    def exchange(group, salt):
+        got = {p: torch.empty(n, dtype=torch.int64) for p in range(world) if p != rank}
+        ops = [dist.P2POp(dist.isend, torch.arange(n, dtype=torch.int64) * (rank + 1) + salt * 100 + p, p, group=group)
+               for p in got]
+        ops += [dist.P2POp(dist.irecv, t, p, group=group) for p, t in got.items()]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        for p, t in got.items():
+            expected = torch.arange(n, dtype=torch.int64) * (p + 1) + salt * 100 + rank
+            assert torch.equal(t, expected), (salt, p, t[:3], expected[:3])
+
+    exchange(None, 0)
+    _store_barrier("shared-mesh", world)
+    sockets = roce_pg._C._runtime_stats()["tcp_sockets"]
+    groups = [dist.new_group(list(range(world))) for _ in range(threads)]
+    errors = []
+
+    def run(i):
+        try:
+            for rnd in range(2):
+                exchange(groups[i], 1 + i * 2 + rnd)
+        except BaseException as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in ts), "an exchange thread did not finish"
+    if errors:
+        raise errors[0]
+    out = {"sockets_after_mesh": sockets, "sockets_after_groups": roce_pg._C._runtime_stats()["tcp_sockets"],
+           "group_connections": [roce_pg.counters(g)["connections"] for g in groups]}
+
+    # Parked: rank 0 streams 4 MiB on `late` to rank 2 before rank 2 created
+    # it (rank 2 is no lifeline neighbour of rank 0, whose first operation
+    # on `late` waits only for its neighbours' settings); rank 2's world
+    # group reads past those chunks to reach its allreduce's.
+    big = torch.arange(1 << 19, dtype=torch.int64) * 3
+    if rank == 2:
+        time.sleep(0.5)
+        _check_allreduce(None, range(world), rank)
+        out["parked"] = roce_pg._C._runtime_stats()["tcp_parked_streams"]
+        late = dist.new_group(list(range(world)))
+        got = torch.empty_like(big)
+        dist.recv(got, 0, group=late)
+        assert torch.equal(got, big), got[:3]
+    else:
+        late = dist.new_group(list(range(world)))
+        sender = None
+        if rank == 0:
+            sender = threading.Thread(target=lambda: dist.send(big, 2, group=late))
+            sender.start()
+            time.sleep(0.2)
+        _check_allreduce(None, range(world), rank)
+        if sender:
+            sender.join(timeout=120)
+            assert not sender.is_alive()
+    _store_barrier("shared-parked", world)
+
+    # Gone: rank 1 destroys a group it never used; rank 0's data to it is
+    # answered GONE, so rank 0's receive fails naming rank 1 instead of hanging.
+    unused = dist.new_group([0, 1])
+    if rank == 1:
+        dist.destroy_process_group(unused)
+    _store_barrier("shared-gone", world)
+    if rank == 0:
+        try:
+            dist.send(torch.ones(8), 1, group=unused)
+        except Exception as e:  # noqa: BLE001  (either end may report it first)
+            out["gone_send"] = str(e)
+        out["gone"] = expect_error(lambda: dist.recv(torch.ones(8), 1, group=unused), "rank 1",
+                                   "destroyed the process group")
+    _store_barrier("shared-gone-seen", world)
+    # The same for a rank that only receives: attaching its stream tells the
+    # peer's process (OPEN), which answers GONE.
+    unused2 = dist.new_group([0, 1])
+    if rank == 1:
+        dist.destroy_process_group(unused2)
+    _store_barrier("shared-gone2", world)
+    if rank == 0:
+        start = time.monotonic()
+        out["gone_recv_only"] = expect_error(lambda: dist.recv(torch.ones(8), 1, group=unused2), "rank 1",
+                                             "destroyed the process group")
+        out["gone_recv_only_s"] = time.monotonic() - start
+    _store_barrier("shared-gone2-seen", world)
+    _check_allreduce(None, range(world), rank)
+    out["sockets_at_end"] = roce_pg._C._runtime_stats()["tcp_sockets"]
+    dist.barrier()
+    return out

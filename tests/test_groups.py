@@ -71,15 +71,18 @@ def test_extra_groups_share_the_process_runtime():
         assert one["listen"] == nine["listen"] == (2 if rank == 0 else 1), (rank, one, nine)
         assert one["runtime_threads"] == nine["runtime_threads"] == 1, (one, nine)
         # Per extra group: its progress thread only (the lifelines are the
-        # runtime thread's); descriptors: its one wake-up (the caller's and
-        # the engine's waits share it) and the data sockets its allreduce
-        # needed (<= 3 peers). Its lifelines use the links between the
-        # processes, which every group shares; the mailbox's descriptor is
-        # closed once the group formed.
+        # runtime thread's); one descriptor, its wake-up (the caller's and
+        # the engine's waits share it). Its data goes over the TCP
+        # connections between the processes, and its lifelines over the
+        # links between them, which every group shares; the mailbox's
+        # descriptor is closed once the group formed.
         per_thread = (nine["threads"] - one["threads"]) / 8
         per_fd = (nine["fds"] - one["fds"]) / 8
         assert per_thread <= 1.0, (one, nine)
-        assert per_fd <= 4, (one, nine)
+        assert per_fd <= 1.0, (one, nine, r["stats"])
+        # One data connection per peer process the allreduces talked to
+        # (two if both dialed at once), whatever the groups.
+        assert 1 <= r["stats"]["tcp_sockets"] <= 6, r["stats"]
         # The process links' mailbox, the world group's and nine more.
         assert r["stats"]["mailboxes"] == 1 + 1 + 9, r["stats"]
         # One link per neighbour process (two if both dialed at once), for
@@ -98,9 +101,28 @@ def test_create_and_destroy_64_groups_leaves_nothing_behind():
         assert last["fds"] <= first["fds"] + 3 and last["threads"] <= first["threads"] + 1, samples
         assert last["mailboxes"] == first["mailboxes"] == 2, samples  # the world group's and the process links'
         assert last["process_links"] == first["process_links"] <= 4, samples
+        # The first group's data connections serve every later one.
+        assert last["tcp_sockets"] == first["tcp_sockets"] <= 6, samples
         assert last["listen"] == (2 if rank == 0 else 1) and last["runtime_threads"] == 1, samples
         # RSS: allocator noise only (a leaked group holds ~0.3 MiB: 60 would be 18 MiB).
         assert last["rss_kib"] - first["rss_kib"] < 8 * 1024, samples
+
+
+def test_groups_share_one_tcp_connection_per_peer_process():
+    results = run_group("tests.group_workers.shared_connection", 4, env=FOUR_MACHINES)
+    for rank, r in enumerate(results):
+        # The world group's all-pairs exchange made the connections (one per
+        # pair, the dial race settled by the ConnectionManager); three more
+        # groups moving 3 MiB per peer from three threads added none.
+        assert r["sockets_after_mesh"] == 3, (rank, r)
+        assert r["sockets_after_groups"] == r["sockets_at_end"] == 3, (rank, r)
+        assert r["group_connections"] == [0, 0, 0], (rank, r)
+    assert results[2]["parked"] >= 1, results[2]
+    # Sending to, or only receiving from, a rank whose group is gone fails
+    # at once (GONE), not at the group's timeout.
+    assert "no such process group" in results[0]["gone"], results[0]
+    assert "no such process group" in results[0]["gone_recv_only"], results[0]
+    assert results[0]["gone_recv_only_s"] < 10, results[0]
 
 
 def test_two_groups_progress_from_two_threads():

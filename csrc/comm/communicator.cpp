@@ -28,19 +28,20 @@ void Communicator::onPeerFailure(const std::string& why) {
   wakeup_.wake();
 }
 
+std::string Communicator::processKeyOf(int r) const {
+  const RankInfo& info = roster_.ranks.at(r);
+  return ProcessLinks::processKey(info.hostId, info.tcpHost, info.tcpPort);
+}
+
 bool Communicator::watchPeer(int peer) {
   if (!lifeline_) return false;
-  auto keyOf = [&](int r) {
-    const RankInfo& info = roster_.ranks[r];
-    return ProcessLinks::processKey(info.hostId, info.tcpHost, info.tcpPort);
-  };
   try {
     // Its process's link: open already (a lifeline neighbour's in some
     // group), or one the runtime thread dials now: this thread is inside an
     // operation and must not wait for a dial (a peer process that exited
     // right after connecting would hold it for the group's timeout; a
     // refused dial closes the link, which reports the peer gone).
-    const int link = ProcessRuntime::get().links().linkSoon(keyOf(peer), keyOf(rank()), endpoints_[peer], peer);
+    const int link = ProcessRuntime::get().links().linkSoon(processKeyOf(peer), processKeyOf(rank()), endpoints_[peer], peer);
     lifeline_->watch({peer, hostNames_[peer], nonces_[peer], link});
     return true;
   } catch (const std::exception& e) {

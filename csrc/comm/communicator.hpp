@@ -272,6 +272,8 @@ class Communicator {
   // A transport connected `peer` and needs no socket to see it leave if the
   // lifeline watches it (Transport::setPeerWatch): true once it does.
   bool watchPeer(int peer);
+  // What rank r's process is known by across groups (ProcessLinks::processKey).
+  std::string processKeyOf(int r) const;
   void failGonePeers();  // the watched peers the lifeline reported gone
   bool arrivalsPending() const;  // connections in the mailbox, not yet taken
   [[noreturn]] void throwFailure(const std::string& msg);

@@ -231,7 +231,10 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
     transports_.push_back(
         std::make_unique<VerbsTransport>(rank, size, verbsRails_, cfg_, groupQueuePairs(cfg_, maxRails), netPeers));
   } else if (anyNet) {
-    transports_.push_back(std::make_unique<TcpTransport>(rank, size, hostNames_));
+    std::vector<std::string> processKeys(size);
+    for (int r = 0; r < size; ++r) processKeys[r] = processKeyOf(r);
+    transports_.push_back(
+        std::make_unique<TcpTransport>(rank, size, hostNames_, std::move(processKeys), nonces_, &wakeup_));
   }
   for (int r = 0; r < size; ++r)
     if (viaNet[r]) routes_[r] = transports_.back().get();
@@ -293,14 +296,10 @@ void Communicator::connectLifelines(const std::vector<TcpEndpoint>& eps, const s
   std::vector<int> neighbours{order[(pos + 1) % n]};
   if (n > 2) neighbours.push_back(order[(pos + n - 1) % n]);
   ProcessLinks& hub = ProcessRuntime::get().links();
-  auto keyOf = [&](int r) {
-    const RankInfo& info = roster_.ranks[r];
-    return ProcessLinks::processKey(info.hostId, info.tcpHost, info.tcpPort);
-  };
   std::vector<Lifeline::Link> links;
   for (int peer : neighbours)
     links.push_back({peer, hostNames_[peer], nonces[peer],
-                     hub.linkTo(keyOf(peer), keyOf(rank()), eps[peer], peer, deadline, probe(peer))});
+                     hub.linkTo(processKeyOf(peer), processKeyOf(rank()), eps[peer], peer, deadline, probe(peer))});
   // A subgroup formed from its parent is created at different moments on
   // different ranks (no join made them wait for each other; torch puts no
   // barrier after new_group): until a neighbour's first record, allow it the
@@ -326,7 +325,7 @@ void Communicator::connectAll(const std::vector<bool>& viaNet, Clock::time_point
   for (int r = 0; r < size(); ++r)
     if (viaNet[r]) peers.push_back(r);
   for (int r : peers)
-    if (r > rank()) connections_->want(r);
+    if (r > rank() && route(r)->needsConnection(r)) connections_->want(r);  // TCP: none if another group has one
   std::vector<pollfd> fds;
   for (;;) {
     connectionsReady_ = true;

@@ -3,7 +3,8 @@
 // runs the process's front desk (one TCP listener for every group, see
 // front_desk.hpp), its links to peer processes (one connection per peer
 // process for every group's lifelines, process_links.hpp) and every group's
-// lifelines (liveness/lifeline.hpp).
+// lifelines (liveness/lifeline.hpp), and flushes what the TCP transport's
+// shared connections could not send at once (transport/tcp/tcp_mux.hpp).
 // The worker pool (common/worker_pool.hpp) and the verbs devices
 // (transport/verbs/verbs_device.hpp) are per process too; they need no thread
 // of this one.
@@ -33,6 +34,7 @@ namespace roce {
 
 class FrontDesk;
 class ProcessLinks;
+class TcpMux;
 
 class RuntimeService {
  public:
@@ -50,6 +52,7 @@ class ProcessRuntime {
 
   FrontDesk& desk() { return *desk_; }
   ProcessLinks& links() { return *links_; }
+  TcpMux& tcpMux() { return *tcpMux_; }
   // Runs `s` on the runtime thread from the next round on.
   void attach(RuntimeService* s);
   // Returns once the runtime thread no longer uses `s` (it may be running it).
@@ -65,6 +68,7 @@ class ProcessRuntime {
   int pokeFd_ = -1;                     // eventfd
   std::unique_ptr<FrontDesk> desk_;
   std::unique_ptr<ProcessLinks> links_;  // after desk_: it opens a mailbox there
+  std::unique_ptr<TcpMux> tcpMux_;      // the TCP transport's connections, one per peer process
   mutable std::mutex mu_;               // services_ and, held around every callback, their use
   struct Attached {
     RuntimeService* s;

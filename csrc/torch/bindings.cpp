@@ -13,6 +13,7 @@
 #include "../runtime/front_desk.hpp"
 #include "../runtime/process_links.hpp"
 #include "../runtime/process_runtime.hpp"
+#include "../transport/tcp/tcp_mux.hpp"
 #include "../algorithms/cost_model.hpp"
 #include "../common/config.hpp"
 #include "../transport/verbs/device_probe.hpp"
@@ -323,6 +324,8 @@ PYBIND11_MODULE(_C, m) {
     d["mailboxes"] = rt.desk().openMailboxes();  // every group's, and the process links' own
     d["process_links"] = rt.links().openLinks();
     d["parked"] = rt.desk().parked();
+    d["tcp_sockets"] = rt.tcpMux().sockets();  // the TCP transport's, one per peer process for every group
+    d["tcp_parked_streams"] = rt.tcpMux().parkedStreams();  // streams for groups not created here yet
     d["services"] = rt.services();
     d["verbs_devices"] = roce::VerbsDevice::openCount();
     d["verbs_staging_bytes"] = roce::StagingPool::processBytes();  // shared by the process's groups

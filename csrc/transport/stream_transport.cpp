@@ -245,9 +245,12 @@ bool StreamTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
     // peer not connected yet has no descriptor: the connection manager's
     // sockets announce its connection.
     if (!p.pipe || !p.deadReason.empty()) continue;
-    const int fd = p.pipe->pollFd();
-    if (fd >= 0) {
-      fds.push_back(pollfd{fd, static_cast<short>(POLLIN | (p.sendq.empty() ? 0 : POLLOUT)), 0});
+    if (p.pipe->hasBuffered()) {
+      fds.resize(first);
+      return false;
+    }
+    if (p.pipe->pollFd() >= 0) {
+      p.pipe->addPollFds(fds, !p.sendq.empty());
       continue;
     }
     // A pipe nothing announces (shared memory): only safe to ignore while
@@ -264,6 +267,7 @@ bool StreamTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
 void StreamTransport::killPeer(int peer, Peer& p, const std::string& why) {
   (void)peer;
   p.deadReason = why;
+  if (p.pipe) p.pipe->abandon();
   for (Request* r : p.sendq) r->fail(why);
   p.sendq.clear();
   for (auto& [tag, q] : p.posted)
@@ -271,6 +275,10 @@ void StreamTransport::killPeer(int peer, Peer& p, const std::string& why) {
   p.posted.clear();
   if (p.matched) p.matched->fail(why);
   p.matched = nullptr;
+}
+
+void StreamTransport::closePipes() {
+  for (int i : live_) peers_[i]->pipe.reset();
 }
 
 void StreamTransport::failAll(const std::string& why) {

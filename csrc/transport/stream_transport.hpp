@@ -2,6 +2,7 @@
 // whose peers are connected by reliable byte streams (TCP sockets, shared-memory
 // rings). A concrete transport supplies one BytePipe per peer.
 #pragma once
+#include <poll.h>
 #include <sys/uio.h>
 
 #include <deque>
@@ -26,6 +27,16 @@ class BytePipe {
   // A descriptor that polls readable when read() has bytes (or EOF) and
   // writable when write() can take some; -1 for pipes without one.
   virtual int pollFd() const { return -1; }
+  // Several descriptors (a stream shared with other groups may span two
+  // sockets): appends them, POLLIN always and POLLOUT when `wantWrite`.
+  virtual void addPollFds(std::vector<pollfd>& fds, bool wantWrite) {
+    fds.push_back(pollfd{pollFd(), static_cast<short>(POLLIN | (wantWrite ? POLLOUT : 0)), 0});
+  }
+  // Bytes (or the stream's end) that read() would return and no descriptor
+  // announces any more: another thread already took them off the socket.
+  virtual bool hasBuffered() const { return false; }
+  // The transport gave up on this peer: what still arrives may be dropped.
+  virtual void abandon() {}
   // Called after a progress round in which write() or read() moved bytes: a
   // pipe whose other end is announced otherwise (the shared-memory doorbell)
   // tells it here.
@@ -54,6 +65,9 @@ class StreamTransport : public Transport {
   bool hasSilentPeers() const override { return silentPeers_; }
 
  protected:
+  // Destroys every pipe now (a transport whose pipes say goodbye, then
+  // waits for the goodbye to leave).
+  void closePipes();
   int rank_;
 
  private:

@@ -1,71 +1,104 @@
 #include "tcp_transport.hpp"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include <algorithm>
 
-#include <cerrno>
-#include <cstring>
-#include <thread>
-
-#include "../../common/backoff.hpp"
-#include "../../common/config.hpp"
 #include "../../common/error.hpp"
 #include "../../common/sockets.hpp"
+#include "../../runtime/process_runtime.hpp"
+#include "tcp_mux.hpp"
 
 namespace roce {
 namespace {
 
-class TcpPipe : public BytePipe {
+// How long a destroyed group waits for its last bytes (and its goodbyes) to
+// leave a socket the peer does not drain: a peer that stopped reading gets
+// no more than this of the caller's time.
+constexpr auto kLastWordsBound = std::chrono::seconds(2);
+
+// One group's stream to one peer, over the link to the peer's process.
+class MuxPipe : public BytePipe {
  public:
-  TcpPipe(int fd, int peer, std::string addr) : fd_(fd), peer_(peer), addr_(std::move(addr)) {}
-  ~TcpPipe() override { close(fd_); }
-
-  size_t write(const iovec* iov, int n) override {
-    msghdr m{};
-    m.msg_iov = const_cast<iovec*>(iov);
-    m.msg_iovlen = n;
-    ssize_t r = sendmsg(fd_, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (r >= 0) return static_cast<size_t>(r);
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-    throwComm(str("TCP send to rank ", peer_, " (", addr_, ") failed: ", std::strerror(errno),
-                  "; that rank died (crash, OOM killer, SIGKILL: see its log) or destroyed the process group"));
+  MuxPipe(std::shared_ptr<MuxLink> link, MuxLink::Stream s, Wakeup* wake) : link_(std::move(link)), s_(std::move(s)) {
+    link_->open(s_, wake);
   }
-
-  size_t read(void* dst, size_t n) override {
-    ssize_t r = recv(fd_, dst, n, MSG_DONTWAIT);
-    if (r > 0) return static_cast<size_t>(r);
-    if (r == 0)
-      throwComm(str("rank ", peer_, " (", addr_, ") closed its TCP connection: it died (crash, OOM killer, "
-                    "SIGKILL: see its log) or destroyed the process group"));
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-    throwComm(str("TCP receive from rank ", peer_, " (", addr_, ") failed: ", std::strerror(errno)));
-  }
-
-  int pollFd() const override { return fd_; }
+  ~MuxPipe() override { link_->close(s_); }
+  size_t write(const iovec* iov, int n) override { return link_->write(s_, iov, n); }
+  size_t read(void* dst, size_t n) override { return link_->read(s_, dst, n); }
+  int pollFd() const override { return link_->sendFd(); }
+  void addPollFds(std::vector<pollfd>& fds, bool wantWrite) override { link_->addPollFds(fds, wantWrite); }
+  bool hasBuffered() const override { return link_->hasBuffered(s_); }
+  void abandon() override { link_->abandon(s_); }
 
  private:
-  int fd_;
-  int peer_;
-  std::string addr_;
+  std::shared_ptr<MuxLink> link_;
+  MuxLink::Stream s_;
 };
 
 }  // namespace
 
-TcpTransport::TcpTransport(int rank, int size, const std::vector<std::string>& hostNames)
-    : StreamTransport(rank, std::vector<std::unique_ptr<BytePipe>>(size)), hostNames_(hostNames) {}
+TcpTransport::TcpTransport(int rank, int size, const std::vector<std::string>& hostNames,
+                           std::vector<std::string> processKeys, const std::vector<uint64_t>& nonces, Wakeup* wake)
+    : StreamTransport(rank, std::vector<std::unique_ptr<BytePipe>>(size)),
+      hostNames_(hostNames),
+      processKeys_(std::move(processKeys)),
+      nonces_(nonces),
+      wake_(wake),
+      mux_(ProcessRuntime::get().tcpMux()) {
+  mux_.registerGroup(nonces_[rank], rank, wake_, &newPeers_);
+}
+
+TcpTransport::~TcpTransport() {
+  // From now on chunks for this group are dropped (and their senders told);
+  // then each stream says goodbye after its last bytes.
+  mux_.unregisterGroup(nonces_[rank_]);
+  closePipes();
+  mux_.dropGroup(nonces_[rank_], rank_);
+  const auto until = Clock::now() + kLastWordsBound;
+  for (auto& l : links_) l->drainTail(until);
+}
+
+bool TcpTransport::needsConnection(int peer) const {
+  return !hasPipe(peer) && !mux_.connected(processKeys_.at(peer));
+}
 
 void TcpTransport::adoptConnection(int peer, int fd) {
   setNonBlocking(fd, true);
+  mux_.adopt(processKeys_.at(peer), fd, peerAddress(fd));
+  attach(peer);
+}
+
+bool TcpTransport::attach(int peer) {
+  if (peer < 0 || peer >= static_cast<int>(processKeys_.size()) || peer == rank_ || hasPipe(peer)) return false;
+  auto link = mux_.find(processKeys_[peer]);
+  if (!link) return false;
+  if (std::find(links_.begin(), links_.end(), link) == links_.end()) links_.push_back(link);
   // "host hostname, a.b.c.d:port": errors name the machine as operators know it.
-  std::string addr = str("host ", hostNames_.at(peer), ", ", peerAddress(fd));
-  addPipe(peer, std::make_unique<TcpPipe>(fd, peer, std::move(addr)));
+  MuxLink::Stream s{nonces_[rank_], nonces_[peer], rank_, peer,
+                    str("host ", hostNames_.at(peer), ", ", link->address())};
+  addPipe(peer, std::make_unique<MuxPipe>(std::move(link), std::move(s), wake_));
+  return true;
+}
+
+void TcpTransport::postSend(Request* r) {
+  attach(r->peer);
+  StreamTransport::postSend(r);
+}
+
+void TcpTransport::postRecv(Request* r) {
+  attach(r->peer);
+  StreamTransport::postRecv(r);
+}
+
+bool TcpTransport::progress() {
+  bool moved = false;
+  if (newPeers_.load(std::memory_order_acquire))
+    for (int p : mux_.takeNewPeers(nonces_[rank_])) moved |= attach(p);
+  return StreamTransport::progress() || moved;
+}
+
+bool TcpTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
+  if (newPeers_.load(std::memory_order_acquire)) return false;
+  return StreamTransport::prepareWait(fds, anySource);
 }
 
 }  // namespace roce
