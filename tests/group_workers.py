@@ -443,32 +443,29 @@ def shared_connection(rank, world, port, threads=3, mib=3):
             assert not sender.is_alive()
     _store_barrier("shared-parked", world)
 
-    # Gone: rank 1 destroys a group it never used; rank 0's data to it is
-    # answered GONE, so rank 0's receive fails naming rank 1 instead of hanging.
-    unused = dist.new_group([0, 1])
-    if rank == 1:
-        dist.destroy_process_group(unused)
-    _store_barrier("shared-gone", world)
-    if rank == 0:
-        try:
-            dist.send(torch.ones(8), 1, group=unused)
-        except Exception as e:  # noqa: BLE001  (either end may report it first)
-            out["gone_send"] = str(e)
-        out["gone"] = expect_error(lambda: dist.recv(torch.ones(8), 1, group=unused), "rank 1",
-                                   "destroyed the process group")
-    _store_barrier("shared-gone-seen", world)
-    # The same for a rank that only receives: attaching its stream tells the
-    # peer's process (OPEN), which answers GONE.
-    unused2 = dist.new_group([0, 1])
-    if rank == 1:
-        dist.destroy_process_group(unused2)
-    _store_barrier("shared-gone2", world)
-    if rank == 0:
-        start = time.monotonic()
-        out["gone_recv_only"] = expect_error(lambda: dist.recv(torch.ones(8), 1, group=unused2), "rank 1",
-                                             "destroyed the process group")
-        out["gone_recv_only_s"] = time.monotonic() - start
-    _store_barrier("shared-gone2-seen", world)
+    # Gone: rank 1 destroys a group it never used. Rank 0's data to it is
+    # answered GONE; so is rank 0's stream when it only receives (attaching
+    # it tells the peer's process: OPEN). Either way rank 0's receive fails
+    # naming rank 1 instead of waiting for the group's timeout.
+    def gone(name, send_first):
+        unused = dist.new_group([0, 1])
+        if rank == 1:
+            dist.destroy_process_group(unused)
+        _store_barrier(name, world)
+        if rank == 0:
+            start = time.monotonic()
+            if send_first:
+                try:
+                    dist.send(torch.ones(8), 1, group=unused)
+                except Exception:  # noqa: BLE001  (either call may be the one to learn it)
+                    pass
+            out[name] = expect_error(lambda: dist.recv(torch.ones(8), 1, group=unused), "rank 1",
+                                     "destroyed the process group")
+            out[name + "_s"] = time.monotonic() - start
+        _store_barrier(name + "-seen", world)
+
+    gone("gone", send_first=True)
+    gone("gone_recv_only", send_first=False)
     _check_allreduce(None, range(world), rank)
     out["sockets_at_end"] = roce_pg._C._runtime_stats()["tcp_sockets"]
     dist.barrier()
