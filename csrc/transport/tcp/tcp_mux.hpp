@@ -38,9 +38,9 @@
 // StreamTransport holds early messages; only streams for groups not created
 // here yet stop the runtime's reading, at 64 MiB (a peer that streams that
 // far ahead of a group's creation then meets TCP's flow control).
-// Sockets live as long as both processes (two
-// if two groups dialed the same pair at once: each process sends on the
-// first it had and reads every one).
+// Sockets live as long as both processes. Groups whose first contact with a
+// process races each other each dial, so a pair may get several sockets:
+// each process sends on the first it adopted and reads every one.
 //
 // Locking: each link has a mutex (its sockets, inboxes, tail); the group
 // registry has one that is only ever taken last (order: the table's links,
