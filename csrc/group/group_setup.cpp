@@ -231,10 +231,8 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
     transports_.push_back(
         std::make_unique<VerbsTransport>(rank, size, verbsRails_, cfg_, groupQueuePairs(cfg_, maxRails), netPeers));
   } else if (anyNet) {
-    std::vector<std::string> processKeys(size);
-    for (int r = 0; r < size; ++r) processKeys[r] = processKeyOf(r);
-    transports_.push_back(
-        std::make_unique<TcpTransport>(rank, size, hostNames_, std::move(processKeys), nonces_, &wakeup_));
+    transports_.push_back(std::make_unique<TcpTransport>(
+        rank, size, hostNames_, [this](int r) { return processKeyOf(r); }, nonces_, &wakeup_));
   }
   for (int r = 0; r < size; ++r)
     if (viaNet[r]) routes_[r] = transports_.back().get();

@@ -87,7 +87,7 @@ struct MuxLink::Socket {
   }
 };
 
-MuxLink::MuxLink(TcpMux& mux, std::string peerKey) : mux_(mux), peerKey_(std::move(peerKey)) {}
+MuxLink::MuxLink(TcpMux& mux) : mux_(mux) {}
 MuxLink::~MuxLink() = default;
 
 void MuxLink::addSocket(int fd, std::string addr) {
@@ -96,9 +96,7 @@ void MuxLink::addSocket(int fd, std::string addr) {
   s->fd = fd;
   s->addr = std::move(addr);
   sockets_.push_back(std::move(s));
-  // Groups sleeping on the other sockets must poll this one too.
-  for (auto& [key, box] : inboxes_)
-    if (box.owned && box.wake) box.wake->wake();
+  wakeOwners();  // groups sleeping on the other sockets must poll this one too
 }
 
 bool MuxLink::alive() {
@@ -193,7 +191,14 @@ void MuxLink::die(const std::string& why) {
   deadReason_ = why;
   tail_.clear();
   tailHead_ = 0;
-  // Every group with a stream here learns it when it reads next.
+  wakeOwners();  // every group with a stream here learns it when it reads next
+}
+
+void MuxLink::dieOnError(const char* op) {
+  die(str("broke its TCP connection (", op, ": ", std::strerror(errno), "): it died or its machine is unreachable"));
+}
+
+void MuxLink::wakeOwners() {
   for (auto& [key, box] : inboxes_)
     if (box.owned && box.wake) box.wake->wake();
 }
@@ -205,7 +210,7 @@ bool MuxLink::flushTail() {
                        MSG_DONTWAIT | MSG_NOSIGNAL);
     if (r < 0) {
       if (wouldBlock()) return false;
-      die(str("broke its TCP connection (send: ", std::strerror(errno), "): it died or its machine is unreachable"));
+      dieOnError("send");
       return false;
     }
     tailHead_ += static_cast<size_t>(r);
@@ -222,7 +227,7 @@ void MuxLink::sendControl(uint64_t dstNonce, uint64_t srcNonce, int srcRank, uin
   if (flushTail()) {
     ssize_t r = ::send(sockets_.front()->fd, p, sizeof(h), MSG_DONTWAIT | MSG_NOSIGNAL);
     if (r > 0) sent = static_cast<size_t>(r);
-    else if (r < 0 && !wouldBlock()) return die(str("broke its TCP connection (send: ", std::strerror(errno), "): it died or its machine is unreachable"));
+    else if (r < 0 && !wouldBlock()) return dieOnError("send");
   }
   if (!deadReason_.empty() || sent == sizeof(h)) return;
   tail_.insert(tail_.end(), p + sent, p + sizeof(h));
@@ -238,8 +243,9 @@ size_t MuxLink::write(const Stream& s, const iovec* iov, int n) {
     if (!deadReason_.empty()) throwEnded(s, kOpen);
     return 0;
   }
-  // The caller's bytes as one sequence, cut into chunks (StreamTransport
-  // passes a header and a payload: `out` has room for 3 entries a chunk).
+  // The caller's bytes as one sequence, cut into chunks. StreamTransport
+  // passes a header and a payload, so a chunk takes at most 3 entries of
+  // `out`: its header and a piece of each.
   if (n > 2) throwComm(str("internal error: a TCP stream write of ", n, " pieces (at most 2)"));
   size_t total = 0;
   for (int i = 0; i < n; ++i) total += iov[i].iov_len;
@@ -248,7 +254,7 @@ size_t MuxLink::write(const Stream& s, const iovec* iov, int n) {
   size_t accepted = 0;
   while (accepted < total) {
     ChunkHeader hdrs[kChunksPerCall];
-    iovec out[kChunksPerCall * 4];
+    iovec out[kChunksPerCall * 3];
     size_t chunkEnd[kChunksPerCall];  // bytes of `out` up to each chunk's end
     int nOut = 0, chunks = 0;
     size_t bytes = 0, payload = 0;
@@ -266,7 +272,6 @@ size_t MuxLink::write(const Stream& s, const iovec* iov, int n) {
       payload += take;
       bytes += sizeof(ChunkHeader) + take;
       chunkEnd[chunks++] = bytes;
-      if (nOut + 4 > static_cast<int>(std::size(out))) break;
     }
     msghdr m{};
     m.msg_iov = out;
@@ -274,7 +279,7 @@ size_t MuxLink::write(const Stream& s, const iovec* iov, int n) {
     ssize_t r = ::sendmsg(sockets_.front()->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (r < 0) {
       if (wouldBlock()) return accepted;
-      die(str("broke its TCP connection (send: ", std::strerror(errno), "): it died or its machine is unreachable"));
+      dieOnError("send");
       throwEnded(s, kOpen);
     }
     const size_t wrote = static_cast<size_t>(r);
@@ -388,7 +393,7 @@ bool MuxLink::pump(Socket& so, const InboxKey* self, size_t& budget) {
                          MSG_DONTWAIT);
       if (r == 0) return die(kEofText), false;
       if (r < 0) {
-        if (!wouldBlock()) die(str("broke its TCP connection (receive: ", std::strerror(errno), "): it died or its machine is unreachable"));
+        if (!wouldBlock()) dieOnError("receive");
         return false;
       }
       so.hdrGot += static_cast<size_t>(r);
@@ -422,7 +427,7 @@ bool MuxLink::pump(Socket& so, const InboxKey* self, size_t& budget) {
     }
     if (r == 0) return die(kEofText), false;
     if (r < 0) {
-      if (!wouldBlock()) die(str("broke its TCP connection (receive: ", std::strerror(errno), "): it died or its machine is unreachable"));
+      if (!wouldBlock()) dieOnError("receive");
       return false;
     }
     so.remaining -= got;
@@ -464,7 +469,7 @@ size_t MuxLink::read(const Stream& s, void* dst, size_t n) {
     }
     if (r < 0 && wouldBlock()) continue;  // the rest of our chunk is on its way: read the other sockets meanwhile
     if (r == 0) die(kEofText);
-    else die(str("broke its TCP connection (receive: ", std::strerror(errno), "): it died or its machine is unreachable"));
+    else dieOnError("receive");
     break;
   }
   // What pumping the socket delivered to this stream (an end, or nothing).
@@ -569,7 +574,7 @@ void TcpMux::adopt(const std::string& peerKey, int fd, std::string addr) {
   auto& slot = links_[peerKey];
   // A dead link (its process is gone) stays with the groups that used it;
   // a process at the same key now is another one.
-  if (!slot || !slot->alive()) slot = std::make_shared<MuxLink>(*this, peerKey);
+  if (!slot || !slot->alive()) slot = std::make_shared<MuxLink>(*this);
   slot->addSocket(fd, std::move(addr));
 }
 

@@ -85,7 +85,7 @@ struct MuxInbox {
 // The sockets to one peer process and the streams over them.
 class MuxLink {
  public:
-  MuxLink(TcpMux& mux, std::string peerKey);
+  explicit MuxLink(TcpMux& mux);
   ~MuxLink();
   MuxLink(const MuxLink&) = delete;
   MuxLink& operator=(const MuxLink&) = delete;
@@ -144,11 +144,12 @@ class MuxLink {
   bool pump(Socket& so, const InboxKey* self, size_t& budget);
   bool idleReadable(Clock::time_point now) const;
   void die(const std::string& why);
+  void dieOnError(const char* op);  // after a failed send/recv: errno names why
+  void wakeOwners();
   void deliverEnd(MuxInbox& box, uint8_t end);
   [[noreturn]] void throwEnded(const Stream& s, uint8_t end);
 
   TcpMux& mux_;
-  const std::string peerKey_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Socket>> sockets_;  // the first is the one this process sends on
   std::map<InboxKey, MuxInbox> inboxes_;

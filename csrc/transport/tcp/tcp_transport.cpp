@@ -37,10 +37,11 @@ class MuxPipe : public BytePipe {
 }  // namespace
 
 TcpTransport::TcpTransport(int rank, int size, const std::vector<std::string>& hostNames,
-                           std::vector<std::string> processKeys, const std::vector<uint64_t>& nonces, Wakeup* wake)
+                           std::function<std::string(int)> processKeyOf, const std::vector<uint64_t>& nonces,
+                           Wakeup* wake)
     : StreamTransport(rank, std::vector<std::unique_ptr<BytePipe>>(size)),
       hostNames_(hostNames),
-      processKeys_(std::move(processKeys)),
+      processKeyOf_(std::move(processKeyOf)),
       nonces_(nonces),
       wake_(wake),
       mux_(ProcessRuntime::get().tcpMux()) {
@@ -58,18 +59,18 @@ TcpTransport::~TcpTransport() {
 }
 
 bool TcpTransport::needsConnection(int peer) const {
-  return !hasPipe(peer) && !mux_.connected(processKeys_.at(peer));
+  return !hasPipe(peer) && !mux_.connected(processKeyOf_(peer));
 }
 
 void TcpTransport::adoptConnection(int peer, int fd) {
   setNonBlocking(fd, true);
-  mux_.adopt(processKeys_.at(peer), fd, peerAddress(fd));
+  mux_.adopt(processKeyOf_(peer), fd, peerAddress(fd));
   attach(peer);
 }
 
 bool TcpTransport::attach(int peer) {
-  if (peer < 0 || peer >= static_cast<int>(processKeys_.size()) || peer == rank_ || hasPipe(peer)) return false;
-  auto link = mux_.find(processKeys_[peer]);
+  if (peer < 0 || peer >= static_cast<int>(hostNames_.size()) || peer == rank_ || hasPipe(peer)) return false;
+  auto link = mux_.find(processKeyOf_(peer));
   if (!link) return false;
   if (std::find(links_.begin(), links_.end(), link) == links_.end()) links_.push_back(link);
   // "host hostname, a.b.c.d:port": errors name the machine as operators know it.

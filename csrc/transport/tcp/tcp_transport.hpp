@@ -9,6 +9,7 @@
 // at once, with no dial and no descriptor of their own.
 #pragma once
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,11 +24,11 @@ class TcpMux;
 class TcpTransport : public StreamTransport {
  public:
   // `hostNames` (per group rank, for messages) and `nonces` (what each rank
-  // published for this group) must outlive the transport; `processKeys`
-  // name each rank's process (ProcessLinks::processKey); `wake` is the
+  // published for this group) must outlive the transport; `processKeyOf`
+  // names a rank's process (ProcessLinks::processKey); `wake` is the
   // group's, woken when another group's thread leaves bytes for this one.
-  TcpTransport(int rank, int size, const std::vector<std::string>& hostNames, std::vector<std::string> processKeys,
-               const std::vector<uint64_t>& nonces, Wakeup* wake);
+  TcpTransport(int rank, int size, const std::vector<std::string>& hostNames,
+               std::function<std::string(int)> processKeyOf, const std::vector<uint64_t>& nonces, Wakeup* wake);
   ~TcpTransport() override;
   const char* name() const override { return "tcp"; }
   bool needsConnection(int peer) const override;
@@ -42,7 +43,7 @@ class TcpTransport : public StreamTransport {
   bool attach(int peer);
 
   const std::vector<std::string>& hostNames_;
-  const std::vector<std::string> processKeys_;
+  const std::function<std::string(int)> processKeyOf_;
   const std::vector<uint64_t>& nonces_;
   Wakeup* wake_;
   TcpMux& mux_;
