@@ -99,6 +99,7 @@ def cycles(rank, world, port, n=64):
             stats = roce_pg._C._runtime_stats()
             s["mailboxes"], s["process_links"] = stats["mailboxes"], stats["process_links"]
             s["tcp_sockets"] = stats["tcp_sockets"]
+            s["shm_doorbell_groups"] = stats["shm_doorbell_groups"]
             samples.append(s)
     _check_allreduce(None, range(world), rank)
     dist.barrier()

@@ -8,6 +8,7 @@ otherwise, so every peer is a network peer as on a cluster."""
 from .harness import TCP, run_group
 
 FOUR_MACHINES = {**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "1", "ROCE_PG_SUBGROUPS": "parent"}
+ONE_MACHINE = {"ROCE_PG_SUBGROUPS": "parent"}  # every peer over shared memory
 
 
 def test_subgroups_form_without_a_join():
@@ -88,6 +89,30 @@ def test_extra_groups_share_the_process_runtime():
         # One link per neighbour process (two if both dialed at once), for
         # all ten groups: every group has the same ring here.
         assert 2 <= r["stats"]["process_links"] <= 4, r["stats"]
+
+
+def test_extra_local_groups_share_the_process_doorbell():
+    """Four ranks on one machine: each group has its own shared-memory rings
+    and slots, but not its own doorbell socket: the process's one doorbell
+    wakes every group (a key per group)."""
+    results = run_group("tests.group_workers.costs", 4, env=ONE_MACHINE)
+    for rank, r in enumerate(results):
+        one, nine = r[1], r[9]
+        per_fd = (nine["fds"] - one["fds"]) / 8
+        assert per_fd <= 1.0, (rank, one, nine)  # the group's wake-up eventfd only
+        assert (nine["threads"] - one["threads"]) / 8 <= 1.0, (rank, one, nine)
+        assert r["stats"]["shm_doorbell_groups"] == 1 + 9, r["stats"]
+        assert r["stats"]["tcp_sockets"] == 0, r["stats"]
+
+
+def test_create_and_destroy_64_local_groups_leaves_nothing_behind():
+    results = run_group("tests.group_workers.cycles", 4, env=ONE_MACHINE)
+    for samples in results:
+        first, last = samples[0], samples[-1]
+        assert last["fds"] <= first["fds"] + 3 and last["threads"] <= first["threads"] + 1, samples
+        # Only the world group stays enrolled in the process's doorbell.
+        assert all(s["shm_doorbell_groups"] == 1 for s in samples), samples
+        assert last["rss_kib"] - first["rss_kib"] < 8 * 1024, samples
 
 
 def test_create_and_destroy_64_groups_leaves_nothing_behind():

@@ -3,8 +3,10 @@
 // runs the process's front desk (one TCP listener for every group, see
 // front_desk.hpp), its links to peer processes (one connection per peer
 // process for every group's lifelines, process_links.hpp) and every group's
-// lifelines (liveness/lifeline.hpp), and flushes what the TCP transport's
-// shared connections could not send at once (transport/tcp/tcp_mux.hpp).
+// lifelines (liveness/lifeline.hpp), flushes what the TCP transport's
+// shared connections could not send at once (transport/tcp/tcp_mux.hpp), and
+// forwards local peers' shared-memory doorbells to the groups they wake
+// (transport/shm/shm_doorbells.hpp).
 // The worker pool (common/worker_pool.hpp) and the verbs devices
 // (transport/verbs/verbs_device.hpp) are per process too; they need no thread
 // of this one.
@@ -34,6 +36,7 @@ namespace roce {
 
 class FrontDesk;
 class ProcessLinks;
+class ShmDoorbells;
 class TcpMux;
 
 class RuntimeService {
@@ -53,6 +56,7 @@ class ProcessRuntime {
   FrontDesk& desk() { return *desk_; }
   ProcessLinks& links() { return *links_; }
   TcpMux& tcpMux() { return *tcpMux_; }
+  ShmDoorbells& shmDoorbells() { return *shmDoorbells_; }
   // Runs `s` on the runtime thread from the next round on.
   void attach(RuntimeService* s);
   // Returns once the runtime thread no longer uses `s` (it may be running it).
@@ -69,6 +73,7 @@ class ProcessRuntime {
   std::unique_ptr<FrontDesk> desk_;
   std::unique_ptr<ProcessLinks> links_;  // after desk_: it opens a mailbox there
   std::unique_ptr<TcpMux> tcpMux_;      // the TCP transport's connections, one per peer process
+  std::unique_ptr<ShmDoorbells> shmDoorbells_;  // every local group's shared-memory doorbell
   mutable std::mutex mu_;               // services_ and, held around every callback, their use
   struct Attached {
     RuntimeService* s;

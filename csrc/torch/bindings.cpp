@@ -13,6 +13,7 @@
 #include "../runtime/front_desk.hpp"
 #include "../runtime/process_links.hpp"
 #include "../runtime/process_runtime.hpp"
+#include "../transport/shm/shm_doorbells.hpp"
 #include "../transport/tcp/tcp_mux.hpp"
 #include "../algorithms/cost_model.hpp"
 #include "../common/config.hpp"
@@ -326,6 +327,7 @@ PYBIND11_MODULE(_C, m) {
     d["parked"] = rt.desk().parked();
     d["tcp_sockets"] = rt.tcpMux().sockets();  // the TCP transport's, one per peer process for every group
     d["tcp_parked_streams"] = rt.tcpMux().parkedStreams();  // streams for groups not created here yet
+    d["shm_doorbell_groups"] = rt.shmDoorbells().groups();  // local groups enrolled in the process's one doorbell
     d["services"] = rt.services();
     d["verbs_devices"] = roce::VerbsDevice::openCount();
     d["verbs_staging_bytes"] = roce::StagingPool::processBytes();  // shared by the process's groups

@@ -23,7 +23,7 @@ NodeShm::NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size
   bytes_ = kPage + ringsBytes_ + 2 * roundUp(slotBytes);
   ShmSegment mine = ShmSegment::create(bytes_, "roce_pg");
   auto* ctl = new (mine.data()) ShmRankControl{};
-  bell_ = std::make_unique<Doorbell>(&ctl->bell);  // before the segment is published
+  bell_ = std::make_unique<Doorbell>(&ctl->bell);  // address and key before the segment is published
   for (int from = 0; from < n; ++from)
     new (mine.data() + ringOffset(from)) ShmRingControl{};
 

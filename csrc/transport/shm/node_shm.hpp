@@ -2,7 +2,7 @@
 // one segment holding
 //   * its barrier counter and the descriptor of the shared-memory collective
 //     it is running (algorithms/shm_call.hpp),
-//   * its doorbell's announce flag and address (doorbell.hpp),
+//   * its doorbell's announce flag, its process's doorbell address and its key (doorbell.hpp),
 //   * one inbound ring per local peer (point-to-point messages to this rank),
 //   * two staging slots for the shared-memory collectives (double-buffered).
 // Every local rank maps every other rank's segment, so a rank reads its peers'
@@ -64,7 +64,7 @@ class NodeShm {
   int me_;
   size_t ringBytes_, slotBytes_, ringsBytes_, bytes_;
   std::vector<ShmSegment> segs_;
-  std::unique_ptr<Doorbell> bell_;  // its address is in this rank's control page
+  std::unique_ptr<Doorbell> bell_;  // its address and key are in this rank's control page
 };
 
 }  // namespace roce

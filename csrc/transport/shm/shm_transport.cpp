@@ -40,12 +40,18 @@ std::vector<std::unique_ptr<BytePipe>> makePipes(int groupSize, NodeShm& shm,
 
 }  // namespace
 
-ShmTransport::ShmTransport(int rank, int groupSize, NodeShm& shm, const std::vector<int>& localRanks)
-    : StreamTransport(rank, makePipes(groupSize, shm, localRanks), /*copiesPayload=*/true), bell_(shm.doorbell()) {}
+ShmTransport::ShmTransport(int rank, int groupSize, NodeShm& shm, const std::vector<int>& localRanks,
+                           Wakeup* wakeup)
+    : StreamTransport(rank, makePipes(groupSize, shm, localRanks), /*copiesPayload=*/true), bell_(shm.doorbell()) {
+  bell_.wakeThrough(wakeup);
+}
+
+// The doorbell (NodeShm's) may outlive the group's Wakeup.
+ShmTransport::~ShmTransport() { bell_.wakeThrough(nullptr); }
 
 bool ShmTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
   if (!bell_.usable()) return StreamTransport::prepareWait(fds, anySource);
-  fds.push_back(pollfd{bell_.fd(), POLLIN, 0});
+  (void)fds;  // a ring wakes the group's Wakeup, which the wait polls already
   bell_.announce();
   announced_ = true;
   return true;
