@@ -10,7 +10,8 @@ By default each rank is its own simulated machine (ROCE_PG_FORCE_NETWORK=1)
 so every peer is reached over the network transport, as on a cluster; with
 --transport verbs it needs an RDMA device (the Soft-RoCE VM). Counts are
 read from /proc/self (fd, task, net/tcp{,6} LISTEN sockets whose inodes the
-process holds) and from roce's counters (registered_bytes, summed over the
+process holds), from statvfs("/dev/shm") (devshm_kib: the whole
+machine's, every rank's shared-memory segments) and from roce's counters (registered_bytes, summed over the
 groups, plus the landing and staging pools the process's groups share; devices: verbs
 device contexts the process holds). Printed: the
 maximum over ranks, and per extra group the growth from the first to the
@@ -20,7 +21,7 @@ import argparse
 import os
 
 from local_ranks import spawn_ranks
-from proc_counts import listening_ports
+from proc_counts import devshm_kib, listening_ports
 
 
 def _rss_kib():
@@ -41,7 +42,8 @@ def _snapshot(groups, backend):
                       + stats["verbs_landing_bytes"] + stats["verbs_staging_bytes"])
         devices = stats["verbs_devices"]  # RDMA device contexts this process holds
     return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
-            "listen": listening_ports(), "rss_kib": _rss_kib(), "registered": registered, "devices": devices}
+            "listen": listening_ports(), "rss_kib": _rss_kib(), "registered": registered, "devices": devices,
+            "devshm_kib": devshm_kib()}
 
 
 def rank_main(rank, port, args, queue):
@@ -82,7 +84,7 @@ def main():
     p.add_argument("--local", action="store_true", help="ranks share memory as one machine (roce only)")
     args = p.parse_args()
     results = spawn_ranks(rank_main, args.ranks, args)
-    keys = ["fds", "threads", "listen", "rss_kib", "registered", "devices"]
+    keys = ["fds", "threads", "listen", "rss_kib", "registered", "devices", "devshm_kib"]
     where = "one machine" if args.local else f"each its own machine, {args.transport}"
     print(f"# {args.backend}: {args.ranks} ranks ({where}); per rank, maximum over ranks, "
           "after the world group plus N groups")

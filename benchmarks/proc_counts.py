@@ -1,5 +1,5 @@
 """What a process holds, read from /proc/self: listening TCP ports and
-threads by name. Shared by benchmarks/groups_per_process.py and
+threads by name; and the machine's /dev/shm in use. Shared by benchmarks/groups_per_process.py and
 tests/group_workers.py (importable as benchmarks.proc_counts from the
 repository root, or as proc_counts with benchmarks/ on the path)."""
 import os
@@ -42,3 +42,10 @@ def threads_named(name):
         except OSError:
             pass
     return n
+
+
+def devshm_kib():
+    """/dev/shm in use on the machine: every rank's shared-memory segments,
+    which stay counted while mapped though their names are gone."""
+    st = os.statvfs("/dev/shm")
+    return (st.f_blocks - st.f_bfree) * st.f_frsize // 1024

@@ -13,14 +13,14 @@ import torch.distributed as dist
 
 import roce_pg
 
-from benchmarks.proc_counts import listening_ports, threads_named
+from benchmarks.proc_counts import devshm_kib, listening_ports, threads_named
 
 from .connection_workers import _store_barrier
 
 
 def _cost():
     return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
-            "listen": listening_ports(), "runtime_threads": threads_named("roce-runtime")}
+            "listen": listening_ports(), "runtime_threads": threads_named("roce-runtime"), "devshm_kib": devshm_kib()}
 
 
 def _check_allreduce(group, members, rank, n=1000):

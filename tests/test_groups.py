@@ -103,6 +103,12 @@ def test_extra_local_groups_share_the_process_doorbell():
         assert (nine["threads"] - one["threads"]) / 8 <= 1.0, (rank, one, nine)
         assert r["stats"]["shm_doorbell_groups"] == 1 + 9, r["stats"]
         assert r["stats"]["tcp_sockets"] == 0, r["stats"]
+        # /dev/shm on the machine per extra group: each rank's two 1 MiB
+        # slots and a few pages; the 2 MiB rings (one per local peer) stay
+        # unallocated until a peer writes into them, which an allreduce
+        # through the slots never does (40 MiB per group before).
+        per_group_kib = (nine["devshm_kib"] - one["devshm_kib"]) / 8
+        assert per_group_kib <= 4 * (2048 + 64), (rank, one, nine)
 
 
 def test_create_and_destroy_64_local_groups_leaves_nothing_behind():

@@ -21,7 +21,19 @@ NodeShm::NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size
   // Layout: [control page][one ring per local rank, own index unused][slot 0][slot 1]
   ringsBytes_ = static_cast<size_t>(n) * roundUp(sizeof(ShmRingControl) + ringBytes);
   bytes_ = kPage + ringsBytes_ + 2 * roundUp(slotBytes);
-  ShmSegment mine = ShmSegment::create(bytes_, "roce_pg");
+  // A ring's pages beyond its first are allocated by the peer that first
+  // writes into it (ShmRing::populate), so a group's /dev/shm follows the
+  // peers it exchanges messages with; its control page, the rings' first
+  // pages (the reader polls the indices there) and the slots every
+  // shared-memory collective uses are reserved now.
+  ShmSegment::Ranges reserve;
+  if (ShmSegment::canPopulate()) {
+    reserve.emplace_back(0, kPage);
+    for (int from = 0; from < n; ++from)
+      if (from != me) reserve.emplace_back(ringOffset(from), kPage);
+    reserve.emplace_back(kPage + ringsBytes_, bytes_ - kPage - ringsBytes_);
+  }
+  ShmSegment mine = ShmSegment::create(bytes_, "roce_pg", reserve);
   auto* ctl = new (mine.data()) ShmRankControl{};
   bell_ = std::make_unique<Doorbell>(&ctl->bell);  // address and key before the segment is published
   for (int from = 0; from < n; ++from)

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "../../common/error.hpp"
+#include "shm_segment.hpp"
 
 namespace roce {
 
@@ -25,6 +26,10 @@ class ShmRing {
  public:
   ShmRing() = default;
   ShmRing(ShmRingControl* ctl, char* data, size_t capacity) : ctl_(ctl), data_(data), cap_(capacity) {}
+
+  // Allocates the data pages (the producer, before its first write): 0, or
+  // the errno of the failure (/dev/shm is full).
+  int populate() { return ShmSegment::populate(data_, cap_); }
 
   // `peer` names the other end in the error raised when the shared indices are
   // impossible (a peer scribbling over the segment): they are read once into

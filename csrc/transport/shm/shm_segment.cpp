@@ -6,14 +6,39 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <random>
 
 #include "../../common/error.hpp"
 
-namespace roce {
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack the name
+#endif
 
-ShmSegment ShmSegment::create(size_t bytes, const std::string& namePrefix) {
+namespace roce {
+namespace {
+constexpr size_t kPage = 4096;
+}  // namespace
+
+bool ShmSegment::canPopulate() {
+  static const bool yes = [] {
+    void* p = mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return false;
+    const bool ok = madvise(p, kPage, MADV_POPULATE_WRITE) == 0;
+    munmap(p, kPage);
+    return ok;
+  }();
+  return yes;
+}
+
+int ShmSegment::populate(char* at, size_t len) {
+  const auto begin = reinterpret_cast<uintptr_t>(at) & ~uintptr_t(kPage - 1);
+  const auto end = (reinterpret_cast<uintptr_t>(at) + len + kPage - 1) & ~uintptr_t(kPage - 1);
+  return madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0 ? 0 : errno;
+}
+
+ShmSegment ShmSegment::create(size_t bytes, const std::string& namePrefix, const Ranges& reserve) {
   std::random_device rd;
   ShmSegment s;
   s.name_ = str("/", namePrefix, ".", getpid(), ".", std::hex, (uint64_t(rd()) << 32 | rd()));
@@ -22,13 +47,17 @@ ShmSegment ShmSegment::create(size_t bytes, const std::string& namePrefix) {
     throwComm(str("shm_open(", s.name_, ") failed: ", std::strerror(errno),
                   " (is /dev/shm mounted and writable?)"));
   s.owner_ = true;
-  int rc = ftruncate(fd, static_cast<off_t>(bytes));
-  if (rc == 0) rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  else rc = errno;
+  int rc = ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+  const Ranges all{{0, bytes}};
+  size_t reserved = 0;
+  for (const auto& [at, len] : reserve.empty() ? all : reserve) {
+    if (rc == 0) rc = posix_fallocate(fd, static_cast<off_t>(at), static_cast<off_t>(len));
+    reserved += len;
+  }
   if (rc != 0) {
     close(fd);
     shm_unlink(s.name_.c_str());
-    throwComm(str("could not reserve ", bytes >> 20, " MiB in /dev/shm for ", s.name_, ": ",
+    throwComm(str("could not reserve ", (reserved + (1 << 20) - 1) >> 20, " MiB in /dev/shm for ", s.name_, ": ",
                   std::strerror(rc),
                   ". Free space in /dev/shm (containers: docker run --shm-size=1g or larger), "
                   "or shrink ROCE_PG_SHM_SLOT_BYTES / ROCE_PG_SHM_RING_BYTES"));

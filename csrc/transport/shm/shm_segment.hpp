@@ -4,14 +4,26 @@
 #pragma once
 #include <cstddef>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace roce {
 
 class ShmSegment {
  public:
   // Creates a new segment with a unique name and reserves its pages up front,
-  // so a full /dev/shm is reported here instead of as SIGBUS later.
-  static ShmSegment create(size_t bytes, const std::string& namePrefix);
+  // so a full /dev/shm is reported here instead of as SIGBUS later: all of
+  // them, or only the (offset, length) ranges in `reserve` if given. Pages
+  // outside them must be populate()d before they are touched.
+  using Ranges = std::vector<std::pair<size_t, size_t>>;
+  static ShmSegment create(size_t bytes, const std::string& namePrefix, const Ranges& reserve = {});
+  // Whether populate() works here (MADV_POPULATE_WRITE, Linux 5.14): if not,
+  // callers reserve everything at create().
+  static bool canPopulate();
+  // Allocates the pages of [at, at + len) of a mapping (rounded out to
+  // pages) without touching them: 0, or the errno of the failure (EFAULT or
+  // ENOMEM: /dev/shm is full) instead of a SIGBUS at first touch.
+  static int populate(char* at, size_t len);
   // Maps a peer's segment after checking that this user owns it and that it
   // is at least `bytes` long (a shorter one would raise SIGBUS on access).
   static ShmSegment open(const std::string& name, size_t bytes, int peerRank);

@@ -1,5 +1,8 @@
 #include "shm_transport.hpp"
 
+#include <cerrno>
+#include <cstring>
+
 #include "../../common/error.hpp"
 
 namespace roce {
@@ -13,17 +16,32 @@ class ShmPipe : public BytePipe {
       : out_(out), in_(in), peerRank_(peerRank), bell_(bell) {
     peer_.ctl = peerBell;
   }
-  size_t write(const iovec* iov, int n) override { return out_.write(iov, n, peerRank_); }
+  size_t write(const iovec* iov, int n) override {
+    if (!populated_) populate();
+    return out_.write(iov, n, peerRank_);
+  }
   size_t read(void* dst, size_t n) override { return in_.read(dst, n, peerRank_); }
   // Data written into the peer's ring or space freed in ours: the peer may be
   // waiting for either.
   void moved() override { bell_.ring(peer_); }
 
  private:
+  // The ring's pages are allocated by its first writer (node_shm.cpp); a
+  // full /dev/shm fails this peer's requests with the cause and the fix.
+  void populate() {
+    const int err = out_.populate();
+    if (err != 0 && err != EINVAL)  // EINVAL: no MADV_POPULATE_WRITE, the pages were reserved at creation
+      throwComm(str("could not allocate the shared-memory ring to local rank ", peerRank_, " in /dev/shm (",
+                    std::strerror(err), "): free space in /dev/shm (containers: docker run --shm-size=1g or "
+                    "larger), or shrink ROCE_PG_SHM_RING_BYTES"));
+    populated_ = true;
+  }
+
   ShmRing out_, in_;
   int peerRank_;
   Doorbell& bell_;
   Doorbell::Peer peer_;
+  bool populated_ = false;
 };
 
 std::vector<std::unique_ptr<BytePipe>> makePipes(int groupSize, NodeShm& shm,
