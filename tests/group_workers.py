@@ -371,6 +371,59 @@ def settings_mismatch(rank, world, port):
     return {"checks": ck.checks, "failures": ck.failures}
 
 
+def _exchange_with_every_peer(group, salt, rank, world, mib):
+    """Sends `mib` MiB to every other rank of `group` and receives as much
+    from each at once; exact int64 values naming sender, receiver and salt."""
+    n = mib * (1 << 20) // 8
+    got = {p: torch.empty(n, dtype=torch.int64) for p in range(world) if p != rank}
+    ops = [dist.P2POp(dist.isend, torch.arange(n, dtype=torch.int64) * (rank + 1) + salt * 100 + p, p, group=group)
+           for p in got]
+    ops += [dist.P2POp(dist.irecv, t, p, group=group) for p, t in got.items()]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    for p, t in got.items():
+        expected = torch.arange(n, dtype=torch.int64) * (p + 1) + salt * 100 + rank
+        assert torch.equal(t, expected), (salt, p, t[:3], expected[:3])
+
+
+def _in_threads(fn, count):
+    """fn(i) for i < count, each on its own thread at once; re-raises the
+    first failure."""
+    errors = []
+
+    def run(i):
+        try:
+            fn(i)
+        except BaseException as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in ts), "a thread did not finish"
+    if errors:
+        raise errors[0]
+
+
+def first_contact_race(rank, world, port, threads=6):
+    """Issue 27 over TCP: `threads` groups make their first contact with every
+    peer process at the same moment, from their own threads (the world group
+    has not talked yet). One group of a process dials each peer process and
+    the others wait for its connection, so a pair of processes ends with one
+    socket, or two when their dials cross from different groups."""
+    groups = [dist.new_group(list(range(world))) for _ in range(threads)]
+    _store_barrier("race-created", world)
+    before = roce_pg._C._runtime_stats()["tcp_sockets"]
+    _in_threads(lambda i: _exchange_with_every_peer(groups[i], i + 1, rank, world, 1), threads)
+    _store_barrier("race-done", world)
+    out = {"sockets_before": before, "sockets_after": roce_pg._C._runtime_stats()["tcp_sockets"],
+           "dials": sum(roce_pg.counters(g)["connections"] for g in groups)}
+    dist.barrier()
+    return out
+
+
 def shared_connection(rank, world, port, threads=3, mib=3):
     """Issue 27 over TCP: every group of a process reaches a peer process over
     one connection (tcp_mux.hpp). The world group connects every pair; then
@@ -381,40 +434,19 @@ def shared_connection(rank, world, port, threads=3, mib=3):
     peer hears it. Exact values throughout; no group after the world one dials."""
     from .api_workers import expect_error
 
-    n = mib * (1 << 20) // 8
-
     def exchange(group, salt):
-        got = {p: torch.empty(n, dtype=torch.int64) for p in range(world) if p != rank}
-        ops = [dist.P2POp(dist.isend, torch.arange(n, dtype=torch.int64) * (rank + 1) + salt * 100 + p, p, group=group)
-               for p in got]
-        ops += [dist.P2POp(dist.irecv, t, p, group=group) for p, t in got.items()]
-        for w in dist.batch_isend_irecv(ops):
-            w.wait()
-        for p, t in got.items():
-            expected = torch.arange(n, dtype=torch.int64) * (p + 1) + salt * 100 + rank
-            assert torch.equal(t, expected), (salt, p, t[:3], expected[:3])
+        _exchange_with_every_peer(group, salt, rank, world, mib)
 
     exchange(None, 0)
     _store_barrier("shared-mesh", world)
     sockets = roce_pg._C._runtime_stats()["tcp_sockets"]
     groups = [dist.new_group(list(range(world))) for _ in range(threads)]
-    errors = []
 
     def run(i):
-        try:
-            for rnd in range(2):
-                exchange(groups[i], 1 + i * 2 + rnd)
-        except BaseException as e:  # noqa: BLE001  (reported below)
-            errors.append(e)
+        for rnd in range(2):
+            exchange(groups[i], 1 + i * 2 + rnd)
 
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(timeout=300)
-    assert not any(t.is_alive() for t in ts), "an exchange thread did not finish"
-    if errors:
-        raise errors[0]
+    _in_threads(run, threads)
     out = {"sockets_after_mesh": sockets, "sockets_after_groups": roce_pg._C._runtime_stats()["tcp_sockets"],
            "group_connections": [roce_pg.counters(g)["connections"] for g in groups]}
 

@@ -156,6 +156,16 @@ def test_groups_share_one_tcp_connection_per_peer_process():
     assert results[0]["gone_recv_only_s"] < 10, results[0]
 
 
+def test_groups_making_first_contact_at_once_share_one_dial():
+    results = run_group("tests.group_workers.first_contact_race", 4, env=FOUR_MACHINES)
+    for rank, r in enumerate(results):
+        # Six groups, six threads, three peer processes: one socket per pair,
+        # two where the processes' dials crossed from different groups (six
+        # groups dialing on their own made 7-13).
+        assert r["sockets_before"] == 0, (rank, r)
+        assert 3 <= r["sockets_after"] <= 6, (rank, r)
+
+
 def test_two_groups_progress_from_two_threads():
     run_group("tests.group_workers.two_threads", 4, env=FOUR_MACHINES)
     run_group("tests.group_workers.two_threads", 4, env={**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "2"})  # joined subgroups

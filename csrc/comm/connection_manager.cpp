@@ -19,6 +19,14 @@ constexpr auto kServiceEvery = std::chrono::microseconds(100);
 constexpr auto kConnectAttempt = std::chrono::seconds(5);
 constexpr auto kRetryFirst = std::chrono::milliseconds(20);
 constexpr auto kRetryMax = std::chrono::milliseconds(1000);
+// How long a group waits for another group's dial to the same process
+// before it dials itself. A dial to a live process takes milliseconds on an
+// idle machine, but its answer comes from the peer group's thread, which a
+// loaded machine may run late; one that takes longer (the address is
+// unreachable, or the peer's group there does not exist yet, which groups
+// created in the same order on every rank make a wait this group would have
+// anyway) then costs a second socket, not a hang.
+constexpr auto kSharedDialWait = std::chrono::seconds(5);
 
 double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 }  // namespace
@@ -52,10 +60,43 @@ ConnectionManager::ConnectionManager(int rank, std::string transport, const std:
 ConnectionManager::~ConnectionManager() = default;
 
 void ConnectionManager::want(int peer) {
-  if (connected_.count(peer) || dials_.count(peer) || awaiting_.count(peer)) return;
+  if (connected_.count(peer) || dials_.count(peer) || awaiting_.count(peer) || deferred_.count(peer)) return;
+  if (shared_.turn) {
+    switch (shared_.turn(peer)) {
+      case SharedDials::Turn::Linked:
+        shared_.linked(peer);
+        return;
+      case SharedDials::Turn::Wait:
+        deferred_[peer] = Clock::now();
+        return;
+      case SharedDials::Turn::Dial:
+        break;
+    }
+  }
+  dial(peer);
+}
+
+void ConnectionManager::dial(int peer) {
   auto& d = dials_[peer];
   d = std::make_unique<Dial>();
   startDial(peer, *d);
+}
+
+bool ConnectionManager::advanceDeferred(Clock::time_point now) {
+  bool moved = false;
+  for (auto it = deferred_.begin(); it != deferred_.end();) {
+    const int peer = it->first;
+    const auto turn = shared_.turn(peer);
+    if (turn == SharedDials::Turn::Wait && now - it->second < kSharedDialWait) {
+      ++it;
+      continue;
+    }
+    it = deferred_.erase(it);
+    moved = true;
+    if (turn == SharedDials::Turn::Linked) shared_.linked(peer);
+    else dial(peer);  // claimed, or waited long enough
+  }
+  return moved;
 }
 
 void ConnectionManager::startDial(int peer, Dial& d) {
@@ -74,8 +115,10 @@ void ConnectionManager::accepted(int peer, UniqueFd fd, bool ourDial) {
   tuneSocket(fd.get());
   connected_.insert(peer);
   awaiting_.erase(peer);
+  deferred_.erase(peer);  // the peer's dial came first
   Counters::add(counters_.connections, 1);
   onConnected_(peer, std::move(fd));
+  if (shared_.ended) shared_.ended(peer);  // after the transport adopted it: waiters find it
 }
 
 void ConnectionManager::onIncoming(int peer, UniqueFd fd) {
@@ -100,6 +143,7 @@ void ConnectionManager::refused(int peer) {
           ": its process exited or destroyed the process group");
   dials_.erase(peer);
   onFailed_(peer, why);
+  if (shared_.ended) shared_.ended(peer);  // a waiting group dials and learns it itself
 }
 
 bool ConnectionManager::advanceDial(int peer, Dial& d, Clock::time_point now) {
@@ -166,6 +210,7 @@ bool ConnectionManager::progress(bool now) {
     onIncoming(c->first, std::move(c->second));
     moved = true;
   }
+  if (!deferred_.empty()) moved |= advanceDeferred(t);
   std::vector<int> peers;
   peers.reserve(dials_.size());
   for (auto& [peer, d] : dials_) peers.push_back(peer);
@@ -194,6 +239,9 @@ std::string ConnectionManager::status(int peer) const {
                d.lastError.empty() ? std::string() : str("; last error: ", d.lastError),
                ". Check that the address is reachable from this machine, or set ROCE_PG_SOCKET_IFNAME");
   }
+  if (auto it = deferred_.find(peer); it != deferred_.end())
+    return str("another process group of this process is connecting to the process of rank ", peer, " (host ",
+               hostNames_.at(peer), "), for ", secondsSince(it->second), " s");
   if (auto it = awaiting_.find(peer); it != awaiting_.end())
     return str("rank ", peer, " has not completed its connection to rank ", rank_, " (", secondsSince(it->second),
                " s after it won the tie between their dials)");

@@ -14,6 +14,12 @@
 // see locally, so exactly one connection survives and neither waits for the
 // other.
 //
+// A transport whose connections serve every group of the process (TCP: one
+// socket per pair of processes, tcp_mux.hpp) shares its dials: a group whose
+// first contact with a peer process finds another group of its process
+// dialing there waits for that dial (at most kSharedDialWait, then dials
+// itself) instead of making a socket of its own.
+//
 // Runs on the progress thread (and on the creating thread for
 // ROCE_PG_CONNECT=eager), never blocks: the Communicator's waits poll the
 // descriptors addPollFds() returns, and progress() advances whatever is ready.
@@ -50,6 +56,19 @@ class ConnectionManager {
                     Connected connected, Failed failed, Counters& counters);
   ~ConnectionManager();
 
+  // How this group's dials meet the other groups' (unset: every dial is the
+  // group's own). Set once, before the first want().
+  struct SharedDials {
+    enum class Turn { Dial, Wait, Linked };
+    // Dial: nobody else is dialing the peer's process; the dial is claimed
+    // for this group. Wait: another group of this process is. Linked: a
+    // connection to the peer's process exists.
+    std::function<Turn(int peer)> turn;
+    std::function<void(int peer)> ended;   // this group's dial ended (connected or refused)
+    std::function<void(int peer)> linked;  // use the existing connection
+  };
+  void shareDials(SharedDials s) { shared_ = std::move(s); }
+
   // Starts connecting to `peer` unless connected or under way (cheap to repeat).
   void want(int peer);
   bool isConnected(int peer) const { return connected_.count(peer) > 0; }
@@ -67,7 +86,9 @@ class ConnectionManager {
  private:
   struct Dial;
   void onIncoming(int peer, UniqueFd fd);
+  void dial(int peer);
   void startDial(int peer, Dial& d);
+  bool advanceDeferred(Clock::time_point now);
   bool advanceDial(int peer, Dial& d, Clock::time_point now);
   void accepted(int peer, UniqueFd fd, bool ourDial);
   void refused(int peer);  // fails the peer's requests; drops its dial
@@ -84,6 +105,8 @@ class ConnectionManager {
   std::unordered_map<int, std::unique_ptr<Dial>> dials_;  // by peer, while connecting
   std::unordered_map<int, Clock::time_point> awaiting_;   // our dial was superseded: theirs will come
   std::unordered_set<int> connected_;
+  std::unordered_map<int, Clock::time_point> deferred_;   // waiting for another group's dial, since
+  SharedDials shared_;
   Clock::time_point nextService_{};
 };
 

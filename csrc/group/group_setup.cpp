@@ -251,6 +251,15 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
         rank, net, endpoints_, hostNames_, nonces_, std::move(acceptor),
         [this](int peer, UniqueFd fd) { route(peer)->adoptConnection(peer, fd.release()); },
         [this](int peer, const std::string& why) { route(peer)->failPeer(peer, why); }, counters_);
+    if (auto* tcp = dynamic_cast<TcpTransport*>(transports_.back().get())) {  // the network transport
+      using Turn = ConnectionManager::SharedDials::Turn;
+      connections_->shareDials({[tcp](int peer) {
+                                  if (tcp->linkedTo(peer)) return Turn::Linked;
+                                  return tcp->claimDial(peer) ? Turn::Dial : Turn::Wait;
+                                },
+                                [tcp](int peer) { tcp->dialEnded(peer); },
+                                [tcp](int peer) { tcp->useLink(peer); }});
+    }
     if (cfg_.connect == "eager") connectAll(viaNet, deadline);
   }
   acceptor.reset();

@@ -569,13 +569,37 @@ void MuxLink::dropStaleParked(Clock::time_point now) {
 // ---- TcpMux ---------------------------------------------------------------
 
 void TcpMux::adopt(const std::string& peerKey, int fd, std::string addr) {
-  // Under linksMu_, so nobody sees the link before it has its socket.
+  {
+    // Under linksMu_, so nobody sees the link before it has its socket.
+    std::lock_guard<std::mutex> g(linksMu_);
+    auto& slot = links_[peerKey];
+    // A dead link (its process is gone) stays with the groups that used it;
+    // a process at the same key now is another one.
+    if (!slot || !slot->alive()) slot = std::make_shared<MuxLink>(*this);
+    slot->addSocket(fd, std::move(addr));
+  }
+  wakeGroups();  // groups waiting for a dial to this process use the link now
+}
+
+bool TcpMux::claimDial(const std::string& peerKey, uint64_t nonce) {
   std::lock_guard<std::mutex> g(linksMu_);
-  auto& slot = links_[peerKey];
-  // A dead link (its process is gone) stays with the groups that used it;
-  // a process at the same key now is another one.
-  if (!slot || !slot->alive()) slot = std::make_shared<MuxLink>(*this);
-  slot->addSocket(fd, std::move(addr));
+  auto [it, fresh] = dialing_.try_emplace(peerKey, nonce);
+  return fresh || it->second == nonce;
+}
+
+void TcpMux::endDial(const std::string& peerKey, uint64_t nonce) {
+  {
+    std::lock_guard<std::mutex> g(linksMu_);
+    auto it = dialing_.find(peerKey);
+    if (it == dialing_.end() || it->second != nonce) return;
+    dialing_.erase(it);
+  }
+  wakeGroups();  // a dial that failed: the waiting groups dial themselves
+}
+
+void TcpMux::wakeGroups() {
+  std::lock_guard<std::mutex> g(groupsMu_);
+  for (auto& [nonce, grp] : groups_) grp.wake->wake();
 }
 
 std::shared_ptr<MuxLink> TcpMux::find(const std::string& peerKey) {
@@ -628,11 +652,27 @@ void TcpMux::registerGroup(uint64_t nonce, int rank, Wakeup* wake, std::atomic<b
 }
 
 void TcpMux::unregisterGroup(uint64_t nonce) {
-  std::lock_guard<std::mutex> g(groupsMu_);
-  auto it = groups_.find(nonce);
-  if (it == groups_.end()) return;
-  closed_[nonce] = it->second.rank;
-  groups_.erase(it);
+  bool wasDialing = false;
+  {
+    // Its dials in flight end with it: groups waiting for them dial themselves.
+    std::lock_guard<std::mutex> g(linksMu_);
+    for (auto it = dialing_.begin(); it != dialing_.end();) {
+      if (it->second == nonce) {
+        it = dialing_.erase(it);
+        wasDialing = true;
+      } else {
+        ++it;
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> g(groupsMu_);
+    auto it = groups_.find(nonce);
+    if (it == groups_.end()) return;
+    closed_[nonce] = it->second.rank;
+    groups_.erase(it);
+  }
+  if (wasDialing) wakeGroups();
 }
 
 void TcpMux::dropGroup(uint64_t nonce, int rank) {

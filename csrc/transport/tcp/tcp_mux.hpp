@@ -38,8 +38,11 @@
 // StreamTransport holds early messages; only streams for groups not created
 // here yet stop the runtime's reading, at 64 MiB (a peer that streams that
 // far ahead of a group's creation then meets TCP's flow control).
-// Sockets live as long as both processes. Groups whose first contact with a
-// process races each other each dial, so a pair may get several sockets:
+// Sockets live as long as both processes. Of the groups whose first contact
+// with a process races, one dials and the others wait for its connection
+// (claimDial; ConnectionManager::SharedDials), but the two processes may
+// dial each other at once from different groups, and a dial that takes over
+// a second lets the waiters dial too, so a pair may get several sockets:
 // each process sends on the first it adopted and reads every one.
 //
 // Locking: each link has a mutex (its sockets, inboxes, tail); the group
@@ -171,6 +174,12 @@ class TcpMux : public RuntimeService {
   // The link to `peerKey` if a live socket reaches it, else null.
   std::shared_ptr<MuxLink> find(const std::string& peerKey);
   bool connected(const std::string& peerKey) { return find(peerKey) != nullptr; }
+  // First contact: the group `nonce` may dial `peerKey` (true: nobody else of
+  // this process is dialing it, and now this group is), or should wait for
+  // the group that is (false). endDial, or the group's unregistering, ends
+  // the claim and wakes every group (the waiting ones look again).
+  bool claimDial(const std::string& peerKey, uint64_t nonce);
+  void endDial(const std::string& peerKey, uint64_t nonce);
 
   // A group of this process (its rank's nonce), from creation to
   // destruction. `newPeers` (the group's, outlives the registration) is set
@@ -202,11 +211,13 @@ class TcpMux : public RuntimeService {
   // `claim`: an Owned stream is the group's new peer (takeNewPeers).
   Fate fate(uint64_t nonce, int srcRank, Wakeup** wake, int* closedRank, bool claim);
   void wakeRuntime() { runtime_.poke(); }
+  void wakeGroups();  // rare events (a new link, a dial ended): every group looks
   std::vector<std::shared_ptr<MuxLink>> snapshot();  // the links, without holding linksMu_ after
 
   ProcessRuntime& runtime_;
   std::mutex linksMu_;
   std::unordered_map<std::string, std::shared_ptr<MuxLink>> links_;
+  std::unordered_map<std::string, uint64_t> dialing_;  // peer process -> the group dialing it (under linksMu_)
   // The runtime thread's: each link and how many pollfds it added this round.
   std::vector<std::pair<std::shared_ptr<MuxLink>, size_t>> polledLinks_;
   Clock::time_point nextParkCheck_{};

@@ -58,9 +58,7 @@ TcpTransport::~TcpTransport() {
   for (auto& l : links_) l->drainTail(until);
 }
 
-bool TcpTransport::needsConnection(int peer) const {
-  return !hasPipe(peer) && !mux_.connected(processKeyOf_(peer));
-}
+bool TcpTransport::needsConnection(int peer) const { return !hasPipe(peer) && !linkedTo(peer); }
 
 void TcpTransport::adoptConnection(int peer, int fd) {
   setNonBlocking(fd, true);
@@ -89,6 +87,12 @@ void TcpTransport::postRecv(Request* r) {
   attach(r->peer);
   StreamTransport::postRecv(r);
 }
+
+bool TcpTransport::linkedTo(int peer) const { return mux_.connected(processKeyOf_(peer)); }
+
+bool TcpTransport::claimDial(int peer) { return mux_.claimDial(processKeyOf_(peer), nonces_[rank_]); }
+
+void TcpTransport::dialEnded(int peer) { mux_.endDial(processKeyOf_(peer), nonces_[rank_]); }
 
 bool TcpTransport::progress() {
   bool moved = false;

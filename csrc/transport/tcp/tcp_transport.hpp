@@ -36,6 +36,14 @@ class TcpTransport : public StreamTransport {
   void postSend(Request* r) override;
   void postRecv(Request* r) override;
   bool progress() override;
+  // First contact with a peer's process, shared with the process's other
+  // groups (ConnectionManager::SharedDials): whether a connection reaches
+  // it; whether this group may dial it (no other group is; then this one
+  // is, until dialEnded); and using the existing connection.
+  bool linkedTo(int peer) const;
+  bool claimDial(int peer);
+  void dialEnded(int peer);
+  void useLink(int peer) { attach(peer); }
   bool prepareWait(std::vector<pollfd>& fds, bool anySource) override;
 
  private:
