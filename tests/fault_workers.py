@@ -305,6 +305,44 @@ def garbage_frames(rank, world, port, bad, cap_s=20.0, timeout_s=120):
     return res
 
 
+def shm_full(rank, world, port, bad):
+    """Rank `bad` runs with ROCE_PG_TEST_FAULT=shm_full (set by the caller):
+    allocating a shared-memory ring's pages fails on it, as on a full
+    /dev/shm. A ring is allocated by its first writer, so: collectives through
+    the slots work everywhere; rank 0's message to `bad` arrives (rank 0
+    allocates that ring); `bad`'s first send to rank 0 fails naming the cause
+    and the fix, at once; the other ranks' messages to each other arrive."""
+    from .api_workers import expect_error
+    from .connection_workers import _store_barrier
+
+    assert (os.environ.get("ROCE_PG_TEST_FAULT") == "shm_full") == (rank == bad)
+    n = 70_000  # more than one 64 KiB chunk of the ring's pages
+    out = {}
+    t = torch.arange(n, dtype=torch.int64) * (rank + 1)
+    dist.all_reduce(t)
+    out["allreduce_exact"] = torch.equal(t, torch.arange(n, dtype=torch.int64) * sum(r + 1 for r in range(world)))
+    if rank == 0:
+        dist.send(torch.arange(n, dtype=torch.int64) * 7, dst=bad)
+    elif rank == bad:
+        got = torch.empty(n, dtype=torch.int64)
+        dist.recv(got, src=0)
+        out["received_from_0"] = torch.equal(got, torch.arange(n, dtype=torch.int64) * 7)
+        t0 = time.monotonic()
+        out["send_error"] = expect_error(lambda: dist.send(torch.ones(10), dst=0),
+                                         "could not allocate the shared-memory ring", "rank 0 (this machine)", "/dev/shm",
+                                         "--shm-size", "ROCE_PG_SHM_RING_BYTES")
+        out["send_error_s"] = time.monotonic() - t0
+    others = [r for r in range(world) if r != bad]
+    if rank in others:
+        peer = others[1] if rank == others[0] else others[0]
+        mine, got = torch.arange(n, dtype=torch.int64) * (rank + 3), torch.empty(n, dtype=torch.int64)
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, got, peer)]):
+            w.wait()
+        out["pair_exact"] = torch.equal(got, torch.arange(n, dtype=torch.int64) * (peer + 3))
+    _store_barrier("shm-full-done", world)
+    return out
+
+
 # ---------------------------------------------------------------- leaks
 
 def recreate_group(rank, world, port, cycles=50, rdma=False, timeout_s=60):

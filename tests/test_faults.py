@@ -9,7 +9,10 @@ in the Soft-RoCE VM suite (tests/test_softroce.py).
   the others raise a clear error naming it, nobody crashes or hangs;
 * creating and destroying the group 50 times, and 10,000 mixed small
   collectives: no growth of fds, threads, shared-memory mappings or RSS;
-* abort() of a group fails its pending work at once.
+* abort() of a group fails its pending work at once;
+* a rank whose shared-memory rings cannot be allocated (ROCE_PG_TEST_FAULT=
+  shm_full, as on a full /dev/shm): its sends to local peers fail naming the
+  fix, everything else works.
 
 Every scenario runs in a group forked from one spawned driver process, which
 pays `import torch` once for all of them (tests/fault_workers.run_scenarios).
@@ -62,6 +65,8 @@ def _scenarios():
     sc["garbage_frames/tcp"] = dict(target="tests.fault_workers.garbage_frames", world=3, env=TRANSPORTS["tcp"],
                                     init=False, kwargs={"bad": VICTIM}, deadline_s=200,
                                     rank_env={VICTIM: {"ROCE_PG_TEST_FAULT": "garbage_frames"}})
+    sc["shm_full/shm"] = dict(target="tests.fault_workers.shm_full", world=3, env=TRANSPORTS["shm"],
+                              kwargs={"bad": 1}, deadline_s=120, rank_env={1: {"ROCE_PG_TEST_FAULT": "shm_full"}})
     for tr, env in TRANSPORTS.items():
         sc[f"recreate/{tr}"] = dict(target="tests.fault_workers.recreate_group", world=3, env=env, init=False,
                                     kwargs={"cycles": max(5, int(50 * SCALE))}, deadline_s=300)
@@ -130,6 +135,13 @@ def test_corrupted_frame_headers_give_a_clear_error(outcomes):
         assert f"rank {VICTIM}" in res["msg"], (r, res["msg"])
     # The faulty rank itself must not hang either (it may fail or not, but it ended).
     assert not ranks[VICTIM].get("capped"), ranks[VICTIM]
+
+
+def test_a_full_dev_shm_fails_the_sends_that_need_it_and_nothing_else(outcomes):
+    ranks = _ranks(outcomes, "shm_full/shm")
+    assert all(r["allreduce_exact"] for r in ranks), ranks
+    assert ranks[1]["received_from_0"] and ranks[1]["send_error_s"] < 5, ranks[1]
+    assert ranks[0]["pair_exact"] and ranks[2]["pair_exact"], ranks
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])

@@ -32,7 +32,7 @@ size_t floorPow2(size_t x) { return x ? std::bit_floor(x) : 0; }
 const std::vector<const char*> kAllreduceAlgos = {"auto", "ring", "hier", "rd", "rabenseifner", "tree"};
 
 std::string readTestFault(EnvReader& r) {
-  return r.oneOf("ROCE_PG_TEST_FAULT", "", {"garbage_frames", "no_doorbell", "fail_forming", "slow_teardown"});
+  return r.oneOf("ROCE_PG_TEST_FAULT", "", {"garbage_frames", "no_doorbell", "shm_full", "fail_forming", "slow_teardown"});
 }
 
 }  // namespace

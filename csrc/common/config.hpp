@@ -214,9 +214,11 @@ struct Config {
 // ROCE_PG_TEST_FAULT: fault injection for the test suite only ("" when unset).
 //   garbage_frames  this rank sends corrupted frame headers over TCP/shm streams
 //   no_doorbell     this rank opens no shared-memory doorbell
+//   shm_full        allocating a shared-memory ring's pages fails on this rank
+//                   as on a full /dev/shm (shm_transport.cpp)
 //   slow_teardown   a broken group's verbs objects are released 15 s late
 //                   (the wait Soft-RoCE may make its destroy verbs do)
-// (those three read once per process), and per group (Config::testFailForming):
+// (those four read once per process), and per group (Config::testFailForming):
 //   fail_forming    a group created while it is set fails on this rank
 //                   before its lifelines exist (what the neighbours see of a
 //                   member whose creation failed)

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "../../common/config.hpp"
 #include "../../common/error.hpp"
 
 namespace roce {
@@ -29,11 +30,14 @@ class ShmPipe : public BytePipe {
   // The ring's pages are allocated by its first writer (node_shm.cpp); a
   // full /dev/shm fails this peer's requests with the cause and the fix.
   void populate() {
-    const int err = out_.populate();
+    // ROCE_PG_TEST_FAULT=shm_full: what a full /dev/shm makes populate() return.
+    const int err = testFault() == "shm_full" ? EFAULT : out_.populate();
     if (err != 0 && err != EINVAL)  // EINVAL: no MADV_POPULATE_WRITE, the pages were reserved at creation
-      throwComm(str("could not allocate the shared-memory ring to local rank ", peerRank_, " in /dev/shm (",
-                    std::strerror(err), "): free space in /dev/shm (containers: docker run --shm-size=1g or "
-                    "larger), or shrink ROCE_PG_SHM_RING_BYTES"));
+      // EFAULT: the page fault would have raised SIGBUS (tmpfs out of space).
+      throwComm(str("could not allocate the shared-memory ring to rank ", peerRank_, " (this machine) in /dev/shm (",
+                    err == EFAULT ? "no space left" : std::strerror(err),
+                    "): free space in /dev/shm (containers: docker run --shm-size=1g or larger), or shrink "
+                    "ROCE_PG_SHM_RING_BYTES"));
     populated_ = true;
   }
 
