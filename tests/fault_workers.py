@@ -308,15 +308,18 @@ def garbage_frames(rank, world, port, bad, cap_s=20.0, timeout_s=120):
 def shm_full(rank, world, port, bad):
     """Rank `bad` runs with ROCE_PG_TEST_FAULT=shm_full (set by the caller):
     allocating a shared-memory ring's pages fails on it, as on a full
-    /dev/shm. A ring is allocated by its first writer, so: collectives through
-    the slots work everywhere; rank 0's message to `bad` arrives (rank 0
-    allocates that ring); `bad`'s first send to rank 0 fails naming the cause
-    and the fix, at once; the other ranks' messages to each other arrive."""
+    /dev/shm. A ring is allocated by its first writer, so collectives through
+    the slots work everywhere, rank 0's message to `bad` arrives (rank 0
+    allocates that ring) and the other ranks' messages to each other arrive.
+    Then `bad`'s first send to rank 0 fails at once naming the cause and the
+    fix, and the group is broken on every rank: the others' next collective
+    fails naming `bad` and the cause."""
     from .api_workers import expect_error
     from .connection_workers import _store_barrier
 
     assert (os.environ.get("ROCE_PG_TEST_FAULT") == "shm_full") == (rank == bad)
     n = 70_000  # more than one 64 KiB chunk of the ring's pages
+    cause = ("could not allocate the shared-memory ring", "/dev/shm", "--shm-size", "ROCE_PG_SHM_RING_BYTES")
     out = {}
     t = torch.arange(n, dtype=torch.int64) * (rank + 1)
     dist.all_reduce(t)
@@ -327,11 +330,6 @@ def shm_full(rank, world, port, bad):
         got = torch.empty(n, dtype=torch.int64)
         dist.recv(got, src=0)
         out["received_from_0"] = torch.equal(got, torch.arange(n, dtype=torch.int64) * 7)
-        t0 = time.monotonic()
-        out["send_error"] = expect_error(lambda: dist.send(torch.ones(10), dst=0),
-                                         "could not allocate the shared-memory ring", "rank 0 (this machine)", "/dev/shm",
-                                         "--shm-size", "ROCE_PG_SHM_RING_BYTES")
-        out["send_error_s"] = time.monotonic() - t0
     others = [r for r in range(world) if r != bad]
     if rank in others:
         peer = others[1] if rank == others[0] else others[0]
@@ -339,6 +337,15 @@ def shm_full(rank, world, port, bad):
         for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, got, peer)]):
             w.wait()
         out["pair_exact"] = torch.equal(got, torch.arange(n, dtype=torch.int64) * (peer + 3))
+    _store_barrier("shm-full-before", world)
+    t0 = time.monotonic()
+    if rank == bad:
+        out["error"] = expect_error(lambda: dist.send(torch.ones(10), dst=0), "rank 0 (this machine)", *cause)
+    else:
+        out["error"] = expect_error(
+            lambda: dist.all_reduce(torch.ones(10), async_op=True).wait(timeout=timedelta(seconds=60)),
+            f"rank {bad}", *cause)
+    out["error_s"] = time.monotonic() - t0
     _store_barrier("shm-full-done", world)
     return out
 

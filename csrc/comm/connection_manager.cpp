@@ -20,12 +20,13 @@ constexpr auto kConnectAttempt = std::chrono::seconds(5);
 constexpr auto kRetryFirst = std::chrono::milliseconds(20);
 constexpr auto kRetryMax = std::chrono::milliseconds(1000);
 // How long a group waits for another group's dial to the same process
-// before it dials itself. A dial to a live process takes milliseconds on an
-// idle machine, but its answer comes from the peer group's thread, which a
-// loaded machine may run late; one that takes longer (the address is
-// unreachable, or the peer's group there does not exist yet, which groups
-// created in the same order on every rank make a wait this group would have
-// anyway) then costs a second socket, not a hang.
+// before it dials itself (and how old a claim must be for a new group to
+// take it over: TcpMux::firstContact). A dial to a live process takes
+// milliseconds on an idle machine, but its answer comes from the peer
+// group's thread, which a loaded machine may run late. One that takes
+// longer (the peer's group there does not exist yet, or the dialing group
+// broke and no longer drives its dial) then costs this group up to this
+// long and a second socket, never a hang.
 constexpr auto kSharedDialWait = std::chrono::seconds(5);
 
 double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -117,8 +118,15 @@ void ConnectionManager::accepted(int peer, UniqueFd fd, bool ourDial) {
   awaiting_.erase(peer);
   deferred_.erase(peer);  // the peer's dial came first
   Counters::add(counters_.connections, 1);
+  // After the transport adopted it (waiters then find it), also if adopting threw.
+  struct EndClaim {
+    const SharedDials& s;
+    int peer;
+    ~EndClaim() {
+      if (s.ended) s.ended(peer);
+    }
+  } endClaim{shared_, peer};
   onConnected_(peer, std::move(fd));
-  if (shared_.ended) shared_.ended(peer);  // after the transport adopted it: waiters find it
 }
 
 void ConnectionManager::onIncoming(int peer, UniqueFd fd) {
@@ -148,6 +156,9 @@ void ConnectionManager::refused(int peer) {
 
 bool ConnectionManager::advanceDial(int peer, Dial& d, Clock::time_point now) {
   auto retry = [&](std::string why) {
+    // A dial that must try again gives up its claim: groups waiting for it
+    // dial at once rather than wait for this one's backoff.
+    if (shared_.ended) shared_.ended(peer);
     d.lastError = std::move(why);
     d.fd = UniqueFd();
     d.phase = Dial::Waiting;
@@ -202,15 +213,17 @@ bool ConnectionManager::advanceDial(int peer, Dial& d, Clock::time_point now) {
 
 bool ConnectionManager::progress(bool now) {
   const auto t = Clock::now();
-  if (!now && t < nextService_) return false;
+  // Peers waiting for another group's dial first, every time: no descriptor
+  // of this group announces that group's new connection (its adoption only
+  // writes the wake-up), so a wait's last look before it sleeps must see it.
+  bool moved = !deferred_.empty() && advanceDeferred(t);
+  if (!now && t < nextService_) return moved;
   nextService_ = t + kServiceEvery;
-  bool moved = false;
   acceptor_->service();
   while (auto c = acceptor_->takeAny(LinkKind::Mesh)) {
     onIncoming(c->first, std::move(c->second));
     moved = true;
   }
-  if (!deferred_.empty()) moved |= advanceDeferred(t);
   std::vector<int> peers;
   peers.reserve(dials_.size());
   for (auto& [peer, d] : dials_) peers.push_back(peer);

@@ -61,8 +61,8 @@ class ConnectionManager {
   struct SharedDials {
     enum class Turn { Dial, Wait, Linked };
     // Dial: nobody else is dialing the peer's process; the dial is claimed
-    // for this group. Wait: another group of this process is. Linked: a
-    // connection to the peer's process exists.
+    // for this group until ended(). Wait: another group of this process is.
+    // Linked: a connection to the peer's process exists.
     std::function<Turn(int peer)> turn;
     std::function<void(int peer)> ended;   // this group's dial ended (connected or refused)
     std::function<void(int peer)> linked;  // use the existing connection

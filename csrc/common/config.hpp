@@ -213,7 +213,7 @@ struct Config {
 
 // ROCE_PG_TEST_FAULT: fault injection for the test suite only ("" when unset).
 //   garbage_frames  this rank sends corrupted frame headers over TCP/shm streams
-//   no_doorbell     this rank opens no shared-memory doorbell
+//   no_doorbell     this process opens no shared-memory doorbell
 //   shm_full        allocating a shared-memory ring's pages fails on this rank
 //                   as on a full /dev/shm (shm_transport.cpp)
 //   slow_teardown   a broken group's verbs objects are released 15 s late

@@ -254,8 +254,12 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
     if (auto* tcp = dynamic_cast<TcpTransport*>(transports_.back().get())) {  // the network transport
       using Turn = ConnectionManager::SharedDials::Turn;
       connections_->shareDials({[tcp](int peer) {
-                                  if (tcp->linkedTo(peer)) return Turn::Linked;
-                                  return tcp->claimDial(peer) ? Turn::Dial : Turn::Wait;
+                                  switch (tcp->firstContact(peer)) {
+                                    case TcpMux::Contact::Linked: return Turn::Linked;
+                                    case TcpMux::Contact::Dial: return Turn::Dial;
+                                    case TcpMux::Contact::Wait: break;
+                                  }
+                                  return Turn::Wait;
                                 },
                                 [tcp](int peer) { tcp->dialEnded(peer); },
                                 [tcp](int peer) { tcp->useLink(peer); }});

@@ -8,18 +8,16 @@
 #include "shm_doorbells.hpp"
 
 namespace roce {
-namespace {
-ShmDoorbells& processDoorbells() { return ProcessRuntime::get().shmDoorbells(); }
-}  // namespace
 
-Doorbell::Doorbell(ShmBellControl* mine) : mine_(mine) { key_ = processDoorbells().enrol(mine_); }
+Doorbell::Doorbell(ShmBellControl* mine)
+    : doorbells_(ProcessRuntime::get().shmDoorbells()), key_(doorbells_.enrol(mine)), mine_(mine) {}
 
 Doorbell::~Doorbell() {
-  if (key_) processDoorbells().leave(key_);
+  if (key_) doorbells_.leave(key_);
 }
 
 void Doorbell::wakeThrough(Wakeup* w) {
-  if (key_) processDoorbells().wakeThrough(key_, w);
+  if (key_) doorbells_.wakeThrough(key_, w);
 }
 
 void Doorbell::send(Peer& peer) {
@@ -36,7 +34,7 @@ void Doorbell::send(Peer& peer) {
   }
   int err = EBADF;  // no doorbell here, or none there
   if (key_ && peer.len > 0) {
-    err = processDoorbells().send(peer.addr, peer.len, peer.key);
+    err = doorbells_.send(peer.addr, peer.len, peer.key);
     // A queue still full after the send timeout costs this sleep its
     // wake-up (the waiter's slow check makes up for it); a closed doorbell
     // belongs to a process that left (its lifelines tell).

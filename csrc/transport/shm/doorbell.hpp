@@ -46,6 +46,7 @@
 
 namespace roce {
 
+class ShmDoorbells;
 class Wakeup;
 
 // In each rank's control page (node_shm.hpp).
@@ -96,7 +97,8 @@ class Doorbell {
 
  private:
   void send(Peer& peer);
-  uint64_t key_ = 0;  // 0: the process has no doorbell
+  ShmDoorbells& doorbells_;  // the process's (its runtime's), looked up once
+  uint64_t key_ = 0;         // 0: the process has no doorbell
   ShmBellControl* mine_;
 };
 

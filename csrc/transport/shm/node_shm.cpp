@@ -37,7 +37,7 @@ NodeShm::NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size
   auto* ctl = new (mine.data()) ShmRankControl{};
   bell_ = std::make_unique<Doorbell>(&ctl->bell);  // address and key before the segment is published
   for (int from = 0; from < n; ++from)
-    new (mine.data() + ringOffset(from)) ShmRingControl{};
+    if (from != me) new (mine.data() + ringOffset(from)) ShmRingControl{};  // own index: never used nor reserved
 
   const int myRank = localRanks[me];
   bs.set(str("shm/", myRank), mine.name());

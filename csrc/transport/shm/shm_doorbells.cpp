@@ -18,9 +18,10 @@ ShmDoorbells::~ShmDoorbells() {
 }
 
 bool ShmDoorbells::open() {
-  if (tried_) return fd_.load() >= 0;
-  tried_ = true;
-  // ROCE_PG_TEST_FAULT=no_doorbell: what a process that cannot open one does (poll).
+  if (fd_.load() >= 0) return true;
+  // ROCE_PG_TEST_FAULT=no_doorbell: what a process that cannot open one does
+  // (poll). Any other failure is tried again by the next group (it may have
+  // been a passing shortage of descriptors).
   if (testFault() == "no_doorbell") return false;
   // Blocking, for sends (bounded by SO_SNDTIMEO); reads never block (MSG_DONTWAIT).
   const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -77,10 +78,16 @@ size_t ShmDoorbells::groups() const {
 int ShmDoorbells::send(const sockaddr_un& to, socklen_t len, uint64_t key) {
   const int fd = fd_.load(std::memory_order_relaxed);
   if (fd < 0) return EBADF;
-  if (sendto(fd, &key, sizeof(key), MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&to), len) ==
-      static_cast<ssize_t>(sizeof(key)))
-    return 0;
-  return errno == EWOULDBLOCK ? EAGAIN : errno;
+  // A signal interrupts a send blocked on a full queue even with SA_RESTART
+  // (SO_SNDTIMEO): try again a few times, then give up this wake-up as on a
+  // timeout.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (sendto(fd, &key, sizeof(key), MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&to), len) ==
+        static_cast<ssize_t>(sizeof(key)))
+      return 0;
+    if (errno != EINTR) return errno == EWOULDBLOCK ? EAGAIN : errno;
+  }
+  return EAGAIN;
 }
 
 void ShmDoorbells::addPollFds(std::vector<pollfd>& fds) {

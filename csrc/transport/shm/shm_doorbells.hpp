@@ -4,8 +4,8 @@
 // datagram's key names. The socket is autobound to an abstract address
 // (Linux: a NUL and 5 hex digits, unique in the network namespace, gone when
 // the process closes it; ranks of one machine share a namespace: their
-// lifelines use 127.0.0.1), opened when the first group enrols and kept for
-// the process's life.
+// lifelines use 127.0.0.1), opened when the first group enrols (a later group
+// tries again if that failed) and kept for the process's life.
 //
 // Sends block at most kSendTimeout when the receiving process's queue is full
 // (the kernel queues 10 datagrams per socket by default,
@@ -53,12 +53,11 @@ class ShmDoorbells : public RuntimeService {
   void polled(const pollfd* fds, size_t n) override;
 
  private:
-  bool open();  // under mu_
+  bool open();  // under mu_; true once the socket is open
 
   ProcessRuntime& rt_;
   mutable std::mutex mu_;            // wakeups_, and the socket's opening
   std::atomic<int> fd_{-1};          // opened once, closed with the process
-  bool tried_ = false;               // open() ran (it is tried once)
   sockaddr_un addr_{};
   socklen_t addrLen_ = 0;
   std::unordered_map<uint64_t, Wakeup*> wakeups_;  // enrolled groups; null: not waking anyone yet

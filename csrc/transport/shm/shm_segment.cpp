@@ -23,6 +23,10 @@ constexpr size_t kPage = 4096;
 
 bool ShmSegment::canPopulate() {
   static const bool yes = [] {
+    // The segments' layout is in 4 KiB pages (node_shm.cpp): with larger
+    // pages (aarch64 kernels with 64 KiB pages) a ring's range would not be
+    // page-aligned, so everything is reserved up front there.
+    if (sysconf(_SC_PAGESIZE) != static_cast<long>(kPage)) return false;
     void* p = mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return false;
     const bool ok = madvise(p, kPage, MADV_POPULATE_WRITE) == 0;

@@ -17,8 +17,8 @@ class ShmSegment {
   // outside them must be populate()d before they are touched.
   using Ranges = std::vector<std::pair<size_t, size_t>>;
   static ShmSegment create(size_t bytes, const std::string& namePrefix, const Ranges& reserve = {});
-  // Whether populate() works here (MADV_POPULATE_WRITE, Linux 5.14): if not,
-  // callers reserve everything at create().
+  // Whether populate() works here (MADV_POPULATE_WRITE, Linux 5.14, and 4 KiB
+  // pages): if not, callers reserve everything at create() and never call it.
   static bool canPopulate();
   // Allocates the pages of [at, at + len) of a mapping (rounded out to
   // pages) without touching them: 0, or the errno of the failure (EFAULT or

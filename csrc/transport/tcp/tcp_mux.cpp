@@ -581,17 +581,22 @@ void TcpMux::adopt(const std::string& peerKey, int fd, std::string addr) {
   wakeGroups();  // groups waiting for a dial to this process use the link now
 }
 
-bool TcpMux::claimDial(const std::string& peerKey, uint64_t nonce) {
+TcpMux::Contact TcpMux::firstContact(const std::string& peerKey, uint64_t nonce) {
   std::lock_guard<std::mutex> g(linksMu_);
-  auto [it, fresh] = dialing_.try_emplace(peerKey, nonce);
-  return fresh || it->second == nonce;
+  if (auto it = links_.find(peerKey); it != links_.end() && it->second->alive()) return Contact::Linked;
+  const auto now = Clock::now();
+  auto [it, fresh] = dialing_.try_emplace(peerKey, Claim{nonce, now});
+  if (fresh || it->second.nonce == nonce) return Contact::Dial;
+  if (now - it->second.since < kStaleClaim) return Contact::Wait;
+  it->second = Claim{nonce, now};
+  return Contact::Dial;
 }
 
 void TcpMux::endDial(const std::string& peerKey, uint64_t nonce) {
   {
     std::lock_guard<std::mutex> g(linksMu_);
     auto it = dialing_.find(peerKey);
-    if (it == dialing_.end() || it->second != nonce) return;
+    if (it == dialing_.end() || it->second.nonce != nonce) return;
     dialing_.erase(it);
   }
   wakeGroups();  // a dial that failed: the waiting groups dial themselves
@@ -656,21 +661,14 @@ void TcpMux::unregisterGroup(uint64_t nonce) {
   {
     // Its dials in flight end with it: groups waiting for them dial themselves.
     std::lock_guard<std::mutex> g(linksMu_);
-    for (auto it = dialing_.begin(); it != dialing_.end();) {
-      if (it->second == nonce) {
-        it = dialing_.erase(it);
-        wasDialing = true;
-      } else {
-        ++it;
-      }
-    }
+    wasDialing = std::erase_if(dialing_, [&](const auto& kv) { return kv.second.nonce == nonce; }) > 0;
   }
   {
     std::lock_guard<std::mutex> g(groupsMu_);
-    auto it = groups_.find(nonce);
-    if (it == groups_.end()) return;
-    closed_[nonce] = it->second.rank;
-    groups_.erase(it);
+    if (auto it = groups_.find(nonce); it != groups_.end()) {
+      closed_[nonce] = it->second.rank;
+      groups_.erase(it);
+    }
   }
   if (wasDialing) wakeGroups();
 }

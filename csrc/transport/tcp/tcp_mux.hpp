@@ -40,10 +40,10 @@
 // far ahead of a group's creation then meets TCP's flow control).
 // Sockets live as long as both processes. Of the groups whose first contact
 // with a process races, one dials and the others wait for its connection
-// (claimDial; ConnectionManager::SharedDials), but the two processes may
+// (firstContact; ConnectionManager::SharedDials), but the two processes may
 // dial each other at once from different groups, and a dial that takes over
-// a second lets the waiters dial too, so a pair may get several sockets:
-// each process sends on the first it adopted and reads every one.
+// 5 s (or retries) lets the waiters dial too, so a pair may get several
+// sockets: each process sends on the first it adopted and reads every one.
 //
 // Locking: each link has a mutex (its sockets, inboxes, tail); the group
 // registry has one that is only ever taken last (order: the table's links,
@@ -174,11 +174,15 @@ class TcpMux : public RuntimeService {
   // The link to `peerKey` if a live socket reaches it, else null.
   std::shared_ptr<MuxLink> find(const std::string& peerKey);
   bool connected(const std::string& peerKey) { return find(peerKey) != nullptr; }
-  // First contact: the group `nonce` may dial `peerKey` (true: nobody else of
-  // this process is dialing it, and now this group is), or should wait for
-  // the group that is (false). endDial, or the group's unregistering, ends
-  // the claim and wakes every group (the waiting ones look again).
-  bool claimDial(const std::string& peerKey, uint64_t nonce);
+  // First contact of group `nonce` with `peerKey`, in one look: a live link
+  // reaches it (Linked); or nobody else of this process is dialing it, and
+  // now this group is (Dial: claimed); or another group is (Wait). A claim
+  // older than kStaleClaim is taken over (its group may have broken and no
+  // longer drive its dial). endDial, or the group's unregistering, ends the
+  // claim and wakes every group (the waiting ones look again).
+  enum class Contact { Linked, Dial, Wait };
+  static constexpr std::chrono::seconds kStaleClaim{5};
+  Contact firstContact(const std::string& peerKey, uint64_t nonce);
   void endDial(const std::string& peerKey, uint64_t nonce);
 
   // A group of this process (its rank's nonce), from creation to
@@ -217,7 +221,11 @@ class TcpMux : public RuntimeService {
   ProcessRuntime& runtime_;
   std::mutex linksMu_;
   std::unordered_map<std::string, std::shared_ptr<MuxLink>> links_;
-  std::unordered_map<std::string, uint64_t> dialing_;  // peer process -> the group dialing it (under linksMu_)
+  struct Claim {
+    uint64_t nonce;  // the group dialing
+    Clock::time_point since;
+  };
+  std::unordered_map<std::string, Claim> dialing_;  // by peer process (under linksMu_)
   // The runtime thread's: each link and how many pollfds it added this round.
   std::vector<std::pair<std::shared_ptr<MuxLink>, size_t>> polledLinks_;
   Clock::time_point nextParkCheck_{};

@@ -58,7 +58,9 @@ TcpTransport::~TcpTransport() {
   for (auto& l : links_) l->drainTail(until);
 }
 
-bool TcpTransport::needsConnection(int peer) const { return !hasPipe(peer) && !linkedTo(peer); }
+bool TcpTransport::needsConnection(int peer) const {
+  return !hasPipe(peer) && !mux_.connected(processKeyOf_(peer));
+}
 
 void TcpTransport::adoptConnection(int peer, int fd) {
   setNonBlocking(fd, true);
@@ -88,9 +90,7 @@ void TcpTransport::postRecv(Request* r) {
   StreamTransport::postRecv(r);
 }
 
-bool TcpTransport::linkedTo(int peer) const { return mux_.connected(processKeyOf_(peer)); }
-
-bool TcpTransport::claimDial(int peer) { return mux_.claimDial(processKeyOf_(peer), nonces_[rank_]); }
+TcpMux::Contact TcpTransport::firstContact(int peer) { return mux_.firstContact(processKeyOf_(peer), nonces_[rank_]); }
 
 void TcpTransport::dialEnded(int peer) { mux_.endDial(processKeyOf_(peer), nonces_[rank_]); }
 

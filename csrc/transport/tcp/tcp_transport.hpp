@@ -15,11 +15,10 @@
 #include <vector>
 
 #include "../stream_transport.hpp"
+#include "tcp_mux.hpp"
 
 namespace roce {
 
-class MuxLink;
-class TcpMux;
 
 class TcpTransport : public StreamTransport {
  public:
@@ -37,11 +36,11 @@ class TcpTransport : public StreamTransport {
   void postRecv(Request* r) override;
   bool progress() override;
   // First contact with a peer's process, shared with the process's other
-  // groups (ConnectionManager::SharedDials): whether a connection reaches
-  // it; whether this group may dial it (no other group is; then this one
-  // is, until dialEnded); and using the existing connection.
-  bool linkedTo(int peer) const;
-  bool claimDial(int peer);
+  // groups (ConnectionManager::SharedDials): a connection reaches it
+  // (Linked); or this group may dial it (Dial: no other group is; then this
+  // one is, until dialEnded); or it waits (Wait); and using the existing
+  // connection.
+  TcpMux::Contact firstContact(int peer);
   void dialEnded(int peer);
   void useLink(int peer) { attach(peer); }
   bool prepareWait(std::vector<pollfd>& fds, bool anySource) override;
