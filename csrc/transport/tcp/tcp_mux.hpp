@@ -49,15 +49,12 @@
 // registry has one that is only ever taken last (order: the table's links,
 // a link, the registry).
 #pragma once
-#include <poll.h>
-#include <sys/uio.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -65,104 +62,11 @@
 
 #include "../../common/backoff.hpp"
 #include "../../runtime/process_runtime.hpp"
+#include "mux_link.hpp"
 
 namespace roce {
 
 class Wakeup;
-class TcpMux;
-
-// The bytes of one group's stream from one peer rank that arrived before the
-// group read them, and how the stream ended.
-struct MuxInbox {
-  std::vector<char> data;
-  size_t head = 0;          // data[head..] not read yet
-  bool owned = false;       // the group exists here (else parked until it does)
-  bool discard = false;     // the group gave up on this peer: drop what comes
-  uint8_t end = 0;          // non-zero: the stream ended after `data` (tcp_mux.cpp: End)
-  Wakeup* wake = nullptr;   // the owning group's
-  uint64_t peerNonce = 0;   // the sender's nonce (for CLOSE), once known
-  Clock::time_point since;  // parked since
-  size_t buffered() const { return data.size() - head; }
-};
-
-// The sockets to one peer process and the streams over them.
-class MuxLink {
- public:
-  explicit MuxLink(TcpMux& mux);
-  ~MuxLink();
-  MuxLink(const MuxLink&) = delete;
-  MuxLink& operator=(const MuxLink&) = delete;
-
-  // A stream of group `selfNonce` (this rank: `selfRank`) with `peerRank`
-  // (its nonce: `peerNonce`). `peerText` names the peer in errors.
-  struct Stream {
-    uint64_t selfNonce, peerNonce;
-    int selfRank, peerRank;
-    std::string peerText;
-  };
-  // Claims the stream's inbox (a parked one, with what it holds).
-  void open(const Stream& s, Wakeup* wake);
-  // A group registered here takes the streams that arrived before it did.
-  std::vector<int> claimParked(uint64_t nonce, Wakeup* wake);
-  // A destroyed group's streams that never got a pipe: dropped, their
-  // senders told (CLOSE).
-  void dropGroup(uint64_t nonce, int rank);
-  // Drops the inbox and sends CLOSE (the group is destroyed, or gave up).
-  void close(const Stream& s);
-  // Drops what arrives for the stream from now on (its peer failed here).
-  void abandon(const Stream& s);
-
-  // BytePipe semantics: bytes of the stream moved (0: would block); throw
-  // Error(Comm) once the stream ended or the process is gone.
-  size_t write(const Stream& s, const iovec* iov, int n);
-  size_t read(const Stream& s, void* dst, size_t n);
-  bool hasBuffered(const Stream& s);
-  void addPollFds(std::vector<pollfd>& fds, bool wantWrite);
-  int sendFd();
-  std::string address();  // the peer's "a.b.c.d:port", for messages
-
-  void addSocket(int fd, std::string addr);
-  bool alive();
-  // Runtime thread: the tail's socket, flushed when writable, and the
-  // sockets of a link no group read for a while (idle reading); returns when
-  // to look again.
-  void addRuntimePollFds(std::vector<pollfd>& fds, Clock::time_point now);
-  void runtimePolled(const pollfd* fds, size_t n);
-  // When this link, read by a group now, becomes one the runtime reads.
-  Clock::time_point idleDeadline(Clock::time_point now);
-  // Waits until `until` at most for the tail to go out (a group's last words).
-  void drainTail(Clock::time_point until);
-  void dropStaleParked(Clock::time_point now);
-  size_t sockets();
-  size_t parked();  // streams for groups not created here yet
-
- private:
-  struct Socket;
-  using InboxKey = std::pair<uint64_t, int>;  // (receiving nonce, sending rank)
-
-  // All under mu_.
-  bool flushTail();
-  void sendControl(uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t flags);
-  bool routeChunk(Socket& so);
-  bool pump(Socket& so, const InboxKey* self, size_t& budget);
-  bool idleReadable(Clock::time_point now) const;
-  void die(const std::string& why);
-  void dieOnError(const char* op);  // after a failed send/recv: errno names why
-  void wakeOwners();
-  void deliverEnd(MuxInbox& box, uint8_t end);
-  [[noreturn]] void throwEnded(const Stream& s, uint8_t end);
-
-  TcpMux& mux_;
-  std::mutex mu_;
-  std::vector<std::unique_ptr<Socket>> sockets_;  // the first is the one this process sends on
-  std::map<InboxKey, MuxInbox> inboxes_;
-  std::vector<char> tail_;  // the rest of a chunk the socket took only partly, then control chunks
-  size_t tailHead_ = 0;
-  std::string deadReason_;  // the peer process is gone ("closed its TCP connection")
-  std::vector<char> scratch_;  // chunks nobody here wants
-  Clock::time_point lastPump_{};  // when a thread last read the sockets
-  std::set<std::pair<uint64_t, uint64_t>> goneSent_;  // (gone nonce, asker's nonce): GONE sent once
-};
 
 // The per-process table (ProcessRuntime::tcpMux()).
 class TcpMux : public RuntimeService {
