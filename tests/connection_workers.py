@@ -19,6 +19,22 @@ def _fds():
     return len(os.listdir("/proc/self/fd"))
 
 
+def _settled_fds(quiet_s=0.1, limit_s=2.0):
+    """The descriptor count once it stopped moving: the process links to the
+    lifeline neighbours are made by the runtime threads just after init
+    returns (the process with the smaller key dials, the other's runtime
+    accepts), so a count taken at once may miss them."""
+    import time
+
+    last, since, start = _fds(), time.monotonic(), time.monotonic()
+    while time.monotonic() - since < quiet_s and time.monotonic() - start < limit_s:
+        time.sleep(0.01)
+        now = _fds()
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
 def _store_barrier(name, world):
     """A barrier through the store only: counts read before it are not
     disturbed by faster ranks that dial this one for the next phase."""
@@ -31,8 +47,10 @@ def _store_barrier(name, world):
 
 def on_demand(rank, world, port):
     """Connections follow the peers the algorithms talk to; exact data throughout."""
-    out = {"after_init": _connections(), "fds_after_init": _fds()}
+    out = {"after_init": _connections()}
     _store_barrier("init", world)
+    out["fds_after_init"] = _settled_fds()
+    _store_barrier("init-counted", world)
     # A 2-element allreduce on 6 ranks: recursive doubling with the fold
     # (ranks 0..3 pair up, then XOR partners among the 4 survivors).
     t = torch.full((2,), float(rank + 1), dtype=torch.float64)
