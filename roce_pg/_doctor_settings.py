@@ -78,7 +78,7 @@ SETTINGS = {
     "ROCE_PG_TRACE_DUMP": ("text",),
     "ROCE_PG_TRACE_SIGNAL": ("choice", ("off", "SIGUSR1", "SIGUSR2")),
     "ROCE_PG_HEARTBEAT_TIMEOUT_MS": ("int", 1000, 86400000, True),
-    "ROCE_PG_TEST_FAULT": ("choice", ("garbage_frames", "no_doorbell", "fail_forming", "slow_teardown")),
+    "ROCE_PG_TEST_FAULT": ("choice", ("garbage_frames", "no_doorbell", "shm_full", "fail_forming", "slow_teardown")),
 }
 
 # The settings every rank of a group must set alike, or creating it fails or
