@@ -30,14 +30,18 @@ class ShmPipe : public BytePipe {
   // The ring's pages are allocated by its first writer (node_shm.cpp); a
   // full /dev/shm fails this peer's requests with the cause and the fix.
   void populate() {
-    // Where the rings cannot be populated, every rank of the machine reserved
-    // them with its segment (the same kernel decides for all).
-    if (!ShmSegment::canPopulate()) {
-      populated_ = true;
-      return;
+    // ROCE_PG_TEST_FAULT=shm_full: what a full /dev/shm makes populate()
+    // return (on every kernel, so its test runs everywhere). Where the rings
+    // cannot be populated, every rank of the machine reserved them with its
+    // segment (the same kernel decides for all).
+    int err = EFAULT;
+    if (testFault() != "shm_full") {
+      if (!ShmSegment::canPopulate()) {
+        populated_ = true;
+        return;
+      }
+      err = out_.populate();
     }
-    // ROCE_PG_TEST_FAULT=shm_full: what a full /dev/shm makes populate() return.
-    const int err = testFault() == "shm_full" ? EFAULT : out_.populate();
     if (err != 0)
       // EFAULT: the page fault would have raised SIGBUS (tmpfs out of space).
       throwComm(str("could not allocate the shared-memory ring to rank ", peerRank_, " (this machine) in /dev/shm (",
