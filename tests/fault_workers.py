@@ -305,25 +305,33 @@ def garbage_frames(rank, world, port, bad, cap_s=20.0, timeout_s=120):
     return res
 
 
+SHM_FULL_CAUSE = ("/dev/shm (no space left)", "--shm-size")
+
+
+def _small_allreduce_is_exact(rank, world):
+    """512 int64 per rank: within the slots' first page, which every rank
+    reserved with its group, so it allocates nothing."""
+    t = torch.arange(512, dtype=torch.int64) * (rank + 1)
+    dist.all_reduce(t)
+    return torch.equal(t, torch.arange(512, dtype=torch.int64) * sum(r + 1 for r in range(world)))
+
+
 def shm_full(rank, world, port, bad):
     """Rank `bad` runs with ROCE_PG_TEST_FAULT=shm_full (set by the caller):
-    allocating a shared-memory ring's pages fails on it, as on a full
-    /dev/shm. A ring is allocated by its first writer, so collectives through
-    the slots work everywhere, rank 0's message to `bad` arrives (rank 0
-    allocates that ring) and the other ranks' messages to each other arrive.
-    Then `bad`'s first send to rank 0 fails at once naming the cause and the
-    fix, and the group is broken on every rank: the others' next collective
-    fails naming `bad` and the cause."""
+    allocating shared-memory pages beyond its group's reservation fails on
+    it, as on a full /dev/shm. A ring is allocated by its first writer, so a
+    small collective through the slots works everywhere, rank 0's message to
+    `bad` arrives (rank 0 allocates that ring) and the other ranks' messages
+    to each other arrive. Then `bad`'s first send to rank 0 fails at once
+    naming the cause and the fix, and the group is broken on every rank: the
+    others' next collective fails naming `bad` and the cause."""
     from .api_workers import expect_error
     from .connection_workers import _store_barrier
 
     assert (os.environ.get("ROCE_PG_TEST_FAULT") == "shm_full") == (rank == bad)
     n = 70_000  # more than one 64 KiB chunk of the ring's pages
-    cause = ("could not allocate the shared-memory ring", "/dev/shm", "--shm-size", "ROCE_PG_SHM_RING_BYTES")
-    out = {}
-    t = torch.arange(n, dtype=torch.int64) * (rank + 1)
-    dist.all_reduce(t)
-    out["allreduce_exact"] = torch.equal(t, torch.arange(n, dtype=torch.int64) * sum(r + 1 for r in range(world)))
+    cause = ("could not allocate the shared-memory ring", *SHM_FULL_CAUSE, "ROCE_PG_SHM_RING_BYTES")
+    out = {"allreduce_exact": _small_allreduce_is_exact(rank, world)}
     if rank == 0:
         dist.send(torch.arange(n, dtype=torch.int64) * 7, dst=bad)
     elif rank == bad:
@@ -347,6 +355,30 @@ def shm_full(rank, world, port, bad):
             f"rank {bad}", *cause)
     out["error_s"] = time.monotonic() - t0
     _store_barrier("shm-full-done", world)
+    return out
+
+
+def shm_full_slots(rank, world, port, bad):
+    """As shm_full, for the slots of the shared-memory collectives: a small
+    allreduce works everywhere; the first one larger than the slots' reserved
+    page fails on `bad` before its first barrier, naming the cause and the
+    fix, and on the other ranks (waiting at that barrier) naming `bad`."""
+    from .api_workers import expect_error
+    from .connection_workers import _store_barrier
+
+    assert (os.environ.get("ROCE_PG_TEST_FAULT") == "shm_full") == (rank == bad)
+    cause = ("could not allocate this rank's shared-memory slots", *SHM_FULL_CAUSE, "ROCE_PG_SHM_SLOT_BYTES")
+    out = {"allreduce_exact": _small_allreduce_is_exact(rank, world)}
+    _store_barrier("shm-slots-before", world)
+    big = torch.ones(70_000)
+    t0 = time.monotonic()
+    if rank == bad:
+        out["error"] = expect_error(lambda: dist.all_reduce(big), *cause)
+    else:
+        out["error"] = expect_error(
+            lambda: dist.all_reduce(big, async_op=True).wait(timeout=timedelta(seconds=60)), f"rank {bad}", *cause)
+    out["error_s"] = time.monotonic() - t0
+    _store_barrier("shm-slots-done", world)
     return out
 
 

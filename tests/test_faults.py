@@ -13,7 +13,8 @@ in the Soft-RoCE VM suite (tests/test_softroce.py).
 * a rank whose shared-memory rings cannot be allocated (ROCE_PG_TEST_FAULT=
   shm_full, as on a full /dev/shm): what needs no new ring works; its first
   send to a local peer fails naming the fix, and every rank's next operation
-  names it too.
+  names it too; the same for the slots of a collective larger than their
+  reserved first page.
 
 Every scenario runs in a group forked from one spawned driver process, which
 pays `import torch` once for all of them (tests/fault_workers.run_scenarios).
@@ -66,8 +67,9 @@ def _scenarios():
     sc["garbage_frames/tcp"] = dict(target="tests.fault_workers.garbage_frames", world=3, env=TRANSPORTS["tcp"],
                                     init=False, kwargs={"bad": VICTIM}, deadline_s=200,
                                     rank_env={VICTIM: {"ROCE_PG_TEST_FAULT": "garbage_frames"}})
-    sc["shm_full/shm"] = dict(target="tests.fault_workers.shm_full", world=3, env=TRANSPORTS["shm"],
-                              kwargs={"bad": 1}, deadline_s=120, rank_env={1: {"ROCE_PG_TEST_FAULT": "shm_full"}})
+    for what in ("shm_full", "shm_full_slots"):
+        sc[f"{what}/shm"] = dict(target=f"tests.fault_workers.{what}", world=3, env=TRANSPORTS["shm"],
+                                 kwargs={"bad": 1}, deadline_s=120, rank_env={1: {"ROCE_PG_TEST_FAULT": "shm_full"}})
     for tr, env in TRANSPORTS.items():
         sc[f"recreate/{tr}"] = dict(target="tests.fault_workers.recreate_group", world=3, env=env, init=False,
                                     kwargs={"cycles": max(5, int(50 * SCALE))}, deadline_s=300)
@@ -145,6 +147,16 @@ def test_a_full_dev_shm_fails_the_send_that_needs_it_and_names_the_fix_everywher
     # the rank, the cause and the fix).
     assert all(r["allreduce_exact"] for r in ranks), ranks
     assert ranks[1]["received_from_0"] and ranks[0]["pair_exact"] and ranks[2]["pair_exact"], ranks
+    assert ranks[1]["error_s"] < 5, ranks[1]
+    assert ranks[0]["error_s"] < DETECT_LIMIT_S and ranks[2]["error_s"] < DETECT_LIMIT_S, ranks
+
+
+def test_a_full_dev_shm_fails_the_collective_whose_slots_need_it_everywhere(outcomes):
+    ranks = _ranks(outcomes, "shm_full_slots/shm")
+    # A collective within the slots' reserved first page works; a larger one
+    # fails on the rank that cannot allocate its slots, naming the fix, and
+    # on the ranks waiting for it at the shared-memory barrier, naming it.
+    assert all(r["allreduce_exact"] for r in ranks), ranks
     assert ranks[1]["error_s"] < 5, ranks[1]
     assert ranks[0]["error_s"] < DETECT_LIMIT_S and ranks[2]["error_s"] < DETECT_LIMIT_S, ranks
 

@@ -56,7 +56,7 @@ void oneShotAllreduce(Communicator& c, NodeShm& shm, void* data, size_t count, D
   char* const out = static_cast<char*>(data);
   const ReduceOp op = kernelOp(red.op);
   overSlots(
-      c, shm, call, count, count,
+      c, shm, call, count, count, count * esz,
       [&](int buf, size_t, size_t) {
         char* const mySlot = shm.slot(me, buf);
         onWorkers(c, count, esz, [&](size_t lo, size_t hi) {
@@ -100,7 +100,7 @@ void shmAllreduce(Communicator& c, void* data, size_t count, DataType t, Reducti
     }
   };
   overSlots(
-      c, shm, call, count, chunkElems,
+      c, shm, call, count, chunkElems, std::min(count, chunkElems) * esz,
       [&](int buf, size_t off, size_t m) {
         char* mySlot = shm.slot(me, buf);
         char* chunk = out + off * esz;

@@ -53,9 +53,14 @@ void checkSameCall(Communicator& c, NodeShm& shm, int buf, const ShmCall& call);
 // one, so even an empty call checks that the calls match): for each,
 // publish(buf, off, m) writes this rank's part into its slot `buf`, then the
 // barrier (the first one also checks the call), then consume(buf, off, m).
+// `slotUse` is the most bytes one chunk writes into this rank's slot: they
+// are allocated first (NodeShm::prepareOwnSlots), and a full /dev/shm fails
+// the call here, before any barrier; the error breaks the group, which
+// releases the peers waiting at the barrier.
 template <class Publish, class Consume>
-void overSlots(Communicator& c, NodeShm& shm, const ShmCall& call, size_t count, size_t chunk, Publish&& publish,
-               Consume&& consume) {
+void overSlots(Communicator& c, NodeShm& shm, const ShmCall& call, size_t count, size_t chunk, size_t slotUse,
+               Publish&& publish, Consume&& consume) {
+  shm.prepareOwnSlots(slotUse);
   announceCall(shm, static_cast<int>(c.shmIteration & 1), call);
   chunk = std::max<size_t>(chunk, 1);
   size_t off = 0;

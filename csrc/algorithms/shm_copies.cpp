@@ -44,7 +44,7 @@ void shmAllgather(Communicator& c, const void* input, void* output, size_t block
   }
   const ShmCall call{ShmCollective::Allgather, blockBytes, {}, ReduceOp::Sum, 0, false, c.config().shmChunkBytes};
   overSlots(
-      c, shm, call, blockBytes, chunkOf(c, shm),
+      c, shm, call, blockBytes, chunkOf(c, shm), std::min(blockBytes, chunkOf(c, shm)),
       [&](int buf, size_t off, size_t m) {
         char* slot = shm.slot(me, buf);
         onWorkers(c, m, 1, [&](size_t a, size_t b) {
@@ -71,7 +71,7 @@ void shmBroadcast(Communicator& c, void* data, size_t bytes, int root) {
   char* const base = static_cast<char*>(data);
   const ShmCall call{ShmCollective::Broadcast, bytes, {}, ReduceOp::Sum, root, false, c.config().shmChunkBytes};
   overSlots(
-      c, shm, call, bytes, chunkOf(c, shm),
+      c, shm, call, bytes, chunkOf(c, shm), me == rootSlot ? std::min(bytes, chunkOf(c, shm)) : 0,
       [&](int buf, size_t off, size_t m) {
         if (me != rootSlot) return;
         char* slot = shm.slot(me, buf);

@@ -46,7 +46,7 @@ void shmReduceScatter(Communicator& c, const void* input, void* output, size_t b
   auto block = [&](int j) { return in + static_cast<size_t>(ranks[j]) * blockCount * esz; };
   const ShmCall call{ShmCollective::ReduceScatter, blockCount, t, red.op, 0, false, c.config().shmChunkBytes};
   overSlots(
-      c, shm, call, blockCount, per,
+      c, shm, call, blockCount, per, static_cast<size_t>(n) * std::min(blockCount, per) * esz,
       [&](int buf, size_t off, size_t m) {
         char* slot = shm.slot(me, buf);
         const int pieces = scaled ? n : n - 1;

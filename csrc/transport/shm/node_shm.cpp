@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <new>
 
 #include "../../common/bootstrap.hpp"
@@ -22,16 +23,21 @@ NodeShm::NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size
   ringsBytes_ = static_cast<size_t>(n) * roundUp(sizeof(ShmRingControl) + ringBytes);
   bytes_ = kPage + ringsBytes_ + 2 * roundUp(slotBytes);
   // A ring's pages beyond its first are allocated by the peer that first
-  // writes into it (ShmRing::populate), so a group's /dev/shm follows the
-  // peers it exchanges messages with; its control page, the rings' first
-  // pages (the reader polls the indices there) and the slots every
-  // shared-memory collective uses are reserved now.
+  // writes into it (ShmRing::allocate), a slot's by its owner up to what its
+  // collectives have written (prepareOwnSlots), so a group's /dev/shm
+  // follows the peers it exchanges messages with and the sizes it reduces.
+  // Its control page, the rings' first pages (the reader polls the indices
+  // there) and the slots' first pages (a collective of up to 4 KiB per rank
+  // allocates nothing) are reserved now.
   ShmSegment::Ranges reserve;
   if (ShmSegment::canPopulate()) {
     reserve.emplace_back(0, kPage);
     for (int from = 0; from < n; ++from)
       if (from != me) reserve.emplace_back(ringOffset(from), kPage);
-    reserve.emplace_back(kPage + ringsBytes_, bytes_ - kPage - ringsBytes_);
+    for (int buffer = 0; buffer < 2; ++buffer) reserve.emplace_back(slotOffset(buffer), kPage);
+    slotsReady_ = std::min(kPage, slotBytes_);
+  } else {
+    slotsReady_ = slotBytes_;
   }
   ShmSegment mine = ShmSegment::create(bytes_, "roce_pg", reserve);
   auto* ctl = new (mine.data()) ShmRankControl{};
@@ -71,8 +77,20 @@ ShmRing NodeShm::ring(int from, int to) {
   return ShmRing(reinterpret_cast<ShmRingControl*>(base), base + sizeof(ShmRingControl), ringBytes_);
 }
 
-char* NodeShm::slot(int local, int buffer) const {
-  return segs_[local].data() + kPage + ringsBytes_ + static_cast<size_t>(buffer) * roundUp(slotBytes_);
+size_t NodeShm::slotOffset(int buffer) const {
+  return kPage + ringsBytes_ + static_cast<size_t>(buffer) * roundUp(slotBytes_);
+}
+
+char* NodeShm::slot(int local, int buffer) const { return segs_[local].data() + slotOffset(buffer); }
+
+void NodeShm::prepareOwnSlots(size_t bytes) {
+  bytes = std::min(bytes, slotBytes_);
+  if (bytes <= slotsReady_) return;
+  for (int buffer = 0; buffer < 2; ++buffer)
+    if (int err = ShmSegment::allocate(slot(me_, buffer), bytes))
+      ShmSegment::throwFull(str("this rank's shared-memory slots (", (bytes + 1023) >> 10, " KiB each)"), err,
+                            "ROCE_PG_SHM_SLOT_BYTES (or ROCE_PG_SHM_CHUNK_BYTES)");
+  slotsReady_ = bytes;
 }
 
 ShmRankControl* NodeShm::control(int local) const {

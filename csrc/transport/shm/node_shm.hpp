@@ -54,15 +54,22 @@ class NodeShm {
   // Ring carrying bytes from local rank `from` to local rank `to` (lives in `to`'s segment).
   ShmRing ring(int from, int to);
   char* slot(int local, int buffer) const;
+  // Allocates this rank's two slots up to `bytes` (a high-water mark: once
+  // per group in practice) before a collective writes that much into one;
+  // throws, naming the fix, when /dev/shm is full. Peers read only what the
+  // owner wrote, so only the owner allocates.
+  void prepareOwnSlots(size_t bytes);
   size_t slotBytes() const { return slotBytes_; }
   ShmRankControl* control(int local) const;
   Doorbell& doorbell() { return *bell_; }
 
  private:
   size_t ringOffset(int from) const;
+  size_t slotOffset(int buffer) const;
 
   int me_;
   size_t ringBytes_, slotBytes_, ringsBytes_, bytes_;
+  size_t slotsReady_ = 0;  // bytes of each own slot allocated (called by the group's one operation thread)
   std::vector<ShmSegment> segs_;
   std::unique_ptr<Doorbell> bell_;  // its address and key are in this rank's control page
 };

@@ -29,7 +29,7 @@ class ShmRing {
 
   // Allocates the data pages (the producer, before its first write): 0, or
   // the errno of the failure (/dev/shm is full).
-  int populate() { return ShmSegment::populate(data_, cap_); }
+  int allocate() { return ShmSegment::allocate(data_, cap_); }
 
   // `peer` names the other end in the error raised when the shared indices are
   // impossible (a peer scribbling over the segment): they are read once into

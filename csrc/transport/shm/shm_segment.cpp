@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 
+#include "../../common/config.hpp"
 #include "../../common/error.hpp"
 
 #ifndef MADV_POPULATE_WRITE
@@ -40,6 +41,17 @@ int ShmSegment::populate(char* at, size_t len) {
   const auto begin = reinterpret_cast<uintptr_t>(at) & ~uintptr_t(kPage - 1);
   const auto end = (reinterpret_cast<uintptr_t>(at) + len + kPage - 1) & ~uintptr_t(kPage - 1);
   return madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0 ? 0 : errno;
+}
+
+int ShmSegment::allocate(char* at, size_t len) {
+  if (testFault() == "shm_full") return EFAULT;
+  return canPopulate() ? populate(at, len) : 0;
+}
+
+void ShmSegment::throwFull(const std::string& what, int err, const char* setting) {
+  // EFAULT: the page fault would have raised SIGBUS (tmpfs out of space).
+  throwComm(str("could not allocate ", what, " in /dev/shm (", err == EFAULT ? "no space left" : std::strerror(err),
+                "): free space in /dev/shm (containers: docker run --shm-size=1g or larger), or shrink ", setting));
 }
 
 ShmSegment ShmSegment::create(size_t bytes, const std::string& namePrefix, const Ranges& reserve) {

@@ -24,6 +24,14 @@ class ShmSegment {
   // pages) without touching them: 0, or the errno of the failure (EFAULT or
   // ENOMEM: /dev/shm is full) instead of a SIGBUS at first touch.
   static int populate(char* at, size_t len);
+  // What a lazily allocated range's first writer calls: populate() where it
+  // works, nothing where everything was reserved at create(). Under
+  // ROCE_PG_TEST_FAULT=shm_full it fails as a full /dev/shm does (EFAULT),
+  // on every kernel, so the failure path is tested everywhere.
+  static int allocate(char* at, size_t len);
+  // The error of a failed allocate(): what could not be allocated, the cause,
+  // and the fix (free /dev/shm, or shrink the `setting` that sizes it).
+  [[noreturn]] static void throwFull(const std::string& what, int err, const char* setting);
   // Maps a peer's segment after checking that this user owns it and that it
   // is at least `bytes` long (a shorter one would raise SIGBUS on access).
   static ShmSegment open(const std::string& name, size_t bytes, int peerRank);

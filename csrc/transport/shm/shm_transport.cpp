@@ -1,9 +1,5 @@
 #include "shm_transport.hpp"
 
-#include <cerrno>
-#include <cstring>
-
-#include "../../common/config.hpp"
 #include "../../common/error.hpp"
 
 namespace roce {
@@ -30,24 +26,9 @@ class ShmPipe : public BytePipe {
   // The ring's pages are allocated by its first writer (node_shm.cpp); a
   // full /dev/shm fails this peer's requests with the cause and the fix.
   void populate() {
-    // ROCE_PG_TEST_FAULT=shm_full: what a full /dev/shm makes populate()
-    // return (on every kernel, so its test runs everywhere). Where the rings
-    // cannot be populated, every rank of the machine reserved them with its
-    // segment (the same kernel decides for all).
-    int err = EFAULT;
-    if (testFault() != "shm_full") {
-      if (!ShmSegment::canPopulate()) {
-        populated_ = true;
-        return;
-      }
-      err = out_.populate();
-    }
-    if (err != 0)
-      // EFAULT: the page fault would have raised SIGBUS (tmpfs out of space).
-      throwComm(str("could not allocate the shared-memory ring to rank ", peerRank_, " (this machine) in /dev/shm (",
-                    err == EFAULT ? "no space left" : std::strerror(err),
-                    "): free space in /dev/shm (containers: docker run --shm-size=1g or larger), or shrink "
-                    "ROCE_PG_SHM_RING_BYTES"));
+    if (int err = out_.allocate())
+      ShmSegment::throwFull(str("the shared-memory ring to rank ", peerRank_, " (this machine)"), err,
+                            "ROCE_PG_SHM_RING_BYTES");
     populated_ = true;
   }
 
