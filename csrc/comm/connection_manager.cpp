@@ -64,13 +64,13 @@ void ConnectionManager::want(int peer) {
   if (connected_.count(peer) || dials_.count(peer) || awaiting_.count(peer) || deferred_.count(peer)) return;
   if (shared_.turn) {
     switch (shared_.turn(peer)) {
-      case SharedDials::Turn::Linked:
+      case FirstContact::Linked:
         shared_.linked(peer);
         return;
-      case SharedDials::Turn::Wait:
+      case FirstContact::Wait:
         deferred_[peer] = Clock::now();
         return;
-      case SharedDials::Turn::Dial:
+      case FirstContact::Dial:
         break;
     }
   }
@@ -88,13 +88,13 @@ bool ConnectionManager::advanceDeferred(Clock::time_point now) {
   for (auto it = deferred_.begin(); it != deferred_.end();) {
     const int peer = it->first;
     const auto turn = shared_.turn(peer);
-    if (turn == SharedDials::Turn::Wait && now - it->second < kSharedDialWait) {
+    if (turn == FirstContact::Wait && now - it->second < kSharedDialWait) {
       ++it;
       continue;
     }
     it = deferred_.erase(it);
     moved = true;
-    if (turn == SharedDials::Turn::Linked) shared_.linked(peer);
+    if (turn == FirstContact::Linked) shared_.linked(peer);
     else dial(peer);  // claimed, or waited long enough
   }
   return moved;
@@ -150,8 +150,8 @@ void ConnectionManager::refused(int peer) {
           ") refused the ", transport_, " connection from rank ", rank_,
           ": its process exited or destroyed the process group");
   dials_.erase(peer);
-  onFailed_(peer, why);
   if (shared_.ended) shared_.ended(peer);  // a waiting group dials and learns it itself
+  onFailed_(peer, why);
 }
 
 bool ConnectionManager::advanceDial(int peer, Dial& d, Clock::time_point now) {

@@ -36,6 +36,7 @@
 
 #include "../common/backoff.hpp"
 #include "../common/counters.hpp"
+#include "../common/first_contact.hpp"
 #include "../runtime/connect.hpp"
 
 namespace roce {
@@ -59,11 +60,7 @@ class ConnectionManager {
   // How this group's dials meet the other groups' (unset: every dial is the
   // group's own). Set once, before the first want().
   struct SharedDials {
-    enum class Turn { Dial, Wait, Linked };
-    // Dial: nobody else is dialing the peer's process; the dial is claimed
-    // for this group until ended(). Wait: another group of this process is.
-    // Linked: a connection to the peer's process exists.
-    std::function<Turn(int peer)> turn;
+    std::function<FirstContact(int peer)> turn;  // a Dial is this group's claim until ended()
     std::function<void(int peer)> ended;   // this group's dial ended (connected or refused)
     std::function<void(int peer)> linked;  // use the existing connection
   };

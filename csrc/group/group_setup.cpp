@@ -252,15 +252,7 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
         [this](int peer, UniqueFd fd) { route(peer)->adoptConnection(peer, fd.release()); },
         [this](int peer, const std::string& why) { route(peer)->failPeer(peer, why); }, counters_);
     if (auto* tcp = dynamic_cast<TcpTransport*>(transports_.back().get())) {  // the network transport
-      using Turn = ConnectionManager::SharedDials::Turn;
-      connections_->shareDials({[tcp](int peer) {
-                                  switch (tcp->firstContact(peer)) {
-                                    case TcpMux::Contact::Linked: return Turn::Linked;
-                                    case TcpMux::Contact::Dial: return Turn::Dial;
-                                    case TcpMux::Contact::Wait: break;
-                                  }
-                                  return Turn::Wait;
-                                },
+      connections_->shareDials({[tcp](int peer) { return tcp->firstContact(peer); },
                                 [tcp](int peer) { tcp->dialEnded(peer); },
                                 [tcp](int peer) { tcp->useLink(peer); }});
     }
@@ -339,6 +331,9 @@ void Communicator::connectAll(const std::vector<bool>& viaNet, Clock::time_point
     if (r > rank() && route(r)->needsConnection(r)) connections_->want(r);  // TCP: none if another group has one
   std::vector<pollfd> fds;
   for (;;) {
+    // Announced before looking: another group's dial to a peer's process
+    // ending (TCP's shared first contact) wakes this group's poll below.
+    Wakeup::Announcement sleeping(wakeup_);
     connectionsReady_ = true;
     progress();  // the connections, and the transports' handshakes over them
     auto missing = std::find_if(peers.begin(), peers.end(), [&](int r) { return route(r)->needsConnection(r); });
@@ -349,6 +344,7 @@ void Communicator::connectAll(const std::vector<bool>& viaNet, Clock::time_point
     if (peerFailed_.load()) throwIfPeerFailed("connecting every peer (ROCE_PG_CONNECT=eager)");
     fds.clear();
     connections_->addPollFds(fds);
+    if (wakeup_.valid()) fds.push_back({wakeup_.fd(), POLLIN, 0});
     poll(fds.data(), fds.size(), 100);
   }
 }

@@ -19,15 +19,15 @@ void TcpMux::adopt(const std::string& peerKey, int fd, std::string addr) {
   wakeGroups();  // groups waiting for a dial to this process use the link now
 }
 
-TcpMux::Contact TcpMux::firstContact(const std::string& peerKey, uint64_t nonce) {
+FirstContact TcpMux::firstContact(const std::string& peerKey, uint64_t nonce) {
   std::lock_guard<std::mutex> g(linksMu_);
-  if (auto it = links_.find(peerKey); it != links_.end() && it->second->alive()) return Contact::Linked;
+  if (auto it = links_.find(peerKey); it != links_.end() && it->second->alive()) return FirstContact::Linked;
   const auto now = Clock::now();
   auto [it, fresh] = dialing_.try_emplace(peerKey, Claim{nonce, now});
-  if (fresh || it->second.nonce == nonce) return Contact::Dial;
-  if (now - it->second.since < kStaleClaim) return Contact::Wait;
+  if (fresh || it->second.nonce == nonce) return FirstContact::Dial;
+  if (now - it->second.since < kStaleClaim) return FirstContact::Wait;
   it->second = Claim{nonce, now};
-  return Contact::Dial;
+  return FirstContact::Dial;
 }
 
 void TcpMux::endDial(const std::string& peerKey, uint64_t nonce) {

@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "../../common/backoff.hpp"
+#include "../../common/first_contact.hpp"
 #include "../../runtime/process_runtime.hpp"
 #include "mux_link.hpp"
 
@@ -84,9 +85,8 @@ class TcpMux : public RuntimeService {
   // older than kStaleClaim is taken over (its group may have broken and no
   // longer drive its dial). endDial, or the group's unregistering, ends the
   // claim and wakes every group (the waiting ones look again).
-  enum class Contact { Linked, Dial, Wait };
   static constexpr std::chrono::seconds kStaleClaim{5};
-  Contact firstContact(const std::string& peerKey, uint64_t nonce);
+  FirstContact firstContact(const std::string& peerKey, uint64_t nonce);
   void endDial(const std::string& peerKey, uint64_t nonce);
 
   // A group of this process (its rank's nonce), from creation to

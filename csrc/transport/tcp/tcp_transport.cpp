@@ -90,7 +90,7 @@ void TcpTransport::postRecv(Request* r) {
   StreamTransport::postRecv(r);
 }
 
-TcpMux::Contact TcpTransport::firstContact(int peer) { return mux_.firstContact(processKeyOf_(peer), nonces_[rank_]); }
+FirstContact TcpTransport::firstContact(int peer) { return mux_.firstContact(processKeyOf_(peer), nonces_[rank_]); }
 
 void TcpTransport::dialEnded(int peer) { mux_.endDial(processKeyOf_(peer), nonces_[rank_]); }
 

@@ -40,7 +40,7 @@ class TcpTransport : public StreamTransport {
   // (Linked); or this group may dial it (Dial: no other group is; then this
   // one is, until dialEnded); or it waits (Wait); and using the existing
   // connection.
-  TcpMux::Contact firstContact(int peer);
+  FirstContact firstContact(int peer);
   void dialEnded(int peer);
   void useLink(int peer) { attach(peer); }
   bool prepareWait(std::vector<pollfd>& fds, bool anySource) override;

@@ -1,0 +1,16 @@
+// What a group of this process does when it first needs a connection to a
+// peer's process while other groups may need the same one (issue 27: one
+// connection per pair of processes). Decided by the transport that shares
+// connections (TcpMux::firstContact), obeyed by the group's connection
+// manager (ConnectionManager::SharedDials).
+#pragma once
+
+namespace roce {
+
+enum class FirstContact {
+  Linked,  // a connection to the peer's process exists: use it
+  Dial,    // nobody else of this process is dialing it: this group dials (claimed until ended)
+  Wait,    // another group is dialing it: look again soon
+};
+
+}  // namespace roce
