@@ -1,5 +1,7 @@
 #include "doorbell.hpp"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -10,14 +12,14 @@
 namespace roce {
 
 Doorbell::Doorbell(ShmBellControl* mine)
-    : doorbells_(ProcessRuntime::get().shmDoorbells()), key_(doorbells_.enrol(mine)), mine_(mine) {}
+    : doorbells_(ProcessRuntime::get().shmDoorbells()), owner_(getpid()), key_(doorbells_.enrol(mine)), mine_(mine) {}
 
 Doorbell::~Doorbell() {
-  if (key_) doorbells_.leave(key_);
+  if (key_ && getpid() == owner_) doorbells_.leave(key_);
 }
 
 void Doorbell::wakeThrough(Wakeup* w) {
-  if (key_) doorbells_.wakeThrough(key_, w);
+  if (key_ && getpid() == owner_) doorbells_.wakeThrough(key_, w);
 }
 
 void Doorbell::send(Peer& peer) {

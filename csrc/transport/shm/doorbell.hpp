@@ -38,6 +38,7 @@
 // next slow check (200 ms), so a wake-up lost that way costs that much once,
 // never a hang.
 #pragma once
+#include <sys/types.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
@@ -98,6 +99,10 @@ class Doorbell {
  private:
   void send(Peer& peer);
   ShmDoorbells& doorbells_;  // the process's (its runtime's), looked up once
+  // The process that enrolled: a forked child that destroys an inherited
+  // group leaves the parent's doorbell alone (its lock may have been held
+  // by a parent thread at the fork; the child's copy is never served).
+  const pid_t owner_;
   uint64_t key_ = 0;         // 0: the process has no doorbell
   ShmBellControl* mine_;
 };
