@@ -35,10 +35,10 @@ NodeShm::NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size
     for (int from = 0; from < n; ++from)
       if (from != me) reserve.emplace_back(ringOffset(from), kPage);
     for (int buffer = 0; buffer < 2; ++buffer) reserve.emplace_back(slotOffset(buffer), kPage);
-    slotsReady_ = std::min(kPage, slotBytes_);
-  } else {
-    slotsReady_ = slotBytes_;
   }
+  // Also where everything is reserved (then ShmSegment::allocate does
+  // nothing), so that the shm_full test fault fails the slots everywhere.
+  slotsReady_ = std::min(kPage, slotBytes_);
   ShmSegment mine = ShmSegment::create(bytes_, "roce_pg", reserve);
   auto* ctl = new (mine.data()) ShmRankControl{};
   bell_ = std::make_unique<Doorbell>(&ctl->bell);  // address and key before the segment is published
