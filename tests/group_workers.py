@@ -62,13 +62,15 @@ def subgroups(rank, world, port):
 
 def costs(rank, world, port, groups=(1, 9)):
     """Descriptors, threads and listening ports after the world group plus N
-    groups over every rank (one allreduce each), for each N in `groups`."""
+    groups over every rank (one allreduce and one barrier each), for each N
+    in `groups`."""
     made, points = [], {}
     _check_allreduce(None, range(world), rank)
     for target in groups:
         while len(made) < target:
             g = dist.new_group(list(range(world)))
             _check_allreduce(g, range(world), rank)
+            dist.barrier(group=g)
             made.append(g)
         _store_barrier(f"costs{target}", world)
         points[target] = _cost()

@@ -85,6 +85,13 @@ def _errors(ck, rank, world):
     n = 8 if rank == 0 else 3 * ONESHOT_MAX
     expect_error(lambda: dist.all_reduce(torch.ones(n)), "mismatch")
     expect_error(lambda: dist.all_reduce(torch.ones(5, dtype=torch.float64 if rank else torch.float32)), "mismatch")
+    # The barrier of a group on one machine is a shared-memory collective
+    # too: one rank in barrier while the others allreduce fails on all of
+    # them, naming both calls, instead of the barrier pairing with it.
+    if rank == 0:
+        expect_error(dist.barrier, "mismatch", "runs barrier", "allreduce")
+    else:
+        expect_error(lambda: dist.all_reduce(torch.ones(4)), "mismatch", "runs allreduce", "barrier")
     t = torch.full((5,), float(rank))
     dist.all_reduce(t)
     ck.same("usable after mismatches", t, torch.full((5,), float(sum(range(world)))))

@@ -1,10 +1,12 @@
 // Collectives that are plain exchanges of blocks: gather, scatter, all-to-all,
-// and the zero-byte dissemination barrier.
+// and the zero-byte dissemination barrier (a group on one machine synchronises
+// through shared memory instead: shm_barrier.hpp).
 #include <cstring>
 #include <stdexcept>
 
 #include "../comm/communicator.hpp"
 #include "algorithms.hpp"
+#include "shm_barrier.hpp"
 
 namespace roce {
 namespace {
@@ -72,6 +74,7 @@ void alltoallv(Communicator& c, const void* input, const std::vector<size_t>& se
 }
 
 void barrier(Communicator& c) {
+  if (c.nodeShm() && c.size() > 1) return detail::shmBarrierCollective(c);
   const uint64_t tag = c.nextCollectiveTag();
   const int n = c.size(), me = c.rank();
   // Dissemination: after round k every rank has heard, transitively, from 2^k others.

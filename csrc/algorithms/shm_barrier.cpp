@@ -4,6 +4,7 @@
 #include "../common/error.hpp"
 #include "../common/spin.hpp"
 #include "../transport/shm/node_shm.hpp"
+#include "shm_call.hpp"
 
 namespace roce::detail {
 
@@ -28,6 +29,12 @@ void shmBarrier(Communicator& c, NodeShm& shm) {
   constexpr long kSleepNs = 1000000;
   c.waitUntil(all, [&] { return str("rank ", c.topology().localRanks[lagging], " (shared-memory barrier)"); },
               [&] { shm.control(lagging)->arrivals.sleep([&] { return arrived(lagging); }, kSleepNs); });
+}
+
+void shmBarrierCollective(Communicator& c) {
+  const ShmCall call{ShmCollective::Barrier};
+  auto nothing = [](int, size_t, size_t) {};
+  overSlots(c, *c.nodeShm(), call, 0, 1, 0, nothing, nothing);
 }
 
 }  // namespace roce::detail

@@ -12,6 +12,12 @@ class NodeShm;
 
 namespace detail {
 void shmBarrier(Communicator& c, NodeShm& shm);
+// The barrier collective of a group on one machine (c10d's barrier): one
+// shmBarrier, announced and checked like the other shared-memory
+// collectives, so that a rank calling barrier while another calls one of
+// them fails on both instead of pairing the two. No message, so no ring is
+// allocated, where the dissemination barrier sent lg(n) messages per rank.
+void shmBarrierCollective(Communicator& c);
 }  // namespace detail
 
 }  // namespace roce

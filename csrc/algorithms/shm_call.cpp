@@ -10,7 +10,7 @@ namespace roce::detail {
 namespace {
 
 // The descriptor word: bits 0-15 the data (dtype << 8 | op; broadcast: the
-// root), 16 one-shot, 17-22 log2 of the chunk, 23-24 the collective. The
+// root), 16 one-shot, 17-22 log2 of the chunk, 23-25 the collective. The
 // element count travels in its own 64-bit word.
 constexpr uint32_t kDataMask = 0xffff;
 constexpr uint32_t kOneShot = 1u << 16;
@@ -47,6 +47,7 @@ const char* nameOf(ShmCollective w) {
     case ShmCollective::Allgather: return "allgather";
     case ShmCollective::Broadcast: return "broadcast";
     case ShmCollective::ReduceScatter: return "reduce_scatter";
+    case ShmCollective::Barrier: return "barrier";
   }
   return "?";
 }
@@ -58,6 +59,7 @@ std::string argumentsOf(const ShmCall& k) {
     case ShmCollective::Broadcast: return str(k.count, " bytes from rank ", k.root);
     case ShmCollective::ReduceScatter:
       return str(k.count, " elements per rank of ", dataTypeName(k.dtype), " with ", reduceOpName(k.op));
+    case ShmCollective::Barrier: return "no arguments";
     case ShmCollective::Allreduce: break;
   }
   return str(k.count, " elements of ", dataTypeName(k.dtype), " with ", reduceOpName(k.op));

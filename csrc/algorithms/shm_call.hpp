@@ -26,7 +26,7 @@
 
 namespace roce::detail {
 
-enum class ShmCollective : uint8_t { Allreduce, Allgather, Broadcast, ReduceScatter };
+enum class ShmCollective : uint8_t { Allreduce, Allgather, Broadcast, ReduceScatter, Barrier };
 
 // Everything about a call that ranks must agree on to read each other's slots
 // right. `count` is elements (bytes for allgather and broadcast, which never
