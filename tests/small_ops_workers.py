@@ -95,6 +95,7 @@ def _errors(ck, rank, world):
     t = torch.full((5,), float(rank))
     dist.all_reduce(t)
     ck.same("usable after mismatches", t, torch.full((5,), float(sum(range(world)))))
+    _barrier_against_gather(ck, rank, world)
     _chunk_mismatch(ck, rank, world)
     # A timeout on the inline path: rank 0 alone calls a small allreduce in a
     # subgroup with a 2 s timeout; it must raise (naming the operation), not hang.
@@ -107,6 +108,31 @@ def _errors(ck, rank, world):
     dist.barrier()
     dist.destroy_process_group(sub)
     return msg
+
+
+def _barrier_against_gather(ck, rank, world):
+    """A barrier against a collective that exchanges messages (a gather) in a
+    group on one machine: the barrier rank finds the other under the same
+    collective tag and breaks the group, which releases the gather's root
+    (waiting for rank 0's block) at once rather than at the group's timeout.
+    A subgroup: it stays broken."""
+    import time
+
+    g = dist.new_group(list(range(world)))
+    dist.barrier(group=g)  # formed everywhere; and the barrier works
+    t0 = time.monotonic()
+    if rank == 0:
+        expect_error(lambda: dist.barrier(group=g), "mismatch", "rank 0 runs barrier", "gather")
+    elif rank == 1:  # the root waits for rank 0's block
+        out = [torch.empty(3) for _ in range(world)]
+        expect_error(lambda: dist.gather(torch.ones(3), out, dst=1, group=g), "rank 0", "mismatch")
+    else:  # its part (a send to the root) may complete before the group breaks
+        try:
+            dist.gather(torch.ones(3), None, dst=1, group=g)
+        except RuntimeError as e:
+            ck.true(f"a failed gather names the mismatch: {e}", "mismatch" in str(e))
+    ck.true("barrier against gather fails within 10 s", time.monotonic() - t0 < 10)
+    dist.destroy_process_group(g)
 
 
 def _chunk_mismatch(ck, rank, world):

@@ -8,7 +8,7 @@
 
 namespace roce::detail {
 
-void shmBarrier(Communicator& c, NodeShm& shm) {
+void shmBarrier(Communicator& c, NodeShm& shm, uint64_t barrierTag) {
   const uint64_t gen = ++c.shmBarrierGeneration;
   const int n = shm.localSize();
   ShmRankControl* mine = shm.control(shm.localIndex());
@@ -27,14 +27,30 @@ void shmBarrier(Communicator& c, NodeShm& shm) {
   // Sleep on the first rank still missing; bounded, so that deadlines, abort
   // and peer failures are still checked by the communicator's wait loop.
   constexpr long kSleepNs = 1000000;
-  c.waitUntil(all, [&] { return str("rank ", c.topology().localRanks[lagging], " (shared-memory barrier)"); },
+  // A rank that runs a message collective under this barrier's tag never
+  // arrives here: its collective waits for this rank's messages.
+  auto allOrMismatch = [&] {
+    if (all()) return true;
+    if (barrierTag != 0 && shm.control(lagging)->collectiveTag.load(std::memory_order_relaxed) == barrierTag << 1)
+      throwComm(str("collective mismatch: rank ", c.rank(), " runs barrier but rank ", c.topology().localRanks[lagging],
+                    " runs a collective that exchanges messages (gather, scatter, all_to_all, or one forced onto a "
+                    "point-to-point algorithm) as the same call. Every rank must call the same collectives in the "
+                    "same order"));
+    return false;
+  };
+  c.waitUntil(allOrMismatch, [&] { return str("rank ", c.topology().localRanks[lagging], " (shared-memory barrier)"); },
               [&] { shm.control(lagging)->arrivals.sleep([&] { return arrived(lagging); }, kSleepNs); });
 }
 
-void shmBarrierCollective(Communicator& c) {
+void shmBarrierCollective(Communicator& c, uint64_t tag) {
+  // overSlots' one chunk, with nothing to publish or read, and the tag
+  // check in the barrier's wait.
+  NodeShm& shm = *c.nodeShm();
   const ShmCall call{ShmCollective::Barrier};
-  auto nothing = [](int, size_t, size_t) {};
-  overSlots(c, *c.nodeShm(), call, 0, 1, 0, nothing, nothing);
+  const int buf = static_cast<int>(c.shmIteration++ & 1);
+  announceCall(shm, buf, call);
+  shmBarrier(c, shm, tag);
+  checkSameCall(c, shm, buf, call);
 }
 
 }  // namespace roce::detail

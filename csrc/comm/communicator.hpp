@@ -88,7 +88,15 @@ class Communicator {
   // it, and must stay alive until endOperation().
   void beginOperation(const Describable& what, Clock::time_point deadline);
   void endOperation();
-  uint64_t nextCollectiveTag() { return ++collectiveSeq_; }
+  // The next collective's tag, the same on every rank that runs the same
+  // collectives in the same order. In a group on one machine it is also
+  // published in this rank's control page (ShmRankControl::collectiveTag;
+  // `barrier`: the shared-memory barrier's).
+  uint64_t nextCollectiveTag(bool barrier = false) {
+    ++collectiveSeq_;
+    if (collectiveTagWord_) collectiveTagWord_->store(collectiveSeq_ << 1 | (barrier ? 1 : 0), std::memory_order_relaxed);
+    return collectiveSeq_;
+  }
   static uint64_t p2pTag(int userTag) { return (1ull << 63) | static_cast<uint32_t>(userTag); }
 
   // --- point to point --------------------------------------------------------
@@ -324,6 +332,7 @@ class Communicator {
   Clock::time_point deadline_ = Clock::time_point::max();
   Clock::time_point lastSlowCheck_{};
   uint64_t collectiveSeq_ = 0;
+  std::atomic<uint64_t>* collectiveTagWord_ = nullptr;  // in this rank's control page, in a group on one machine
   struct FreeDeleter { void operator()(void* p) const; };
   // Shared: a transport's registration cache may keep a block alive after it
   // is replaced by a larger one (see BufferOwner).

@@ -210,6 +210,7 @@ void Communicator::form(Bootstrap& store, Roster formed, const std::string& inca
     nodeShm_ = std::make_unique<NodeShm>(bs, topo_.localRanks, topo_.localIndex, cfg_.shmRingBytes,
                                          cfg_.shmSlotBytes, deadline, timeout_);
     transports_.push_back(std::make_unique<ShmTransport>(rank, size, *nodeShm_, topo_.localRanks, &wakeup_));
+    if (topo_.allLocal()) collectiveTagWord_ = &nodeShm_->control(topo_.localIndex)->collectiveTag;
     for (int r : topo_.localRanks)
       if (r != rank) routes_[r] = transports_.back().get();
   }
