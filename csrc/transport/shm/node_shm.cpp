@@ -89,7 +89,7 @@ void NodeShm::prepareOwnSlots(size_t bytes) {
   for (int buffer = 0; buffer < 2; ++buffer)
     if (int err = ShmSegment::allocate(slot(me_, buffer), bytes))
       ShmSegment::throwFull(str("this rank's shared-memory slots (", (bytes + 1023) >> 10, " KiB each)"), err,
-                            "ROCE_PG_SHM_SLOT_BYTES (or ROCE_PG_SHM_CHUNK_BYTES)");
+                            "ROCE_PG_SHM_SLOT_BYTES (or ROCE_PG_SHM_CHUNK_BYTES and ROCE_PG_SHM_ONESHOT_MAX_BYTES)");
   slotsReady_ = bytes;
 }
 
