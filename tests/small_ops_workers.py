@@ -95,6 +95,14 @@ def _errors(ck, rank, world):
     t = torch.full((5,), float(rank))
     dist.all_reduce(t)
     ck.same("usable after mismatches", t, torch.full((5,), float(sum(range(world)))))
+    # ... also for collectives that exchange messages: the failed barrier
+    # left every rank's collective tags in step.
+    out = [torch.empty(2) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.full((2,), float(rank)), out, dst=0)
+    if rank == 0:
+        ck.same("gather after the mismatches", torch.stack(out),
+                torch.stack([torch.full((2,), float(r)) for r in range(world)]))
+    dist.barrier()
     _barrier_against_gather(ck, rank, world)
     _chunk_mismatch(ck, rank, world)
     # A timeout on the inline path: rank 0 alone calls a small allreduce in a

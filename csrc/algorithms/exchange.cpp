@@ -74,7 +74,7 @@ void alltoallv(Communicator& c, const void* input, const std::vector<size_t>& se
 }
 
 void barrier(Communicator& c) {
-  if (c.nodeShm() && c.size() > 1) return detail::shmBarrierCollective(c, c.nextCollectiveTag(/*barrier=*/true));
+  if (c.nodeShm() && c.size() > 1) return detail::shmBarrierCollective(c, c.barrierTag());
   const uint64_t tag = c.nextCollectiveTag();
   const int n = c.size(), me = c.rank();
   // Dissemination: after round k every rank has heard, transitively, from 2^k others.

@@ -28,10 +28,14 @@ void shmBarrier(Communicator& c, NodeShm& shm, uint64_t barrierTag) {
   // and peer failures are still checked by the communicator's wait loop.
   constexpr long kSleepNs = 1000000;
   // A rank that runs a message collective under this barrier's tag never
-  // arrives here: its collective waits for this rank's messages.
+  // arrives here: its collective waits for this rank's messages. A rank
+  // that arrived and went on to its next message collective takes that
+  // tag too, legitimately: acquire, then look at its arrival again (it
+  // stored that before the tag).
   auto allOrMismatch = [&] {
     if (all()) return true;
-    if (barrierTag != 0 && shm.control(lagging)->collectiveTag.load(std::memory_order_relaxed) == barrierTag << 1)
+    if (barrierTag != 0 &&
+        shm.control(lagging)->collectiveTag.load(std::memory_order_acquire) == barrierTag << 1 && !arrived(lagging))
       throwComm(str("collective mismatch: rank ", c.rank(), " runs barrier but rank ", c.topology().localRanks[lagging],
                     " runs a collective that exchanges messages (gather, scatter, all_to_all, or one forced onto a "
                     "point-to-point algorithm) as the same call. Every rank must call the same collectives in the "

@@ -90,12 +90,22 @@ class Communicator {
   void endOperation();
   // The next collective's tag, the same on every rank that runs the same
   // collectives in the same order. In a group on one machine it is also
-  // published in this rank's control page (ShmRankControl::collectiveTag;
-  // `barrier`: the shared-memory barrier's).
-  uint64_t nextCollectiveTag(bool barrier = false) {
+  // published in this rank's control page (ShmRankControl::collectiveTag).
+  // Release: a peer that sees it sees this rank's earlier barrier arrivals.
+  uint64_t nextCollectiveTag() {
     ++collectiveSeq_;
-    if (collectiveTagWord_) collectiveTagWord_->store(collectiveSeq_ << 1 | (barrier ? 1 : 0), std::memory_order_relaxed);
+    if (collectiveTagWord_) collectiveTagWord_->store(collectiveSeq_ << 1, std::memory_order_release);
     return collectiveSeq_;
+  }
+  // The shared-memory barrier's tag: the one the next message collective
+  // will take, published with bit 0 set but not taken. The barrier sends no
+  // message and, like the shared-memory collectives, takes no tag, so the
+  // ranks' sequences stay in step also after it fails as a mismatch that
+  // leaves the group usable.
+  uint64_t barrierTag() {
+    const uint64_t tag = collectiveSeq_ + 1;
+    if (collectiveTagWord_) collectiveTagWord_->store(tag << 1 | 1, std::memory_order_release);
+    return tag;
   }
   static uint64_t p2pTag(int userTag) { return (1ull << 63) | static_cast<uint32_t>(userTag); }
 

@@ -42,10 +42,11 @@ struct alignas(64) ShmRankControl {
   ShmBellControl bell;
   // The collective tag of the rank's latest collective that exchanges
   // messages (gather, scatter, all_to_all, algorithms forced onto
-  // point-to-point), shifted left by one, with bit 0 set for the
-  // shared-memory barrier (which takes a tag too): a rank waiting in that
-  // barrier for a peer that runs a message collective under the same tag
-  // fails the group instead of waiting for the timeout (shm_barrier.cpp).
+  // point-to-point), shifted left by one; with bit 0 set, the tag the
+  // shared-memory barrier it runs looks for (the next one, not taken): a
+  // rank waiting in that barrier for a peer that runs a message collective
+  // under that tag fails the group instead of waiting for the timeout
+  // (shm_barrier.cpp).
   alignas(64) std::atomic<uint64_t> collectiveTag{0};
 };
 
