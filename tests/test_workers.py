@@ -9,11 +9,13 @@ over TCP for the receive-side reductions of ring, rd, rabenseifner and tree
 at 1 and 8 workers. And, in the same four subgroups, allgather (tensor and
 list), broadcast (every root) and reduce_scatter (tensor and list, every op
 and several dtypes) through the shared-memory slots, plus their mismatched
-calls failing on every rank and the old point-to-point route forced."""
+calls failing on every rank and the old point-to-point route forced. First,
+the pool's job hand-off alone under 200,000 tiny jobs per rank."""
 import warnings
 
 from .harness import run_group
-from .worker_pool_workers import CHUNK, NET_ALGOS, NET_CASES, NET_SIZES, NET_WORKERS, ONESHOT_MAX, WORKER_COUNTS
+from .worker_pool_workers import (CHUNK, NET_ALGOS, NET_CASES, NET_SIZES, NET_WORKERS, ONESHOT_MAX, POOL_CHECK_JOBS,
+                                  WORKER_COUNTS)
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -25,6 +27,12 @@ def test_worker_counts_exact_and_identical():
     failures = [f for r in results for f in r["failures"]]
     assert not failures, "\n".join(failures[:40])
     for r in results:
+        # Every part of every job ran exactly once, before its job returned,
+        # and the pool's threads ran a share of them.
+        pool = r["pool_check"]
+        assert pool["jobs"] == POOL_CHECK_JOBS and pool["parts"] == 5 * POOL_CHECK_JOBS, pool
+        assert pool["missing"] == 0 and pool["repeated"] == 0 and pool["late"] == 0, pool
+        assert pool["pool_parts"] > 0, pool
         net_checks = len(NET_ALGOS) * len(NET_CASES) * len(NET_SIZES) * len(NET_WORKERS)
         shm = r["shm_cases"]
         # Per case: allgather and reduce_scatter check two forms per worker

@@ -276,9 +276,37 @@ def _shm_collectives(ck, rank, world, groups):
             "p2p_sends": _p2p_forced(ck, rank, world)}
 
 
+# The pool's job hand-off alone: jobs whose part counts alternate 2, 8, 3, 7,
+# back to back (roce_pg._C._check_worker_pool). The hand-off this guards once
+# let a thread run a part twice, about once in 100,000 such jobs on 2 cores,
+# which hung the caller for good; the check runs on its own thread so that a
+# hang fails the test in a minute instead of at the harness's deadline.
+POOL_CHECK_JOBS = 200_000
+POOL_CHECK_TIMEOUT_S = 60
+
+
+def _check_pool_hand_off():
+    import threading
+
+    from roce_pg import _C
+
+    out = {}
+    # 7 threads: the pool the four subgroups below make (8 workers - 1);
+    # 20 µs: the default ROCE_PG_SPIN_US, so idle threads catch jobs spinning.
+    t = threading.Thread(target=lambda: out.update(_C._check_worker_pool(max(WORKER_COUNTS) - 1, 20, POOL_CHECK_JOBS)),
+                         daemon=True)
+    t.start()
+    t.join(POOL_CHECK_TIMEOUT_S)
+    return out if out else {"hung": True}
+
+
 def run(rank, world, port):
     import roce_pg
 
+    pool_check = _check_pool_hand_off()
+    if pool_check.get("hung"):
+        return {"failures": [f"rank {rank}: the worker pool check hung for {POOL_CHECK_TIMEOUT_S} s"],
+                "pool_check": pool_check}
     ck = Checker(rank)
     groups = {w: _new_group(world, ROCE_PG_WORKERS=str(w)) for w in WORKER_COUNTS}
     for g in groups.values():
@@ -309,5 +337,5 @@ def run(rank, world, port):
     net_slices = _network(ck, rank, world)
     out = ck.result()
     out.update(net_slices=net_slices, errors=errors, cases=cases, slices=slices, worker_threads=len(threads_before),
-               idle_cpu=idle_cpu, **shm)
+               idle_cpu=idle_cpu, pool_check=pool_check, **shm)
     return out

@@ -45,12 +45,15 @@ void WorkerPool::ensureThreads(int threads, int spinUs) {
 size_t WorkerPool::runParts(Shared& s, uint32_t generation) {
   size_t ran = 0;
   uint64_t c = s.claim.load(std::memory_order_acquire);
+  const Shared::Job& job = s.job[generation & 1];
   while (generationOf(c) == generation) {
-    // Read before the claim: if the job changed since `c` was loaded, the
-    // compare-exchange below fails (the generation is part of the word).
-    const size_t parts = s.parts.load(std::memory_order_relaxed);
-    const PartFn fn = s.fn.load(std::memory_order_relaxed);
-    void* ctx = s.ctx.load(std::memory_order_relaxed);
+    // Read before the claim: if this slot was rewritten since `c` was loaded
+    // (by job generation + 2), the compare-exchange below fails, since the
+    // word's generation moved on first. Acquire: reading a newer job's field
+    // makes its publication, and so the move of the word, visible here.
+    const size_t parts = job.parts.load(std::memory_order_acquire);
+    const PartFn fn = job.fn.load(std::memory_order_acquire);
+    void* ctx = job.ctx.load(std::memory_order_acquire);
     const uint32_t part = static_cast<uint32_t>(c);
     if (part >= parts) break;
     if (!s.claim.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
@@ -86,11 +89,12 @@ size_t WorkerPool::run(size_t parts, PartFn fn, void* ctx) {
     return 0;
   }
   Shared& s = *shared_;
-  s.done.store(0, std::memory_order_relaxed);
-  s.parts.store(parts, std::memory_order_relaxed);
-  s.fn.store(fn, std::memory_order_relaxed);
-  s.ctx.store(ctx, std::memory_order_relaxed);
   const uint32_t generation = generationOf(s.claim.load(std::memory_order_relaxed)) + 1;
+  Shared::Job& job = s.job[generation & 1];
+  s.done.store(0, std::memory_order_relaxed);
+  job.parts.store(parts, std::memory_order_release);
+  job.fn.store(fn, std::memory_order_release);
+  job.ctx.store(ctx, std::memory_order_release);
   s.claim.store(uint64_t(generation) << 32, std::memory_order_seq_cst);  // publishes the job
   // Wake at most the threads that can get a part (the caller takes one).
   s.jobs.notify(static_cast<int>(std::min<size_t>(parts - 1, INT32_MAX)));

@@ -97,11 +97,21 @@ class WorkerPool {
     // thread still looking at a finished job can never claim a part of the
     // next one (its compare-exchange sees the generation changed).
     std::atomic<uint64_t> claim{0};
-    // The job: written before `claim` publishes its generation, and only
-    // once the previous job has finished.
-    std::atomic<PartFn> fn{nullptr};
-    std::atomic<void*> ctx{nullptr};
-    std::atomic<size_t> parts{0};
+    // The job of generation g lives in job[g & 1], written before `claim`
+    // publishes g. Two slots because the writer of job g + 1 runs while
+    // `claim` still says g: a thread that has just read a word of g (its
+    // last part, say) must find g's job, not half of the next one. With one
+    // slot it could read the next job's larger part count, then claim a part
+    // "of g" past g's end and run the next job's function on it, so that
+    // part ran twice and `done` overshot (a hang, or a job declared finished
+    // while a thread still worked on it). Slot g & 1 is written again only
+    // by job g + 2, once `claim` has moved to g + 1, when every
+    // compare-exchange on a word of g fails.
+    struct Job {
+      std::atomic<PartFn> fn{nullptr};
+      std::atomic<void*> ctx{nullptr};
+      std::atomic<size_t> parts{0};
+    } job[2];
     std::atomic<size_t> done{0};  // parts of the current job finished
     std::atomic<int64_t> spinNs{0};
     ShmWakeup jobs, finished;     // futex words (process-local use works the same)

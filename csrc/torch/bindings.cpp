@@ -17,6 +17,7 @@
 #include "../transport/tcp/tcp_mux.hpp"
 #include "../algorithms/cost_model.hpp"
 #include "../common/config.hpp"
+#include "../common/worker_pool_check.hpp"
 #include "../transport/verbs/device_probe.hpp"
 #include "../transport/verbs/dmabuf.hpp"
 #include "../transport/verbs/port_choice.hpp"
@@ -337,6 +338,22 @@ PYBIND11_MODULE(_C, m) {
   });
   // The settings every rank of a group must share ("NAME=value ..."): what
   // joining a group compares (Config::algorithmSettings()); for the doctor's test.
+  // The worker pool's job hand-off under many tiny jobs (tests/test_workers.py).
+  m.def("_check_worker_pool", [](int threads, int spinUs, size_t jobs) {
+    roce::WorkerPoolCheck r;
+    {
+      py::gil_scoped_release nogil;
+      r = roce::checkWorkerPool(threads, spinUs, jobs);
+    }
+    py::dict d;
+    d["jobs"] = r.jobs;
+    d["parts"] = r.parts;
+    d["pool_parts"] = r.poolParts;
+    d["missing"] = r.missing;
+    d["repeated"] = r.repeated;
+    d["late"] = r.late;
+    return d;
+  }, py::arg("threads"), py::arg("spin_us"), py::arg("jobs"));
   m.def("_algorithm_settings", [] { return roce::Config::fromEnv().algorithmSettings(); });
   m.def("_placement_settings", [] { return roce::Config::fromEnv().placementSettings(); });
   m.def("rdma_ports", [] {
