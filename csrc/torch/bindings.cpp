@@ -336,8 +336,6 @@ PYBIND11_MODULE(_C, m) {
     d["verbs_remains_pending"] = roce::remainsPending();  // broken groups' objects the reaper has yet to release
     return d;
   });
-  // The settings every rank of a group must share ("NAME=value ..."): what
-  // joining a group compares (Config::algorithmSettings()); for the doctor's test.
   // The worker pool's job hand-off under many tiny jobs (tests/test_workers.py).
   m.def("_check_worker_pool", [](int threads, int spinUs, size_t jobs) {
     roce::WorkerPoolCheck r;
@@ -354,6 +352,8 @@ PYBIND11_MODULE(_C, m) {
     d["late"] = r.late;
     return d;
   }, py::arg("threads"), py::arg("spin_us"), py::arg("jobs"));
+  // The settings every rank of a group must share ("NAME=value ..."): what
+  // joining a group compares (Config::algorithmSettings()); for the doctor's test.
   m.def("_algorithm_settings", [] { return roce::Config::fromEnv().algorithmSettings(); });
   m.def("_placement_settings", [] { return roce::Config::fromEnv().placementSettings(); });
   m.def("rdma_ports", [] {
