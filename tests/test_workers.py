@@ -10,12 +10,13 @@ at 1 and 8 workers. And, in the same four subgroups, allgather (tensor and
 list), broadcast (every root) and reduce_scatter (tensor and list, every op
 and several dtypes) through the shared-memory slots, plus their mismatched
 calls failing on every rank and the old point-to-point route forced. First,
-the pool's job hand-off alone under 200,000 tiny jobs per rank."""
+the pool's job hand-off alone under 200,000 tiny jobs per rank, with
+children forked while they run starting pools of their own."""
 import warnings
 
 from .harness import run_group
-from .worker_pool_workers import (CHUNK, NET_ALGOS, NET_CASES, NET_SIZES, NET_WORKERS, ONESHOT_MAX, POOL_CHECK_JOBS,
-                                  WORKER_COUNTS)
+from .worker_pool_workers import (CHUNK, FORKS, NET_ALGOS, NET_CASES, NET_SIZES, NET_WORKERS, ONESHOT_MAX,
+                                  POOL_CHECK_JOBS, WORKER_COUNTS)
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -33,6 +34,9 @@ def test_worker_counts_exact_and_identical():
         assert pool["jobs"] == POOL_CHECK_JOBS and pool["parts"] == 5 * POOL_CHECK_JOBS, pool
         assert pool["missing"] == 0 and pool["repeated"] == 0 and pool["late"] == 0, pool
         assert pool["pool_parts"] > 0, pool
+        # Children forked while those jobs ran (holding the pool's lock)
+        # started pools of their own and ran jobs on them.
+        assert pool["forked"] == [0] * FORKS, pool["forked"]
         net_checks = len(NET_ALGOS) * len(NET_CASES) * len(NET_SIZES) * len(NET_WORKERS)
         shm = r["shm_cases"]
         # Per case: allgather and reduce_scatter check two forms per worker

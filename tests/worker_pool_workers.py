@@ -285,6 +285,31 @@ POOL_CHECK_JOBS = 200_000
 POOL_CHECK_TIMEOUT_S = 60
 
 
+FORKS = 4  # children forked while the check's jobs run
+
+
+def _fork_during_jobs():
+    """Forks while another thread runs pool jobs (each job holds the pool's
+    lock); the child then starts pool threads of its own, as creating a
+    group does. Returns the children's exit statuses: 0 when the child's own
+    check passed, else what killed it (SIGALRM after 20 s: it hung on a lock
+    its parent's thread held at the fork)."""
+    import signal
+
+    from roce_pg import _C
+
+    children = []
+    for _ in range(FORKS):  # all forked while the jobs run, then waited for
+        time.sleep(0.02)
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)
+            r = _C._check_worker_pool(2, 0, 2000)
+            os._exit(0 if r["missing"] == r["repeated"] == r["late"] == 0 else 1)
+        children.append(pid)
+    return [os.waitpid(pid, 0)[1] for pid in children]
+
+
 def _check_pool_hand_off():
     import threading
 
@@ -296,8 +321,9 @@ def _check_pool_hand_off():
     t = threading.Thread(target=lambda: out.update(_C._check_worker_pool(max(WORKER_COUNTS) - 1, 20, POOL_CHECK_JOBS)),
                          daemon=True)
     t.start()
+    forked = _fork_during_jobs()
     t.join(POOL_CHECK_TIMEOUT_S)
-    return out if out else {"hung": True}
+    return dict(out, forked=forked) if out else {"hung": True}
 
 
 def run(rank, world, port):

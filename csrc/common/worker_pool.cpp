@@ -1,7 +1,6 @@
 #include "worker_pool.hpp"
 
 #include <pthread.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <thread>
@@ -14,25 +13,34 @@ namespace {
 uint32_t generationOf(uint64_t claim) { return static_cast<uint32_t>(claim >> 32); }
 }  // namespace
 
+namespace {
+WorkerPool* processPool = nullptr;
+
+// A forked child has none of its parent's threads, and the parent's mutex
+// may have been held at the fork by one of them (every job holds it): a
+// child that creates a group would block on it for good. So the child gets a
+// new pool; the old one is leaked (its state is the parent's). Runs in the
+// child before fork() returns there, on its only thread.
+void newPoolInChild() { processPool = new WorkerPool; }
+}  // namespace
+
 WorkerPool& WorkerPool::process() {
   // Never destroyed: its threads run until the process exits, and static
   // destructors must not pull the shared state from under them.
-  static WorkerPool* pool = new WorkerPool;
-  return *pool;
+  static const bool made = [] {
+    processPool = new WorkerPool;
+    pthread_atfork(nullptr, nullptr, newPoolInChild);
+    return true;
+  }();
+  (void)made;
+  return *processPool;
 }
 
 void WorkerPool::ensureThreads(int threads, int spinUs) {
   std::lock_guard<std::mutex> g(mu_);
-  if (pid_ != getpid()) {
-    // First use, or a forked child: the parent's threads do not exist here.
-    // The old state stays allocated (the parent's threads, in the parent,
-    // are not ours to free); a job in the child ran on its caller alone.
-    if (pid_ != 0) shared_ = new Shared;
-    pid_ = getpid();
-    threads_.store(0, std::memory_order_relaxed);
+  if (threads_.load(std::memory_order_relaxed) == 0)
     shared_->spinNs.store(int64_t(spinUs) * 1000, std::memory_order_relaxed);
-  }
-  if (int64_t(spinUs) * 1000 < shared_->spinNs.load(std::memory_order_relaxed))
+  else if (int64_t(spinUs) * 1000 < shared_->spinNs.load(std::memory_order_relaxed))
     shared_->spinNs.store(int64_t(spinUs) * 1000, std::memory_order_relaxed);
   // No job runs while mu_ is held: a new thread starts at the current generation.
   const uint32_t now = generationOf(shared_->claim.load(std::memory_order_relaxed));
@@ -82,7 +90,7 @@ void WorkerPool::loop(Shared* s, uint32_t seen) {
 
 size_t WorkerPool::run(size_t parts, PartFn fn, void* ctx) {
   std::unique_lock<std::mutex> busy(mu_, std::try_to_lock);
-  if (!busy.owns_lock() || threads_.load(std::memory_order_relaxed) == 0 || pid_ != getpid()) {
+  if (!busy.owns_lock() || threads_.load(std::memory_order_relaxed) == 0) {
     // Another job holds the pool (or there is none): queueing behind it would
     // only add its latency to ours; the caller's core does the whole job.
     for (size_t i = 0; i < parts; ++i) fn(ctx, i);
@@ -106,11 +114,15 @@ size_t WorkerPool::run(size_t parts, PartFn fn, void* ctx) {
     // that holds a range is not being scheduled (or is stuck): say so once,
     // with the state a debugger would need, instead of hanging silently.
     for (long slept = 0; !s.finished.sleep(finished, 1000000); ++slept)
-      if (slept == 10000)
+      if (slept == 10000) try {
+        // Must not throw (bad_alloc building the message): unwinding here
+        // would free the caller's job while threads still run its parts.
         ROCE_WARN("worker pool: waited 10 s for ", parts - s.done.load(), " of ", parts,
                   " ranges that worker threads claimed (job ", generation, ", ", threads(),
                   " threads); still waiting. A worker thread is not being scheduled or is stuck: "
                   "attach a debugger to threads named roce-worker");
+      } catch (...) {
+      }
   }
   return parts - mine;
 }

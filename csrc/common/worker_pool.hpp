@@ -20,10 +20,9 @@
 // Threads are created when a group needs them (WorkerPool::process().
 // ensureThreads at group creation) and inherit the creating thread's CPU
 // affinity; they live until the process exits (the pool is never destroyed,
-// so no thread can outlive what it touches).
+// so no thread can outlive what it touches). A forked child starts with a
+// new, empty pool (its jobs run on the caller until it creates a group).
 #pragma once
-#include <sys/types.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -91,7 +90,7 @@ class WorkerPool {
 
  private:
   // Everything a pool thread reads. Never freed (threads hold a pointer); a
-  // forked child, which has none of the parent's threads, gets a new one.
+  // forked child, which has none of the parent's threads, gets a new pool.
   struct Shared {
     // (job generation << 32) | next part to claim: one word, so that a
     // thread still looking at a finished job can never claim a part of the
@@ -122,7 +121,6 @@ class WorkerPool {
   std::mutex mu_;  // held for a whole job, and while adding threads
   Shared* shared_ = new Shared;
   std::atomic<int> threads_{0};
-  pid_t pid_ = 0;  // the process that started the threads (fork check)
 };
 
 }  // namespace roce
