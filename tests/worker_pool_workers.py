@@ -8,6 +8,8 @@ slots in the same groups (bit for bit across worker counts, mismatched calls
 failing everywhere, the old point-to-point route still forceable); then the
 network algorithms' receive-side reductions over TCP at 1 and 8 workers."""
 import os
+import signal
+import threading
 import time
 
 import torch
@@ -283,8 +285,6 @@ def _shm_collectives(ck, rank, world, groups):
 # hang fails the test in a minute instead of at the harness's deadline.
 POOL_CHECK_JOBS = 200_000
 POOL_CHECK_TIMEOUT_S = 60
-
-
 FORKS = 4  # children forked while the check's jobs run
 
 
@@ -294,8 +294,6 @@ def _fork_during_jobs():
     group does. Returns the children's exit statuses: 0 when the child's own
     check passed, else what killed it (SIGALRM after 20 s: it hung on a lock
     its parent's thread held at the fork)."""
-    import signal
-
     from roce_pg import _C
 
     children = []
@@ -311,8 +309,6 @@ def _fork_during_jobs():
 
 
 def _check_pool_hand_off():
-    import threading
-
     from roce_pg import _C
 
     out = {}

@@ -11,9 +11,7 @@
 namespace roce {
 namespace {
 uint32_t generationOf(uint64_t claim) { return static_cast<uint32_t>(claim >> 32); }
-}  // namespace
 
-namespace {
 WorkerPool* processPool = nullptr;
 
 // A forked child has none of its parent's threads, and the parent's mutex
@@ -38,10 +36,10 @@ WorkerPool& WorkerPool::process() {
 
 void WorkerPool::ensureThreads(int threads, int spinUs) {
   std::lock_guard<std::mutex> g(mu_);
-  if (threads_.load(std::memory_order_relaxed) == 0)
-    shared_->spinNs.store(int64_t(spinUs) * 1000, std::memory_order_relaxed);
-  else if (int64_t(spinUs) * 1000 < shared_->spinNs.load(std::memory_order_relaxed))
-    shared_->spinNs.store(int64_t(spinUs) * 1000, std::memory_order_relaxed);
+  // The first caller sets the spin; later ones may only shorten it.
+  const int64_t spinNs = int64_t(spinUs) * 1000;
+  if (threads_.load(std::memory_order_relaxed) == 0 || spinNs < shared_->spinNs.load(std::memory_order_relaxed))
+    shared_->spinNs.store(spinNs, std::memory_order_relaxed);
   // No job runs while mu_ is held: a new thread starts at the current generation.
   const uint32_t now = generationOf(shared_->claim.load(std::memory_order_relaxed));
   for (int i = threads_.load(std::memory_order_relaxed); i < threads; ++i) {

@@ -30,10 +30,10 @@ WorkerPoolCheck checkWorkerPool(int threads, int spinUs, size_t jobs) {
     }, mine);
     out.parts += parts;
     for (size_t p = 0; p < kMaxParts; ++p) {
-      const uint32_t n = mine[p].load(std::memory_order_relaxed);
+      const uint32_t n = mine[p].load(std::memory_order_relaxed), expected = p < parts ? 1 : 0;
       seenAtReturn += n;
-      if (p < parts && n == 0) ++out.missing;
-      if (n > 1 || (p >= parts && n > 0)) out.repeated += n - (p < parts ? 1 : 0);
+      if (n < expected) ++out.missing;
+      if (n > expected) out.repeated += n - expected;
     }
   }
   // A run still under way when its job returned lands within microseconds.
