@@ -100,6 +100,61 @@ def test_device_synchronize_waits_for_every_stream(device):
     assert took >= SLOW_S - 0.05 and side.query()
 
 
+def test_a_thread_that_selected_no_device_works_on_device_0(device):
+    last = torch.device("testdev", testdev.device_count() - 1)
+    side = torch.Stream(device=last)
+    testdev.reset_device_touches()
+
+    def unguarded():  # a new thread's current device is 0, as on CUDA
+        side.record_event().query()
+
+    def guarded():
+        torch.accelerator.set_device_index(last.index)
+        side.record_event().query()
+
+    for target in (unguarded, guarded):
+        worker = threading.Thread(target=target)
+        worker.start()
+        worker.join()
+    touches = testdev.device_touches()
+    assert touches[0] > 0 and touches[last.index] > 0, touches
+
+
+def test_capture_records_instead_of_running(device):
+    origin, joiner = torch.Stream(device=device), torch.Stream(device=device)
+    x = torch.zeros(N, device=device)
+    torch.accelerator.synchronize()
+    with origin, testdev.capture(origin) as captured:
+        assert testdev.is_capturing(origin) and not testdev.is_capturing(joiner)
+        x.add_(1)
+        forked = origin.record_event()
+        joiner.wait_event(forked)  # the joiner joins the capture
+        assert testdev.is_capturing(joiner)
+        with joiner:
+            x.add_(1)
+        origin.wait_event(joiner.record_event())  # and is joined back
+    assert captured["tasks"] == 2 and not testdev.is_capturing(joiner)
+    assert torch.equal(x.cpu(), torch.zeros(N))  # nothing ran
+    if hasattr(torch.Stream, "is_capturing") and tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 15):
+        with origin, testdev.capture(origin):
+            assert origin.is_capturing()  # c10's isStreamCapturing
+
+
+def test_capture_fails_on_queries_and_unjoined_streams(device):
+    origin, joiner = torch.Stream(device=device), torch.Stream(device=device)
+    with pytest.raises(RuntimeError, match="invalidated"):
+        with testdev.capture(origin):
+            with pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
+                origin.record_event().query()
+    with pytest.raises(RuntimeError, match="not joined back"):
+        with testdev.capture(origin):
+            joiner.wait_event(origin.record_event())
+    assert not testdev.is_capturing(origin) and not testdev.is_capturing(joiner)
+    with pytest.raises(RuntimeError, match="default stream"):
+        with testdev.capture(torch.accelerator.current_stream(device)):
+            pass
+
+
 def copy_on(stream, dst, src, wait_for=None):
     with stream:
         if wait_for is not None:

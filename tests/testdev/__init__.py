@@ -28,6 +28,16 @@ What it models:
   current stream and runs synchronously on the CPU;
 - slow kernels (sleep_on_stream, slow_fill_) and a copy delay
   (set_copy_delay_ms) to catch host-side waits that should not be there;
+- a current device per thread, as on CUDA, and a count per device of the
+  stream and event calls made from threads whose current device it was
+  (device_touches()): a thread that never selected a device works on
+  device 0, which on CUDA costs a context there;
+- graph capture (capture(stream)): work queued on a capturing stream is
+  recorded, not run; a stream waiting for an event recorded in the capture
+  joins it; querying or synchronizing a capturing stream or a captured event
+  fails and invalidates the capture; ending a capture fails if it was
+  invalidated or a stream that joined was not joined back into the origin.
+  c10's isStreamCapturing answers (torch >= 2.15);
 - a peer-memory mode (peer_memory(), or TESTDEV_PEER_MEMORY=1 at load()):
   its memory declared registrable by pointer, as a GPU's is with
   nvidia-peermem loaded, so roce hands testdev tensors of data-movement calls
@@ -37,7 +47,7 @@ What it models:
 What it does not model: pageable host memory (every non_blocking copy is
 asynchronous, including to/from ordinary CPU tensors, where CUDA would copy
 synchronously: stricter than CUDA); event timing (elapsed_time); stream
-priorities; graphs; IPC; device generators (random ops use the CPU
+priorities; graph replay (a capture records and drops its work); IPC; device generators (random ops use the CPU
 generator); memory limits; torch.accelerator.memory_* statistics (use
 counters()). Where a CUDA GPU is present, pin_memory=True pins for CUDA. A kernel that fails on a stream reports at the next
 synchronization of that stream, like a CUDA kernel error.
@@ -189,6 +199,34 @@ def slow_fill_(tensor, value, ms):
     """fill_ that finishes `ms` ms later: a producer kernel still running."""
     sleep_on_stream(ms, current_stream(tensor.device))
     return tensor.fill_(value)
+
+
+def device_touches():
+    """Per device index: the stream and event calls made from threads whose
+    current device it was (see above), since reset_device_touches()."""
+    return _ext.device_touches()
+
+
+def reset_device_touches():
+    _ext.reset_device_touches()
+
+
+@contextlib.contextmanager
+def capture(stream):
+    """Captures the work queued on `stream` (not a default stream) as CUDA's
+    stream capture does (see above); yields a dict whose "tasks" is set to
+    the number of tasks recorded when the capture ends without an error."""
+    _ext.capture_begin(stream.stream_id, stream.device_index)
+    result = {}
+    try:
+        yield result
+    finally:
+        result["tasks"] = _ext.capture_end(stream.stream_id, stream.device_index)
+
+
+def is_capturing(stream=None):
+    stream = stream if stream is not None else current_stream()
+    return _ext.is_capturing(stream.stream_id, stream.device_index)
 
 
 def set_copy_delay_ms(ms):

@@ -6,6 +6,7 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <array>
@@ -57,6 +58,13 @@ DeviceStreams& streams_of(c10::DeviceIndex device) {
 thread_local c10::DeviceIndex tls_device = 0;
 thread_local std::array<c10::StreamId, kMaxDevices> tls_streams{};
 
+std::array<std::atomic<int64_t>, kMaxDevices> touches{};
+
+// A call that CUDA makes on the calling thread's current device.
+void touch() {
+  touches[tls_device].fetch_add(1, std::memory_order_relaxed);
+}
+
 // Index -1 means "the current device", as everywhere in c10.
 c10::DeviceIndex checked(c10::DeviceIndex device) {
   if (device < 0) {
@@ -79,16 +87,62 @@ struct Event {
   std::mutex mutex;
   Queue* queue = nullptr; // never recorded: counts as completed, as in CUDA
   uint64_t ticket = 0;
+  std::shared_ptr<Capture> capture; // recorded while `queue` captured
 
   std::pair<Queue*, uint64_t> recorded() {
     std::lock_guard<std::mutex> lock(mutex);
     return {queue, ticket};
+  }
+  std::shared_ptr<Capture> captured() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return capture;
   }
 };
 
 std::pair<Queue*, uint64_t> recorded(void* event) {
   return event ? static_cast<Event*>(event)->recorded()
                : std::pair<Queue*, uint64_t>{nullptr, 0};
+}
+
+// Querying or synchronizing an event of a capture in progress fails, as on
+// CUDA, and invalidates the capture.
+void refuse_if_captured(void* event, const char* what) {
+  if (event == nullptr) {
+    return;
+  }
+  const std::shared_ptr<Capture> capture =
+      static_cast<Event*>(event)->captured();
+  if (capture == nullptr) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(capture->mutex);
+  if (!capture->active) {
+    return;
+  }
+  capture->invalidated = std::string(what) + " of an event recorded in it";
+  TORCH_CHECK(
+      false,
+      "testdev: operation not permitted when stream is capturing (",
+      what,
+      " of an event recorded during a graph capture); the capture is "
+      "invalidated");
+}
+
+// The stream waiting for a captured event joins its capture; the origin
+// waiting for one joins that event's stream back.
+void join(Queue& waiter, Queue& recorder, const std::shared_ptr<Capture>& capture) {
+  std::lock_guard<std::mutex> lock(capture->mutex);
+  if (!capture->active) {
+    return;
+  }
+  if (&waiter == capture->origin) {
+    capture->rejoined.insert(&recorder);
+    return;
+  }
+  if (waiter.capture() == nullptr) {
+    waiter.set_capture(capture);
+    capture->joined.insert(&waiter);
+  }
 }
 
 struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
@@ -151,13 +205,23 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   }
 
   bool queryStream(const c10::Stream& stream) const override {
+    touch();
     Queue& queue = queue_of(stream);
+    queue.refuse_if_capturing("query");
     return queue.reached(queue.last_ticket());
   }
 
   void synchronizeStream(const c10::Stream& stream) const override {
+    touch();
     queue_of(stream).synchronize();
   }
+
+#if TORCH_VERSION_MAJOR > 2 || \
+    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
+  bool isStreamCapturing(const c10::Stream& stream) const override {
+    return is_capturing(stream);
+  }
+#endif
 
   void synchronizeDevice(c10::DeviceIndex device) const override {
     synchronize_device(device);
@@ -168,6 +232,7 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
       const c10::Stream& stream,
       c10::DeviceIndex /*device*/,
       c10::EventFlag /*timing is not modelled*/) const override {
+    touch();
     if (*event == nullptr) {
       *event = new Event;
     }
@@ -176,21 +241,33 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
     std::lock_guard<std::mutex> lock(e->mutex);
     e->queue = &queue;
     e->ticket = queue.last_ticket();
+    e->capture = queue.capture();
   }
 
   void block(void* event, const c10::Stream& stream) const override {
+    touch();
     const auto [queue, ticket] = recorded(event);
-    if (queue != nullptr) {
-      queue_of(stream).enqueue_wait(*queue, ticket);
+    if (queue == nullptr) {
+      return;
     }
+    Queue& waiter = queue_of(stream);
+    if (auto capture = static_cast<Event*>(event)->captured()) {
+      join(waiter, *queue, capture);
+      return; // a graph edge, not a wait on work that ran
+    }
+    waiter.enqueue_wait(*queue, ticket);
   }
 
   bool queryEvent(void* event) const override {
+    touch();
+    refuse_if_captured(event, "query");
     const auto [queue, ticket] = recorded(event);
     return queue == nullptr || queue->reached(ticket);
   }
 
   void synchronizeEvent(void* event) const override {
+    touch();
+    refuse_if_captured(event, "synchronize");
     const auto [queue, ticket] = recorded(event);
     if (queue != nullptr) {
       queue->wait(ticket);
@@ -199,6 +276,7 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
 
   void destroyEvent(void* event, c10::DeviceIndex /*device*/)
       const noexcept override {
+    touch();
     delete static_cast<Event*>(event);
   }
 
@@ -247,6 +325,75 @@ Queue& current_queue(c10::DeviceIndex device) {
   auto& streams = streams_of(device);
   std::lock_guard<std::mutex> lock(streams.mutex);
   return *streams.queues[tls_streams[device]];
+}
+
+std::vector<int64_t> device_touches() {
+  std::vector<int64_t> counts;
+  for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
+    counts.push_back(touches[d].load());
+  }
+  return counts;
+}
+
+void reset_device_touches() {
+  for (auto& count : touches) {
+    count.store(0);
+  }
+}
+
+void capture_begin(const c10::Stream& stream) {
+  Queue& origin = queue_of(stream);
+  TORCH_CHECK(
+      stream.id() != 0,
+      "testdev: cannot capture the default stream ",
+      describe(stream),
+      " (as on CUDA: capture on a side stream)");
+  TORCH_CHECK(
+      origin.capture() == nullptr, describe(stream), " is already capturing");
+  auto capture = std::make_shared<Capture>();
+  capture->origin = &origin;
+  origin.set_capture(capture);
+}
+
+int64_t capture_end(const c10::Stream& stream) {
+  Queue& origin = queue_of(stream);
+  const std::shared_ptr<Capture> capture = origin.capture();
+  TORCH_CHECK(
+      capture != nullptr && capture->origin == &origin,
+      describe(stream),
+      " is not the origin of a capture");
+  std::string unjoined, invalidated;
+  {
+    std::lock_guard<std::mutex> lock(capture->mutex);
+    capture->active = false;
+    invalidated = capture->invalidated;
+    for (Queue* queue : capture->joined) {
+      queue->set_capture(nullptr);
+      if (capture->rejoined.count(queue) == 0) {
+        unjoined += (unjoined.empty() ? "" : ", ") + describe(queue->stream());
+      }
+    }
+  }
+  origin.set_capture(nullptr);
+  TORCH_CHECK(
+      invalidated.empty(),
+      "testdev: the capture on ",
+      describe(stream),
+      " was invalidated (",
+      invalidated,
+      ")");
+  TORCH_CHECK(
+      unjoined.empty(),
+      "testdev: capture on ",
+      describe(stream),
+      " ended with streams that joined it and were not joined back (",
+      unjoined,
+      ")");
+  return capture->tasks_recorded.load();
+}
+
+bool is_capturing(const c10::Stream& stream) {
+  return queue_of(stream).capture() != nullptr;
 }
 
 void synchronize_device(c10::DeviceIndex device) {

@@ -7,6 +7,17 @@
 #include <chrono>
 #include <thread>
 
+namespace {
+
+c10::Stream stream_at(int64_t stream_id, int device) {
+  return c10::Stream(
+      c10::Stream::UNSAFE,
+      {c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)},
+      stream_id);
+}
+
+} // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("device_count", [] {
     return static_cast<int>(testdev::device_count());
@@ -14,17 +25,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "sleep_on_stream",
       [](double ms, int64_t stream_id, int device) {
-        const c10::Stream stream(
-            c10::Stream::UNSAFE,
-            {c10::DeviceType::PrivateUse1,
-             static_cast<c10::DeviceIndex>(device)},
-            stream_id);
-        testdev::queue_of(stream).enqueue([ms] {
+        testdev::queue_of(stream_at(stream_id, device)).enqueue([ms] {
           std::this_thread::sleep_for(
               std::chrono::duration<double, std::milli>(ms));
         });
       },
       "Keeps the stream busy for `ms` milliseconds (a slow kernel).");
+  m.def("device_touches", &testdev::device_touches);
+  m.def("reset_device_touches", &testdev::reset_device_touches);
+  m.def("capture_begin", [](int64_t stream_id, int device) {
+    testdev::capture_begin(stream_at(stream_id, device));
+  });
+  m.def("capture_end", [](int64_t stream_id, int device) {
+    return testdev::capture_end(stream_at(stream_id, device));
+  });
+  m.def("is_capturing", [](int64_t stream_id, int device) {
+    return testdev::is_capturing(stream_at(stream_id, device));
+  });
   m.def("set_copy_delay_ms", &testdev::set_copy_delay_ms);
   m.def("copy_concurrency", &testdev::copy_concurrency);
   m.def("reset_copy_concurrency", &testdev::reset_copy_concurrency);

@@ -13,6 +13,11 @@ namespace testdev {
 
 uint64_t Queue::enqueue(std::function<void()> task) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (capture_ != nullptr) {
+    // A graph node: nothing runs until a replay, which is not modelled.
+    ++capture_->tasks_recorded;
+    return enqueued_;
+  }
   if (!worker_started_) {
     // Detached: queues are never destroyed, their workers live until exit.
     std::thread([this] { run(); }).detach();
@@ -31,6 +36,34 @@ void Queue::enqueue_wait(Queue& other, uint64_t ticket) {
   enqueue([&other, ticket] { other.wait(ticket); });
 }
 
+std::shared_ptr<Capture> Queue::capture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return capture_;
+}
+
+void Queue::set_capture(std::shared_ptr<Capture> capture) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capture_ = std::move(capture);
+}
+
+void Queue::refuse_if_capturing(const char* what) {
+  const std::shared_ptr<Capture> capture = this->capture();
+  if (capture == nullptr) {
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(capture->mutex);
+    capture->invalidated = std::string(what) + " on " + describe(stream_);
+  }
+  TORCH_CHECK(
+      false,
+      "testdev: operation not permitted when stream is capturing (",
+      what,
+      " on ",
+      describe(stream_),
+      "); the capture is invalidated");
+}
+
 uint64_t Queue::last_ticket() {
   std::lock_guard<std::mutex> lock(mutex_);
   return enqueued_;
@@ -46,6 +79,7 @@ void Queue::wait(uint64_t ticket) {
 }
 
 void Queue::synchronize() {
+  refuse_if_capturing("synchronize");
   std::unique_lock<std::mutex> lock(mutex_);
   const uint64_t target = enqueued_;
   work_done_.wait(lock, [&] { return reached(target); });

@@ -12,8 +12,11 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace testdev {
 
@@ -23,6 +26,27 @@ namespace testdev {
 inline std::string describe(const c10::Stream& stream) {
   return stream.device().str() + " stream " + std::to_string(stream.id());
 }
+
+class Queue;
+
+// A graph capture, as CUDA's stream capture behaves where it catches
+// backends: it starts on one stream (the origin); work queued on a capturing
+// stream is recorded, not run; an event recorded there belongs to the
+// capture, and a stream made to wait for such an event joins the capture
+// (work a backend queues there later is captured too); querying or
+// synchronizing a capturing stream or a captured event fails and invalidates
+// the capture; ending it fails if it was invalidated or if a stream that
+// joined was never joined back into the origin (an event of its recorded and
+// waited for on the origin).
+struct Capture {
+  std::mutex mutex; // guards the fields below but tasks_recorded
+  Queue* origin = nullptr;
+  bool active = true;
+  std::string invalidated; // why, or empty
+  std::set<Queue*> joined;
+  std::set<Queue*> rejoined;
+  std::atomic<int64_t> tasks_recorded{0};
+};
 
 // One stream: a FIFO of host functions that a worker thread of its own runs
 // in order, so work on different streams overlaps like on a GPU. Tasks are
@@ -37,8 +61,16 @@ class Queue {
   }
 
   // Returns the task's ticket. The worker thread starts with the first task,
-  // so streams that are never used cost no thread.
+  // so streams that are never used cost no thread. While the stream
+  // captures, the task is recorded (counted) instead, and the ticket is the
+  // last one queued before.
   uint64_t enqueue(std::function<void()> task);
+  // The capture this stream takes part in, or null.
+  std::shared_ptr<Capture> capture();
+  void set_capture(std::shared_ptr<Capture> capture);
+  // Fails (and invalidates the capture) if the stream captures: what
+  // querying or synchronizing it does on CUDA.
+  void refuse_if_capturing(const char* what);
   // Makes this stream stop, at this point of its order, until `other` has
   // reached `ticket` (cudaStreamWaitEvent).
   void enqueue_wait(Queue& other, uint64_t ticket);
@@ -64,6 +96,7 @@ class Queue {
   std::atomic<uint64_t> completed_{0};
   bool worker_started_ = false;
   std::string error_;
+  std::shared_ptr<Capture> capture_;
 };
 
 // --- devices and streams (device.cpp)
@@ -72,6 +105,22 @@ c10::DeviceIndex current_device();
 Queue& queue_of(const c10::Stream& stream);
 Queue& current_queue(c10::DeviceIndex device);
 void synchronize_device(c10::DeviceIndex device);
+
+// --- contexts (device.cpp)
+// CUDA works on a thread's current device, and a thread that never selected
+// one works on device 0: an event recorded, waited for, queried or destroyed
+// from such a thread makes the process use device 0 (a context of ~0.5 GiB
+// there, an error in exclusive-process mode). Counted per device: the device
+// current on the calling thread at each such call.
+std::vector<int64_t> device_touches();
+void reset_device_touches();
+
+// --- graph capture (device.cpp)
+void capture_begin(const c10::Stream& stream);
+// Ends the capture begun on `stream`; throws if it was invalidated or left a
+// joined stream unjoined. Returns the number of tasks recorded.
+int64_t capture_end(const c10::Stream& stream);
+bool is_capturing(const c10::Stream& stream);
 
 // --- memory (allocators.cpp)
 // recordStream: `stream` uses the device memory behind `data`, so the block
