@@ -26,7 +26,8 @@ def _group(kind, target, layout="shm2", env=None, **kwargs):
         pytest.skip("no CUDA GPU here; on a GPU machine run: pytest tests/test_accelerator.py -k cuda")
     world, layout_env = LAYOUTS[layout]
     prepare = "tests.accelerator_workers.load_testdev" if kind == "testdev" and kwargs.get("init", True) else None
-    return run_group(f"tests.accelerator_workers.{target}", world, env={**layout_env, **SMALL_PIECES, **(env or {})},
+    target = target if "." in target else f"tests.accelerator_workers.{target}"
+    return run_group(target, world, env={**layout_env, **SMALL_PIECES, **(env or {})},
                      prepare=prepare, **kwargs)
 
 
@@ -67,6 +68,30 @@ def test_stream_semantics(kind, tmp_path):
         # The lifetime check ran: the freed tensor's memory was released while
         # its copy back was queued (and the new tensor kept its values).
         assert r["freed_before_copy_back"], r
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_device_use(kind):
+    """Device tensors as training jobs use them (tests/device_use_workers.py):
+    states observed when a Work completed, with host and device reductions."""
+    results = _group(kind, "tests.device_use_workers.device_use", kwargs={"kind": kind})
+    _no_failures(results)
+    for r in results:
+        for where in ("host", "device"):
+            # A later call's issue point does not hold back an earlier call's
+            # copies back or device reductions: the first allreduce completed
+            # while the caller's slow work queued after it still ran.
+            assert r[f"ordering_{where}"]["busy_when_first_done"], (where, r)
+            # DDP overlap: the first bucket was reduced before the backward's
+            # slow kernels finished.
+            ddp = r[f"ddp_{where}"]
+            assert ddp["buckets"] >= 4 and ddp["busy_when_first_done"], (where, ddp)
+        assert "capturing a graph" in r["capture"]["error"], r["capture"]
+        if kind == "testdev":
+            # No stream or event call from a thread on another device than the
+            # rank's (CUDA: a context on that device).
+            others = [n for d, n in enumerate(r["touches"]) if d != r["device_index"]]
+            assert not any(others), r["touches"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -8,6 +8,8 @@ namespace roce {
 
 namespace {
 
+thread_local bool progressThread = false;
+
 // What a failed operation's trace entry says: the error's message.
 std::string reasonOf(std::exception_ptr e) {
   try {
@@ -24,7 +26,10 @@ std::string reasonOf(std::exception_ptr e) {
 Engine::Engine(std::unique_ptr<Communicator> comm)
     : comm_(std::move(comm)), trace_(comm_->config().traceEntries) {
   comm_->idleHook = [this] { pollInflight(); };
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    progressThread = true;
+    loop();
+  });
 }
 
 Engine::~Engine() { stopThread("the process group was destroyed"); }
@@ -179,6 +184,8 @@ bool Engine::waitParked(std::chrono::milliseconds timeout) {
   // idleCv_ is notified, under mu_, right before the thread sets parked_.
   return idleCv_.wait_for(g, timeout, [&] { return stop_ || (parked_ && queue_.empty()); }) && !stop_;
 }
+
+bool Engine::onProgressThread() { return progressThread; }
 
 void Engine::runOne(const std::shared_ptr<Task>& t) {
   bool finished = false;

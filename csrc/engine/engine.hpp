@@ -58,6 +58,9 @@ class Engine {
   ~Engine();  // aborts whatever is left and joins the thread
 
   void enqueue(std::shared_ptr<Task> task);
+  // True on any group's progress thread: a thread roce owns, whose state
+  // (a device selected for good, say) no caller sees.
+  static bool onProgressThread();
   // Runs `task` on the calling thread and completes it there, if nothing is
   // queued or in flight and the progress thread is parked (so the order of
   // operations is the order of calls, and the Communicator is never used by

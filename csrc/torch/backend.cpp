@@ -7,6 +7,7 @@
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
 #include "../common/log.hpp"
+#include "device_capture.hpp"
 #include "device_reduce.hpp"
 #include "monitored_barrier.hpp"
 #include "sparse_allreduce.hpp"
@@ -239,7 +240,7 @@ CollectiveTask::Body RoceBackend::elementwiseOnDevice(CallStaging& st, const at:
   if (piece == 0 || !reduceStagedOnDevice(engine_->comm(), piece * flat.element_size())) return nullptr;
   const int p = getSize();
   const at::Tensor rows = st.device->hostBuffer(p * ((piece + p - 1) / p), flat.scalar_type());
-  const c10::Stream stream = st.device->resultStream();
+  const c10::Stream stream = st.device->reduceStream();
   return [flat, rows, stream, red, root](Communicator& c, size_t first, size_t count) {
     reduceReducingOnDevice(c, stream, flat.narrow(0, first, count), rows, red, root);
   };
@@ -249,7 +250,7 @@ std::function<void(Communicator&)> RoceBackend::reduceScatterBody(CallStaging& s
                                                                   const at::Tensor& out, DataType t, Reduction red) {
   if (st.device && out.numel() > 0 && reduceStagedOnDevice(engine_->comm(), bytesOf(in))) {
     const at::Tensor rows = st.device->hostBuffer(in.numel(), in.scalar_type());
-    const c10::Stream stream = st.device->resultStream();
+    const c10::Stream stream = st.device->reduceStream();
     return [in, rows, out, stream, red](Communicator& c) {
       reduceScatterReducingOnDevice(c, stream, in, rows, out, red);
     };
@@ -261,14 +262,19 @@ std::function<void(Communicator&)> RoceBackend::reduceScatterBody(CallStaging& s
 
 CallStaging RoceBackend::staging(const at::Tensor& like) {
   if (like.device().is_cpu()) return CallStaging();
-  return CallStaging(std::make_shared<DeviceStaging>(lanes_.of(like.device()), pinned_));
+  return CallStaging(deviceStaging(like));
+}
+
+std::shared_ptr<DeviceStaging> RoceBackend::deviceStaging(const at::Tensor& like) {
+  refuseCapture(like.device(), getRank(), "a collective or point-to-point call");
+  return std::make_shared<DeviceStaging>(lanes_.of(like.device()), pinned_);
 }
 
 CallStaging RoceBackend::staging(const at::Tensor& like, int peer, size_t largest) {
   if (like.device().is_cpu()) return staging(like);
   const GpudirectChoice choice = gpudirect(like, peer, largest);
   if (choice.path == DeviceMemoryPath::Staged) return staging(like);
-  CallStaging st(std::make_shared<DeviceStaging>(lanes_.of(like.device()), pinned_), /*direct=*/true);
+  CallStaging st(deviceStaging(like), /*direct=*/true);
   st.exportDmabuf = choice.exportDmabuf;  // null unless by dma-buf
   st.flushNicWrites = choice.flushNicWrites;
   st.directLimit = cfg_.ibDeviceRegBytes;

@@ -144,6 +144,8 @@ class RoceBackend : public c10d::Backend {
   void start(std::unique_ptr<Communicator> comm);  // the engine and the trace hooks
   // Host buffers for a call whose tensors are on like's device.
   CallStaging staging(const at::Tensor& like);
+  // A device call's staging; refuses a call issued during a graph capture.
+  std::shared_ptr<DeviceStaging> deviceStaging(const at::Tensor& like);
   // For the data-movement calls (broadcast, send/recv, allgather, gather,
   // scatter, all-to-all; peer -1: a collective): device tensors go to the
   // transport itself where gpudirect() says so - single contiguous ones as

@@ -28,6 +28,7 @@ struct Driver {
   CUresult (*addressRange)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
   CUresult (*handle)(void*, CUdeviceptr, size_t, int, unsigned long long) = nullptr;
   CUresult (*flush)(int target, int scope) = nullptr;  // CUDA 11.3+
+  CUresult (*isCapturing)(void* stream, int* status) = nullptr;  // optional: null answers "not capturing"
   std::string missing;  // why the driver cannot be used; empty when it can
 };
 
@@ -55,6 +56,7 @@ const Driver& driver() {
     bind(lib, "cuMemGetAddressRange_v2", d.addressRange, d.missing);
     bind(lib, "cuMemGetHandleForAddressRange", d.handle, d.missing);
     bind(lib, "cuFlushGPUDirectRDMAWrites", d.flush, d.missing);
+    d.isCapturing = reinterpret_cast<decltype(d.isCapturing)>(dlsym(lib, "cuStreamIsCapturing"));
     if (d.missing.empty() && d.init(0) != 0) d.missing = "cuInit failed";
     return d;
   }();
@@ -128,6 +130,12 @@ bool cudaRdmaWritesNeedFlush(int index, std::string* why) {
   *why = "the GPU does not order NIC writes (GPU_DIRECT_RDMA_WRITES_ORDERING = NONE): "
          "cuFlushGPUDirectRDMAWrites after each receive";
   return true;
+}
+
+bool cudaStreamCapturing(void* stream) {
+  const Driver& d = driver();
+  int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE; ACTIVE and INVALIDATED both mean "in a capture"
+  return d.missing.empty() && d.isCapturing && d.isCapturing(stream, &status) == 0 && status != 0;
 }
 
 bool flushCudaRdmaWrites(int index) {

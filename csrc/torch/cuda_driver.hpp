@@ -33,4 +33,8 @@ bool cudaRdmaWritesNeedFlush(int index, std::string* why);
 // visible to work queued on the device afterwards. False if it failed.
 bool flushCudaRdmaWrites(int index);
 
+// Whether the CUDA stream `stream` (a CUstream: c10::Stream::native_handle())
+// is capturing a graph (cuStreamIsCapturing). False without a driver.
+bool cudaStreamCapturing(void* stream);
+
 }  // namespace roce

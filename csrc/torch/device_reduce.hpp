@@ -1,8 +1,9 @@
 // Reductions of staged device tensors on the device (ROCE_PG_DEVICE_REDUCE,
 // docs/ACCELERATORS.md "Where staged reductions run"). The host only moves
 // bytes; every arithmetic operation runs as device-generic ATen ops on the
-// group's copy stream, so the same source serves CUDA, ROCm and any
-// PrivateUse1 device, and the host's cores are left to the copies.
+// group's reduce stream (which waits for nothing of the caller), so the same
+// source serves CUDA, ROCm and any PrivateUse1 device, and the host's cores
+// are left to the copies.
 //
 // Allreduce of one staged piece of `count` elements among p ranks, rank r
 // owning the slice [count*r/p, count*(r+1)/p):

@@ -23,20 +23,28 @@ DeviceLane DeviceLanes::of(c10::Device device) {
   // use: created once per device and process, shared round robin.
   c10::impl::VirtualGuardImpl impl(device.type());
   lanes_.push_back(DeviceLane{impl.getStreamFromGlobalPool(device), impl.getStreamFromGlobalPool(device),
-                              impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true)});
+                              impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true),
+                              impl.getStreamFromGlobalPool(device)});
   return lanes_.back();
 }
 
 DeviceStaging::DeviceStaging(DeviceLane lane, std::shared_ptr<PinnedCache> cache)
     : lane_(lane), cache_(std::move(cache)) {
   // Everything queued on the caller's stream so far (the kernels producing
-  // the inputs, earlier readers of the outputs) comes before our copies.
+  // the inputs, earlier readers of the outputs) comes before our copies; the
+  // copy streams wait for this point just before their first copy of the
+  // call (start(), copyBack()), not now: the stream that copies back must not
+  // carry this wait ahead of the copies back of calls issued earlier.
   const c10::Device device = lane_.device();
   c10::impl::VirtualGuardImpl impl(device.type());
   issued_ = std::make_shared<c10::Event>(device.type());
   issued_->record(impl.getStream(device));
-  issued_->block(lane_.toHost);
+}
+
+void DeviceStaging::resultsAfterIssue() {
+  if (resultsWaitedForIssue_) return;
   issued_->block(lane_.toDevice);
+  resultsWaitedForIssue_ = true;
 }
 
 void DeviceStaging::addDirect(const at::Tensor& user) {
@@ -56,12 +64,9 @@ at::Tensor DeviceStaging::deviceBuffer(int64_t numel, at::ScalarType dtype) {
   // work of its previous owner (a device's poisoning, a kernel) queued on the
   // caller's stream after the event the constructor recorded. The copy
   // streams, and the NIC through the piece's readiness (start()), wait for
-  // the caller's stream again, from here.
-  auto allocated = std::make_shared<c10::Event>(lane_.device().type());
-  allocated->record(impl.getStream(lane_.device()));
-  allocated->block(lane_.toHost);
-  allocated->block(lane_.toDevice);
-  issued_ = std::move(allocated);
+  // the caller's stream as of here instead.
+  issued_ = std::make_shared<c10::Event>(lane_.device().type());
+  issued_->record(impl.getStream(lane_.device()));
   addDirect(t);
   return t;
 }
@@ -128,6 +133,9 @@ void DeviceStaging::add(const at::Tensor& user, const at::Tensor& host, bool rea
 }
 
 void DeviceStaging::start(int64_t pieceElems, int64_t totalElems) {
+  // Called at the issue, on the caller's thread: the copies to the host
+  // queued below follow this call's issue point, and precede the next call's.
+  issued_->block(lane_.toHost);
   if (!direct_.empty()) {
     // One piece: the transport reads once the producers are done, or once the
     // copies into device buffers (deviceBuffer) that follow them are.
@@ -212,6 +220,7 @@ void DeviceStaging::awaitPiece(size_t k, Communicator& c) {
 }
 
 void DeviceStaging::copyBack(size_t k) {
+  resultsAfterIssue();  // earlier readers of the outputs on the caller's stream
   at::NoGradGuard noGrad;
   c10::StreamGuard guard(lane_.toDevice);
   for (auto& s : segments_)
@@ -221,12 +230,17 @@ void DeviceStaging::copyBack(size_t k) {
 std::shared_ptr<c10::Event> DeviceStaging::finish() {
   if (end_) return end_;
   const c10::DeviceType type = lane_.device().type();
-  // E on the results' stream, after it waited for the last copy to the host:
-  // on success the host saw those finish already, but a failed or aborted
-  // operation may end with copies still queued.
-  c10::Event copiedOut(type);
-  copiedOut.record(lane_.toHost);
-  copiedOut.block(lane_.toDevice);
+  // E on the results' stream, after it waited for this call's issue point and
+  // its last copy to the host (the pinned blocks are reused after E): on
+  // success the host saw those finish already, but a failed or aborted
+  // operation may end with copies still queued. That last copy's event, not
+  // the stream as it is now: later calls have queued their waits on it since.
+  resultsAfterIssue();
+  for (auto p = pieces_.rbegin(); p != pieces_.rend(); ++p)
+    if (p->ready) {
+      p->ready->block(lane_.toDevice);
+      break;
+    }
   auto end = std::make_shared<c10::Event>(type);
   end->record(lane_.toDevice);
   end_ = end;

@@ -4,17 +4,22 @@
 // serves every device type. The design and its reasons are in
 // docs/ACCELERATORS.md; in short:
 //
-//  caller's thread (constructor, add, start): an event on the caller's current
-//    stream S; the group's two copy streams for the device wait for it; the
-//    device-to-host copies into pinned buffers are queued on the first one,
-//    in pieces for element-wise collectives, each piece followed by an event.
-//    Nothing here waits for the device.
+//  caller's thread (constructor, add, start): an event I on the caller's
+//    current stream S (the call's issue point); the stream copying to the
+//    host waits for I, then the device-to-host copies into pinned buffers are
+//    queued on it, in pieces for element-wise collectives, each piece
+//    followed by an event. Nothing here waits for the device.
 //  progress thread (awaitPiece, copyBack, finish): polls each piece's event
 //    (never blocking on the device: ranks may outnumber cores, and deadlines,
 //    abort and peer failures must still be noticed), runs the host algorithm
-//    on the piece, queues the copies of its results back on the second stream,
-//    and at the end records the event E that the Work hands to the caller's
-//    stream in wait().
+//    on the piece, queues the copies of its results back on the second stream
+//    (which waits for I, and for nothing the caller queued after it, just
+//    before the first of them), and at the end records the event E that the
+//    Work hands to the caller's stream in wait().
+//
+// Each call thus waits only for the caller's work issued before it: a later
+// call's issue point never lands ahead of an earlier call's copies back or
+// device reductions, which are queued later, by the progress thread.
 //
 // Lifetimes: every device tensor a copy touches is recorded with the device's
 // caching allocator on the copying stream (recordDataPtrOnStream), and kept
@@ -48,14 +53,15 @@ void awaitDeviceEvent(const c10::Event& event, Communicator& c, const std::funct
 // k-1's results travel back while piece k+1 is still being copied out (the
 // two directions of the link run at once; one stream would serialize them).
 // `local` carries the copies an algorithm makes within the rank while it runs
-// (GPUDirect: its own block): the other two wait for the caller's stream at
-// every call's issue, so a copy queued there at run time would also wait for
-// whatever the caller launched after later calls; `local` never waits for
-// anything (what it copies is ready when the host runs the algorithm).
+// (GPUDirect: its own block), and `reduce` the device reductions of staged
+// pieces (device_reduce.hpp): neither waits for anything (what they read is
+// ready when the host runs the algorithm), so neither can be held back by a
+// caller's work, nor by the copies of other calls queued on the other two.
 struct DeviceLane {
   c10::Stream toHost;
   c10::Stream toDevice;
   c10::Stream local;
+  c10::Stream reduce;
   c10::Device device() const { return toHost.device(); }
 };
 
@@ -128,6 +134,8 @@ class DeviceStaging {
 
   // The stream the results arrive on (the Work completes its future there).
   c10::Stream resultStream() const { return lane_.toDevice; }
+  // The stream device reductions of this call run on.
+  c10::Stream reduceStream() const { return lane_.reduce; }
   c10::Device device() const { return lane_.device(); }
   // The host buffers, for zero-copy transports (BufferOwner).
   const std::vector<at::Tensor>& hostTensors() const { return hostTensors_; }
@@ -155,7 +163,10 @@ class DeviceStaging {
   std::vector<Segment> segments_;
   std::vector<Piece> pieces_;
   std::shared_ptr<c10::Event> end_;
-  std::shared_ptr<c10::Event> issued_;  // on the caller's stream at the call
+  std::shared_ptr<c10::Event> issued_;  // I: on the caller's stream at the call
+  bool resultsWaitedForIssue_ = false;  // toDevice waits for I (once, just before its first copy)
+  // Makes toDevice wait for I, once.
+  void resultsAfterIssue();
   std::vector<at::Tensor> direct_;
   // The direct tensor holding [p, p + bytes) as a flat view of it, or undefined.
   at::Tensor directSpan(const void* p, size_t bytes) const;

@@ -5,8 +5,11 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
+
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
+#include "device_guard.hpp"
 
 namespace roce {
 namespace {
@@ -52,6 +55,12 @@ BufferOwner directOwner(const at::Tensor& t, const CallStaging& st, Communicator
   o.exportDmabuf = st.exportDmabuf;
   o.deviceIndex = t.device().has_index() ? t.device().index() : 0;
   return o;
+}
+
+// The device of a call's device tensors, for DeviceStepGuard; none for CPU tensors.
+std::optional<c10::Device> deviceOf(const CallStaging& staging) {
+  if (!staging.device) return std::nullopt;
+  return staging.device->device();
 }
 
 void countStaged(const DeviceStaging& d, Communicator& c) {
@@ -156,6 +165,7 @@ int RoceWork::sourceRank() const {
 std::string OpLabel::text() const { return str(title, " #", seq, " (", bytes, " bytes)"); }
 
 void completeWork(RoceWork& work, const Task& task, CallStaging& staging, std::exception_ptr error) {
+  const DeviceStepGuard onDevice(deviceOf(staging));
   work.setTimes(task.startNs, task.endNs);
   if (!staging.device) {
     work.complete(error);
@@ -176,6 +186,7 @@ bool CollectiveTask::start(Communicator& c) {
   auto own = [&](const at::Tensor& host) {
     if (BufferOwner o = ownerOf(host, c.config().ibZeroCopyMinBytes)) owners.push_back(std::move(o));
   };
+  const DeviceStepGuard onDevice(deviceOf(staging_));
   DeviceStaging* device = staging_.device.get();
   if (device) {
     for (const auto& h : device->hostTensors()) own(h);
@@ -219,6 +230,7 @@ PointToPointTask::PointToPointTask(c10::intrusive_ptr<RoceWork> work, std::strin
 }
 
 bool PointToPointTask::start(Communicator& c) {
+  const DeviceStepGuard onDevice(deviceOf(staging_));
   if (staging_.direct) {
     if (req_.len > 0) req_.owner = directOwner(host_, staging_, c);  // an empty message touches nothing
   } else {
@@ -236,6 +248,7 @@ bool PointToPointTask::start(Communicator& c) {
 
 bool PointToPointTask::poll(Communicator&) {
   if (!req_.done) return false;
+  const DeviceStepGuard onDevice(deviceOf(staging_));
   if (req_.failed()) throwComm(str(what_, " failed: ", req_.error));
   if (req_.kind == Request::Kind::Recv) {
     work_->setSourceRank(req_.peer);

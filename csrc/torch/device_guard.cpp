@@ -1,0 +1,21 @@
+#include "device_guard.hpp"
+
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include "../engine/engine.hpp"
+
+namespace roce {
+
+DeviceStepGuard::DeviceStepGuard(std::optional<c10::Device> device) {
+  if (!device || device->is_cpu()) return;
+  // Only a thread roce owns keeps the device: a caller's thread (an engine
+  // torn down by destroy_process_group) gets its own device back.
+  thread_local bool selected = false;
+  if (!selected && Engine::onProgressThread()) {
+    c10::impl::VirtualGuardImpl(device->type()).setDevice(*device);
+    selected = true;
+  }
+  guard_.reset_device(*device);
+}
+
+}  // namespace roce
