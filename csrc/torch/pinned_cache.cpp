@@ -81,30 +81,38 @@ PinnedCache::~PinnedCache() {
 
 PinnedCache::BlockPtr PinnedCache::acquire(size_t bytes, c10::Device device) {
   const size_t need = sizeClass(bytes);
-  std::lock_guard<std::mutex> g(mu_);
-  BlockPtr best;
-  for (auto& b : blocks_)
-    if (b->type == device.type() && fits(b->bytes, need) && b->reusable() && (!best || b->bytes < best->bytes))
-      best = b;
-  if (best) {
-    ++stats_.reuses;
-  } else {
-    bool pinned = true;
-    c10::Allocator* alloc = hostAllocatorFor(device.type(), pinned);
-    stats_.pinned = stats_.pinned && pinned;
-    best = std::make_shared<Block>();
-    best->storage = c10::Storage(c10::Storage::use_byte_size_t(), need, alloc->allocate(need), /*allocator=*/nullptr,
-                                 /*resizable=*/false);
-    best->bytes = need;
-    best->type = device.type();
-    blocks_.push_back(best);
-    ++stats_.allocations;
+  std::vector<BlockPtr> freed;  // dropped after the lock, which is released first
+  auto claim = [&](const BlockPtr& b) {
+    b->inUse = true;
+    b->lastUse.reset();
+    b->lastTick = ++tick_;
+    trim(freed);
+  };
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    BlockPtr best;
+    for (auto& b : blocks_)
+      if (b->type == device.type() && fits(b->bytes, need) && b->reusable() && (!best || b->bytes < best->bytes))
+        best = b;
+    if (best) {
+      ++stats_.reuses;
+      claim(best);
+      return best;
+    }
   }
-  best->inUse = true;
-  best->lastUse.reset();
-  best->lastTick = ++tick_;
-  trim();
-  return best;
+  bool pinned = true;
+  c10::Allocator* alloc = hostAllocatorFor(device.type(), pinned);
+  auto fresh = std::make_shared<Block>();
+  fresh->storage = c10::Storage(c10::Storage::use_byte_size_t(), need, alloc->allocate(need), /*allocator=*/nullptr,
+                                /*resizable=*/false);
+  fresh->bytes = need;
+  fresh->type = device.type();
+  std::lock_guard<std::mutex> g(mu_);
+  stats_.pinned = stats_.pinned && pinned;
+  ++stats_.allocations;
+  blocks_.push_back(fresh);
+  claim(fresh);
+  return fresh;
 }
 
 at::Tensor PinnedCache::view(const BlockPtr& block, int64_t numel, at::ScalarType dtype) {
@@ -114,16 +122,17 @@ at::Tensor PinnedCache::view(const BlockPtr& block, int64_t numel, at::ScalarTyp
 }
 
 void PinnedCache::release(const std::vector<BlockPtr>& blocks, std::shared_ptr<c10::Event> lastUse) {
+  std::vector<BlockPtr> freed;  // dropped after the lock, which is released first
   std::lock_guard<std::mutex> g(mu_);
   for (const auto& b : blocks) {
     b->inUse = false;
     b->lastUse = lastUse;
     b->lastTick = ++tick_;
   }
-  trim();
+  trim(freed);
 }
 
-void PinnedCache::trim() {
+void PinnedCache::trim(std::vector<BlockPtr>& freed) {
   size_t total = 0;
   for (const auto& b : blocks_) total += b->bytes;
   while (total > limit_) {
@@ -132,7 +141,8 @@ void PinnedCache::trim() {
       if ((*it)->reusable() && (victim == blocks_.end() || (*it)->lastTick < (*victim)->lastTick)) victim = it;
     if (victim == blocks_.end()) return;  // the rest is in use: trimmed on a later call
     total -= (*victim)->bytes;
-    blocks_.erase(victim);  // the storage goes back to its allocator
+    freed.push_back(std::move(*victim));  // its storage goes back to its allocator with the last reference
+    blocks_.erase(victim);
   }
 }
 

@@ -22,6 +22,9 @@
 // cache needs to keep its memory registrations (one c10::Storage per buffer).
 //
 // Thread-safe: the caller's thread acquires, the progress thread releases.
+// Pinning new memory (slow: CUDA pins page by page) and freeing it happen
+// outside the lock, so a call that pins never holds up the progress thread
+// releasing the buffers of the calls before it.
 #pragma once
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>
@@ -65,7 +68,10 @@ class PinnedCache {
  private:
   // Frees idle blocks whose last use completed, least recently used first,
   // until the cache is within its limit. Under mu_.
-  void trim();
+  // Moves idle blocks beyond the limit into `freed`, least recently used
+  // first; the caller drops them after releasing mu_ (freeing pinned memory
+  // may be slow, and the other thread needs the lock).
+  void trim(std::vector<BlockPtr>& freed);
 
   const size_t limit_;
   mutable std::mutex mu_;
