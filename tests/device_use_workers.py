@@ -10,7 +10,8 @@ tensors used the way training jobs use them, each pattern checked by state
   allreduce completes before the backward's kernels have finished;
 - roce's threads select the rank's device: no stream or event call is made
   from a thread whose current device is another one (the test device counts
-  them; on CUDA such a thread creates a context on GPU 0);
+  them; on CUDA such a thread creates a context on GPU 0, which the driver
+  shows where there are two GPUs or more);
 - graph capture: a collective issued while the current stream captures fails
   at issue naming the capture, the capture ends cleanly, and the group still
   works.
@@ -44,10 +45,12 @@ def device_use(rank, world, port, kind):
         report[f"ordering_{where}"] = _later_call_does_not_hold_back(ck, acc, world, group)
         report[f"ddp_{where}"] = _ddp_overlap(ck, acc, rank, world, group)
     report["capture"] = _capture_refused(ck, acc, world)
+    acc.synchronize()
+    report["device_index"] = acc.device.index
     if kind == "testdev":
-        acc.synchronize()
         report["touches"] = acc.testdev.device_touches()
-        report["device_index"] = acc.device.index
+    elif torch.cuda.device_count() >= 2:
+        report["active_contexts"] = _active_cuda_contexts()
     for group in groups.values():
         dist.destroy_process_group(group)
     report.update(ck.result())
@@ -190,6 +193,22 @@ def _host_gradients(weights, fills, shape):
         grads = torch.autograd.grad(x.sum(), ws)
         total = list(grads) if total is None else [a + b for a, b in zip(total, grads)]
     return [g / len(fills) for g in total]
+
+
+def _active_cuda_contexts():
+    """Per GPU: whether this process has its primary context active (the
+    driver's cuDevicePrimaryCtxGetState), i.e. used memory on it."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    active = []
+    for index in range(torch.cuda.device_count()):
+        device, flags, state = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+        if cuda.cuDeviceGet(ctypes.byref(device), index) != 0 or \
+                cuda.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(state)) != 0:
+            raise RuntimeError(f"cuDevicePrimaryCtxGetState failed for GPU {index}")
+        active.append(bool(state.value))
+    return active
 
 
 def _capture_refused(ck, acc, world):
