@@ -39,6 +39,16 @@ class Accel:
             from tests import testdev
 
             self.testdev = testdev
+        else:
+            # CUDA loads a kernel's module at its first launch (lazy loading,
+            # the default), which can wait for the device: a first fill_
+            # queued behind a slow producer would return only once the
+            # producer ended, and a test would see the producer already done.
+            # Every kernel the tests time is launched once here.
+            t = torch.zeros(16, device=self.device)
+            t.fill_(1.0).add_(t).mul_(2.0).div_(2.0)
+            self.busy(1)
+            self.synchronize()
 
     def stream(self):
         return torch.Stream(device=self.device)
