@@ -381,14 +381,18 @@ def _wait_engine_parked(group=None, timeout=10.0):
     return _roce_backend(group)._wait_engine_parked(timedelta(seconds=timeout))
 
 
-def declare_device_memory(device, path="pointer"):
+def declare_device_memory(device, path="pointer", buffer_id=0):
     """Declares how the NIC reaches memory of `device` (a device type such as
     "cuda" or a renamed PrivateUse1 backend): "pointer" (ibv_reg_mr takes its
     addresses, as with a peer-memory kernel module) or "staged" (never hand it
     to the NIC). Overrides roce's detection; every rank must declare alike.
-    Data-movement calls over verbs then use GPUDirect RDMA (docs/ACCELERATORS.md)."""
+    Data-movement calls over verbs then use GPUDirect RDMA (docs/ACCELERATORS.md).
+    `buffer_id`: the address of the device's C function
+    `uint64_t f(const void* p, int device_index)` returning the id of the
+    allocation holding p (0 if unknown), as CUDA's buffer id: a registration
+    is reused only while the memory behind it is the same allocation."""
     from . import _C
-    _C._declare_device_memory(device, path)
+    _C._declare_device_memory(device, path, int(buffer_id))
 
 
 def device_memory_path(device):

@@ -524,10 +524,34 @@ def gpudirect(rank, world, port, kind, sizes=(1, 5000, 300_000)):
             got.mul_(2)
             ck.same(f"send/recv n={n} {dtype}", got, _pattern(n, dtype, prev + 1) * 2)
             ck.same(f"tensor allocated after isend's was dropped n={n} {dtype}", fresh, torch.full((n,), 3, dtype=dtype))
+    same_address = _new_memory_at_the_old_address(ck, acc, rank)
     acc.synchronize()
     counters = roce_pg.counters()
     return {**ck.result(), "counters": counters, "device_memory": roce_pg.device_memory_path(acc.kind),
-            "log": roce_pg._roce_backend(None)._gpudirect_log(), "nic_dmabuf": roce_pg._C._probe_dmabuf()}
+            "log": roce_pg._roce_backend(None)._gpudirect_log(), "nic_dmabuf": roce_pg._C._probe_dmabuf(),
+            "new_memory_same_address": same_address}
+
+
+def _new_memory_at_the_old_address(ck, acc, rank, n=1 << 16):
+    """FSDP's pattern: a parameter's memory freed (storage.resize_(0)) and
+    allocated again (resize_(n)) while the tensor object lives on; after
+    empty_cache() the new memory may come at the same address with new pages
+    (the test device always does so). A registration of the old pages, kept
+    for the same storage, address and length, must not be used: the NIC
+    would read and write memory that is no longer the tensor's. Returns
+    whether the address was the same (the case that matters happened)."""
+    t = torch.full((n,), float(rank + 1), device=acc.device)
+    dist.broadcast(t, 0)  # over verbs: registers t's memory on both ranks
+    acc.synchronize()
+    storage, address = t.untyped_storage(), t.data_ptr()
+    nbytes = storage.nbytes()
+    storage.resize_(0)
+    (acc.testdev.empty_cache if acc.kind == "testdev" else torch.cuda.empty_cache)()
+    storage.resize_(nbytes)
+    t.fill_(float(10 + rank))
+    dist.broadcast(t, 0)
+    ck.same("broadcast into memory given back at its old address", t, torch.full((n,), 10.0))
+    return t.data_ptr() == address
 
 
 def gpudirect_movement(rank, world, port, kind, sizes=(1, 4099, 100_000)):

@@ -397,6 +397,9 @@ def test_gpudirect_testdev_peer_memory_crosses_verbs_with_no_staging(one_vm):
         # Nothing staged, nothing copied by a CPU: every byte went by RDMA.
         assert c["device_bytes_staged"] == 0 and c["bytes_copied"] == 0, c
         assert c["device_bytes_direct"] > 0 and c["bytes_zero_copy"] > 0 and c["eager_sends"] == 0, c
+        # The memory resized to 0 and back came at its old address with new
+        # pages (its values checked above): the stale registration case ran.
+        assert res["new_memory_same_address"], res
 
 
 def test_gpudirect_allgather_gather_scatter_all_to_all_cross_verbs_with_no_host_copy(one_vm):

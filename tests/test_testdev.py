@@ -155,6 +155,19 @@ def test_capture_fails_on_queries_and_unjoined_streams(device):
             pass
 
 
+def test_released_memory_comes_back_at_its_address_with_a_new_id(device):
+    t = torch.ones(1 << 16, device=device)  # 256 KiB: a mapped block
+    small = torch.ones(16, device=device)
+    torch.accelerator.synchronize()
+    storage, address, first = t.untyped_storage(), t.data_ptr(), testdev.buffer_id(t)
+    nbytes = storage.nbytes()
+    assert first != 0 and testdev.buffer_id(small) not in (0, first)
+    storage.resize_(0)
+    testdev.empty_cache()
+    storage.resize_(nbytes)
+    assert t.data_ptr() == address and testdev.buffer_id(t) not in (0, first)
+
+
 def copy_on(stream, dst, src, wait_for=None):
     with stream:
         if wait_for is not None:

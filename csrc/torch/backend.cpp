@@ -277,6 +277,7 @@ CallStaging RoceBackend::staging(const at::Tensor& like, int peer, size_t larges
   CallStaging st(deviceStaging(like), /*direct=*/true);
   st.exportDmabuf = choice.exportDmabuf;  // null unless by dma-buf
   st.flushNicWrites = choice.flushNicWrites;
+  st.bufferId = choice.bufferId;
   st.directLimit = cfg_.ibDeviceRegBytes;
   return st;
 }

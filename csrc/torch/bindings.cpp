@@ -202,12 +202,13 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("ranks"), py::arg("machines"), py::arg("shared_memory"), py::arg("bytes"));
   // How memory of a device type reaches the NIC (device_memory.hpp): the
   // declaration roce_pg.declare_device_memory() makes, and the answer.
-  m.def("_declare_device_memory", [](const std::string& device, const std::string& path) {
+  m.def("_declare_device_memory", [](const std::string& device, const std::string& path, uintptr_t bufferId) {
     if (path != "pointer" && path != "staged")
       throw std::invalid_argument("declare_device_memory: path must be \"pointer\" or \"staged\", not \"" + path + "\"");
     roce::declareDeviceMemory(c10::Device(device).type(), path == "pointer",
-                              "declared " + path + " (roce_pg.declare_device_memory)");
-  }, py::arg("device"), py::arg("path"));
+                              "declared " + path + " (roce_pg.declare_device_memory)",
+                              reinterpret_cast<uint64_t (*)(const void*, int)>(bufferId));
+  }, py::arg("device"), py::arg("path"), py::arg("buffer_id") = 0);
   m.def("_device_memory_path", [](const std::string& device) {
     const roce::DeviceMemoryAnswer a = roce::deviceMemoryPath(c10::Device(device));
     py::dict d;

@@ -16,6 +16,7 @@ constexpr int kRdmaWritesOrdering = 118;   // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDM
 constexpr int kOrderingOwner = 100;        // CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER
 constexpr int kFlushTargetCurrentCtx = 0;  // CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX
 constexpr int kFlushToOwner = 100;         // CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER
+constexpr int kPointerBufferId = 7;        // CU_POINTER_ATTRIBUTE_BUFFER_ID (unsigned long long)
 
 struct Driver {
   CUresult (*init)(unsigned) = nullptr;
@@ -29,6 +30,7 @@ struct Driver {
   CUresult (*handle)(void*, CUdeviceptr, size_t, int, unsigned long long) = nullptr;
   CUresult (*flush)(int target, int scope) = nullptr;  // CUDA 11.3+
   CUresult (*isCapturing)(void* stream, int* status) = nullptr;  // optional: null answers "not capturing"
+  CUresult (*pointerAttribute)(void* data, int attribute, CUdeviceptr ptr) = nullptr;  // optional: null, no buffer ids
   std::string missing;  // why the driver cannot be used; empty when it can
 };
 
@@ -57,6 +59,7 @@ const Driver& driver() {
     bind(lib, "cuMemGetHandleForAddressRange", d.handle, d.missing);
     bind(lib, "cuFlushGPUDirectRDMAWrites", d.flush, d.missing);
     d.isCapturing = reinterpret_cast<decltype(d.isCapturing)>(dlsym(lib, "cuStreamIsCapturing"));
+    d.pointerAttribute = reinterpret_cast<decltype(d.pointerAttribute)>(dlsym(lib, "cuPointerGetAttribute"));
     if (d.missing.empty() && d.init(0) != 0) d.missing = "cuInit failed";
     return d;
   }();
@@ -136,6 +139,16 @@ bool cudaStreamCapturing(void* stream) {
   const Driver& d = driver();
   int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE; ACTIVE and INVALIDATED both mean "in a capture"
   return d.missing.empty() && d.isCapturing && d.isCapturing(stream, &status) == 0 && status != 0;
+}
+
+uint64_t cudaBufferId(const void* ptr, int index) {
+  const Driver& d = driver();
+  if (!d.missing.empty() || !d.pointerAttribute) return 0;
+  unsigned long long id = 0;
+  inPrimaryContext(d, index, [&] {
+    if (d.pointerAttribute(&id, kPointerBufferId, reinterpret_cast<CUdeviceptr>(ptr)) != 0) id = 0;
+  });
+  return id;
 }
 
 bool flushCudaRdmaWrites(int index) {

@@ -37,4 +37,9 @@ bool flushCudaRdmaWrites(int index);
 // is capturing a graph (cuStreamIsCapturing). False without a driver.
 bool cudaStreamCapturing(void* stream);
 
+// CU_POINTER_ATTRIBUTE_BUFFER_ID of the allocation holding `ptr` on CUDA
+// device `index`: unique to that allocation for the process's life; 0 if the
+// driver cannot tell.
+uint64_t cudaBufferId(const void* ptr, int index);
+
 }  // namespace roce

@@ -33,8 +33,10 @@ const char* pathName(DeviceMemoryPath p) {
   }
 }
 
-void declareDeviceMemory(c10::DeviceType type, bool pointer, std::string why) {
+void declareDeviceMemory(c10::DeviceType type, bool pointer, std::string why,
+                         uint64_t (*bufferId)(const void* p, int deviceIndex)) {
   DeviceMemoryAnswer a;
+  a.bufferId = bufferId;
   a.dmabufWhy = c10::DeviceTypeName(type, true) + " has no dma-buf export hook (unsupported)";
   a.pointer = pointer;
   a.pointerWhy = std::move(why);
@@ -77,6 +79,7 @@ DeviceMemoryAnswer deviceMemoryPath(c10::Device device) {
   a.dmabuf = cudaDmabufSupported(index, &a.dmabufWhy);
   if (a.dmabuf) a.exportDmabuf = exportCudaDmabuf;
   if (cudaRdmaWritesNeedFlush(index, &a.flushWhy)) a.flushNicWrites = flushCudaRdmaWrites;
+  a.bufferId = cudaBufferId;
   a.pointer = peerMemoryModuleLoaded(procModules());
   a.pointerWhy = a.pointer ? "nvidia_peermem is loaded (/proc/modules): ibv_reg_mr takes device pointers"
                            : "no peer-memory module loaded (nvidia_peermem not in /proc/modules)";
@@ -107,11 +110,11 @@ GpudirectChoice chooseGpudirect(const std::string& mode, const DeviceMemoryAnswe
                                           " bytes) exceeds ROCE_PG_IB_DEVICE_REG_BYTES=" + std::to_string(limitBytes)};
   if (device.dmabuf && nicDmabuf)
     return {DeviceMemoryPath::Dmabuf, device.dmabufWhy + "; " + nicWhy + flushNote(device), device.exportDmabuf,
-            device.flushNicWrites};
+            device.flushNicWrites, device.bufferId};
   const std::string noDmabuf = "no dma-buf: " + (device.dmabuf ? nicWhy : device.dmabufWhy);
   if (device.pointer)
     return {DeviceMemoryPath::Pointer, noDmabuf + "; peer memory: " + device.pointerWhy + flushNote(device), nullptr,
-            device.flushNicWrites};
+            device.flushNicWrites, device.bufferId};
   return {DeviceMemoryPath::Staged, noDmabuf + "; no peer memory: " + device.pointerWhy};
 }
 

@@ -31,12 +31,18 @@ struct DeviceMemoryAnswer {
   // complete, before anything on the device may read it; false if it failed.
   bool (*flushNicWrites)(int deviceIndex) = nullptr;
   std::string flushWhy;
+  // The id of the allocation holding `p` (BufferOwner::bufferId), 0 if
+  // unknown; null: the device type gives none (registrations are then
+  // checked by address and length only).
+  uint64_t (*bufferId)(const void* p, int deviceIndex) = nullptr;
 };
 
 // Declares that memory of `type` is registrable by pointer (true) or never
 // reaches the NIC (false), overriding detection: for PrivateUse1 backends
 // (the test device's peer-memory mode) and tests.
-void declareDeviceMemory(c10::DeviceType type, bool pointer, std::string why);
+// `bufferId`: the device type's allocation ids (see DeviceMemoryAnswer), or null.
+void declareDeviceMemory(c10::DeviceType type, bool pointer, std::string why,
+                         uint64_t (*bufferId)(const void* p, int deviceIndex) = nullptr);
 
 // The declaration if any; for CUDA: dma-buf where the driver exports them
 // (cuda_driver.hpp), by pointer where nvidia_peermem (or nv_peer_mem) is in
@@ -56,6 +62,7 @@ struct GpudirectChoice {
   std::string why;
   decltype(DeviceMemoryAnswer::exportDmabuf) exportDmabuf = nullptr;  // the device's hook, for Dmabuf
   decltype(DeviceMemoryAnswer::flushNicWrites) flushNicWrites = nullptr;  // the device's, unless staged
+  decltype(DeviceMemoryAnswer::bufferId) bufferId = nullptr;  // the device's, unless staged
 };
 // A rank the call talks to and the name of the transport serving it.
 using CallPeer = std::pair<int, const char*>;

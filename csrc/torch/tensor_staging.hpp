@@ -70,6 +70,8 @@ class CallStaging {
   // direct, on devices that need it: makes what the NIC wrote visible to the
   // device's later work (device_memory.hpp); null: nothing to do.
   bool (*flushNicWrites)(int deviceIndex) = nullptr;
+  // direct: the device type's allocation ids (BufferOwner::bufferId); null: none.
+  uint64_t (*bufferId)(const void* p, int deviceIndex) = nullptr;
   // Runs flushNicWrites, if any, for the call's device; throws if it failed.
   void flushReceived() const;
 

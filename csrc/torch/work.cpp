@@ -54,6 +54,7 @@ BufferOwner directOwner(const at::Tensor& t, const CallStaging& st, Communicator
   BufferOwner o = storageOwner(t);
   o.exportDmabuf = st.exportDmabuf;
   o.deviceIndex = t.device().has_index() ? t.device().index() : 0;
+  if (st.bufferId && o) o.bufferId = st.bufferId(o.base, o.deviceIndex);
   return o;
 }
 

@@ -54,6 +54,14 @@ struct BufferOwner {
   // (the transport then registers the pointer, as with peer memory).
   int (*exportDmabuf)(const void* base, size_t len, int deviceIndex, uint64_t* offset) = nullptr;
   int deviceIndex = -1;
+  // Device memory: the id of the allocation behind `base` when the owner was
+  // made (CUDA's CU_POINTER_ATTRIBUTE_BUFFER_ID; 0: unknown). An allocation
+  // object may be given new memory at the same address (a storage resized
+  // to 0 and back after the caching allocator released the segment): a
+  // registration of the old memory, kept by address, would reach pages that
+  // are no longer the tensor's. Ids differ there, so a cached registration is
+  // reused only while they match.
+  uint64_t bufferId = 0;
 
   explicit operator bool() const { return keep != nullptr; }
   bool covers(const void* p, size_t n) const {

@@ -38,6 +38,10 @@ What it models:
   fails and invalidates the capture; ending a capture fails if it was
   invalidated or a stream that joined was not joined back into the origin.
   c10's isStreamCapturing answers (torch >= 2.15);
+- allocations with ids (buffer_id(), as CUDA's buffer id); blocks of 64 KiB
+  or more are mapped and unmapped by empty_cache(), and a new one of a
+  released size is mapped at the released address: new pages at an old
+  address, as CUDA's allocator can give after empty_cache();
 - a peer-memory mode (peer_memory(), or TESTDEV_PEER_MEMORY=1 at load()):
   its memory declared registrable by pointer, as a GPU's is with
   nvidia-peermem loaded, so roce hands testdev tensors of data-movement calls
@@ -95,10 +99,11 @@ def load():
 
 
 def peer_memory():
-    """Declares testdev memory registrable by pointer with roce (see above)."""
+    """Declares testdev memory registrable by pointer with roce (see above),
+    with its allocations' ids (buffer_id)."""
     import roce_pg
 
-    roce_pg.declare_device_memory(NAME, "pointer")
+    roce_pg.declare_device_memory(NAME, "pointer", buffer_id=_ext.buffer_id_function())
 
 
 def _build():
@@ -227,6 +232,12 @@ def capture(stream):
 def is_capturing(stream=None):
     stream = stream if stream is not None else current_stream()
     return _ext.is_capturing(stream.stream_id, stream.device_index)
+
+
+def buffer_id(tensor):
+    """The id of the allocation holding `tensor`'s data (as CUDA's
+    CU_POINTER_ATTRIBUTE_BUFFER_ID): unique to it for the process's life."""
+    return _ext.buffer_id(tensor.data_ptr())
 
 
 def set_copy_delay_ms(ms):

@@ -117,6 +117,10 @@ void reset_counters() {
   host_cache().reset_counters();
 }
 
+uint64_t device_buffer_id(const void* ptr, int /*device: ids are process-wide*/) {
+  return device_cache().buffer_id(ptr);
+}
+
 void empty_cache() {
   for (c10::DeviceIndex device = 0; device < device_count(); ++device) {
     synchronize_device(device);

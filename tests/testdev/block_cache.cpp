@@ -4,6 +4,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +24,65 @@ size_t rounded(size_t nbytes) {
 
 } // namespace
 
+void* BlockCache::fresh(size_t size) {
+  void* ptr = nullptr;
+  if (size < kMapBytes) {
+    ptr = std::aligned_alloc(kAlignment, size);
+  } else {
+    auto& holes = holes_[size];
+    while (ptr == nullptr && !holes.empty()) {
+      void* hint = holes.back();
+      holes.pop_back();
+      void* got = mmap(
+          hint,
+          size,
+          PROT_READ | PROT_WRITE,
+          MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+          -1,
+          0);
+      if (got == hint) {
+        ptr = got;
+      } else if (got != MAP_FAILED) {
+        munmap(got, size); // a kernel before 4.17 took the hint as a hint
+      }
+    }
+    if (ptr == nullptr) {
+      ptr = mmap(
+          nullptr,
+          size,
+          PROT_READ | PROT_WRITE,
+          MAP_PRIVATE | MAP_ANONYMOUS,
+          -1,
+          0);
+      ptr = ptr == MAP_FAILED ? nullptr : ptr;
+    }
+  }
+  TORCH_CHECK(ptr != nullptr, "testdev: out of host memory (", size, " B)");
+  blocks_[reinterpret_cast<uintptr_t>(ptr)] = {size, ++next_id_};
+  return ptr;
+}
+
+void BlockCache::release(void* ptr, size_t size) {
+  blocks_.erase(reinterpret_cast<uintptr_t>(ptr));
+  if (size < kMapBytes) {
+    std::free(ptr);
+    return;
+  }
+  munmap(ptr, size);
+  holes_[size].push_back(ptr);
+}
+
+uint64_t BlockCache::buffer_id(const void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  auto it = blocks_.upper_bound(p);
+  if (it == blocks_.begin()) {
+    return 0;
+  }
+  --it;
+  return p < it->first + it->second.first ? it->second.second : 0;
+}
+
 void* BlockCache::allocate(size_t nbytes, Queue* owner) {
   const size_t size = rounded(nbytes);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -34,8 +95,7 @@ void* BlockCache::allocate(size_t nbytes, Queue* owner) {
     it->second.pop_back();
     ++reused_blocks_;
   } else {
-    ptr = std::aligned_alloc(kAlignment, size);
-    TORCH_CHECK(ptr != nullptr, "testdev: out of host memory (", size, " B)");
+    ptr = fresh(size);
     ++fresh_blocks_;
   }
   ++allocations_;
@@ -121,7 +181,7 @@ void BlockCache::release_cached() {
   collect_finished();
   for (const auto& [key, ptrs] : free_) {
     for (void* ptr : ptrs) {
-      std::free(ptr);
+      release(ptr, key.second);
     }
   }
   free_.clear();

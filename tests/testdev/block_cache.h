@@ -25,6 +25,14 @@ namespace testdev {
 // - blocks without an owner (pinned host memory) are reusable by anyone.
 // Freed bytes are overwritten with kPoison, in stream order for the owner,
 // so that a stream still reading a block it did not record sees garbage.
+//
+// Each block is an allocation of its own with an id (as CUDA's
+// CU_POINTER_ATTRIBUTE_BUFFER_ID), never reused. Blocks of kMapBytes or more
+// are mapped from the kernel and unmapped by release_cached(), and a new
+// block of the same size is mapped at the address a released one had: new
+// pages at an old address, as CUDA's allocator can hand out after
+// empty_cache(), so that a registration of the old pages kept by address is
+// caught reaching memory that is no longer the tensor's.
 class BlockCache {
  public:
   static constexpr unsigned char kPoison = 0xA5;
@@ -36,6 +44,9 @@ class BlockCache {
   bool record_stream(const void* ptr, Queue& stream);
   // Frees the reusable blocks; the caller ensures no queued task uses them.
   void release_cached();
+  // The id of the block holding `ptr`, 0 if none does.
+  uint64_t buffer_id(const void* ptr);
+  static constexpr size_t kMapBytes = 64 << 10;
   std::map<std::string, int64_t> counters();
   void reset_counters();
 
@@ -55,11 +66,18 @@ class BlockCache {
 
   void make_reusable(void* ptr, const Block& block);
   void collect_finished();
+  void* fresh(size_t size);
+  void release(void* ptr, size_t size);
 
   std::mutex mutex_;
   std::unordered_map<const void*, Block> live_;
   std::map<FreeKey, std::vector<void*>> free_;
   std::vector<Pending> pending_;
+  // Every block, live or cached, by address: its size and id.
+  std::map<uintptr_t, std::pair<size_t, uint64_t>> blocks_;
+  uint64_t next_id_ = 0;
+  // Addresses of released mapped blocks, by size: where new ones go.
+  std::map<size_t, std::vector<void*>> holes_;
 
   int64_t allocations_ = 0; // allocate() calls for a non-zero size
   int64_t fresh_blocks_ = 0; // of those, served by new memory

@@ -32,6 +32,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "Keeps the stream busy for `ms` milliseconds (a slow kernel).");
   m.def("device_touches", &testdev::device_touches);
+  m.def("buffer_id", [](uintptr_t ptr) {
+    return testdev::device_buffer_id(reinterpret_cast<const void*>(ptr), 0);
+  });
+  m.def("buffer_id_function", [] {
+    return reinterpret_cast<uintptr_t>(&testdev::device_buffer_id);
+  });
   m.def("reset_device_touches", &testdev::reset_device_touches);
   m.def("capture_begin", [](int64_t stream_id, int device) {
     testdev::capture_begin(stream_at(stream_id, device));

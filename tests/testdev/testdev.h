@@ -133,6 +133,9 @@ std::map<std::string, int64_t> host_counters();
 void reset_counters();
 // Synchronizes every device first: queued tasks may still touch cached blocks.
 void empty_cache();
+// The id of the device block holding `ptr` (block_cache.h), 0 if none: the
+// device's CU_POINTER_ATTRIBUTE_BUFFER_ID, for roce_pg.declare_device_memory.
+uint64_t device_buffer_id(const void* ptr, int device);
 
 // --- kernels (kernels.cpp)
 // A CPU tensor over the same host memory and geometry as the device tensor

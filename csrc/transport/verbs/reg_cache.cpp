@@ -74,13 +74,14 @@ RegCache::Entry* RegCache::acquire(const BufferOwner& o, const void* p, size_t n
   auto found = byId_.find(o.id);
   if (found != byId_.end()) {
     Iter it = found->second;
-    if (it->owner.base == o.base && it->owner.len == o.len) {
+    if (it->owner.base == o.base && it->owner.len == o.len && it->owner.bufferId == o.bufferId) {
       lru_.splice(lru_.begin(), lru_, it);  // most recently used
       it->inUse++;
       return &*it;
     }
     // The same allocation object now describes other memory (a storage whose
-    // data pointer was swapped): the old registration is of no use.
+    // data pointer was swapped, or given new memory at the same address: the
+    // buffer id changed): the old registration is of no use.
     if (it->inUse > 0) return nullptr;
     drop(it);
   }
