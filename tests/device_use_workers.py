@@ -29,6 +29,7 @@ from .reference import Checker
 CALLER_WORK_MS = 1500  # the caller's slow work after the first call
 BACKWARD_STEP_MS = 300  # each slow backward kernel of the DDP model
 POLL_LIMIT_S = 30  # bounds a poll for a Work that never completes
+TORCH_VERSION = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def device_use(rank, world, port, kind):
@@ -44,7 +45,10 @@ def device_use(rank, world, port, kind):
     for where, group in groups.items():
         report[f"ordering_{where}"] = _later_call_does_not_hold_back(ck, acc, world, group)
         report[f"ddp_{where}"] = _ddp_overlap(ck, acc, rank, world, group)
-    report["capture"] = _capture_refused(ck, acc, world)
+    if kind == "cuda" or TORCH_VERSION >= (2, 15):
+        report["capture"] = _capture_refused(ck, acc, world)
+    # else: c10 has no stream-capture query before torch 2.15, so roce can
+    # tell only CUDA's captures (through the driver)
     acc.synchronize()
     report["device_index"] = acc.device.index
     if kind == "testdev":

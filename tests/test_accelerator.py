@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 
+from .device_use_workers import TORCH_VERSION
 from .harness import LAYOUTS, run_group
 
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -86,7 +87,8 @@ def test_device_use(kind):
             # slow kernels finished.
             ddp = r[f"ddp_{where}"]
             assert ddp["buckets"] >= 4 and ddp["busy_when_first_done"], (where, ddp)
-        assert "capturing a graph" in r["capture"]["error"], r["capture"]
+        if kind == "cuda" or TORCH_VERSION >= (2, 15):  # testdev's captures are seen through c10 from 2.15
+            assert "capturing a graph" in r["capture"]["error"], r["capture"]
         # No stream or event call from a thread on another device than the
         # rank's; on CUDA, no context on another GPU (two GPUs or more).
         counts = r.get("touches") or r.get("active_contexts") or []

@@ -266,7 +266,7 @@ CallStaging RoceBackend::staging(const at::Tensor& like) {
 }
 
 std::shared_ptr<DeviceStaging> RoceBackend::deviceStaging(const at::Tensor& like) {
-  refuseCapture(like.device(), getRank(), "a collective or point-to-point call");
+  refuseCapture(like.device(), getRank(), "a collective or point-to-point call was issued");
   return std::make_shared<DeviceStaging>(lanes_.of(like.device()), pinned_);
 }
 
@@ -403,6 +403,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_sparse(std::vector<at::Ten
                                                              const c10d::AllreduceOptions& opts) {
   checkSparseAllreduce(tensors, opts);
   const at::Tensor t = tensors[0];
+  if (!t.is_cpu()) refuseCapture(t.device(), getRank(), "an allreduce of a sparse tensor was issued");
   return submit(OpType::ALLREDUCE, "allreduce (sparse)", tensors, CallStaging(),
                 [t](Communicator& c) { sparseAllreduceSum(c, t); }, callOf(opts),
                 static_cast<size_t>(t._values().numel()) * t._values().element_size());

@@ -17,6 +17,7 @@ constexpr int kOrderingOwner = 100;        // CU_GPU_DIRECT_RDMA_WRITES_ORDERING
 constexpr int kFlushTargetCurrentCtx = 0;  // CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX
 constexpr int kFlushToOwner = 100;         // CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER
 constexpr int kPointerBufferId = 7;        // CU_POINTER_ATTRIBUTE_BUFFER_ID (unsigned long long)
+constexpr int kCaptureModeThreadLocal = 1;  // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 
 struct Driver {
   CUresult (*init)(unsigned) = nullptr;
@@ -31,6 +32,7 @@ struct Driver {
   CUresult (*flush)(int target, int scope) = nullptr;  // CUDA 11.3+
   CUresult (*isCapturing)(void* stream, int* status) = nullptr;  // optional: null answers "not capturing"
   CUresult (*pointerAttribute)(void* data, int attribute, CUdeviceptr ptr) = nullptr;  // optional: null, no buffer ids
+  CUresult (*captureMode)(int* mode) = nullptr;  // optional
   std::string missing;  // why the driver cannot be used; empty when it can
 };
 
@@ -60,6 +62,7 @@ const Driver& driver() {
     bind(lib, "cuFlushGPUDirectRDMAWrites", d.flush, d.missing);
     d.isCapturing = reinterpret_cast<decltype(d.isCapturing)>(dlsym(lib, "cuStreamIsCapturing"));
     d.pointerAttribute = reinterpret_cast<decltype(d.pointerAttribute)>(dlsym(lib, "cuPointerGetAttribute"));
+    d.captureMode = reinterpret_cast<decltype(d.captureMode)>(dlsym(lib, "cuThreadExchangeStreamCaptureMode"));
     if (d.missing.empty() && d.init(0) != 0) d.missing = "cuInit failed";
     return d;
   }();
@@ -149,6 +152,12 @@ uint64_t cudaBufferId(const void* ptr, int index) {
     if (d.pointerAttribute(&id, kPointerBufferId, reinterpret_cast<CUdeviceptr>(ptr)) != 0) id = 0;
   });
   return id;
+}
+
+void cudaThreadLocalCaptureMode() {
+  const Driver& d = driver();
+  int mode = kCaptureModeThreadLocal;
+  if (d.missing.empty() && d.captureMode) d.captureMode(&mode);
 }
 
 bool flushCudaRdmaWrites(int index) {

@@ -42,4 +42,10 @@ bool cudaStreamCapturing(void* stream);
 // driver cannot tell.
 uint64_t cudaBufferId(const void* ptr, int index);
 
+// Puts the calling thread in thread-local stream-capture mode
+// (cuThreadExchangeStreamCaptureMode): under a capture another thread began
+// in the default, global mode, this thread's event queries would otherwise
+// be refused and invalidate that capture. For threads that never capture.
+void cudaThreadLocalCaptureMode();
+
 }  // namespace roce

@@ -10,30 +10,28 @@ namespace roce {
 namespace {
 
 bool capturing(const c10::Stream& stream) {
-  // CUDA: the driver answers for any torch roce builds against.
-  if (stream.device_type() == c10::DeviceType::CUDA) return cudaStreamCapturing(stream.native_handle());
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
-  // Other devices through c10's interface; one that does not implement it
-  // has no capture to be in.
+  // Every device type through c10's interface (ROCm's tensors say CUDA but
+  // have no libcuda); one that does not implement it has no capture to be in.
   try {
-    return c10::impl::VirtualGuardImpl(stream.device_type()).isStreamCapturing(stream);
+    if (c10::impl::VirtualGuardImpl(stream.device_type()).isStreamCapturing(stream)) return true;
   } catch (const c10::Error&) {
-    return false;
   }
-#else
-  return false;
 #endif
+  // CUDA also through the driver, which answers for any torch roce builds against.
+  return stream.device_type() == c10::DeviceType::CUDA && cudaStreamCapturing(stream.native_handle());
 }
 
 }  // namespace
 
-void refuseCapture(c10::Device device, int rank, const char* op) {
+void refuseCapture(c10::Device device, int rank, const char* what) {
   const c10::Stream stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
-  TORCH_CHECK(!capturing(stream), "roce: rank ", rank, ": ", op, " on ", device.str(),
-              " was issued while the current stream (", device.str(), " stream ", stream.id(),
+  TORCH_CHECK(!capturing(stream), "roce: rank ", rank, ": ", what, " on ", device.str(),
+              " while the current stream (", device.str(), " stream ", stream.id(),
               ") is capturing a graph. roce moves device tensors through host memory on its own threads, which "
-              "a graph cannot replay: issue the collective outside the capture (e.g. before or after "
-              "torch.cuda.graph(...)), or capture only the compute. Nothing was queued; the group stays usable.");
+              "a graph cannot replay: issue the collective and wait for it outside the capture (e.g. before or "
+              "after torch.cuda.graph(...)), or capture only the compute. Nothing was queued; the group stays "
+              "usable.");
 }
 
 }  // namespace roce

@@ -13,7 +13,7 @@
 namespace roce {
 
 // Throws c10::Error if the current stream of `device` is capturing.
-// `rank` and `op` name the call in the message.
-void refuseCapture(c10::Device device, int rank, const char* op);
+// `rank` and `what` ("a collective ... was issued") name the call in the message.
+void refuseCapture(c10::Device device, int rank, const char* what);
 
 }  // namespace roce

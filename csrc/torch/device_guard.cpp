@@ -3,6 +3,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "../engine/engine.hpp"
+#include "cuda_driver.hpp"
 
 namespace roce {
 
@@ -13,6 +14,9 @@ DeviceStepGuard::DeviceStepGuard(std::optional<c10::Device> device) {
   thread_local bool selected = false;
   if (!selected && Engine::onProgressThread()) {
     c10::impl::VirtualGuardImpl(device->type()).setDevice(*device);
+    // Its event queries must not be refused, nor break the capture, while
+    // the caller's thread captures a graph around compute alone.
+    if (device->type() == c10::DeviceType::CUDA) cudaThreadLocalCaptureMode();
     selected = true;
   }
   guard_.reset_device(*device);

@@ -43,7 +43,7 @@ DeviceStaging::DeviceStaging(DeviceLane lane, std::shared_ptr<PinnedCache> cache
 
 void DeviceStaging::resultsAfterIssue() {
   if (resultsWaitedForIssue_) return;
-  issued_->block(lane_.toDevice);
+  if (!issued_->query()) issued_->block(lane_.toDevice);
   resultsWaitedForIssue_ = true;
 }
 
@@ -96,6 +96,7 @@ void DeviceStaging::copyOnDevice(void* dst, const void* src, size_t bytes, Commu
     to.copy_(from, /*non_blocking=*/true);
   }
   Counters::add(c.counters().deviceBytesLocal, bytes);
+  usedLocal_ = true;
   c10::Event copied(lane_.device().type());
   copied.record(lane_.local);
   awaitDeviceEvent(copied, c, [&] {
@@ -136,6 +137,20 @@ void DeviceStaging::start(int64_t pieceElems, int64_t totalElems) {
   // Called at the issue, on the caller's thread: the copies to the host
   // queued below follow this call's issue point, and precede the next call's.
   issued_->block(lane_.toHost);
+  // Marks the end of this call's copies out on toHost, also when queuing
+  // them failed part way (finish() covers whatever was queued).
+  struct MarkCopiedOut {
+    DeviceStaging& s;
+    ~MarkCopiedOut() {
+      try {
+        s.copiedOut_ = std::make_shared<c10::Event>(s.lane_.device().type());
+        s.copiedOut_->record(s.lane_.toHost);
+      } catch (const std::exception& e) {
+        s.copiedOut_.reset();
+        ROCE_WARN("roce: recording the end of a call's copies to the host failed: ", e.what());
+      }
+    }
+  } markCopiedOut{*this};
   if (!direct_.empty()) {
     // One piece: the transport reads once the producers are done, or once the
     // copies into device buffers (deviceBuffer) that follow them are.
@@ -230,17 +245,21 @@ void DeviceStaging::copyBack(size_t k) {
 std::shared_ptr<c10::Event> DeviceStaging::finish() {
   if (end_) return end_;
   const c10::DeviceType type = lane_.device().type();
-  // E on the results' stream, after it waited for this call's issue point and
-  // its last copy to the host (the pinned blocks are reused after E): on
-  // success the host saw those finish already, but a failed or aborted
-  // operation may end with copies still queued. That last copy's event, not
-  // the stream as it is now: later calls have queued their waits on it since.
-  resultsAfterIssue();
-  for (auto p = pieces_.rbegin(); p != pieces_.rend(); ++p)
-    if (p->ready) {
-      p->ready->block(lane_.toDevice);
-      break;
-    }
+  // E on the results' stream, after the call's copies to the host and any
+  // device reduction or local copy of it (the pinned blocks are reused after
+  // E): on success the host saw those finish already, but a failed or
+  // aborted operation may end with some still queued. The copies out as of
+  // the end of start(), not toHost as it is now: later calls have queued
+  // their waits on it since. The copies back already follow the call's issue
+  // point; copies out, reductions and local copies wait for nothing of the
+  // caller queued after it.
+  if (copiedOut_) copiedOut_->block(lane_.toDevice);
+  for (auto [used, stream] : {std::pair{usedReduce_, lane_.reduce}, std::pair{usedLocal_, lane_.local}}) {
+    if (!used) continue;
+    c10::Event done(type);
+    done.record(stream);
+    done.block(lane_.toDevice);
+  }
   auto end = std::make_shared<c10::Event>(type);
   end->record(lane_.toDevice);
   end_ = end;

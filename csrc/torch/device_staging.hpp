@@ -134,8 +134,11 @@ class DeviceStaging {
 
   // The stream the results arrive on (the Work completes its future there).
   c10::Stream resultStream() const { return lane_.toDevice; }
-  // The stream device reductions of this call run on.
-  c10::Stream reduceStream() const { return lane_.reduce; }
+  // The stream device reductions of this call run on (finish() then covers it).
+  c10::Stream reduceStream() {
+    usedReduce_ = true;
+    return lane_.reduce;
+  }
   c10::Device device() const { return lane_.device(); }
   // The host buffers, for zero-copy transports (BufferOwner).
   const std::vector<at::Tensor>& hostTensors() const { return hostTensors_; }
@@ -165,8 +168,11 @@ class DeviceStaging {
   std::shared_ptr<c10::Event> end_;
   std::shared_ptr<c10::Event> issued_;  // I: on the caller's stream at the call
   bool resultsWaitedForIssue_ = false;  // toDevice waits for I (once, just before its first copy)
-  // Makes toDevice wait for I, once.
+  // Makes toDevice wait for I, once, unless I has completed already (a wait
+  // queued there would hold back the copies back of calls still running).
   void resultsAfterIssue();
+  std::shared_ptr<c10::Event> copiedOut_;  // on toHost after the call's copies out (start())
+  bool usedReduce_ = false, usedLocal_ = false;  // streams finish() must cover
   std::vector<at::Tensor> direct_;
   // The direct tensor holding [p, p + bytes) as a flat view of it, or undefined.
   at::Tensor directSpan(const void* p, size_t bytes) const;

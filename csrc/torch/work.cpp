@@ -9,6 +9,7 @@
 
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
+#include "device_capture.hpp"
 #include "device_guard.hpp"
 
 namespace roce {
@@ -58,10 +59,14 @@ BufferOwner directOwner(const at::Tensor& t, const CallStaging& st, Communicator
   return o;
 }
 
-// The device of a call's device tensors, for DeviceStepGuard; none for CPU tensors.
-std::optional<c10::Device> deviceOf(const CallStaging& staging) {
-  if (!staging.device) return std::nullopt;
-  return staging.device->device();
+// The device of a call's device tensors, for DeviceStepGuard; none for CPU
+// tensors. A call without device staging may still have device tensors (a
+// sparse allreduce converts them on the progress thread).
+std::optional<c10::Device> deviceOf(const CallStaging& staging, const RoceWork& work) {
+  if (staging.device) return staging.device->device();
+  for (const auto& t : work.outputs())
+    if (t.defined() && !t.is_cpu()) return t.device();
+  return std::nullopt;
 }
 
 void countStaged(const DeviceStaging& d, Communicator& c) {
@@ -136,6 +141,8 @@ std::shared_ptr<c10::Event> RoceWork::endEvent() const {
 
 void RoceWork::synchronize() {
   if (auto end = endEvent()) {
+    // A capturing stream cannot wait for work that is not in its graph.
+    refuseCapture(end->device(), rank_, "wait() or synchronize() on a Work was called");
     c10::impl::VirtualGuardImpl impl(end->device_type());
     end->block(impl.getStream(end->device()));
   }
@@ -166,7 +173,14 @@ int RoceWork::sourceRank() const {
 std::string OpLabel::text() const { return str(title, " #", seq, " (", bytes, " bytes)"); }
 
 void completeWork(RoceWork& work, const Task& task, CallStaging& staging, std::exception_ptr error) {
-  const DeviceStepGuard onDevice(deviceOf(staging));
+  // A device that cannot be selected (a sticky device error) fails the Work
+  // rather than leave it never completed.
+  std::optional<DeviceStepGuard> onDevice;
+  try {
+    onDevice.emplace(deviceOf(staging, work));
+  } catch (...) {
+    if (!error) error = std::current_exception();
+  }
   work.setTimes(task.startNs, task.endNs);
   if (!staging.device) {
     work.complete(error);
@@ -187,7 +201,7 @@ bool CollectiveTask::start(Communicator& c) {
   auto own = [&](const at::Tensor& host) {
     if (BufferOwner o = ownerOf(host, c.config().ibZeroCopyMinBytes)) owners.push_back(std::move(o));
   };
-  const DeviceStepGuard onDevice(deviceOf(staging_));
+  const DeviceStepGuard onDevice(deviceOf(staging_, *work_));
   DeviceStaging* device = staging_.device.get();
   if (device) {
     for (const auto& h : device->hostTensors()) own(h);
@@ -231,7 +245,7 @@ PointToPointTask::PointToPointTask(c10::intrusive_ptr<RoceWork> work, std::strin
 }
 
 bool PointToPointTask::start(Communicator& c) {
-  const DeviceStepGuard onDevice(deviceOf(staging_));
+  const DeviceStepGuard onDevice(deviceOf(staging_, *work_));
   if (staging_.direct) {
     if (req_.len > 0) req_.owner = directOwner(host_, staging_, c);  // an empty message touches nothing
   } else {
@@ -249,7 +263,7 @@ bool PointToPointTask::start(Communicator& c) {
 
 bool PointToPointTask::poll(Communicator&) {
   if (!req_.done) return false;
-  const DeviceStepGuard onDevice(deviceOf(staging_));
+  const DeviceStepGuard onDevice(deviceOf(staging_, *work_));
   if (req_.failed()) throwComm(str(what_, " failed: ", req_.error));
   if (req_.kind == Request::Kind::Recv) {
     work_->setSourceRank(req_.peer);

@@ -26,6 +26,7 @@ class RoceWork : public c10d::Work {
   // then() on it order the caller's streams after the copies back.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
+  const std::vector<at::Tensor>& outputs() const { return outputs_; }
   // Blocks until the host part is done (the network part runs on the CPU);
   // for device tensors it then makes the caller's current stream wait for the
   // copies back (synchronize()), without waiting for the device itself.
