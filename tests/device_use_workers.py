@@ -27,7 +27,7 @@ from .accelerator_workers import Accel
 from .reference import Checker
 
 CALLER_WORK_MS = 1500  # the caller's slow work after the first call
-BACKWARD_STEP_MS = 300  # each slow backward kernel of the DDP model
+BACKWARD_STEP_MS = 500  # each slow backward kernel of the DDP model
 POLL_LIMIT_S = 30  # bounds a poll for a Work that never completes
 TORCH_VERSION = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 
