@@ -9,8 +9,9 @@ namespace roce {
 
 DeviceStepGuard::DeviceStepGuard(std::optional<c10::Device> device) {
   if (!device || device->is_cpu()) return;
-  // Only a thread roce owns keeps the device: a caller's thread (an engine
-  // torn down by destroy_process_group) gets its own device back.
+  // Only a thread roce owns keeps the device: a caller's thread that runs a
+  // step (a task completed after the engine stopped, a staging destroyed when
+  // its call failed at issue) gets its own device back.
   thread_local bool selected = false;
   if (!selected && Engine::onProgressThread()) {
     c10::impl::VirtualGuardImpl(device->type()).setDevice(*device);
