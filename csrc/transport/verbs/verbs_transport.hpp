@@ -1,87 +1,11 @@
-// Point-to-point messages over RDMA verbs (RoCE v2 or InfiniBand), using only
-// the portable subset (RC QPs, no SRQ, one SGE, inline <= the returned cap,
-// work requests <= max_msg_sz, any non-zero post return is an error).
-//
-// Protocol, per pair of ranks (receiver-driven rendezvous; small messages eager):
-//   sender   --RTS(tag,len)-->      receiver   announces a send (lets
-//                                               recv-from-any-source pick a peer)
-//   receiver --RTR(tag,len,id[,addr,rkey,piece])--> sender   a receive was posted
-//   sender: matches RTRs to its sends FIFO per tag, checks the sizes (a
-//   mismatch fails both sides: NACK), then streams the message in chunks.
-//   Each chunk takes a landing-slot credit of the receiver and ends with an
-//   RDMA_WRITE_WITH_IMM of a 64-byte header into that slot (immediate = slot;
-//   the header names the receive, the offset, the length and the mode). The
-//   receiver handles the chunk and returns the slot with CREDIT(slot).
-//   Two modes, chosen per message:
-//    * copy: the sender copies the chunk into one of its registered staging
-//      slots and writes header + payload into the landing slot; the receiver
-//      copies the payload out. Small messages, and buffers the registration
-//      cache cannot take (no owner, over ROCE_PG_IB_REG_CACHE_BYTES).
-//    * zero copy (>= ROCE_PG_IB_ZERO_COPY_MIN_BYTES, both buffers registered
-//      through RegCache): the RTR carries address + rkey of the receive
-//      buffer, the sender RDMA_WRITEs each piece from its tensor straight into
-//      the receiver's tensor, then (same queue pair, so ordered after it) the
-//      header alone with WRITE_WITH_IMM. No byte is copied by a CPU.
-//   Several chunks are in flight per peer (ROCE_PG_IB_SLOTS) and are spread
-//   over ROCE_PG_IB_QPS_PER_CONNECTION queue pairs.
-//   Rails (issue 27, every NIC): a rank drives up to kMaxRails ports
-//   (port_choice.hpp); queue pair q of a connection is on rail q mod rails,
-//   so the chunks spread over queue pairs spread over the NICs and a
-//   channel's queue pair (lane) keeps its channel on one NIC. The pools and
-//   control rings are registered on every rail, an RTR carries the receive
-//   buffer's rkey on each of the receiver's rails, and the endpoint names
-//   each queue pair's rail. Order per (peer, tag) is unchanged: it never
-//   depended on which queue pair a chunk took (headers carry offsets;
-//   announcements keep to QP 0).
-//   Eager (messages of at most ROCE_PG_IB_EAGER_MAX_BYTES and one chunk): no
-//   RTS, no waiting for the RTR; the sender writes header (tag, length) and
-//   payload into a landing slot at once, so the data arrives after one trip
-//   instead of three. The receiver pairs each message it is told of (an RTS,
-//   or eager data) with its receives per tag in order, buffering eager data
-//   that finds no receive yet. RTS and eager data therefore go in posting
-//   order on QP 0 (the announcement queue); other control messages may pass
-//   them. Every receive still sends its RTR: the sender consumes RTRs strictly
-//   in order per tag, and an eager send completes only once its write is done
-//   and its RTR arrived, failing on a size mismatch as a rendezvous send does.
-//   Device memory (BufferOwner::device, GPUDirect RDMA): zero copy at every
-//   size, never eager, registered in a cache of its own; the adapter hands
-//   the transport device buffers only when every rank of the call does the
-//   same (ROCE_PG_GPUDIRECT, same on every rank), so both ends are
-//   registered. A device buffer that cannot take zero copy fails its request
-//   rather than let the CPU touch it.
-//   Inline sends (IBV_SEND_INLINE) carry control messages and chunks of up to
-//   the granted inline size (asked: 256 bytes) without a DMA read.
-// Memory (issue 19: per rank, independent of the world size): one landing
-// pool that every peer writes into and one staging pool that copied chunks
-// go out from, both shared by every group of the process and registered at
-// a group's first connection (ROCE_PG_IB_POOL_BYTES, slots of
-// ROCE_PG_IB_SLOT_BYTES; landing_pool.hpp says why each group keeps one
-// reserved landing slot per peer there, staging_pool.hpp why staging needs
-// no per-group share); per connected peer only its queue pairs and their
-// control rings. Landing slots are granted:
-// a peer writes only into slots it was given (CREDIT names the slot, its
-// address and rkeys) - two at connection, its reserved slot (which always
-// goes back to it) and an open one while the pool has more than a reserve
-// free (so small messages go eagerly), more when a receive posted for it
-// needs them (up to ROCE_PG_IB_SLOTS at a time), and a consumed open slot
-// goes back to the pool unless its peer still needs it (verbs_grants.cpp). An eager send that holds no credit goes as
-// a rendezvous instead, so a peer never waits for slots nobody will return.
-// No shared receive queue: eRDMA has none.
-// Connections: a peer's queue pairs are set up when the ConnectionManager
-// hands over a TCP socket to it; the two ranks exchange endpoints over it
-// (verbs_endpoint.hpp), and requests posted meanwhile wait. Once ready the
-// socket is closed if the group's lifeline watches the peer (its departure
-// then arrives as failPeer, see Transport::setPeerWatch); else it stays
-// open, and its EOF says the peer left.
-// User buffers are registered through RegCache, whose entries keep their
-// allocation alive (see reg_cache.hpp): a tensor freed and reallocated at the
-// same address is a different allocation, never a stale registration. A
-// receive that fails (peer death, abort, deadline) moves the peer's queue
-// pairs to the error state first, so no write lands after it; a NACKed
-// receive was never written to. Completions are polled by the progress thread;
-// when a wait has been idle for ROCE_PG_SPIN_US it arms the CQs and blocks on
-// the group's wake-up, which the process's completion channel wakes through
-// the runtime thread (prepareWait, verbs_device.hpp).
+// VerbsTransport: one group's point-to-point messages over RDMA verbs (RoCE
+// v2 or InfiniBand), portable subset only, for the peers the group's network
+// transport serves. Receiver-driven rendezvous with eager small messages;
+// copied or zero-copy chunks into landing slots the receiver grants, spread
+// over queue pairs on every rail; landing and staging pools shared by the
+// process's groups. The design (protocol, rails, eager, device memory,
+// memory and grants, connections, failure order): docs/ARCHITECTURE.md,
+// "The verbs transport".
 #pragma once
 #include <memory>
 #include <string>
