@@ -1,8 +1,11 @@
-// Collective algorithms. They see only comm::Communicator (point-to-point
-// requests routed to whatever transport serves each peer) and, for the
-// single-machine allreduce, allgather, broadcast and reduce-scatter, the
-// node's shared memory. Buffers are contiguous
-// host memory; the adapter above handles tensors, devices and layouts.
+// Collective algorithms. They see only roce::Communicator (csrc/comm/
+// communicator.hpp: point-to-point requests routed to whatever transport
+// serves each peer) and, for the single-machine allreduce, allgather,
+// broadcast and reduce-scatter, the node's shared memory. Buffers are
+// contiguous host memory, except a data-movement call's under GPUDirect RDMA,
+// which may be device memory the CPU must not touch (the algorithms copy
+// their own blocks with Communicator::copyLocal); the adapter above handles
+// tensors, devices and layouts.
 //
 // Every function is collective over the group and must be called by all ranks
 // in the same order. Block layouts are in group-rank order.

@@ -123,8 +123,9 @@ constexpr Algo kCandidateAlgo[kCandidates] = {Algo::Rd, Algo::Rabenseifner, Algo
 // The first threshold row that holds among `allowed` candidates, or -1.
 // Rows in order: rd up to ROCE_PG_ALGO_RD_MAX_BYTES, hier from
 // ROCE_PG_ALGO_HIER_MIN_BYTES, the ring from ROCE_PG_ALGO_RING_MIN_BYTES
-// (only where the model could not pick hier: the old table reached the ring
-// row only where hier did not apply or ROCE_PG_ALGO_HIER_MIN_BYTES said no).
+// (only where the model could not pick hier: hier does not apply, or
+// ROCE_PG_ALGO_HIER_MIN_BYTES is set and said no, so a ring threshold never
+// takes a size from hier that the model may still give it).
 int thresholdRow(const Config& cfg, const bool allowed[kCandidates], size_t bytes, const char*& name) {
   if (allowed[kRd] && cfg.rdMaxBytesSet && bytes <= cfg.rdMaxBytes) {
     name = "ROCE_PG_ALGO_RD_MAX_BYTES";
@@ -144,7 +145,7 @@ int thresholdRow(const Config& cfg, const bool allowed[kCandidates], size_t byte
 
 // A set threshold also takes its algorithm out of the model's hands on the
 // other side of it: ROCE_PG_ALGO_RD_MAX_BYTES=8K means "rd up to 8 KiB, never
-// above", as the table of fixed thresholds did.
+// above".
 void dropThresholded(const Config& cfg, bool allowed[kCandidates]) {
   if (cfg.rdMaxBytesSet) allowed[kRd] = false;
   if (cfg.hierMinBytesSet) allowed[kHier] = false;

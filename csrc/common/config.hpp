@@ -51,9 +51,9 @@ struct Config {
   std::string netTransport = "auto";     // ROCE_PG_NET_TRANSPORT
   // When network connections are made: "lazy" (default) when an algorithm or
   // a point-to-point call first needs a peer, so a rank connects to the peers
-  // it talks to; "eager" connects every pair at init (the old full mesh).
+  // it talks to; "eager" connects every pair at init (a full mesh).
   std::string connect = "lazy";          // ROCE_PG_CONNECT: lazy|eager
-  // How a subgroup of a roce world group forms (issue 27): "join" joins
+  // How a subgroup of a roce world group forms: "join" joins
   // through the store like any group (the leader compares every member's
   // settings); "parent" derives its roster from the world group's, with no
   // join and no comparison. Every rank must agree (algorithmSettings).
@@ -111,15 +111,17 @@ struct Config {
   int ibRetryCnt = 7;                    // ROCE_PG_IB_RETRY_CNT
   int ibQpsPerConnection = 1;            // ROCE_PG_IB_QPS_PER_CONNECTION
   int ibSlots = 8;                       // ROCE_PG_IB_SLOTS: landing slots a peer may hold at once (chunks in flight)
-  // One landing pool per rank that every peer writes into (slots are granted
-  // per message; see csrc/transport/verbs/verbs_transport.hpp), plus a staging
-  // pool of a quarter of it: registered bytes per rank do not grow with the
-  // number of peers.
+  // The most landing-pool bytes a group asks for (slots every peer writes
+  // into, granted per message; docs/ARCHITECTURE.md, "The verbs transport");
+  // below it a group asks what its verbs peers can use (verbsPoolSizes), and
+  // its staging need is at most a quarter of it. Both pools are the
+  // process's, shared by its groups, so their registered bytes stop growing
+  // with the number of peers at this ceiling.
   size_t ibPoolBytes = 16u << 20;        // ROCE_PG_IB_POOL_BYTES
   size_t ibSlotBytes = 64u << 10;        // ROCE_PG_IB_SLOT_BYTES: payload per landing/staging slot
   // Verbs sends up to this size go eagerly: written into a landing slot of the
   // receiver at once, without waiting for its RTR (one trip instead of three).
-  size_t ibEagerMaxBytes = 16 << 10;     // ROCE_PG_IB_EAGER_MAX_BYTES (0: off; capped by ROCE_PG_CHUNK_BYTES)
+  size_t ibEagerMaxBytes = 16 << 10;     // ROCE_PG_IB_EAGER_MAX_BYTES (0: off; capped by ROCE_PG_IB_SLOT_BYTES: one chunk)
   size_t ibZeroCopyMinBytes = 64 << 10;  // ROCE_PG_IB_ZERO_COPY_MIN_BYTES: RDMA straight from/into tensors
                                          // from this size on (0: never, always copy through staging)
   size_t ibRegCacheBytes = 0;            // ROCE_PG_IB_REG_CACHE_BYTES: registration cache limit (0: auto)

@@ -1,10 +1,10 @@
 // Whole pages straight from the kernel for buffers that verbs registers.
 //
 // Not malloc/aligned_alloc: glibc raises its mmap threshold each time a large
-// mmapped block is freed, so after one group's pools were freed the next
-// group's came from a heap arena, and RSS stepped up by a pool's size each
-// time the arena fragmented (seen in the Soft-RoCE suite: +4 MiB twice in 50
-// group cycles). Pages of their own also keep registered memory off pages
+// mmapped block is freed, so after one group's pools are freed the next
+// group's come from a heap arena, and RSS steps up by a pool's size each
+// time the arena fragments (+4 MiB twice in 50 group cycles of the
+// Soft-RoCE suite). Pages of their own also keep registered memory off pages
 // that heap objects share (what ibv_fork_init's madvise needs).
 #pragma once
 #include <sys/mman.h>

@@ -1,7 +1,8 @@
 // Lets another thread interrupt a thread of the group that blocks in poll():
 // the caller's thread in an operation (Communicator::blockUntilActivity) and
 // the engine's thread idle between operations (waitIdle) — both may block at
-// once, on this one eventfd (one descriptor per group, issue 27). Wakers set
+// once, on this one eventfd (one descriptor per group, not one per waiting
+// thread: a process holds many groups). Wakers set
 // their condition (work was queued, an abort was requested, a lifeline
 // reported a dead peer, a connection arrived), then call wake(). A waiter
 // announces that it is about to block, re-checks its conditions, then

@@ -1,5 +1,5 @@
 // The group's flight recorder: every collective and point-to-point operation
-// in a fixed ring of plain entries (issue 28). Recording must cost far less
+// in a fixed ring of plain entries. Recording must cost far less
 // than the operation it records (an 8-byte allreduce takes a few
 // microseconds), so an entry is written in place: no allocation, no string,
 // no system call (the clock is the vDSO's CLOCK_MONOTONIC). One mutex per

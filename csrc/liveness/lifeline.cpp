@@ -413,7 +413,8 @@ Lifeline::SettingsVerdict Lifeline::awaitSettings(Clock::time_point deadline, co
     statesCv_.wait_until(g, std::min(deadline, Clock::now() + std::chrono::milliseconds(50)), settled);
   // The reason comes from here, recorded with failed_: a slice can end between
   // failWith setting failed_ and onFailure_ handing the communicator its copy
-  // (CI saw a mismatch reported as "did not confirm" that way).
+  // (a reason read from anywhere else can report a mismatch as "did not
+  // confirm").
   return {!failed_ && !stop_ && settingsMatched_ >= neighbours_, failure_};
 }
 

@@ -12,7 +12,8 @@
 //     (shared-memory and verbs peers give no such signal themselves) and across
 //     PID namespaces (no pid is compared);
 //   * a peer that is alive but silent (SIGSTOP, its machine or link gone) stops
-//     sending the heartbeat written every heartbeatTimeout/8: declared dead
+//     sending the heartbeat written every heartbeat timeout / 8 (within
+//     100 ms..1 s: every second with the default 20 s): declared dead
 //     after ROCE_PG_HEARTBEAT_TIMEOUT_MS;
 //   * a failure noticed anywhere (these, or a rank's own timeout or mismatch) is
 //     forwarded around the ring in both directions as a FAIL notice, so every

@@ -48,8 +48,9 @@ class RoceBackend : public c10d::Backend {
   // `nearPci`: sysfs path of the GPU this rank uses ("" if none), for the NIC choice.
   RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
               std::chrono::milliseconds timeout, int globalRank, const std::string& nearPci = {});
-  // A subgroup of `parent` formed from its roster, with no join (issue 27):
-  // collective over the parent's ranks `parentRanks` (Communicator).
+  // A subgroup of `parent` formed from its roster, with no join through the
+  // store (docs/ARCHITECTURE.md, "Subgroups from the parent"): collective
+  // over the parent's ranks `parentRanks` (Communicator).
   RoceBackend(const RoceBackend& parent, const c10::intrusive_ptr<c10d::Store>& store, int rank,
               const std::vector<int>& parentRanks, const std::string& groupName, std::chrono::milliseconds timeout);
   ~RoceBackend() override;
@@ -57,7 +58,7 @@ class RoceBackend : public c10d::Backend {
   bool formsSubgroups() const { return cfg_.subgroups == "parent"; }
 #ifdef ROCE_TORCH_BACKEND_SPLIT
   // torch.distributed.split_group: the new group forms from this one's
-  // roster with no join, like new_group's subgroups (issue 27). `ranks` are
+  // roster with no join, like new_group's subgroups. `ranks` are
   // this group's ranks; a rank not among them gets no backend.
   bool supportsSplitting() const override { return formsSubgroups(); }
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,

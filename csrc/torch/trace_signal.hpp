@@ -8,7 +8,7 @@
 // own, started with the first group that asks, does the dumping. Process-wide
 // and never torn down, like the worker pool: the registry is what changes as
 // groups come and go. The handler replaces the signal's previous disposition
-// (a Python handler for the same signal no longer runs).
+// (a Python handler for the same signal then never runs).
 #pragma once
 #include <cstdint>
 #include <functional>

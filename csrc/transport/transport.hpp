@@ -1,7 +1,7 @@
 // The narrow interface every transport implements (shared memory, TCP and RDMA
 // verbs: shm/, tcp/, verbs/ beside this file). Algorithms never see a concrete
-// transport: they post Requests through comm::Communicator, which routes each
-// peer to the transport that serves it.
+// transport: they post Requests through roce::Communicator (csrc/comm/
+// communicator.hpp), which routes each peer to the transport that serves it.
 //
 // Semantics, identical for every transport:
 //  * reliable, and FIFO per (peer, tag): the k-th send with a tag matches the
@@ -10,7 +10,10 @@
 //    fails the receive with a message naming both ranks and sizes;
 //  * a message that arrives before its receive is posted is held by the
 //    transport (eagerly buffered, or parked at the sender by a rendezvous);
-//  * all calls happen on one thread (the group's progress thread): no locking.
+//  * calls come from one thread at a time (the group's progress thread, or a
+//    caller running a small collective inline while that thread is parked:
+//    Engine::runInline): no locking. What a transport shares with the
+//    process's other groups locks inside the shared object.
 #pragma once
 #include <poll.h>
 #include <unistd.h>

@@ -27,15 +27,16 @@
 // ring that lands between the re-check and ppoll still wakes it. The
 // exchange lets at most one datagram per group per sleep be queued.
 //
-// Descriptors (issue 27): the datagram socket is one per process, not one per
-// group (ShmDoorbells, read by the runtime thread); a group's doorbell is a
+// Descriptors: the datagram socket is one per process, not one per group, so
+// a process's descriptors do not grow with its groups (ShmDoorbells, read by
+// the runtime thread); a group's doorbell is a
 // key in it. A group's control page (node_shm.hpp) holds its process's
 // address and its key; a peer sends from its own process's socket and reads
 // the address the first time it rings. A peer that cannot send (no socket,
 // or sendto fails with anything but a full queue or a closed doorbell) marks
-// the doorbell broken, and its owner then polls as before
-// (StreamTransport::prepareWait); a blocked wait sleeps at most until the
-// next slow check (200 ms), so a wake-up lost that way costs that much once,
+// the doorbell broken, and its owner then polls its rings instead of
+// waiting to be rung (StreamTransport::prepareWait); a blocked wait sleeps
+// at most until the next slow check (200 ms), so a wake-up lost that way costs that much once,
 // never a hang.
 #pragma once
 #include <sys/types.h>

@@ -1,7 +1,7 @@
 // Lists the RDMA devices libibverbs can see, with their ports, for the init
 // log (group_setup.cpp, ROCE_PG_DEBUG=INFO) and roce_pg.rdma_ports() (the
-// doctor's --import row). The verbs transport picks its port itself
-// (chooseVerbsPort, verbs_device.hpp).
+// doctor's --import row). The ports a rank drives are chosen elsewhere
+// (chooseVerbsPorts, port_choice.hpp).
 #pragma once
 #include <string>
 #include <vector>

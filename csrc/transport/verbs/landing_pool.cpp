@@ -81,8 +81,8 @@ void LandingPool::join(Share& share, uint32_t reserved, uint32_t open) {
 void LandingPool::leave(Share& share) {
   if (!share.joined) return;
   std::lock_guard<std::mutex> g(mu_);
-  // The caller gave its slots back; one it still held (not done today) could
-  // never be given now: it no longer counts as the pool's.
+  // The caller gave its slots back; one it still held (no caller leaves one)
+  // could never be given after this, so it stops counting as the pool's.
   lost_ += share.held;
   reservedSum_ -= share.reserved;
   reservedUnused_ -= share.reserved - share.held;

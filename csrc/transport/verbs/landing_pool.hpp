@@ -1,6 +1,6 @@
 // The landing slots peers write chunks into: one pool per process for each
-// set of rails and slot size, which every group of the process shares
-// (issue 27: an extra group registers a few slots, not a pool of its own).
+// set of rails and slot size, which every group of the process shares, so
+// an extra group registers a few slots, not a pool of its own.
 //
 // Why a group needs slots of its own here (staging does not, see
 // staging_pool.hpp): a landing slot is granted to a peer for a receive

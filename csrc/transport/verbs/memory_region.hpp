@@ -1,6 +1,7 @@
 // A memory region: one buffer registered on every port the transport drives
-// ("rails", issue 27: every NIC). An ibv_mr belongs to one protection domain,
-// so memory that queue pairs of several ports touch (the landing and staging
+// ("rails": a rank may drive several ports, port_choice.hpp). An ibv_mr
+// belongs to one protection domain, so memory that queue pairs of several
+// ports touch (the landing and staging
 // pools, a pair's control rings) is registered once per rail; a queue pair on
 // rail r uses lkey(r) and rkey(r). (User buffers: RegCache, same rule.) Each registration
 // counts against the locked-memory limit on its own (the kernel charges every

@@ -1,5 +1,5 @@
-// Which RDMA ports a rank drives (issue 27, "every NIC"): every ACTIVE port
-// that ROCE_PG_IB_HCA selects (NCCL syntax: "mlx5_0:1,mlx5_1", "^mlx5_2",
+// Which RDMA ports a rank drives (docs/ARCHITECTURE.md, "Every NIC"): every
+// ACTIVE port that ROCE_PG_IB_HCA selects (NCCL syntax: "mlx5_0:1,mlx5_1", "^mlx5_2",
 // "=exact"), or by default the ports nearest the rank: with a GPU
 // (Config::nearDevicePci), the NICs fewest PCI hops from it (a NIC under the
 // GPU's PCIe switch before one behind the CPU's root port); otherwise, or

@@ -4,17 +4,17 @@
 // 50 s inside a destroy verb (ibv_destroy_qp, ibv_dereg_mr, ibv_destroy_cq)
 // for references the driver still holds to the object: after a port went
 // down, packets it queued on the stopped netdev keep their queue pair busy.
-// destroy_process_group on a group broken that way blocked for those 50 s
-// (CI saw 51 s). The objects are already harmless when a group is broken:
-// its queue pairs are in the error state, so the NIC no longer reads or
-// writes their buffers, and the shared pools' slots went back at once. So
+// destroy_process_group on a group broken that way would block for those
+// 50 s. The objects are already harmless when a group is broken: its queue
+// pairs are in the error state, so the NIC no longer reads or writes their
+// buffers, and the shared pools' slots go back at once. So
 // the group returns, and the reaper destroys its queue pairs, registrations
 // and CQs afterwards, in the order the verbs require, keeping the devices
 // (protection domain, context) alive until then.
 //
 // One thread per process, started when there is something to release and
 // gone when there is nothing left: a healthy job never has one, and groups
-// that shut down in order release their objects on the spot as before.
+// that shut down in order release their objects on the spot.
 #pragma once
 #include <chrono>
 #include <memory>

@@ -1,9 +1,10 @@
-// A registered region cut into fixed-size slots, shared by every peer of a
-// rank (issue 19: registered memory per rank independent of the world size).
-// The verbs transport's landing pool, which peers write chunks into (remote
-// write; slots are granted to peers, see verbs_transport.hpp), is one; the
-// process's staging pool, which copied chunks are sent from, is made of
-// them (staging_pool.hpp). Registered on every rail (memory_region.hpp).
+// A registered region cut into fixed-size slots: one region of a process
+// pool (pool_regions.hpp). Both of the verbs transport's pools are made of
+// them: the landing pool, which peers write chunks into (remote write; slots
+// are granted to peers, landing_pool.hpp), and the staging pool, which
+// copied chunks are sent from (staging_pool.hpp). Slots serve every peer of
+// every group, so registered memory per rank does not grow with the world
+// size. Registered on every rail (memory_region.hpp).
 #pragma once
 #include <infiniband/verbs.h>
 

@@ -1,6 +1,6 @@
 // The staging slots that copied chunks go out from: one pool per process for
-// each set of rails and slot size, which every group of the process shares
-// (issue 27: an extra group registers no staging bytes of its own).
+// each set of rails and slot size, which every group of the process shares,
+// so an extra group registers no staging bytes of its own.
 //
 // Why no group needs a guaranteed share (the landing pool would, so it stays
 // per group): a group takes a staging slot only to post a chunk the receiver
@@ -20,7 +20,7 @@
 // while groups queue is handed to the first of them and wakes it, so a
 // group streaming copied chunks cannot take every slot back as it frees
 // them. A handed slot its group has not claimed within a millisecond
-// (it no longer needed one) may be taken by any group.
+// (it did not need one after all) may be taken by any group.
 //
 // Size: the most any of its groups asked for (verbsPoolSizes: a quarter of
 // ROCE_PG_IB_POOL_BYTES at most), not their sum. A group asking more than

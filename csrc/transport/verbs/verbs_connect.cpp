@@ -1,5 +1,6 @@
 // Setting up a peer's queue pairs when its connection arrives, and the
-// endpoint exchange over the TCP side channel (see verbs_transport.hpp).
+// endpoint exchange over the TCP side channel (docs/ARCHITECTURE.md, "The
+// verbs transport").
 #include <arpa/inet.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -52,8 +53,8 @@ VerbsPoolSizes verbsPoolSizes(const Config& cfg, size_t stride, int routedPeers)
   // connects after its demand grants can hold cap + 2, and standing grants
   // may then wait: eager sends go as rendezvous meanwhile).
   // ROCE_PG_IB_POOL_BYTES stays the ceiling (reached from 15 peers with the
-  // defaults, so the world group of a large job is unchanged); a subgroup of
-  // a few machines registers a few MiB.
+  // defaults, so the world group of a large job registers the full pool); a
+  // subgroup of a few machines registers a few MiB.
   const uint64_t peers = static_cast<uint64_t>(std::max(routedPeers, 0));
   const uint64_t cap = static_cast<uint64_t>(cfg.ibSlots);
   const uint64_t landingSlots = std::min<uint64_t>(cfg.ibPoolBytes / stride, 2 * cap * (peers + 1));

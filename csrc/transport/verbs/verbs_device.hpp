@@ -1,16 +1,16 @@
 // One opened RDMA port (chosen by port_choice.hpp): its context, the
 // protection domain, the async events (read on the process's runtime thread) and the process-wide
 // checks (memlock, fork safety). One VerbsDevice per port per process
-// (VerbsDevice::shared, issue 27): every group of the process uses the same
+// (VerbsDevice::shared): every group of the process uses the same
 // context and protection domain, so a job with 20 groups opens the NIC once.
 // An asynchronous error that names a queue pair or CQ is kept for that object
 // only: one group's broken queue pair fails that group's peer, not the
 // groups beside it; a device or port error fails every group on the port.
-// One completion channel per port per process, too (issue 27: a descriptor
-// per group was one per rail): every group's CQs raise their events on it,
-// the runtime thread reads them and wakes the group whose CQ it was
-// (CqSet::notified). A woken group then polls its CQs on its own thread, as
-// before; only the blocked wait's wake-up takes the extra hop.
+// One completion channel per port per process, too (a channel per group
+// would cost a descriptor per group and rail): every group's CQs raise their
+// events on it, the runtime thread reads them and wakes the group whose CQ
+// it was (CqSet::notified). A woken group then polls its CQs on its own
+// thread; only the blocked wait's wake-up takes the extra hop.
 #pragma once
 #include <infiniband/verbs.h>
 

@@ -1,4 +1,5 @@
-// Which peer may write which landing slot (see verbs_transport.hpp, Memory).
+// Which peer may write which landing slot (docs/ARCHITECTURE.md, "The verbs
+// transport", Memory).
 //
 // A peer holds `granted` slots of the process's landing pool for this group
 // (landing_pool.hpp): credits it has not used yet, chunks in flight, chunks

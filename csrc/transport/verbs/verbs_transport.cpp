@@ -1,5 +1,6 @@
 // Posting and matching: sends and receives become control messages (RTS,
-// RTR), announcements and chunks (see verbs_transport.hpp for the protocol).
+// RTR), announcements and chunks (the protocol: docs/ARCHITECTURE.md, "The
+// verbs transport").
 #include "verbs_transport.hpp"
 
 #include <arpa/inet.h>

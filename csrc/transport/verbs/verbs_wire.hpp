@@ -1,7 +1,7 @@
 // What two verbs ranks write to each other: control messages (64-byte SENDs
 // on queue pair 0), the 64-byte header that ends every data chunk in a landing
-// slot, and how work-request ids name what completed. See verbs_transport.hpp
-// for the protocol these carry.
+// slot, and how work-request ids name what completed. docs/ARCHITECTURE.md,
+// "The verbs transport", describes the protocol these carry.
 #pragma once
 #include <cstdint>
 
