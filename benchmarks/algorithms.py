@@ -20,6 +20,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from tests.support.sizes import parse_size  # noqa: E402
 
 ALGOS = ["ring", "rd", "rabenseifner", "hier", "auto"]
 
@@ -102,13 +103,8 @@ def human(n):
     return f"{n} B"
 
 
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
-
-
 def flat(args):
-    from tests.harness import run_group
+    from tests.support.ranks import run_group
 
     algos = args.algos.split(",") if args.algos else ["ring", "rd", "rabenseifner", "auto"]
     sizes = [8, 512, 8 << 10, 64 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20]
@@ -134,7 +130,7 @@ def flat(args):
 
 
 def main():
-    from tests.harness import run_group
+    from tests.support.ranks import run_group
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")

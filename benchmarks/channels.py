@@ -19,14 +19,19 @@ reductions; bandwidth can only rise where cores are free for them (not on a
 import argparse
 import json
 import os
+import sys
 
-from small_ops import run_ranks
 from softroce_zero_copy import measure
+
+# The repository root, for tests.support; appended, so that roce_pg still
+# comes from where it did (PYTHONPATH or the installed package).
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.support.ranks import run_group  # noqa: E402
 
 MiB = 1 << 20
 
 
-def bench_rank(rank, world, port, args, queue):
+def bench_rank(rank, world, port, args):
     import torch
     import torch.distributed as dist
 
@@ -48,9 +53,8 @@ def bench_rank(rank, world, port, args, queue):
                 if size not in best[ch] or r["busbw_MBps"] > best[ch][size]["busbw_MBps"]:
                     best[ch][size] = r
     dist.barrier()
-    if rank == 0:
-        queue.put({"best": best, "runs": runs})
     dist.destroy_process_group()
+    return {"best": best, "runs": runs}  # rank 0's is printed (its CPU times)
 
 
 def main():
@@ -64,7 +68,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--json", help="write every round here")
     args = ap.parse_args()
-    res = run_ranks(bench_rank, args.ranks, (args,), args.timeout, "channels")
+    res = run_group("benchmarks.channels.bench_rank", args.ranks, init=False, deadline_s=args.timeout,
+                    kwargs={"args": args})[0]
     best = res["best"]
     base = args.channels[0]
     print(f"ring allreduce, {args.ranks} ranks, best of {args.rounds} alternating rounds; "

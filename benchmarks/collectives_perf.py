@@ -21,6 +21,8 @@ the end is a yardstick for shared-memory bandwidth on this machine.
 import argparse
 import csv
 import json
+import os
+import sys
 import time
 
 import torch
@@ -29,16 +31,15 @@ import torch.distributed as dist
 import coll_ops
 import runenv
 
+# The repository root, for tests.support; appended, so that roce_pg still
+# comes from where it did (PYTHONPATH or the installed package).
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.support.sizes import parse_size  # noqa: E402
+
 DTYPES = {"int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64,
           "half": torch.float16, "float": torch.float32, "double": torch.float64, "bfloat16": torch.bfloat16}
 ALIASES = {"char": "int8", "int": "int32", "float16": "half", "float32": "float", "float64": "double"}
 AVERAGE = {0: "rank 0", 1: "average over ranks", 2: "minimum over ranks", 3: "maximum over ranks"}
-
-
-def parse_size(s):
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    s = s.strip().upper().removesuffix("B") or "0"
-    return int(float(s[:-1]) * mult[s[-1]]) if s[-1] in mult else int(s)
 
 
 def parse_args():

@@ -18,15 +18,11 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from tests.support.sizes import parse_size  # noqa: E402
 
 DOC_SHAPES = ["2x1", "6x1", "16x1", "128x1", "1024x1", "2x8", "16x8", "128x8"]
 DOC_SIZES = "8,64K,1M,32M"
 CANDIDATES = ["rd", "rabenseifner", "ring", "tree", "hier"]
-
-
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
 def size_label(n):

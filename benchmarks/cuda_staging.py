@@ -45,9 +45,9 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # the in-place build of roce_pg
+sys.path.insert(0, os.path.dirname(HERE))  # the in-place build of roce_pg, and tests.support
 
-from local_ranks import spawn_ranks  # noqa: E402  (a sibling module)
+from tests.support.ranks import run_group  # noqa: E402
 
 WORLD = 2
 MIB = 1 << 20
@@ -78,88 +78,81 @@ def check(x, world, what):
         raise AssertionError(f"{what}: wrong allreduce result ({bad.numel()} elements differ, e.g. {bad[:3].tolist()})")
 
 
-def rank_main(rank, port, args, queue):
-    try:
-        import torch
-        import torch.distributed as dist
+def rank_main(rank, world, port, args):
+    """One rank's rows; with --device testdev the device was loaded before roce_pg
+    registered (run_group's prepare)."""
+    import torch
+    import torch.distributed as dist
 
-        if args.device == "testdev":
-            from tests import testdev
+    import roce_pg
 
-            testdev.load()
-        import roce_pg  # (registers "roce", after the test device exists)
+    torch.accelerator.set_device_index(rank % torch.accelerator.device_count())
+    dev = torch.device(args.device, torch.accelerator.current_device_index())
+    # A group reads its ROCE_PG_* settings when it is created: the world
+    # group reduces on the host, a second roce group on the device.
+    os.environ["ROCE_PG_DEVICE_REDUCE"] = "host"
+    dist.init_process_group("roce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    os.environ["ROCE_PG_DEVICE_REDUCE"] = "device"
+    on_device = dist.new_group(backend="roce")
+    os.environ["ROCE_PG_DEVICE_REDUCE"] = "host"
+    gloo = dist.new_group(backend="gloo")
+    sync = lambda: torch.accelerator.synchronize(dev)  # noqa: E731
+    barrier = lambda: dist.barrier(group=gloo)  # noqa: E731  (a host barrier on the side group)
+    backends = (("roce", None), ("roce-dev", on_device))
+    if args.device == "cuda":
+        backends += (("gloo", gloo),)
+    rows = []
+    for mib in args.sizes_mib:
+        nbytes = mib * MIB
+        n = nbytes // 4
+        iters = iterations(nbytes)
+        row = {"MiB": mib, "iters": iters}
+        x = torch.empty(n, device=dev)
+        row["gloo"] = float("nan")
+        for name, group in backends:
+            t = timed(lambda: dist.all_reduce(x, group=group), iters, barrier, sync)
+            row[name] = nbytes / t * 2 * (WORLD - 1) / WORLD / 1e9
+            x.fill_(float(rank + 1))
+            dist.all_reduce(x, group=group)
+            check(x, WORLD, f"{name} {mib} MiB")
+        pinned = torch.empty(n, pin_memory=True)
+        pinned2 = torch.empty(n, pin_memory=True)
+        y = torch.empty(n, device=dev)
 
-        torch.accelerator.set_device_index(rank % torch.accelerator.device_count())
-        dev = torch.device(args.device, torch.accelerator.current_device_index())
-        # A group reads its ROCE_PG_* settings when it is created: the world
-        # group reduces on the host, a second roce group on the device.
-        os.environ["ROCE_PG_DEVICE_REDUCE"] = "host"
-        dist.init_process_group("roce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-        os.environ["ROCE_PG_DEVICE_REDUCE"] = "device"
-        on_device = dist.new_group(backend="roce")
-        os.environ["ROCE_PG_DEVICE_REDUCE"] = "host"
-        gloo = dist.new_group(backend="gloo")
-        sync = lambda: torch.accelerator.synchronize(dev)  # noqa: E731
-        barrier = lambda: dist.barrier(group=gloo)  # noqa: E731  (a host barrier on the side group)
-        backends = (("roce", None), ("roce-dev", on_device))
-        if args.device == "cuda":
-            backends += (("gloo", gloo),)
-        rows = []
-        for mib in args.sizes_mib:
-            nbytes = mib * MIB
-            n = nbytes // 4
-            iters = iterations(nbytes)
-            row = {"MiB": mib, "iters": iters}
-            x = torch.empty(n, device=dev)
-            row["gloo"] = float("nan")
-            for name, group in backends:
-                t = timed(lambda: dist.all_reduce(x, group=group), iters, barrier, sync)
-                row[name] = nbytes / t * 2 * (WORLD - 1) / WORLD / 1e9
-                x.fill_(float(rank + 1))
-                dist.all_reduce(x, group=group)
-                check(x, WORLD, f"{name} {mib} MiB")
-            pinned = torch.empty(n, pin_memory=True)
-            pinned2 = torch.empty(n, pin_memory=True)
-            y = torch.empty(n, device=dev)
+        def copy_pair():
+            pinned.copy_(x, non_blocking=True)
+            x.copy_(pinned, non_blocking=True)
 
-            def copy_pair():
+        row["copy"] = 2 * nbytes / timed(copy_pair, iters, barrier, sync) / 1e9
+        out_stream, in_stream = torch.Stream(device=dev), torch.Stream(device=dev)
+
+        def duplex():
+            main = torch.accelerator.current_stream(dev)
+            out_stream.wait_stream(main)
+            in_stream.wait_stream(main)
+            with out_stream:
                 pinned.copy_(x, non_blocking=True)
-                x.copy_(pinned, non_blocking=True)
+            with in_stream:
+                y.copy_(pinned2, non_blocking=True)
+            main.wait_stream(out_stream)
+            main.wait_stream(in_stream)
 
-            row["copy"] = 2 * nbytes / timed(copy_pair, iters, barrier, sync) / 1e9
-            out_stream, in_stream = torch.Stream(device=dev), torch.Stream(device=dev)
-
-            def duplex():
-                main = torch.accelerator.current_stream(dev)
-                out_stream.wait_stream(main)
-                in_stream.wait_stream(main)
-                with out_stream:
-                    pinned.copy_(x, non_blocking=True)
-                with in_stream:
-                    y.copy_(pinned2, non_blocking=True)
-                main.wait_stream(out_stream)
-                main.wait_stream(in_stream)
-
-            row["duplex"] = 2 * nbytes / timed(duplex, iters, barrier, sync) / 1e9
-            row["roce/copy"] = row["roce"] / row["copy"]
-            row["dev/copy"] = row["roce-dev"] / row["copy"]
-            host = torch.empty(n)
-            t = timed(lambda: dist.all_reduce(host), iters, barrier, lambda: None)
-            row["host"] = nbytes / t * 2 * (WORLD - 1) / WORLD / 1e9
-            host.fill_(float(rank + 1))
-            dist.all_reduce(host)
-            check(host, WORLD, f"roce CPU {mib} MiB")
-            rows.append(row)
-            del x, y, pinned, pinned2, host
-        name = torch.cuda.get_device_name(dev) if args.device == "cuda" else args.device
-        info = {"device": name, "torch": torch.__version__, "gpus": torch.accelerator.device_count(),
-                "rank_device": str(dev), "staging": roce_pg.device_staging_stats(device=args.device)}
-        dist.destroy_process_group()
-        queue.put((rank, "ok", {"rows": rows, "info": info}))
-    except BaseException:  # noqa: BLE001 - the parent prints it
-        import traceback
-
-        queue.put((rank, "error", traceback.format_exc()))
+        row["duplex"] = 2 * nbytes / timed(duplex, iters, barrier, sync) / 1e9
+        row["roce/copy"] = row["roce"] / row["copy"]
+        row["dev/copy"] = row["roce-dev"] / row["copy"]
+        host = torch.empty(n)
+        t = timed(lambda: dist.all_reduce(host), iters, barrier, lambda: None)
+        row["host"] = nbytes / t * 2 * (WORLD - 1) / WORLD / 1e9
+        host.fill_(float(rank + 1))
+        dist.all_reduce(host)
+        check(host, WORLD, f"roce CPU {mib} MiB")
+        rows.append(row)
+        del x, y, pinned, pinned2, host
+    name = torch.cuda.get_device_name(dev) if args.device == "cuda" else args.device
+    info = {"device": name, "torch": torch.__version__, "gpus": torch.accelerator.device_count(),
+            "rank_device": str(dev), "staging": roce_pg.device_staging_stats(device=args.device)}
+    dist.destroy_process_group()
+    return {"rows": rows, "info": info}
 
 
 def main():
@@ -168,7 +161,9 @@ def main():
     ap.add_argument("--json", help="also write the rows and the setup here")
     ap.add_argument("--device", default="cuda", help="cuda (default), or testdev to check the script without a GPU")
     args = ap.parse_args()
-    results = spawn_ranks(rank_main, WORLD, args)
+    prepare = "tests.testdev.load" if args.device == "testdev" else None  # the device before roce_pg registers
+    results = run_group("benchmarks.cuda_staging.rank_main", WORLD, init=False, deadline_s=1800, prepare=prepare,
+                        kwargs={"args": args})
     info = results[0]["info"]
     print(f"# {info['device']} x{info['gpus']} (rank 0 on {info['rank_device']}, rank 1 on "
           f"{results[1]['info']['rank_device']}), torch {info['torch']}, {WORLD} ranks")
@@ -185,7 +180,7 @@ def main():
         print("  ".join(f"{row[c]:>9.3f}" if isinstance(row[c], float) else f"{row[c]:>9}" for c in cols))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"info": info, "rows": merged, "per_rank": results}, f, indent=1)
+            json.dump({"info": info, "rows": merged, "per_rank": dict(enumerate(results))}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,13 @@ last point.
 """
 import argparse
 import os
+import sys
 
-from local_ranks import spawn_ranks
-from proc_counts import devshm_kib, listening_ports
+# The repository root, for tests.support; appended, so that roce_pg still
+# comes from where it did (PYTHONPATH or the installed package).
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.support.proc_counts import devshm_kib, listening_ports  # noqa: E402
+from tests.support.ranks import run_group  # noqa: E402
 
 
 def _rss_kib():
@@ -46,33 +50,25 @@ def _snapshot(groups, backend):
             "devshm_kib": devshm_kib()}
 
 
-def rank_main(rank, port, args, queue):
-    try:
-        os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-        if args.backend == "roce" and not args.local:
-            os.environ.update({"ROCE_PG_FORCE_NETWORK": "1", "ROCE_PG_NET_TRANSPORT": args.transport})
-        import torch
-        import torch.distributed as dist
+def rank_main(rank, world, port, args):
+    """{groups: _snapshot} at each point of --groups, for this rank."""
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    import torch
+    import torch.distributed as dist
 
-        if args.backend == "roce":
-            import roce_pg  # noqa: F401  (registers "roce")
-        dist.init_process_group(args.backend, rank=rank, world_size=args.ranks)
-        groups, points = [dist.group.WORLD], {}
-        t = torch.ones(1024)
-        dist.all_reduce(t)
-        for target in sorted(args.groups):
-            while len(groups) - 1 < target:
-                g = dist.new_group(list(range(args.ranks)))
-                dist.all_reduce(t, group=g)
-                groups.append(g)
-            dist.barrier()
-            points[target] = _snapshot(groups, args.backend)
-        dist.destroy_process_group()
-        queue.put((rank, "ok", points))
-    except Exception:  # noqa: BLE001  (reported by the parent)
-        import traceback
-
-        queue.put((rank, "error", traceback.format_exc()))
+    dist.init_process_group(args.backend, rank=rank, world_size=world)
+    groups, points = [dist.group.WORLD], {}
+    t = torch.ones(1024)
+    dist.all_reduce(t)
+    for target in sorted(args.groups):
+        while len(groups) - 1 < target:
+            g = dist.new_group(list(range(world)))
+            dist.all_reduce(t, group=g)
+            groups.append(g)
+        dist.barrier()
+        points[target] = _snapshot(groups, args.backend)
+    dist.destroy_process_group()
+    return points
 
 
 def main():
@@ -83,7 +79,11 @@ def main():
     p.add_argument("--backend", choices=["roce", "gloo"], default="roce")
     p.add_argument("--local", action="store_true", help="ranks share memory as one machine (roce only)")
     args = p.parse_args()
-    results = spawn_ranks(rank_main, args.ranks, args)
+    env = {}
+    if args.backend == "roce" and not args.local:  # every peer over the network transport
+        env = {"ROCE_PG_FORCE_NETWORK": "1", "ROCE_PG_NET_TRANSPORT": args.transport}
+    results = run_group("benchmarks.groups_per_process.rank_main", args.ranks, env=env, init=False,
+                        deadline_s=1800, kwargs={"args": args})
     keys = ["fds", "threads", "listen", "rss_kib", "registered", "devices", "devshm_kib"]
     where = "one machine" if args.local else f"each its own machine, {args.transport}"
     print(f"# {args.backend}: {args.ranks} ranks ({where}); per rank, maximum over ranks, "
@@ -91,11 +91,11 @@ def main():
     print("  N groups  " + "  ".join(f"{k:>12s}" for k in keys))
     points = sorted(args.groups)
     for n in points:
-        row = [max(results[r][n][k] for r in results) for k in keys]
+        row = [max(r[n][k] for r in results) for k in keys]
         print(f"  {n:8d}  " + "  ".join(f"{v:12d}" for v in row))
     if len(points) > 1:
         lo, hi = points[0], points[-1]
-        per = [(max(results[r][hi][k] for r in results) - max(results[r][lo][k] for r in results)) / (hi - lo)
+        per = [(max(r[hi][k] for r in results) - max(r[lo][k] for r in results)) / (hi - lo)
                for k in keys]
         print("  per group " + "  ".join(f"{v:12.1f}" for v in per))
 

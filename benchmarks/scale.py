@@ -28,7 +28,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from datetime import timedelta
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+from tests.support.ports import free_port  # noqa: E402
 
 HARNESS = os.path.join(ROOT, "build", "scale", "roce_scale")
 RANKS_PER_MACHINE = 8
@@ -50,12 +50,6 @@ HARNESS_ALGOS = "rd,rabenseifner,ring,tree,hier,auto"
 # What 1,024 ranks may take of the memory available, measured per rank at 256.
 MEMORY_SHARE = 0.6
 KIB, MIB = 1 << 10, 1 << 20
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def count_fds():

@@ -30,28 +30,27 @@ time (capturing the caller's stack and thread name), about a third of an
 8-byte dist.all_reduce. The -nofr rows show each backend with torch's
 recorder off (gloo's native one included).
 
-Torch ranks are spawned by this script (a TCP store on a free port); the MPI
-column runs `mpirun -np N python small_ops.py --mpi-worker` (as root it passes
---allow-run-as-root; --oversubscribe because ranks may outnumber cores).
+Torch ranks are started by tests/support/ranks.py (a TCP store on a free
+port); the MPI column runs `mpirun -np N python small_ops.py --mpi-worker` (as
+root it passes --allow-run-as-root; --oversubscribe because ranks may
+outnumber cores).
 """
 import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
+# The repository root, for tests.support; appended, so that roce_pg still
+# comes from where it did (PYTHONPATH or the installed package).
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.support.ranks import run_group  # noqa: E402
+
 SMALL_BYTES = 8
 BIG_BYTES = 32 << 20
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def time_blocks(fn, iters, reps, barrier):
@@ -71,24 +70,30 @@ NO_ROCE_TRACE = "-notrace"  # roce's own flight recorder off (ROCE_PG_TRACE_ENTR
 TORCH_FR_HOOK = "-frhook"  # torch's flight-recorder hook on roce's groups too (ROCE_PG_TORCH_FR=hook)
 
 
-def torch_rank(rank, world, port, backend, args, queue):
+def backend_settings(row):
+    """(torch backend, environment) of a row name such as roce-nofr-notrace."""
+    backend, env = row, {}
     if backend.endswith(TORCH_FR_HOOK):
         backend = backend[:-len(TORCH_FR_HOOK)]
-        os.environ["ROCE_PG_TORCH_FR"] = "hook"
+        env["ROCE_PG_TORCH_FR"] = "hook"
     if backend.endswith(NO_ROCE_TRACE):
         backend = backend[:-len(NO_ROCE_TRACE)]
-        os.environ["ROCE_PG_TRACE_ENTRIES"] = "0"
+        env["ROCE_PG_TRACE_ENTRIES"] = "0"
     if backend.endswith(NO_FLIGHT_RECORDER):
         backend = backend[:-len(NO_FLIGHT_RECORDER)]
-        os.environ["TORCH_FR_BUFFER_SIZE"] = "0"  # read when torch creates the group and its recorder
+        env["TORCH_FR_BUFFER_SIZE"] = "0"  # read when torch creates the group and its recorder
+    return backend, env
+
+
+def torch_rank(rank, world, port, backend, args):
+    """(8-byte seconds per call, 32 MiB seconds per call, CPU share), the
+    slowest rank's times, on every rank."""
     import torch
     import torch.distributed as dist
 
-    if backend == "roce":
-        import roce_pg  # noqa: F401  (registers "roce")
     torch.set_num_threads(1)
     if backend == "fake":
-        return fake_rank(rank, world, args, queue)
+        return fake_rank(rank, world, args)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     small = torch.ones(SMALL_BYTES // 4)
     big = torch.ones(BIG_BYTES // 4)
@@ -103,11 +108,10 @@ def torch_rank(rank, world, port, backend, args, queue):
     out = [None] * world
     dist.all_gather_object(out, (t_small, t_big, cpu_share))
     dist.destroy_process_group()
-    if rank == 0:
-        queue.put((max(x[0] for x in out), max(x[1] for x in out), sum(x[2] for x in out) / world))
+    return max(x[0] for x in out), max(x[1] for x in out), sum(x[2] for x in out) / world
 
 
-def fake_rank(rank, world, args, queue):
+def fake_rank(rank, world, args):
     """torch's floor: FakeProcessGroup completes every call at once, so this is
     torch's Python and dispatcher path alone (no 32 MiB row: nothing moves)."""
     import torch
@@ -122,41 +126,15 @@ def fake_rank(rank, world, args, queue):
     t_small = time_blocks(lambda: dist.all_reduce(small), args.iters, args.reps, lambda: None)
     cpu_share = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
     dist.destroy_process_group()
-    if rank == 0:  # the ranks share nothing: rank 0's own figure
-        queue.put((t_small, float("nan"), cpu_share))
+    return t_small, float("nan"), cpu_share  # the ranks share nothing: each its own figure
 
 
-def run_ranks(target, nranks, extra, timeout, what):
-    """Spawns target(rank, nranks, port, *extra, queue) per rank (a TCP store on
-    a free port) and returns what rank 0 puts on the queue; a rank that dies or
-    a run past `timeout` ends it with an error instead of a hang."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=target, args=(r, nranks, port, *extra, queue)) for r in range(nranks)]
-    for p in procs:
-        p.start()
-    import queue as queue_mod
-    deadline = time.monotonic() + timeout
-    while True:  # a rank that dies must end the run, not hang it
-        try:
-            result = queue.get(timeout=1)
-            break
-        except queue_mod.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if dead or time.monotonic() > deadline:
-                for p in procs:
-                    p.kill()
-                raise SystemExit(f"{what}: a rank failed (exit codes {[p.exitcode for p in procs]}) or timed out")
-    for p in procs:
-        p.join(timeout)
-    return result
-
-
-def run_torch(backend, args):
-    return run_ranks(torch_rank, args.ranks, (backend, args), args.timeout, backend)
+def run_torch(row, args):
+    """torch_rank's figures for one row (a backend name, with -nofr etc.):
+    rank 0's; a rank that fails or a run past --timeout ends the run."""
+    backend, env = backend_settings(row)
+    return run_group("benchmarks.small_ops.torch_rank", args.ranks, env=env, init=False, deadline_s=args.timeout,
+                     kwargs={"backend": backend, "args": args})[0]
 
 
 def mpi_worker(args):
@@ -206,9 +184,9 @@ def copy_bandwidth(nbytes, iters, reps, barrier=lambda: None):
     return nbytes / t / 1e9
 
 
-def copy_rank(rank, world, port, args, queue):
+def copy_rank(rank, world, port, args):
     """One of `world` processes copying 32 MiB at the same time (blocks start
-    together, through a store barrier)."""
+    together, through a store barrier); the slowest one's GB/s."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -216,8 +194,7 @@ def copy_rank(rank, world, port, args, queue):
     out = [None] * world
     dist.all_gather_object(out, gbs)
     dist.destroy_process_group()
-    if rank == 0:
-        queue.put(min(out))
+    return min(out)
 
 
 def main():
@@ -252,7 +229,8 @@ def main():
             results[b] = r if b not in results else min(results[b], r)
     mpi_s, mpi_why = run_mpi(args) if not args.no_mpi else (None, "--no-mpi")
     copy_gbs = copy_bandwidth(BIG_BYTES, args.big_iters, args.reps)
-    copies_gbs = run_ranks(copy_rank, n, (args,), args.timeout, "concurrent copies")
+    copies_gbs = run_group("benchmarks.small_ops.copy_rank", n, init=False, deadline_s=args.timeout,
+                           kwargs={"args": args})[0]
 
     print(f"# {'':12s} {'8 B allreduce (us)':>20s} {'32 MiB busbw (GB/s)':>21s} {'CPU/rank in 8 B loop':>21s}")
     for b, (ts, tb, cpu) in results.items():

@@ -17,35 +17,29 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # the in-place build of roce_pg
-sys.path.insert(0, HERE)
-from local_ranks import spawn_ranks  # noqa: E402  (a sibling module)
+sys.path.insert(0, os.path.dirname(HERE))  # the in-place build of roce_pg, and tests.support
+from tests.support.ranks import run_group  # noqa: E402
 
 
-def rank_main(rank, port, args, queue):
-    try:
-        import torch
-        import torch.distributed as dist
+def rank_main(rank, world, port, args):
+    import torch
+    import torch.distributed as dist
 
-        import roce_pg
+    import roce_pg
 
-        dist.init_process_group("roce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.ranks)
-        x = torch.ones(args.mib * (1 << 20) // 4)
-        rows = []
-        for delay in args.delays_ms:
-            dist.barrier()
-            roce_pg.straggler_report()  # a fresh window
-            for _ in range(args.rounds):
-                if rank == args.slow:
-                    time.sleep(delay / 1000)
-                dist.all_reduce(x)
-            rows.append({"delay_ms": delay, "report": roce_pg.straggler_report()})
-        dist.destroy_process_group()
-        queue.put((rank, "ok", rows))
-    except BaseException:  # noqa: BLE001 - the parent prints it
-        import traceback
-
-        queue.put((rank, "error", traceback.format_exc()))
+    dist.init_process_group("roce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    x = torch.ones(args.mib * (1 << 20) // 4)
+    rows = []
+    for delay in args.delays_ms:
+        dist.barrier()
+        roce_pg.straggler_report()  # a fresh window
+        for _ in range(args.rounds):
+            if rank == args.slow:
+                time.sleep(delay / 1000)
+            dist.all_reduce(x)
+        rows.append({"delay_ms": delay, "report": roce_pg.straggler_report()})
+    dist.destroy_process_group()
+    return rows
 
 
 def main():
@@ -58,7 +52,8 @@ def main():
     args = ap.parse_args()
     if not 0 <= args.slow < args.ranks:
         sys.exit(f"--slow must be a rank below --ranks ({args.ranks})")
-    results = spawn_ranks(rank_main, args.ranks, args)
+    results = run_group("benchmarks.straggler.rank_main", args.ranks, init=False, deadline_s=1800,
+                        kwargs={"args": args})
     print(f"# {args.ranks} ranks, rank {args.slow} sleeps before each of {args.rounds} allreduces of {args.mib} MiB")
     print("# per rank: share of the window inside collectives / wait per collective (ms)")
     head = ["delay_ms"] + [f"rank {r}" for r in range(args.ranks)] + ["named", "verdict (rank 0)"]

@@ -15,9 +15,13 @@ under emulation is ~1000x slower than a NIC).
 import argparse
 import os
 import statistics
+import sys
 import time
 
-from small_ops import run_ranks
+# The repository root, for tests.support; appended, so that roce_pg still
+# comes from where it did (PYTHONPATH or the installed package).
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.support.ranks import run_group  # noqa: E402
 
 
 def timed(fn, iters, barrier):
@@ -28,7 +32,7 @@ def timed(fn, iters, barrier):
     return (time.perf_counter() - t0) / iters
 
 
-def bench_rank(rank, world, port, args, queue):
+def bench_rank(rank, world, port, args):
     import torch
     import torch.distributed as dist
 
@@ -68,9 +72,8 @@ def bench_rank(rank, world, port, args, queue):
     out = [None] * world
     dist.all_gather_object(out, results)
     dist.destroy_process_group()
-    if rank == 0:
-        worst = {n: {k: max(o[n][k] for o in out) for k in results[n]} for n in results}
-        queue.put((worst, counters["eager_sends"]))
+    worst = {n: {k: max(o[n][k] for o in out) for k in results[n]} for n in results}
+    return worst, counters["eager_sends"]  # rank 0's is printed
 
 
 def main():
@@ -83,7 +86,8 @@ def main():
     args = p.parse_args()
     print(f"# verbs_eager: {args.ranks} ranks, ROCE_PG_*: "
           f"{{{', '.join(f'{k}={v}' for k, v in sorted(os.environ.items()) if k.startswith('ROCE_PG_'))}}}")
-    worst, eager_sends = run_ranks(bench_rank, args.ranks, (args,), args.timeout, "verbs_eager")
+    worst, eager_sends = run_group("benchmarks.verbs_eager.bench_rank", args.ranks, init=False,
+                                   deadline_s=args.timeout, kwargs={"args": args})[0]
     print(f"# {'bytes':>8s} {'op':10s} {'rendezvous (us)':>16s} {'eager (us)':>11s} {'eager/rdv':>10s}")
     for n, r in worst.items():
         for kind in ("allreduce", "pingpong"):

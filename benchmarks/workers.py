@@ -28,9 +28,13 @@ The last line is the yardstick of this run: a plain 256 MiB tensor copy
 import argparse
 import json
 import os
+import sys
 import time
 
-from small_ops import run_ranks
+# The repository root, for tests.support; appended, so that roce_pg still
+# comes from where it did (PYTHONPATH or the installed package).
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.support.ranks import run_group  # noqa: E402
 
 MiB = 1 << 20
 
@@ -82,7 +86,7 @@ def copy_rate(torch, dist, size=256 * MiB, reps=5):
     return size * reps / (time.perf_counter() - w0) / 1e9
 
 
-def bench_rank(rank, world, port, args, queue):
+def bench_rank(rank, world, port, args):
     import torch
     import torch.distributed as dist
 
@@ -119,10 +123,9 @@ def bench_rank(rank, world, port, args, queue):
                         mine[size] = r
     rate = torch.tensor([copy_rate(torch, dist)], dtype=torch.float64)
     dist.all_reduce(rate)
-    if rank == 0:
-        queue.put({"best": best, "runs": runs, "copy_GBps_per_rank": rate.item() / world,
-                   "cpus": len(os.sched_getaffinity(0))})
     dist.destroy_process_group()
+    return {"best": best, "runs": runs, "copy_GBps_per_rank": rate.item() / world,
+            "cpus": len(os.sched_getaffinity(0))}  # rank 0's is printed
 
 
 def main():
@@ -138,7 +141,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--json", help="write every round here")
     args = ap.parse_args()
-    res = run_ranks(bench_rank, args.ranks, (args,), args.timeout, "workers")
+    res = run_group("benchmarks.workers.bench_rank", args.ranks, init=False, deadline_s=args.timeout,
+                    kwargs={"args": args})[0]
     base = f"roce w={args.workers[0]}"
     print(f"float32, {args.ranks} ranks on one machine ({res['cpus']} usable CPUs), fastest of {args.rounds} "
           f"alternating rounds; CPU: user+sys seconds per GB of tensor, per rank (mean)")

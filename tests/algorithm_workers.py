@@ -11,8 +11,8 @@ import torch.distributed as dist
 
 import roce_pg
 
-from .harness import thread_names
 from .reference import DTYPES, TOLERANCE, Checker, applicable_ops, inputs_for, make_input, make_op, reduce_reference
+from .support.proc_counts import thread_names
 
 ALGOS = ["auto", "ring", "rd", "rabenseifner", "hier", "tree"]
 # Variants: "ring3ch" is the ring with ROCE_PG_NCHANNELS=3, "hier2ch" hier

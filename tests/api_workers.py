@@ -325,13 +325,13 @@ def never_joins(rank, world, port, timeout_s):
 
 def no_rdma_device(rank, world, port):
     """Without RDMA devices a group spanning machines refuses to start unless TCP is chosen."""
-    from .harness import _store_wait
+    from .support.ranks import store_wait
 
     store = dist.TCPStore("127.0.0.1", port, world, is_master=(rank == 0), timeout=timedelta(seconds=60))
     msg = expect_error(lambda: dist.init_process_group("roce", store=store, rank=rank, world_size=world,
                                                        timeout=timedelta(seconds=60)),
                        "no RDMA device", "ROCE_PG_NET_TRANSPORT=tcp", f"rank {1 - rank}")
-    _store_wait(store, "test/done", world)  # rank 0 hosts the store: leave together
+    store_wait(store, "test/done", world)  # rank 0 hosts the store: leave together
     if rank == 0:
         time.sleep(1)
     return {"msg": msg}
@@ -342,7 +342,7 @@ def abort_pending(rank, world, port):
 
     Rank 0 starts an allreduce on the subgroup that rank 1 never joins, then aborts
     the subgroup; the pending work and any later work on it raise."""
-    from .harness import _store_wait
+    from .support.ranks import store_wait
 
     store = dist.distributed_c10d._get_default_store()
     sub = dist.new_group(list(range(world)))
@@ -357,7 +357,7 @@ def abort_pending(rank, world, port):
         dist.distributed_c10d._abort_process_group(sub)
         out["pending"] = expect_error(lambda: w.wait(timeout=timedelta(seconds=30)), "abort")
         out["elapsed"] = time.monotonic() - start
-    _store_wait(store, "abort/done", world)
+    store_wait(store, "abort/done", world)
     t = torch.full((10,), float(rank))
     dist.all_reduce(t)  # the default group is untouched
     assert torch.equal(t, torch.full((10,), float(sum(range(world)))))

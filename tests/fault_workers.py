@@ -237,7 +237,8 @@ def run_with_frozen_store(scenario_kwargs, world, env, deadline_s):
     """Starts the store process for kill_with_store_frozen, runs the group, kills the store."""
     import multiprocessing as mp
 
-    from .harness import free_port, run_group
+    from .support.ports import free_port
+    from .support.ranks import run_group
 
     scratch = scenario_kwargs["scratch"]
     os.makedirs(os.path.join(scratch, "frozen"), exist_ok=True)
@@ -264,11 +265,11 @@ def _private_store(rank, world, port, host="127.0.0.1"):
 
 def _leave_together(store, rank, world, key="test/done"):
     """Rank 0 hosts the store: nobody leaves before everyone is done with it."""
-    from .harness import _store_wait
+    from .support.ranks import store_wait
 
-    _store_wait(store, key, world)
+    store_wait(store, key, world)
     if rank == 0:
-        _store_wait(store, key + "/left", world - 1, arrive=False)
+        store_wait(store, key + "/left", world - 1, arrive=False)
     else:
         store.add(key + "/left", 1)
 
@@ -386,7 +387,7 @@ def shm_full_slots(rank, world, port, bad):
 
 def recreate_group(rank, world, port, cycles=50, rdma=False, timeout_s=60):
     """Creates, uses and destroys the default group `cycles` times; samples what the process holds."""
-    from .harness import _store_wait
+    from .support.ranks import store_wait
 
     store = _private_store(rank, world, port)
     samples, during = [], None
@@ -403,15 +404,15 @@ def recreate_group(rank, world, port, cycles=50, rdma=False, timeout_s=60):
             dist.barrier()
             if i == 0:
                 during = resources(rdma and rank == 0)
-                _store_wait(store, "cycle0/sampled", world)  # rdma counts are per machine
+                store_wait(store, "cycle0/sampled", world)  # rdma counts are per machine
             dist.destroy_process_group()
             # Python may hold the group in a reference cycle until a collection;
             # rdma counts are per machine, so every rank collects before anyone samples.
             gc.collect()
-            _store_wait(store, f"cycle{i}/destroyed", world)  # nobody samples before every group is gone
+            store_wait(store, f"cycle{i}/destroyed", world)  # nobody samples before every group is gone
             samples.append(resources(rdma and rank == 0 and i in (0, 1, cycles - 1)))
             # ... and nobody opens the next group's device while rank 0 counts the machine's RDMA objects
-            _store_wait(store, f"cycle{i}/sampled", world)
+            store_wait(store, f"cycle{i}/sampled", world)
         except Exception as e:  # noqa: BLE001
             raise RuntimeError(f"cycle {i} of {cycles} on rank {rank}: {e}") from e
     elapsed = time.monotonic() - t0
@@ -498,7 +499,7 @@ def run_scenarios(rank, world, port, scenarios):
     "rank_env", "deadline_s"}}; kwargs get a fresh "scratch" directory."""
     import tempfile
 
-    from .harness import run_group
+    from .support.ranks import run_group
 
     out = {}
     for name, sc in scenarios.items():

@@ -13,9 +13,8 @@ import torch.distributed as dist
 
 import roce_pg
 
-from benchmarks.proc_counts import devshm_kib, listening_ports, threads_named
-
 from .connection_workers import _store_barrier
+from .support.proc_counts import devshm_kib, listening_ports, threads_named
 
 
 def _cost():

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from .harness import LAYOUTS, run_group
+from .support.layouts import LAYOUTS
+from .support.ranks import run_group
 
 SHORT = {"ROCE_TEST_LARGE_SIZE": "70001", "ROCE_PG_CHUNK_BYTES": "16384"}
 

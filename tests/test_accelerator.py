@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from .device_use_workers import TORCH_VERSION
-from .harness import LAYOUTS, run_group
+from .support.layouts import LAYOUTS
+from .support.ranks import run_group
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 

@@ -14,7 +14,8 @@ import warnings
 import pytest
 
 from .algorithm_workers import ALGOS
-from .harness import TCP, run_group
+from .support.layouts import TCP
+from .support.ranks import run_group
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 

@@ -9,7 +9,8 @@ import textwrap
 import pytest
 import torch.distributed as dist
 
-from .harness import LAYOUTS, run_group
+from .support.layouts import LAYOUTS
+from .support.ranks import run_group
 
 
 def test_registration_is_idempotent():

@@ -5,7 +5,8 @@ ROCE_PG_CONNECT=eager keeps the full mesh, and a peer that is gone is named.
 Six ranks, each its own simulated machine over TCP (every peer is a network
 peer); the counters' `connections` gauge counts established data connections
 (the lifelines to the two ring neighbours are separate and not counted)."""
-from .harness import TCP, run_group
+from .support.layouts import TCP
+from .support.ranks import run_group
 
 SIX_MACHINES = {**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "1"}
 

@@ -1,7 +1,8 @@
 """DDP trains to the same parameters with roce as with Gloo."""
 import pytest
 
-from .harness import LAYOUTS, run_group
+from .support.layouts import LAYOUTS
+from .support.ranks import run_group
 
 
 @pytest.mark.parametrize("layout", ["shm2", "mixed2x2"])

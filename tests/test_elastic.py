@@ -40,7 +40,8 @@ from pathlib import Path
 import pytest
 
 from .elastic_workers import expected_checksum
-from .harness import LAYOUTS, TCP, free_port
+from .support.layouts import LAYOUTS, TCP
+from .support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = str(ROOT / "tests" / "elastic_workers.py")

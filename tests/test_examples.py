@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import free_port
+from .support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -43,17 +43,25 @@ def check_percentiles(m):
     assert times == sorted(times) and times[0] > 0, m.group(0)
 
 
-def test_models_build():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import torch
+# Builds each model of benchmarks/ddp_models.py, runs one step, prints the
+# parameter counts. Run in a process of its own: tests do not import benchmarks/.
+MODELS_BUILD = """
+import json, sys
+import torch
+sys.path.insert(0, "benchmarks")
+import ddp_models
+counts = {}
+for name in ("resnet50", "transformer", "mlp"):
+    work = ddp_models.build(name, 2, image_size=32, seq_len=16)
+    x, y = work.make_batch(torch.Generator().manual_seed(0))
+    torch.nn.functional.cross_entropy(work.model(x), y).backward()
+    counts[name] = sum(p.numel() for p in work.model.parameters())
+print(json.dumps(counts))
+"""
 
-    import ddp_models
-    counts = {}
-    for name in ("resnet50", "transformer", "mlp"):
-        work = ddp_models.build(name, 2, image_size=32, seq_len=16)
-        x, y = work.make_batch(torch.Generator().manual_seed(0))
-        torch.nn.functional.cross_entropy(work.model(x), y).backward()
-        counts[name] = sum(p.numel() for p in work.model.parameters())
+
+def test_models_build():
+    counts = json.loads(launch([sys.executable, "-c", MODELS_BUILD]).splitlines()[-1])
     assert counts["resnet50"] == 25_557_032  # exactly torchvision's resnet50
     assert counts["transformer"] > 1e7 and counts["mlp"] > 1e7
 

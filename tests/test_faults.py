@@ -24,7 +24,8 @@ import socket
 
 import pytest
 
-from .harness import LAYOUTS, run_group
+from .support.layouts import LAYOUTS
+from .support.ranks import run_group
 
 VICTIM = 2
 DETECT_LIMIT_S = 10.0

@@ -5,7 +5,8 @@ The direct path itself crosses real verbs only in the Soft-RoCE VM
 peer-memory mode over shared memory and TCP must be staged, exactly."""
 import pytest
 
-from .harness import LAYOUTS, run_group
+from .support.layouts import LAYOUTS
+from .support.ranks import run_group
 
 
 def _C():

@@ -5,7 +5,8 @@ contained to the group it happened in.
 
 Four ranks, each its own simulated machine over TCP unless a test says
 otherwise, so every peer is a network peer as on a cluster."""
-from .harness import TCP, run_group
+from .support.layouts import TCP
+from .support.ranks import run_group
 
 FOUR_MACHINES = {**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "1", "ROCE_PG_SUBGROUPS": "parent"}
 ONE_MACHINE = {"ROCE_PG_SUBGROUPS": "parent"}  # every peer over shared memory

@@ -4,7 +4,8 @@ import warnings
 
 import pytest
 
-from .harness import LAYOUTS, run_group
+from .support.layouts import LAYOUTS
+from .support.ranks import run_group
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 

@@ -6,7 +6,7 @@ waits that block in poll() (a rank 1.5 s late over TCP, and over shared memory
 on its doorbell)."""
 import warnings
 
-from .harness import run_group
+from .support.ranks import run_group
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 

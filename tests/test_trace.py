@@ -12,7 +12,7 @@ import subprocess
 import sys
 import warnings
 
-from .harness import run_group
+from .support.ranks import run_group
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 

@@ -10,7 +10,8 @@ import pytest
 
 from roce_pg._doctor_trace import rank_list
 
-from .harness import LAYOUTS, run_group
+from .support.layouts import LAYOUTS
+from .support.ranks import run_group
 
 def check_verdicts(results, world, hung, timeout_s):
     """Every rank but `hung` failed, and its error carries the verdict naming

@@ -14,7 +14,7 @@ the pool's job hand-off alone under 200,000 tiny jobs per rank, with
 children forked while they run starting pools of their own."""
 import warnings
 
-from .harness import run_group
+from .support.ranks import run_group
 from .worker_pool_workers import (CHUNK, FORKS, NET_ALGOS, NET_CASES, NET_SIZES, NET_WORKERS, ONESHOT_MAX,
                                   POOL_CHECK_JOBS, WORKER_COUNTS)
 

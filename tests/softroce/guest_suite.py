@@ -1,6 +1,6 @@
 """Runs inside one Soft-RoCE VM (scripts/softroce/run_vm.sh), every peer over the
 verbs transport on rxe0. torch is imported once; every group's ranks are forked
-from this process (tests/harness.py, start_method="fork"), so no rank pays the
+from this process (tests/support/ranks.py, start_method="fork"), so no rank pays the
 minutes `import torch` costs under emulation. This process never touches verbs
 itself before the forks (no ibv_fork_init needed): the ports are listed last.
 
@@ -53,9 +53,10 @@ import torch  # noqa: F401  (imported once; forked ranks inherit it)
 import roce_pg
 
 from tests.fault_workers import rdma_resources
-from tests.harness import LAYOUTS, run_group
 from tests.softroce.rxe_counters import hw_counters, sent_packets
 from tests.softroce.verbs_workers import MTU, proof_packets
+from tests.support.layouts import LAYOUTS
+from tests.support.ranks import run_group
 
 PROOF = "tests.softroce.verbs_workers.with_proof"
 DEFAULT_CHUNK = {"ROCE_PG_CHUNK_BYTES": str(1 << 20)}  # the suite runs with small chunks; these groups not

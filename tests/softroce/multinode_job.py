@@ -40,8 +40,8 @@ import torch
 
 import roce_pg  # noqa: F401
 
-from tests.harness import run_group
 from tests.softroce.rxe_counters import hw_counters, sent_packets
+from tests.support.ranks import run_group
 
 BIG = 8 << 20  # bytes of the allreduce whose packets are counted
 RANKS_PER_NODE = 2

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import roce_pg
 
-from tests.harness import thread_names
+from tests.support.proc_counts import thread_names
 
 # Per-rank message sizes in bytes: below, at and above the 64 KiB threshold,
 # and above the 1 MiB chunk (several messages per collective step).

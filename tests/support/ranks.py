@@ -1,5 +1,9 @@
 """Runs a function on every rank of a freshly started process group.
 
+How the tests and the benchmarks start a group's ranks on this machine:
+run_group starts them, gives each a free port for the group's store, collects
+what each returns, and fails with every failing rank's traceback.
+
 By default each rank is a `spawn`ed process (it pays `import torch` once), so
 tests run a whole matrix inside one group instead of spawning per case. With
 start_method="fork" the ranks are forked from the caller, which must have
@@ -14,34 +18,20 @@ import importlib
 import multiprocessing as mp
 import os
 import signal
-import socket
 import time
 import traceback
 from datetime import timedelta
+
+from .ports import free_port
 
 # A test group normally finishes in seconds to a minute; this bounds a hang.
 DEFAULT_DEADLINE_S = 600
 
 
-def thread_names():
-    """Names of this process's threads (roce's channel helpers are roce-reduce)."""
-    names = set()
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                names.add(f.read().strip())
-        except OSError:
-            pass
-    return names
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _store_wait(store, key, count, arrive=True):
+def store_wait(store, key, count, arrive=True):
+    """Adds one to `key` (unless arrive=False), then waits up to 120 s until
+    it reaches `count`: a barrier on the store, also for groups that are
+    broken on purpose."""
     if arrive:
         store.add(key, 1)
     deadline = time.monotonic() + 120
@@ -75,9 +65,9 @@ def _rank_main(rank, world, port, env, target, kwargs, init, queue, host="127.0.
             # Rank 0 hosts the store: nobody leaves before everyone is done,
             # even when the group under test is broken on purpose.
             store = dist.distributed_c10d._get_default_store()
-            _store_wait(store, "harness/done", alive)
+            store_wait(store, "harness/done", alive)
             if rank == 0:
-                _store_wait(store, "harness/left", alive - 1, arrive=False)
+                store_wait(store, "harness/left", alive - 1, arrive=False)
             else:
                 store.add("harness/left", 1)
             dist.destroy_process_group()
@@ -91,6 +81,10 @@ def run_group(target, world, env=None, kwargs=None, init=True, deadline_s=DEFAUL
               prepare=None):
     """Runs `target` ("module.function") on `world` ranks; returns results by rank.
 
+    Each rank calls target(rank=, world=, port=, **kwargs). With init (the
+    default) it first joins a "roce" world group whose store rank 0 hosts on
+    `port`, and leaves it after the target returns; with init=False the
+    target forms its own groups (any backend), `port` free for their store.
     env applies to every rank, rank_env[r] (optional) to rank r on top of it.
     start_method: "spawn" (fresh interpreters) or "fork" (see the module doc).
     expect_dead: ranks that end themselves with SIGKILL; they must not report
@@ -160,25 +154,3 @@ def run_group(target, world, env=None, kwargs=None, init=True, deadline_s=DEFAUL
         raise AssertionError("\n".join(msg))
     return [results.get(r) for r in ranks]
 
-
-# Process layouts used across the suite: (world size, environment). The
-# network layouts name TCP explicitly: this host has no RDMA device, and
-# without the variable a group spanning "machines" refuses to start.
-TCP = {"ROCE_PG_NET_TRANSPORT": "tcp"}
-LAYOUTS = {
-    "single": (1, {}),
-    "shm2": (2, {}),
-    "shm3": (3, {}),
-    "shm4": (4, {}),
-    "net2": (2, {"ROCE_PG_FORCE_NETWORK": "1", **TCP}),
-    "net3": (3, {"ROCE_PG_FORCE_NETWORK": "1", **TCP}),
-    "net4": (4, {"ROCE_PG_FORCE_NETWORK": "1", **TCP}),
-    # Two simulated machines with two ranks each: shared memory inside a
-    # "machine", the network between them.
-    "mixed2x2": (4, {"ROCE_PG_SIM_RANKS_PER_NODE": "2", **TCP}),
-    # Every peer over verbs (Soft-RoCE VM suite).
-    "verbs2": (2, {"ROCE_PG_FORCE_NETWORK": "1", "ROCE_PG_NET_TRANSPORT": "verbs"}),
-    "verbs3": (3, {"ROCE_PG_FORCE_NETWORK": "1", "ROCE_PG_NET_TRANSPORT": "verbs"}),
-    "verbs4": (4, {"ROCE_PG_FORCE_NETWORK": "1", "ROCE_PG_NET_TRANSPORT": "verbs"}),
-    "verbs8": (8, {"ROCE_PG_FORCE_NETWORK": "1", "ROCE_PG_NET_TRANSPORT": "verbs"}),
-}

@@ -1,7 +1,7 @@
 """What a process holds, read from /proc/self: listening TCP ports and
-threads by name; and the machine's /dev/shm in use. Shared by benchmarks/groups_per_process.py and
-tests/group_workers.py (importable as benchmarks.proc_counts from the
-repository root, or as proc_counts with benchmarks/ on the path)."""
+threads (by name); and the machine's /dev/shm in use. Tests check with them
+that groups cost a rank no more than they should; benchmarks report them.
+"""
 import os
 
 
@@ -18,7 +18,7 @@ def _socket_inodes():
 
 
 def listening_ports():
-    """TCP ports this process listens on (LISTEN state 0A, inode it holds)."""
+    """How many TCP ports this process listens on (LISTEN state 0A, an inode it holds)."""
     mine, ports = _socket_inodes(), set()
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         try:
@@ -33,7 +33,20 @@ def listening_ports():
     return len(ports)
 
 
+def thread_names():
+    """Names of this process's threads (roce's channel helpers are roce-reduce)."""
+    names = set()
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.add(f.read().strip())
+        except OSError:
+            pass
+    return names
+
+
 def threads_named(name):
+    """How many of this process's threads are called `name`."""
     n = 0
     for tid in os.listdir("/proc/self/task"):
         try:
