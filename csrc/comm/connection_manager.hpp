@@ -1,5 +1,5 @@
 // Connections to network peers, made when an algorithm or a point-to-point
-// call first needs them (issue 19). A rank's sockets, queue pairs and buffers
+// call first needs them. A rank's sockets, queue pairs and buffers
 // then follow the peers it talks to - two ring neighbours, log2(n) partners of
 // the recursive algorithms - instead of the world size. Shared by the TCP
 // transport (the socket carries the data) and verbs (the socket carries the
@@ -36,7 +36,7 @@
 
 #include "../common/backoff.hpp"
 #include "../common/counters.hpp"
-#include "../common/first_contact.hpp"
+#include "../transport/tcp/first_contact.hpp"
 #include "../runtime/connect.hpp"
 
 namespace roce {

@@ -12,8 +12,6 @@
 #include "../common/error.hpp"
 #include "front_desk.hpp"
 #include "process_links.hpp"
-#include "../transport/shm/shm_doorbells.hpp"
-#include "../transport/tcp/tcp_mux.hpp"
 
 namespace roce {
 
@@ -39,10 +37,6 @@ ProcessRuntime::ProcessRuntime() {
   services_.push_back({desk_.get(), nextId_++});
   links_ = std::make_unique<ProcessLinks>(*this, *desk_);
   services_.push_back({links_.get(), nextId_++});
-  tcpMux_ = std::make_unique<TcpMux>(*this);
-  services_.push_back({tcpMux_.get(), nextId_++});
-  shmDoorbells_ = std::make_unique<ShmDoorbells>(*this);
-  services_.push_back({shmDoorbells_.get(), nextId_++});
   std::thread t([this] { loop(); });
   pthread_setname_np(t.native_handle(), "roce-runtime");
   t.detach();

@@ -1,12 +1,14 @@
-// The per-process runtime (issue 27): what every process group of a process
-// shares instead of owning a copy. Today: one thread ("roce-runtime") that
-// runs the process's front desk (one TCP listener for every group, see
-// front_desk.hpp), its links to peer processes (one connection per peer
-// process for every group's lifelines, process_links.hpp) and every group's
-// lifelines (liveness/lifeline.hpp), flushes what the TCP transport's
-// shared connections could not send at once (transport/tcp/tcp_mux.hpp), and
-// forwards local peers' shared-memory doorbells to the groups they wake
-// (transport/shm/shm_doorbells.hpp).
+// The per-process runtime: what every process group of a process shares
+// instead of owning a copy. One thread ("roce-runtime") runs the process's
+// front desk (one TCP listener for every group, front_desk.hpp), its links to
+// peer processes (one connection per peer process for every group's
+// lifelines, process_links.hpp), every group's lifelines
+// (liveness/lifeline.hpp), and the process-wide services of the layers above
+// it, which the runtime knows only as RuntimeServices made on first use
+// (service<S>()): the TCP transport's shared connections
+// (transport/tcp/tcp_mux.hpp) and the shared-memory doorbells
+// (transport/shm/shm_doorbells.hpp). The runtime sits below the transports
+// and never includes them.
 // The worker pool (common/worker_pool.hpp) and the verbs devices
 // (transport/verbs/verbs_device.hpp) are per process too; they need no thread
 // of this one.
@@ -26,8 +28,12 @@
 #include <poll.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <type_traits>
+#include <typeindex>
+#include <typeinfo>
 #include <vector>
 
 #include "../common/backoff.hpp"
@@ -36,8 +42,6 @@ namespace roce {
 
 class FrontDesk;
 class ProcessLinks;
-class ShmDoorbells;
-class TcpMux;
 
 class RuntimeService {
  public:
@@ -55,8 +59,28 @@ class ProcessRuntime {
 
   FrontDesk& desk() { return *desk_; }
   ProcessLinks& links() { return *links_; }
-  TcpMux& tcpMux() { return *tcpMux_; }
-  ShmDoorbells& shmDoorbells() { return *shmDoorbells_; }
+  // The process's one S, a service of a layer above (constructed from this
+  // runtime), made and attached on first use and, like the runtime, never
+  // destroyed.
+  template <class S>
+  S& service() {
+    static_assert(std::is_base_of_v<RuntimeService, S>);
+    RuntimeService* made = nullptr;
+    RuntimeService* s;
+    {
+      std::lock_guard<std::mutex> g(ownedMu_);
+      auto& slot = owned_[std::type_index(typeid(S))];
+      if (!slot) {
+        slot = std::make_unique<S>(*this);
+        made = slot.get();
+      }
+      s = slot.get();
+    }
+    // Outside ownedMu_: attach() takes mu_, which is held around the
+    // services' callbacks, and those may ask for a service.
+    if (made != nullptr) attach(made);
+    return static_cast<S&>(*s);
+  }
   // Runs `s` on the runtime thread from the next round on.
   void attach(RuntimeService* s);
   // Returns once the runtime thread no longer uses `s` (it may be running it).
@@ -72,8 +96,8 @@ class ProcessRuntime {
   int pokeFd_ = -1;                     // eventfd
   std::unique_ptr<FrontDesk> desk_;
   std::unique_ptr<ProcessLinks> links_;  // after desk_: it opens a mailbox there
-  std::unique_ptr<TcpMux> tcpMux_;      // the TCP transport's connections, one per peer process
-  std::unique_ptr<ShmDoorbells> shmDoorbells_;  // every local group's shared-memory doorbell
+  std::mutex ownedMu_;                  // owned_
+  std::map<std::type_index, std::unique_ptr<RuntimeService>> owned_;  // service<S>()'s, by type
   mutable std::mutex mu_;               // services_ and, held around every callback, their use
   struct Attached {
     RuntimeService* s;

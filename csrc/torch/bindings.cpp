@@ -318,7 +318,7 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   });
-  // The per-process runtime (issue 27), for tests and the doctor: what every
+  // The per-process runtime, for tests and the doctor: what every
   // group of this process shares.
   m.def("_runtime_stats", [] {
     auto& rt = roce::ProcessRuntime::get();
@@ -327,9 +327,9 @@ PYBIND11_MODULE(_C, m) {
     d["mailboxes"] = rt.desk().openMailboxes();  // every group's, and the process links' own
     d["process_links"] = rt.links().openLinks();
     d["parked"] = rt.desk().parked();
-    d["tcp_sockets"] = rt.tcpMux().sockets();  // the TCP transport's, one per peer process for every group
-    d["tcp_parked_streams"] = rt.tcpMux().parkedStreams();  // streams for groups not created here yet
-    d["shm_doorbell_groups"] = rt.shmDoorbells().groups();  // local groups enrolled in the process's one doorbell
+    d["tcp_sockets"] = rt.service<roce::TcpMux>().sockets();  // the TCP transport's, one per peer process for every group
+    d["tcp_parked_streams"] = rt.service<roce::TcpMux>().parkedStreams();  // streams for groups not created here yet
+    d["shm_doorbell_groups"] = rt.service<roce::ShmDoorbells>().groups();  // local groups enrolled in the process's one doorbell
     d["services"] = rt.services();
     d["verbs_devices"] = roce::VerbsDevice::openCount();
     d["verbs_staging_bytes"] = roce::StagingPool::processBytes();  // shared by the process's groups

@@ -12,7 +12,7 @@
 namespace roce {
 
 Doorbell::Doorbell(ShmBellControl* mine)
-    : doorbells_(ProcessRuntime::get().shmDoorbells()), owner_(getpid()), key_(doorbells_.enrol(mine)), mine_(mine) {}
+    : doorbells_(ProcessRuntime::get().service<ShmDoorbells>()), owner_(getpid()), key_(doorbells_.enrol(mine)), mine_(mine) {}
 
 Doorbell::~Doorbell() {
   if (key_ && getpid() == owner_) doorbells_.leave(key_);

@@ -1,10 +1,10 @@
 // One TCP data connection per pair of processes, shared by every group of
-// the two processes (issue 27). Before this, each group held a socket per
-// peer: a 3-D parallel job with 10-20 groups per rank paid 10-20 descriptors
-// per peer process. Now the first group that needs a peer process dials it
-// as before (ConnectionManager: the hello names that group's nonce, dial
-// races resolved there); the socket then belongs to the process, and every
-// later group reaches that process over it without dialing.
+// the two processes: a socket per group and peer would cost a 3-D parallel
+// job with 10-20 groups per rank 10-20 descriptors per peer process. The
+// first group that needs a peer process dials it (ConnectionManager: the
+// hello names that group's nonce, dial races resolved there); the socket
+// then belongs to the process, and every later group reaches that process
+// over it without dialing.
 //
 // Framing: the bytes of one (group, sender rank) stream travel in chunks of
 // at most kChunkPayload bytes, each behind a ChunkHeader naming the group
@@ -61,7 +61,7 @@
 #include <vector>
 
 #include "../../common/backoff.hpp"
-#include "../../common/first_contact.hpp"
+#include "first_contact.hpp"
 #include "../../runtime/process_runtime.hpp"
 #include "mux_link.hpp"
 
@@ -69,7 +69,7 @@ namespace roce {
 
 class Wakeup;
 
-// The per-process table (ProcessRuntime::tcpMux()).
+// The per-process table (ProcessRuntime::get().service<TcpMux>()).
 class TcpMux : public RuntimeService {
  public:
   explicit TcpMux(ProcessRuntime& runtime) : runtime_(runtime) {}

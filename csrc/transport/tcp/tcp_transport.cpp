@@ -44,7 +44,7 @@ TcpTransport::TcpTransport(int rank, int size, const std::vector<std::string>& h
       processKeyOf_(std::move(processKeyOf)),
       nonces_(nonces),
       wake_(wake),
-      mux_(ProcessRuntime::get().tcpMux()) {
+      mux_(ProcessRuntime::get().service<TcpMux>()) {
   mux_.registerGroup(nonces_[rank], rank, wake_, &newPeers_);
 }
 

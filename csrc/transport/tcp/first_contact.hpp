@@ -1,8 +1,8 @@
 // What a group of this process does when it first needs a connection to a
-// peer's process while other groups may need the same one (issue 27: one
-// connection per pair of processes). Decided by the transport that shares
-// connections (TcpMux::firstContact), obeyed by the group's connection
-// manager (ConnectionManager::SharedDials).
+// peer's process while other groups may need the same one (one connection per
+// pair of processes). Decided by the transport that shares connections
+// (TcpMux::firstContact), obeyed by the group's connection manager
+// (ConnectionManager::SharedDials), a layer above.
 #pragma once
 
 namespace roce {
