@@ -1,10 +1,13 @@
 // What the collective algorithms see of the network: a rank, a size, a
 // topology, and point-to-point Requests that it routes to whichever transport
-// serves each peer (shared memory on the same machine, TCP elsewhere). It also
+// serves each peer (shared memory on the same machine, verbs or TCP
+// elsewhere: ROCE_PG_NET_TRANSPORT). It also
 // owns the single wait loop, so timeouts, peer failures and cross-rank abort
 // notices behave the same in every algorithm.
 //
-// Used only from the group's progress thread (construction excepted).
+// Used by one thread at a time (construction excepted): the group's progress
+// thread, or the caller's thread while the engine runs a small collective
+// inline (Engine::runInline) with the progress thread parked.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -25,8 +28,8 @@
 #include "../common/wakeup.hpp"
 #include "../transport/transport.hpp"
 #include "../liveness/op_progress.hpp"
-#include "../group/roster.hpp"
-#include "../group/topology.hpp"
+#include "../membership/roster.hpp"
+#include "../membership/topology.hpp"
 #include "../runtime/connect.hpp"
 
 namespace roce {
@@ -46,7 +49,7 @@ class Communicator {
   // (keys under the leader's incarnation prefix).
   Communicator(Bootstrap& store, const Config& cfg, int rank, int size, int globalRank,
                std::chrono::milliseconds timeout);
-  // A subgroup of `parent` with no join (issue 27): its members are the
+  // A subgroup of `parent` with no join: its members are the
   // parent's ranks `parentRanks` (this rank among them, at `rank`), the roster
   // is derived from the parent's (deriveRoster, named by `groupName`, which
   // every member passes alike). Collective over the members only. `store` is

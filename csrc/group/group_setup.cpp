@@ -26,7 +26,7 @@
 #include "../liveness/lifeline.hpp"
 #include "../runtime/process_links.hpp"
 #include "join.hpp"
-#include "roster.hpp"
+#include "../membership/roster.hpp"
 
 namespace roce {
 

@@ -103,7 +103,7 @@ bool takeJoin(Pending& p, const RankInfo& me, int size, std::vector<RankInfo>& i
   if (p.buf.size() < sizeof(h) + h.infoLen) return Clock::now() - p.since > kJoinMessageDeadline;
   // The latest joiner of a rank wins: an earlier process that joined and then
   // died was replaced; if both live, the earlier one finds another process in
-  // its roster entry and fails (exchangeRoster's own-entry check).
+  // its roster entry and fails (joinGroup's check of its own roster entry).
   infos[h.rank] = RankInfo::decode(p.buf.substr(sizeof(h), h.infoLen), h.rank);
   have[h.rank] = true;
   const char r = kAccepted;

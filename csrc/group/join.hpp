@@ -1,5 +1,5 @@
 // How the ranks of a group find each other without being misled by what an
-// earlier incarnation left in the store (issues 19 and 21).
+// earlier incarnation left in the store.
 //
 // The store outlives processes: torchrun restarts every worker on the agent's
 // store with no per-attempt prefix, and a re-created default group gets the
@@ -25,8 +25,8 @@
 #include <chrono>
 #include <string>
 
-#include "rank_info.hpp"
-#include "roster.hpp"
+#include "../membership/rank_info.hpp"
+#include "../membership/roster.hpp"
 
 namespace roce {
 

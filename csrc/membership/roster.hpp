@@ -35,7 +35,7 @@ struct Roster {
 // layout per machine, a usable network transport, the channel count.
 Roster planGroup(const Config& leaderCfg, const std::vector<RankInfo>& infos);
 
-// A subgroup's roster from its parent's, with no join (issue 27): the members
+// A subgroup's roster from its parent's, with no join: the members
 // are the parent ranks `parentRanks` in order, and each member's nonce is
 // derivedNonce(its parent nonce, `groupName`), the same on every rank, so
 // every member computes the same roster and the front desk can route the
