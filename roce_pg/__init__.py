@@ -164,7 +164,7 @@ def _rank_gpu_pci():
 
 def _world_backend_to_derive_from(ranks, opts):
     """The world group's roce backend when the group being created can form
-    from its roster with no join of its own (issue 27), else None.
+    from its roster with no join of its own, else None.
 
     Every member decides alike: the world group is the same on every rank,
     ROCE_PG_SUBGROUPS (parent|join) was checked equal on every rank when

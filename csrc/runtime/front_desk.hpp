@@ -1,5 +1,5 @@
-// One TCP listener for every process group of the process (issue 27): a
-// group no longer opens a port of its own. The runtime thread
+// One TCP listener for every process group of the process: a group opens
+// no port of its own. The runtime thread
 // (process_runtime.hpp) accepts connections, reads their first bytes
 // (hello.hpp) under a deadline, so a client that never speaks delays nobody,
 // and hands each to the mailbox its key names: a forming group's leader

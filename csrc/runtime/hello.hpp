@@ -19,7 +19,7 @@ namespace roce {
 
 constexpr uint32_t kHelloMagic = 0x526f4345;  // "RoCE"
 // 3: data connections are answered (HelloReply); 4: the hello names the
-// destination's nonce (one listener per process, issue 27); 5: lifelines
+// destination's nonce (one listener per process); 5: lifelines
 // travel over process links (process_links.hpp).
 constexpr uint16_t kHelloVersion = 5;
 
@@ -27,8 +27,8 @@ constexpr uint16_t kHelloVersion = 5;
 // closed, else Accepted), never delivered: a forming rank asks whether a
 // neighbour's group still exists on a process that is alive.
 // Process: a link between two processes for every group's lifelines
-// (process_links.hpp); its key is kProcessLinksKey. (2, a lifeline of one
-// group, is no longer used.)
+// (process_links.hpp); its key is kProcessLinksKey. 2 stays unassigned: a
+// peer built before version 5 used it for one group's lifeline.
 enum class LinkKind : uint16_t { Mesh = 1, Join = 3, Probe = 4, Process = 5 };
 
 struct Hello {

@@ -1,6 +1,6 @@
 // One TCP connection per peer process, shared by the lifelines of every
-// group of the process (issue 27: a group no longer opens sockets of its own
-// for liveness). The lifelines of a 3-D parallel job's many groups run
+// group of the process: a group opens no sockets of its own for liveness,
+// so an extra group costs no descriptor per peer. The lifelines of a 3-D parallel job's many groups run
 // between the same few processes; each group's records (heartbeat, BYE,
 // FAIL, state, settings: liveness/lifeline.hpp) travel as records tagged
 // with the destination group's nonce, the key its process knows the group

@@ -1,6 +1,6 @@
 // The process's shared-memory doorbell (doorbell.hpp): one Unix datagram
-// socket for every group of the process (issue 27: an extra local group costs
-// no descriptor for it), read by the runtime thread, which wakes the group a
+// socket for every group of the process (an extra local group costs no
+// descriptor for it), read by the runtime thread, which wakes the group a
 // datagram's key names. The socket is autobound to an abstract address
 // (Linux: a NUL and 5 hex digits, unique in the network namespace, gone when
 // the process closes it; ranks of one machine share a namespace: their
