@@ -8,8 +8,6 @@ slots in the same groups (bit for bit across worker counts, mismatched calls
 failing everywhere, the old point-to-point route still forceable); then the
 network algorithms' receive-side reductions over TCP at 1 and 8 workers."""
 import os
-import signal
-import threading
 import time
 
 import torch
@@ -278,57 +276,9 @@ def _shm_collectives(ck, rank, world, groups):
             "p2p_sends": _p2p_forced(ck, rank, world)}
 
 
-# The pool's job hand-off alone: jobs whose part counts alternate 2, 8, 3, 7,
-# back to back (roce_pg._C._check_worker_pool). The hand-off this guards once
-# let a thread run a part twice, about once in 100,000 such jobs on 2 cores,
-# which hung the caller for good; the check runs on its own thread so that a
-# hang fails the test in a minute instead of at the harness's deadline.
-POOL_CHECK_JOBS = 200_000
-POOL_CHECK_TIMEOUT_S = 60
-FORKS = 4  # children forked while the check's jobs run
-
-
-def _fork_during_jobs():
-    """Forks while another thread runs pool jobs (each job holds the pool's
-    lock); the child then starts pool threads of its own, as creating a
-    group does. Returns the children's exit statuses: 0 when the child's own
-    check passed, else what killed it (SIGALRM after 20 s: it hung on a lock
-    its parent's thread held at the fork)."""
-    from roce_pg import _C
-
-    children = []
-    for _ in range(FORKS):  # all forked while the jobs run, then waited for
-        time.sleep(0.02)
-        pid = os.fork()
-        if pid == 0:
-            signal.alarm(20)
-            r = _C._check_worker_pool(2, 0, 2000)
-            os._exit(0 if r["missing"] == r["repeated"] == r["late"] == 0 else 1)
-        children.append(pid)
-    return [os.waitpid(pid, 0)[1] for pid in children]
-
-
-def _check_pool_hand_off():
-    from roce_pg import _C
-
-    out = {}
-    # 7 threads: the pool the four subgroups below make (8 workers - 1);
-    # 20 µs: the default ROCE_PG_SPIN_US, so idle threads catch jobs spinning.
-    t = threading.Thread(target=lambda: out.update(_C._check_worker_pool(max(WORKER_COUNTS) - 1, 20, POOL_CHECK_JOBS)),
-                         daemon=True)
-    t.start()
-    forked = _fork_during_jobs()
-    t.join(POOL_CHECK_TIMEOUT_S)
-    return dict(out, forked=forked) if out else {"hung": True}
-
-
 def run(rank, world, port):
     import roce_pg
 
-    pool_check = _check_pool_hand_off()
-    if pool_check.get("hung"):
-        return {"failures": [f"rank {rank}: the worker pool check hung for {POOL_CHECK_TIMEOUT_S} s"],
-                "pool_check": pool_check}
     ck = Checker(rank)
     groups = {w: _new_group(world, ROCE_PG_WORKERS=str(w)) for w in WORKER_COUNTS}
     for g in groups.values():
@@ -359,5 +309,5 @@ def run(rank, world, port):
     net_slices = _network(ck, rank, world)
     out = ck.result()
     out.update(net_slices=net_slices, errors=errors, cases=cases, slices=slices, worker_threads=len(threads_before),
-               idle_cpu=idle_cpu, pool_check=pool_check, **shm)
+               idle_cpu=idle_cpu, **shm)
     return out

@@ -17,7 +17,6 @@
 #include "../transport/tcp/tcp_mux.hpp"
 #include "../algorithms/cost_model.hpp"
 #include "../common/config.hpp"
-#include "../common/worker_pool_check.hpp"
 #include "../transport/verbs/device_probe.hpp"
 #include "../transport/verbs/dmabuf.hpp"
 #include "../transport/verbs/port_choice.hpp"
@@ -337,22 +336,6 @@ PYBIND11_MODULE(_C, m) {
     d["verbs_remains_pending"] = roce::remainsPending();  // broken groups' objects the reaper has yet to release
     return d;
   });
-  // The worker pool's job hand-off under many tiny jobs (tests/test_workers.py).
-  m.def("_check_worker_pool", [](int threads, int spinUs, size_t jobs) {
-    roce::WorkerPoolCheck r;
-    {
-      py::gil_scoped_release nogil;
-      r = roce::checkWorkerPool(threads, spinUs, jobs);
-    }
-    py::dict d;
-    d["jobs"] = r.jobs;
-    d["parts"] = r.parts;
-    d["pool_parts"] = r.poolParts;
-    d["missing"] = r.missing;
-    d["repeated"] = r.repeated;
-    d["late"] = r.late;
-    return d;
-  }, py::arg("threads"), py::arg("spin_us"), py::arg("jobs"));
   // The settings every rank of a group must share ("NAME=value ..."): what
   // joining a group compares (Config::algorithmSettings()); for the doctor's test.
   m.def("_algorithm_settings", [] { return roce::Config::fromEnv().algorithmSettings(); });
