@@ -21,10 +21,11 @@ const char* kKindNames[] = {"allreduce", "allreduce across machines (inside hier
 // reason is a string or a callable that builds one, called only here).
 template <class Why>
 Algo announce(Communicator& c, Kind kind, Algo a, size_t bytes, Why&& why) {
-  if (kind != kAllreduceAcross) c.lastAlgo = algoName(a);  // hier's inner choice stays hier
+  AlgorithmState& state = c.algorithmState();
+  if (kind != kAllreduceAcross) state.last = algoName(a);  // hier's inner choice stays hier
   const uint32_t bit = 1u << static_cast<int>(a);
-  if (c.algoLogged[kind] & bit) return a;
-  c.algoLogged[kind] |= bit;
+  if (state.logged[kind] & bit) return a;
+  state.logged[kind] |= bit;
   if (c.rank() == 0) {
     std::string reason;
     if constexpr (std::is_invocable_v<Why>) reason = why();

@@ -9,7 +9,7 @@
 namespace roce::detail {
 
 void shmBarrier(Communicator& c, NodeShm& shm, uint64_t barrierTag) {
-  const uint64_t gen = ++c.shmBarrierGeneration;
+  const uint64_t gen = ++c.algorithmState().shmBarrierGeneration;
   const int n = shm.localSize();
   ShmRankControl* mine = shm.control(shm.localIndex());
   // seq_cst: orders this store before the read of the sleepers count in
@@ -51,7 +51,7 @@ void shmBarrierCollective(Communicator& c, uint64_t tag) {
   // check in the barrier's wait.
   NodeShm& shm = *c.nodeShm();
   const ShmCall call{ShmCollective::Barrier};
-  const int buf = static_cast<int>(c.shmIteration++ & 1);
+  const int buf = static_cast<int>(c.algorithmState().shmIteration++ & 1);
   announceCall(shm, buf, call);
   shmBarrier(c, shm, tag);
   checkSameCall(c, shm, buf, call);

@@ -10,7 +10,7 @@
 // writes a slot again only two chunks later, past a barrier that every peer
 // reaches only once it stopped reading that slot. The same holds from one call
 // to the next, whatever the collectives, because every call counts its
-// chunks in the one Communicator::shmIteration.
+// chunks in the one AlgorithmState::shmIteration.
 //
 // The descriptors are per parity too: a fast peer may announce its next call
 // (other parity) while a slow rank still checks this one.
@@ -61,13 +61,13 @@ template <class Publish, class Consume>
 void overSlots(Communicator& c, NodeShm& shm, const ShmCall& call, size_t count, size_t chunk, size_t slotUse,
                Publish&& publish, Consume&& consume) {
   shm.prepareOwnSlots(slotUse);
-  announceCall(shm, static_cast<int>(c.shmIteration & 1), call);
+  announceCall(shm, static_cast<int>(c.algorithmState().shmIteration & 1), call);
   chunk = std::max<size_t>(chunk, 1);
   size_t off = 0;
   bool first = true;
   do {
     const size_t m = std::min(chunk, count - off);
-    const int buf = static_cast<int>(c.shmIteration++ & 1);
+    const int buf = static_cast<int>(c.algorithmState().shmIteration++ & 1);
     publish(buf, off, m);
     shmBarrier(c, shm);
     if (first) checkSameCall(c, shm, buf, call);

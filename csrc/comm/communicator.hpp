@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../common/backoff.hpp"
+#include "algorithm_state.hpp"
 #include "../common/bootstrap.hpp"
 #include "../common/config.hpp"
 #include "../common/describable.hpp"
@@ -256,16 +257,8 @@ class Communicator {
   // ranges are allowed only when identical (then nothing is copied).
   void copyLocal(void* dst, const void* src, size_t bytes);
 
-  // Shared-memory allreduce bookkeeping (barrier generation, slot parity).
-  uint64_t shmBarrierGeneration = 0;
-  uint64_t shmIteration = 0;
-  // Algorithm selection: which (kind, algorithm) choices were logged already
-  // (bit per algorithm, csrc/algorithms/select.cpp), so INFO says it once.
-  uint32_t algoLogged[8] = {};
-  // The algorithm the running operation chose (a literal; null if it chose
-  // none): the engine resets it before each operation and puts it in the
-  // operation's trace entry.
-  const char* lastAlgo = nullptr;
+  // What the algorithms keep between this group's operations.
+  AlgorithmState& algorithmState() { return algorithmState_; }
 
  private:
   // How often a long wait runs the slow checks (transports' peer checks).
@@ -302,6 +295,7 @@ class Communicator {
 
   Config cfg_;
   Topology topo_;
+  AlgorithmState algorithmState_;
   Roster roster_;                       // what subgroups derive theirs from
   std::vector<std::shared_ptr<VerbsDevice>> verbsRails_;  // the process's ports this rank drives (port_choice.hpp)
   int formationStoreOps_ = 0;

@@ -129,7 +129,7 @@ std::exception_ptr Engine::execute(Task& t, bool& finished, bool inlined) {
     t.startNs = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
     trace_.started(t.tracePos, t.startNs, inlined);
     if (t.collectiveSeq) comm_->opProgress().started(t.collectiveSeq, t.collectiveOp);
-    comm_->lastAlgo = nullptr;
+    comm_->algorithmState().last = nullptr;
     comm_->beginOperation(t, t.deadline);
     finished = t.start(*comm_);
     // A collective returns only after all its requests finished; if one did
@@ -139,7 +139,7 @@ std::exception_ptr Engine::execute(Task& t, bool& finished, bool inlined) {
   } catch (...) {
     err = std::current_exception();
   }
-  t.algo = comm_->lastAlgo;  // also for a failed one: which algorithm failed
+  t.algo = comm_->algorithmState().last;  // also for a failed one: which algorithm failed
   comm_->endOperation();  // `t` may go away; the communicator must not name it later
   if (err) settle(err);
   return err;
