@@ -14,7 +14,8 @@ build records that torch's version inside _C (see _write_build_info) and the
 package metadata requires exactly that version; `import roce_pg` checks it.
 
 ROCE_PG_SANITIZE=address,undefined (any -fsanitize= value) builds with
-sanitizers: -fsanitize=<value> -fno-omit-frame-pointer -g -O1 on compile and link.
+sanitizers: -fsanitize=<value> -fno-omit-frame-pointer -g1 -O1 on compile and link
+(like every build here, line tables only: all a report's stack needs).
 """
 import fcntl
 import glob
@@ -43,7 +44,7 @@ def _sanitize_flags():
     if not re.fullmatch(r"[a-z][a-z0-9_,=-]*", value):
         sys.exit(f"setup.py: ROCE_PG_SANITIZE={value!r} is not a -fsanitize= value (e.g. address,undefined)")
     # -O1 comes after -O3 in the argument list, so it wins.
-    flags = [f"-fsanitize={value}", "-fno-omit-frame-pointer", "-g", "-O1"]
+    flags = [f"-fsanitize={value}", "-fno-omit-frame-pointer", "-g1", "-O1"]
     if "undefined" in value:
         # vptr checks need the typeinfo of libtorch's classes, which live in a
         # separately built library: they report false positives. Everything
@@ -143,7 +144,10 @@ if torch is not None:
                 # The core is C++20 (std::bit_floor, std::countr_zero, ...). torch >= 2.15
                 # compiles extensions as C++20 anyway; older torch (2.11 on the GPU
                 # machines) defaults to C++17 unless a -std flag is given, so name it.
-                extra_compile_args={"cxx": ["-std=c++20", "-O3", "-Wall", "-fno-strict-aliasing"] + sanitize},
+                # -g1 (line tables: stack traces name file and line) overrides the
+                # full -g in Python's CFLAGS: full debug info of the torch headers
+                # makes a build about 40% slower and its objects five times larger.
+                extra_compile_args={"cxx": ["-std=c++20", "-O3", "-g1", "-Wall", "-fno-strict-aliasing"] + sanitize},
                 # The shared C++ runtime, by name: where a compiler finds only the
                 # static libstdc++ (seen on the GPU machines' image: g++ 13 without
                 # the libstdc++.so link), the extension got a private copy of it
