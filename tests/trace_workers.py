@@ -69,6 +69,9 @@ def _issue_matrix(rank, world, n):
     def exp(op, i, o, dt_in="Float", dt_out="Float", peer=None, p2p=False):
         expect.append((op, i, o, dt_in, dt_out, peer, p2p))
 
+    # A synchronous call runs inline only while the progress thread is parked;
+    # right after the group formed it may still be on its way there.
+    roce_pg._wait_engine_parked()
     dist.all_reduce(torch.ones(n, dtype=torch.int32))
     exp("allreduce", n, n, "Int", "Int")
     w = dist.all_reduce(torch.ones(n, dtype=torch.float64), async_op=True)
