@@ -19,7 +19,7 @@ import sys
 from typing import Mapping, Optional, Tuple
 
 _SIZE = 1 << 40
-_ALLREDUCE = ("auto", "ring", "hier", "rd", "rabenseifner", "tree")
+_ALLREDUCE = ("auto", "rd", "rabenseifner", "ring", "tree", "hier")
 SETTINGS = {
     "ROCE_PG_FORCE_NETWORK": ("flag",),
     "ROCE_PG_SIM_RANKS_PER_NODE": ("int", 0, 1 << 20, False),

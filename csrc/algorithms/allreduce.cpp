@@ -10,6 +10,7 @@
 #include "../common/error.hpp"
 #include "../reduce/reduce.hpp"
 #include "algorithms.hpp"
+#include "allreduce_registry.hpp"
 #include "recursive.hpp"
 #include "ring.hpp"
 #include "select.hpp"
@@ -51,6 +52,10 @@ void ringAllreduce(Communicator& c, const std::vector<int>& order, uint64_t tag,
 
 }  // namespace detail
 
+void RingAllreduce::run(const AllreduceCall& a) {
+  detail::ringAllreduce(a.c, a.team.ranks, a.tag, a.data, a.count, a.t, a.op);
+}
+
 void allreduce(Communicator& c, void* data, size_t count, DataType t, Reduction red) {
   checkSupported(red.op, t);
   if (c.size() == 1) {
@@ -66,13 +71,7 @@ void allreduce(Communicator& c, void* data, size_t count, DataType t, Reduction 
   const ReduceOp op = kernelOp(red.op);
   // Node-sorted order: ring edges and the low XOR partners stay on one machine.
   const Team all(c.topology().ringOrder, c.rank());
-  switch (algo) {
-    case Algo::Rd: recursiveDoublingAllreduce(c, all, tag, data, count, t, op); break;
-    case Algo::Rabenseifner: rabenseifnerAllreduce(c, all, tag, data, count, t, op); break;
-    case Algo::Hier: detail::hierAllreduce(c, tag, data, count, t, op); break;
-    case Algo::Tree: treeAllreduce(c, all, tag, data, count, t, op, treeChunksFor(c, count * elementSize(t), false)); break;
-    default: detail::ringAllreduce(c, all.ranks, tag, data, count, t, op); break;
-  }
+  AllreduceAlgorithms::run(algo, {c, all, tag, data, count, t, op, false});
   if (red.op == ReduceOp::Avg) divideBy(t, data, count, c.size());
 }
 

@@ -10,10 +10,13 @@
 // Rabenseifner reduce between rounds.
 #include "cost_model.hpp"
 
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
+
+#include "allreduce_registry.hpp"
 
 namespace roce {
 namespace {
@@ -108,17 +111,17 @@ TreePlan bestTree(const CostConstants& k, const Shape& s, double bytes) {
   return best;
 }
 
-double costFlat(const CostConstants& k, const Shape& s, double bytes, Algo a) {
-  switch (a) {
-    case Algo::Rd: return costRecursiveDoubling(k, s, bytes);
-    case Algo::Rabenseifner: return costRabenseifner(k, s, bytes);
-    case Algo::Ring: return costRing(k, s, bytes);
-    case Algo::Tree: return costTree(k, s, bytes);
-    default: return kNotApplicable;
-  }
-}
+using Registry = AllreduceAlgorithms;
+// The entries the threshold variables name.
+constexpr int kRd = Registry::indexOf(Algo::Rd), kRing = Registry::indexOf(Algo::Ring),
+              kHier = Registry::indexOf(Algo::Hier), kRabenseifner = Registry::indexOf(Algo::Rabenseifner);
+static_assert(kRd >= 0 && kRing >= 0 && kHier >= 0 && kRabenseifner >= 0);
 
-constexpr Algo kCandidateAlgo[kCandidates] = {Algo::Rd, Algo::Rabenseifner, Algo::Ring, Algo::Tree, Algo::Hier};
+// An algorithm that runs among machines, as hier's phase among them.
+double costAmongMachines(const CostConstants& k, const Shape& s, double bytes, Algo a) {
+  const int i = Registry::indexOf(a);
+  return i >= 0 && Registry::amongMachines[i] ? Registry::cost(i, k, s, bytes, a) : kNotApplicable;
+}
 
 // The first threshold row that holds among `allowed` candidates, or -1.
 // Rows in order: rd up to ROCE_PG_ALGO_RD_MAX_BYTES, hier from
@@ -126,7 +129,7 @@ constexpr Algo kCandidateAlgo[kCandidates] = {Algo::Rd, Algo::Rabenseifner, Algo
 // (only where the model could not pick hier: hier does not apply, or
 // ROCE_PG_ALGO_HIER_MIN_BYTES is set and said no, so a ring threshold never
 // takes a size from hier that the model may still give it).
-int thresholdRow(const Config& cfg, const bool allowed[kCandidates], size_t bytes, const char*& name) {
+int thresholdRow(const Config& cfg, const bool allowed[], size_t bytes, const char*& name) {
   if (allowed[kRd] && cfg.rdMaxBytesSet && bytes <= cfg.rdMaxBytes) {
     name = "ROCE_PG_ALGO_RD_MAX_BYTES";
     return kRd;
@@ -146,7 +149,7 @@ int thresholdRow(const Config& cfg, const bool allowed[kCandidates], size_t byte
 // A set threshold also takes its algorithm out of the model's hands on the
 // other side of it: ROCE_PG_ALGO_RD_MAX_BYTES=8K means "rd up to 8 KiB, never
 // above".
-void dropThresholded(const Config& cfg, bool allowed[kCandidates]) {
+void dropThresholded(const Config& cfg, bool allowed[]) {
   if (cfg.rdMaxBytesSet) allowed[kRd] = false;
   if (cfg.hierMinBytesSet) allowed[kHier] = false;
   if (cfg.ringMinBytesSet) allowed[kRing] = false;
@@ -154,22 +157,22 @@ void dropThresholded(const Config& cfg, bool allowed[kCandidates]) {
 
 // Threshold rows first, then the cheapest estimate (ties: the earlier candidate).
 template <class Estimate>
-Choice pick(const Config& cfg, bool allowed[kCandidates], size_t bytes, Estimate&& estimate) {
+Choice pick(const Config& cfg, bool allowed[], size_t bytes, Estimate&& estimate) {
   Choice ch;
   ch.estimate.fill(kNotApplicable);
   const int row = thresholdRow(cfg, allowed, bytes, ch.decidedBy);
   if (row >= 0) {
-    ch.algo = kCandidateAlgo[row];
+    ch.algo = Registry::ids[row];
     return ch;
   }
   dropThresholded(cfg, allowed);
   int best = -1;
-  for (int i = 0; i < kCandidates; ++i) {
+  for (int i = 0; i < Registry::size; ++i) {
     if (!allowed[i]) continue;
     ch.estimate[i] = estimate(i);
     if (!std::isnan(ch.estimate[i]) && (best < 0 || ch.estimate[i] < ch.estimate[best])) best = i;
   }
-  ch.algo = kCandidateAlgo[best < 0 ? kRabenseifner : best];  // Rabenseifner always applies
+  ch.algo = Registry::ids[best < 0 ? kRabenseifner : best];  // Rabenseifner always applies
   return ch;
 }
 
@@ -245,37 +248,47 @@ double costHier(const CostConstants& k, const Shape& s, double n, Algo across) {
   double rs, ag;
   if (pieces < 2) {
     ringHalves(k, inMachine, n, rs, ag);
-    return rs + costFlat(k, team, n / s.perMachine, across) + ag;
+    return rs + costAmongMachines(k, team, n / s.perMachine, across) + ag;
   }
-  if (across != Algo::Ring && across != Algo::Tree) return kNotApplicable;
+  const int acrossIndex = Registry::indexOf(across);
+  if (acrossIndex < 0 || !Registry::pipelines[acrossIndex]) return kNotApplicable;
   // Three phases on different pieces at once: the slowest sets the pace.
   const double piece = n / pieces;
   ringHalves(k, inMachine, piece, rs, ag);
-  const double x = costFlat(k, team, piece / s.perMachine, across);
+  const double x = costAmongMachines(k, team, piece / s.perMachine, across);
   return rs + x + ag + (pieces - 1) * std::max({rs, x, ag});
 }
 
-const char* candidateName(int candidate) { return algoName(kCandidateAlgo[candidate]); }
+int candidateCount() { return Registry::size; }
+const char* candidateName(int candidate) { return Registry::names[candidate]; }
+
+double Choice::estimateFor(Algo a) const {
+  const int i = Registry::indexOf(a);
+  return i < 0 ? kNotApplicable : estimate[i];
+}
 
 Choice planAcross(const Config& cfg, const Shape& group, size_t shardBytes, bool overlapped) {
   if (cfg.algoAllreduceAcross != "auto") {
     Choice forced;
     forced.estimate.fill(kNotApplicable);
     forced.decidedBy = "ROCE_PG_ALGO_ALLREDUCE_ACROSS";
-    for (int i = 0; i < kCandidates; ++i)
-      if (cfg.algoAllreduceAcross == candidateName(i)) forced.algo = kCandidateAlgo[i];
+    forced.algo = Registry::ids[Registry::indexOf(cfg.algoAllreduceAcross)];  // the settings admit no other
     return forced;
   }
   const CostConstants k(cfg);
   const Shape team = group.acrossMachines();
-  bool allowed[kCandidates] = {!overlapped, !overlapped, true, true, false};
-  return pick(cfg, allowed, shardBytes,
-              [&](int i) { return costFlat(k, team, static_cast<double>(shardBytes), kCandidateAlgo[i]); });
+  bool allowed[Registry::size];
+  for (int i = 0; i < Registry::size; ++i)
+    allowed[i] = Registry::amongMachines[i] && (!overlapped || Registry::pipelines[i]);
+  return pick(cfg, allowed, shardBytes, [&](int i) {
+    return Registry::cost(i, k, team, static_cast<double>(shardBytes), Registry::ids[i]);
+  });
 }
 
 Choice planAllreduce(const Config& cfg, const Shape& group, size_t bytes) {
   const CostConstants k(cfg);
-  bool allowed[kCandidates] = {true, true, true, true, group.hierApplies()};
+  bool allowed[Registry::size];
+  for (int i = 0; i < Registry::size; ++i) allowed[i] = i != kHier || group.hierApplies();
   // hier as hier.cpp will run it: with the algorithm it will pick among the
   // machines for its shard (worked out only when hier is considered).
   bool acrossKnown = false;
@@ -289,8 +302,7 @@ Choice planAllreduce(const Config& cfg, const Shape& group, size_t bytes) {
     return across;
   };
   Choice ch = pick(cfg, allowed, bytes, [&](int i) {
-    if (kCandidateAlgo[i] == Algo::Hier) return costHier(k, group, static_cast<double>(bytes), acrossForShard());
-    return costFlat(k, group, static_cast<double>(bytes), kCandidateAlgo[i]);
+    return Registry::cost(i, k, group, static_cast<double>(bytes), i == kHier ? acrossForShard() : Registry::ids[i]);
   });
   if (ch.algo == Algo::Hier) ch.across = acrossForShard();
   return ch;

@@ -59,17 +59,21 @@ int hierPieces(const CostConstants& k, size_t shardBytes);
 // count the model finds fastest, with chunks of 4 KiB to ROCE_PG_CHUNK_BYTES.
 int treeChunks(const CostConstants& k, const Shape& s, size_t bytes);
 
-// What auto picks, and why. `estimate` holds the model's seconds per
-// candidate (indexed by Candidate; NaN where not a candidate).
-enum Candidate { kRd, kRabenseifner, kRing, kTree, kHier, kCandidates };
+// What auto picks, and why. `estimate` holds the model's seconds per entry
+// of the allreduce registry (allreduce_registry.hpp, in its order; NaN where
+// the entry was not a candidate or does not apply).
+constexpr int kMaxAllreduceAlgorithms = 8;
 struct Choice {
   Algo algo = Algo::Rd;
   Algo across = Algo::Rd;     // with algo == Hier: the algorithm among the machines
   // The ROCE_PG_ALGO_* variable that decided (a threshold row, or the forced
   // ROCE_PG_ALGO_ALLREDUCE_ACROSS), or null: the model did.
   const char* decidedBy = nullptr;
-  std::array<double, kCandidates> estimate{};
+  std::array<double, kMaxAllreduceAlgorithms> estimate{};
+  double estimateFor(Algo a) const;  // NaN for an algorithm not in the registry
 };
+// The registry's entries: how many, and the name of each.
+int candidateCount();
 const char* candidateName(int candidate);
 // Allreduce over the whole group (not forced, not on one machine's shared memory).
 Choice planAllreduce(const Config& cfg, const Shape& group, size_t bytes);

@@ -17,6 +17,8 @@
 #include "../common/bytes.hpp"
 #include "../common/error.hpp"
 #include "algorithms.hpp"
+#include "allreduce_registry.hpp"
+#include "hier.hpp"
 #include "recursive.hpp"
 #include "ring.hpp"
 #include "select.hpp"
@@ -42,12 +44,7 @@ void hierAllreduceInSequence(Communicator& c, uint64_t tag, void* data, size_t c
   ringReduceScatter(c, topo.localRanks, tag, data, shards, t, op);
   char* shard = static_cast<char*>(data) + shards.offset[topo.localIndex] * esz;
   const size_t n = shards.count[topo.localIndex];
-  switch (chooseAcross(c, n * esz, false)) {
-    case Algo::Rd: recursiveDoublingAllreduce(c, across, tag, shard, n, t, op); break;
-    case Algo::Rabenseifner: rabenseifnerAllreduce(c, across, tag, shard, n, t, op); break;
-    case Algo::Tree: treeAllreduce(c, across, tag, shard, n, t, op, treeChunksFor(c, n * esz, true)); break;
-    default: ringAllreduce(c, across.ranks, tag, shard, n, t, op); break;
-  }
+  AllreduceAlgorithms::run(chooseAcross(c, n * esz, false), {c, across, tag, shard, n, t, op, true});
   ringAllgather(c, topo.localRanks, tag, data, shards, esz);
 }
 
@@ -162,3 +159,9 @@ void hierAllgather(Communicator& c, uint64_t tag, const void* input, void* outpu
 }
 
 }  // namespace roce::detail
+
+namespace roce {
+
+void HierAllreduce::run(const AllreduceCall& a) { detail::hierAllreduce(a.c, a.tag, a.data, a.count, a.t, a.op); }
+
+}  // namespace roce

@@ -17,6 +17,13 @@
 #include "ring.hpp"
 
 namespace roce {
+
+void RecursiveDoubling::run(const AllreduceCall& a) {
+  recursiveDoublingAllreduce(a.c, a.team, a.tag, a.data, a.count, a.t, a.op);
+}
+
+void Rabenseifner::run(const AllreduceCall& a) { rabenseifnerAllreduce(a.c, a.team, a.tag, a.data, a.count, a.t, a.op); }
+
 namespace {
 
 // Scratch buffer index of these algorithms (0 is the ring's, 1 the callers' working copies).

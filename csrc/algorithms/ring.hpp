@@ -12,11 +12,24 @@
 
 #include "../common/dtype.hpp"
 #include "../transport/transport.hpp"
+#include "allreduce_call.hpp"
+#include "cost_model.hpp"
 #include "pass.hpp"
+#include "select.hpp"
 
 namespace roce {
 
 class Communicator;
+
+// The channelled ring allreduce's entry in the allreduce registry
+// (allreduce_registry.hpp; the code is in allreduce.cpp).
+struct RingAllreduce {
+  static constexpr Algo id = Algo::Ring;
+  static constexpr const char* name = "ring";
+  static constexpr bool amongMachines = true, pipelines = true;
+  static double cost(const CostConstants& k, const Shape& s, double bytes, Algo) { return costRing(k, s, bytes); }
+  static void run(const AllreduceCall& a);
+};
 class HelperThread;
 
 // Scratch indices of channels 1.. of a channelled ring (channel 0 uses the

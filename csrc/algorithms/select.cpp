@@ -7,6 +7,7 @@
 
 #include "../comm/communicator.hpp"
 #include "../common/log.hpp"
+#include "allreduce_registry.hpp"
 #include "cost_model.hpp"
 
 namespace roce {
@@ -36,19 +37,11 @@ Algo announce(Communicator& c, Kind kind, Algo a, size_t bytes, Why&& why) {
   return a;
 }
 
-// The algorithm algoName() calls `s`: the names config.cpp accepts for
-// ROCE_PG_ALGO* are these, so there is no second list of them here.
-Algo byName(const std::string& s) {
-  for (int i = 0; i <= static_cast<int>(Algo::RsGather); ++i)
-    if (s == algoName(static_cast<Algo>(i))) return static_cast<Algo>(i);
-  throwInvalid(str("no algorithm is called '", s, "'"));  // config.cpp admits none such
-}
-
 // "auto: ..." for the log: the variable that decided, or the model's estimates.
 std::string explain(const Choice& ch) {
   if (ch.decidedBy) return str("auto: decided by ", ch.decidedBy);
   std::string s = "auto: cost model (estimates";
-  for (int i = 0; i < kCandidates; ++i)
+  for (int i = 0; i < candidateCount(); ++i)
     if (!std::isnan(ch.estimate[i])) s += str(" ", candidateName(i), " ", ch.estimate[i] * 1e6, " us");
   if (ch.algo == Algo::Hier) s += str("; among the machines: ", algoName(ch.across));
   return s + ")";
@@ -57,20 +50,16 @@ std::string explain(const Choice& ch) {
 }  // namespace
 
 const char* algoName(Algo a) {
+  if (const int i = AllreduceAlgorithms::indexOf(a); i >= 0) return AllreduceAlgorithms::names[i];
   switch (a) {
     case Algo::Shm: return "shm";
-    case Algo::Ring: return "ring";
-    case Algo::Hier: return "hier";
-    case Algo::Rd: return "rd";
-    case Algo::Rabenseifner: return "rabenseifner";
     case Algo::Bruck: return "bruck";
-    case Algo::Tree: return "tree";
     case Algo::Binomial: return "binomial";
     case Algo::Chain: return "chain";
     case Algo::Allreduce: return "allreduce";
     case Algo::RsGather: return "reduce_scatter+gather";
+    default: return "?";  // the allreduce entries are named above
   }
-  return "?";
 }
 
 int channelsFor(const Communicator& c, size_t bytes) {
@@ -103,7 +92,8 @@ int hierPiecesFor(const Communicator& c, size_t shardBytes) {
 Algo chooseAllreduce(Communicator& c, size_t bytes) {
   const Config& cfg = c.config();
   if (cfg.algoAllreduce != "auto") {
-    const Algo forced = byName(cfg.algoAllreduce);
+    // The settings accept only the registry's names (allreduce_settings.cpp).
+    const Algo forced = AllreduceAlgorithms::ids[AllreduceAlgorithms::indexOf(cfg.algoAllreduce)];
     // Hier needs the same number of ranks on every machine (the shard of
     // local index i is reduced among the i-th ranks of all machines). The
     // documented fallback is the flat choice, not an error: one variable can

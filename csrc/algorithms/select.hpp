@@ -13,9 +13,13 @@ namespace roce {
 class Communicator;
 struct Shape;
 
-// Tree: the pipelined double binary tree allreduce (tree.cpp); Binomial and
-// Chain: the broadcast's shapes.
-enum class Algo : uint8_t { Shm, Ring, Hier, Rd, Rabenseifner, Bruck, Tree, Binomial, Chain, Allreduce, RsGather };  // RsGather last (byName)
+// What a collective runs, as selection, logs and traces name it. The
+// allreduce's algorithms (Rd, Rabenseifner, Ring, Tree, Hier) are the entries
+// of allreduce_registry.hpp, which names them; Ring and Hier are also the
+// allgather's and reduce-scatter's forms, Shm the single-machine route of
+// every collective, Bruck an allgather, Binomial and Chain the broadcast's
+// shapes, Allreduce and RsGather the reduce's two strategies.
+enum class Algo : uint8_t { Shm, Ring, Hier, Rd, Rabenseifner, Bruck, Tree, Binomial, Chain, Allreduce, RsGather };
 const char* algoName(Algo a);
 
 // For allreduce (and reduce, built on it) of `bytes` per rank over the whole group.

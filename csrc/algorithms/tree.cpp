@@ -171,4 +171,9 @@ void treeAllreduce(Communicator& c, const Team& team, uint64_t tag, void* data, 
   TreePass(c, team, tag, data, count, t, op, chunks, kScratchTree).run();
 }
 
+void TreeAllreduce::run(const AllreduceCall& a) {
+  treeAllreduce(a.c, a.team, a.tag, a.data, a.count, a.t, a.op,
+                treeChunksFor(a.c, a.count * elementSize(a.t), a.amongMachines));
+}
+
 }  // namespace roce

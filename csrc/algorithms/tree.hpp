@@ -9,7 +9,10 @@
 #include <vector>
 
 #include "../common/dtype.hpp"
+#include "allreduce_call.hpp"
+#include "cost_model.hpp"
 #include "pass.hpp"
+#include "select.hpp"
 #include "team.hpp"
 
 namespace roce {
@@ -75,5 +78,14 @@ class TreePass : public Pass {
 // `chunks` per half (treeChunksFor in select.hpp).
 void treeAllreduce(Communicator& c, const Team& team, uint64_t tag, void* data, size_t count, DataType t, ReduceOp op,
                    int chunks);
+
+// Its entry in the allreduce registry (allreduce_registry.hpp).
+struct TreeAllreduce {
+  static constexpr Algo id = Algo::Tree;
+  static constexpr const char* name = "tree";
+  static constexpr bool amongMachines = true, pipelines = true;
+  static double cost(const CostConstants& k, const Shape& s, double bytes, Algo) { return costTree(k, s, bytes); }
+  static void run(const AllreduceCall& a);
+};
 
 }  // namespace roce

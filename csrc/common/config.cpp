@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "setting_choices.hpp"
 
 namespace roce {
 namespace {
@@ -26,10 +27,6 @@ std::string exact(double x) {
 }
 
 size_t floorPow2(size_t x) { return x ? std::bit_floor(x) : 0; }
-
-// The allreduce algorithms that can be forced (names as algoName() in
-// csrc/algorithms/select.cpp, whose byName() maps them back).
-const std::vector<const char*> kAllreduceAlgos = {"auto", "ring", "hier", "rd", "rabenseifner", "tree"};
 
 std::string readTestFault(EnvReader& r) {
   return r.oneOf("ROCE_PG_TEST_FAULT", "", {"garbage_frames", "no_doorbell", "shm_full", "fail_forming", "slow_teardown"});
@@ -54,8 +51,12 @@ Config Config::read(EnvReader& r) {
   c.forceNetwork = r.flag("ROCE_PG_FORCE_NETWORK");
   c.simRanksPerNode = static_cast<int>(r.integer("ROCE_PG_SIM_RANKS_PER_NODE", 0, 0, 1 << 20));
   c.simNode = r.token("ROCE_PG_SIM_NODE", 64);
-  c.algoAllreduce = r.oneOf("ROCE_PG_ALGO_ALLREDUCE", r.oneOf("ROCE_PG_ALGO", "auto", kAllreduceAlgos), kAllreduceAlgos);
-  c.algoAllreduceAcross = r.oneOf("ROCE_PG_ALGO_ALLREDUCE_ACROSS", "auto", {"auto", "rd", "rabenseifner", "ring", "tree"});
+  // The algorithm names are the allreduce registry's (setting_choices.hpp).
+  c.algoAllreduce = r.oneOf("ROCE_PG_ALGO_ALLREDUCE",
+                            r.oneOf("ROCE_PG_ALGO", "auto", settingChoices("ROCE_PG_ALGO", {"auto"})),
+                            settingChoices("ROCE_PG_ALGO_ALLREDUCE", {"auto"}));
+  c.algoAllreduceAcross = r.oneOf("ROCE_PG_ALGO_ALLREDUCE_ACROSS", "auto",
+                                  settingChoices("ROCE_PG_ALGO_ALLREDUCE_ACROSS", {"auto"}));
   c.connect = r.oneOf("ROCE_PG_CONNECT", "lazy", {"lazy", "eager"});
   c.subgroups = r.oneOf("ROCE_PG_SUBGROUPS", "parent", {"join", "parent"});
   c.algoAllgather = r.oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "shm", "ring", "bruck", "hier"});

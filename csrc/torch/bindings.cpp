@@ -174,7 +174,7 @@ PYBIND11_MODULE(_C, m) {
     d["algo"] = roce::algoName(ch.algo);
     d["across"] = ch.algo == roce::Algo::Hier ? py::object(py::str(roce::algoName(ch.across))) : py::none();
     d["decided_by"] = ch.decidedBy ? py::object(py::str(ch.decidedBy)) : py::none();
-    for (int i = 0; i < roce::kCandidates; ++i)
+    for (int i = 0; i < roce::candidateCount(); ++i)
       if (!std::isnan(ch.estimate[i])) estimates[roce::candidateName(i)] = ch.estimate[i] * 1e6;
     d["estimates_us"] = estimates;
     d["tree_chunks"] = roce::treeChunks(roce::CostConstants(cfg), shape, bytes);

@@ -142,7 +142,7 @@ TEST(bad_values_name_the_variable_and_what_is_accepted) {
   refuse("ROCE_PG_IB_POOL_BYTES", "17179869184G", "is not an integer in");
   refuse("ROCE_PG_IB_SLOTS", "1", "ROCE_PG_IB_SLOTS='1' is not an integer in [2, 256]");
   refuse("ROCE_PG_NCHANNELS", "9", "ROCE_PG_NCHANNELS='9' is not an integer in [0, 8]");
-  refuse("ROCE_PG_ALGO_ALLREDUCE", "fast", "ROCE_PG_ALGO_ALLREDUCE='fast': expected one of auto, ring, hier, rd, rabenseifner, tree");
+  refuse("ROCE_PG_ALGO_ALLREDUCE", "fast", "ROCE_PG_ALGO_ALLREDUCE='fast': expected one of auto, rd, rabenseifner, ring, tree, hier");
   refuse("ROCE_PG_ALGO", "Ring", "ROCE_PG_ALGO='Ring': expected one of");
   refuse("ROCE_PG_CONNECT", "sometimes", "expected one of lazy, eager");
   refuse("ROCE_PG_FORCE_NETWORK", "2", "ROCE_PG_FORCE_NETWORK='2': use 1 or 0");
@@ -198,7 +198,7 @@ TEST(settings_table_lists_each_variable_once_with_its_domain) {
   const roce::Setting* algo = find("ROCE_PG_ALGO_ALLREDUCE");
   REQUIRE(algo);
   CHECK_EQ(algo->kind, K::Choice);
-  CHECK((algo->choices == std::vector<std::string>{"auto", "ring", "hier", "rd", "rabenseifner", "tree"}));
+  CHECK((algo->choices == std::vector<std::string>{"auto", "rd", "rabenseifner", "ring", "tree", "hier"}));
   const roce::Setting* gbps = find("ROCE_PG_ALGO_NET_GBPS");
   REQUIRE(gbps);
   CHECK_EQ(gbps->kind, K::Number);

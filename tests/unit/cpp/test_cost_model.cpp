@@ -6,7 +6,10 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <string_view>
+#include <vector>
 
+#include "algorithms/allreduce_registry.hpp"
 #include "algorithms/cost_model.hpp"
 #include "algorithms/select.hpp"
 #include "common/config.hpp"
@@ -70,9 +73,9 @@ const Row kWorked[] = {
 };
 
 // The table prints whole microseconds.
-void checkEstimate(const Choice& ch, int candidate, double docUs) {
-  INFO("estimate of ", roce::candidateName(candidate));
-  const double e = ch.estimate[candidate];
+void checkEstimate(const Choice& ch, Algo a, double docUs) {
+  INFO("estimate of ", roce::algoName(a));
+  const double e = ch.estimateFor(a);
   if (docUs < 0) {
     CHECK(std::isnan(e));
     return;
@@ -90,11 +93,11 @@ TEST(worked_examples_of_the_algorithms_doc) {
     CHECK_EQ(std::string(roce::algoName(ch.algo)), roce::algoName(r.algo));
     if (r.algo == Algo::Hier) CHECK_EQ(std::string(roce::algoName(ch.across)), roce::algoName(r.across));
     CHECK(ch.decidedBy == nullptr);  // no threshold set: the model decided
-    checkEstimate(ch, roce::kRd, r.rd);
-    checkEstimate(ch, roce::kRabenseifner, r.rabenseifner);
-    checkEstimate(ch, roce::kRing, r.ring);
-    checkEstimate(ch, roce::kTree, r.tree);
-    checkEstimate(ch, roce::kHier, r.hier);
+    checkEstimate(ch, Algo::Rd, r.rd);
+    checkEstimate(ch, Algo::Rabenseifner, r.rabenseifner);
+    checkEstimate(ch, Algo::Ring, r.ring);
+    checkEstimate(ch, Algo::Tree, r.tree);
+    checkEstimate(ch, Algo::Hier, r.hier);
   }
 }
 
@@ -103,14 +106,14 @@ TEST(examples_from_the_doc_text) {
   // 1,000 flat ranks at 1 MiB: Rabenseifner folds 976 positions, the tree wins.
   const Choice flat = roce::planAllreduce(defaults, shape(1000, 1), 1 * MiB);
   CHECK_EQ(flat.algo, Algo::Tree);
-  CHECK_LE(std::fabs(flat.estimate[roce::kTree] * 1e6 - 956), 0.5);
-  CHECK_LE(std::fabs(flat.estimate[roce::kRabenseifner] * 1e6 - 1132), 0.5);
-  CHECK_LE(std::fabs(flat.estimate[roce::kRing] * 1e6 - 20446), 0.5);
+  CHECK_LE(std::fabs(flat.estimateFor(Algo::Tree) * 1e6 - 956), 0.5);
+  CHECK_LE(std::fabs(flat.estimateFor(Algo::Rabenseifner) * 1e6 - 1132), 0.5);
+  CHECK_LE(std::fabs(flat.estimateFor(Algo::Ring) * 1e6 - 20446), 0.5);
   // 125 x 8 at 4 MiB: the flat tree (2,292 us) beats hier (2,448 us).
   const Choice big = roce::planAllreduce(defaults, shape(125, 8), 4 * MiB);
   CHECK_EQ(big.algo, Algo::Tree);
-  CHECK_LE(std::fabs(big.estimate[roce::kTree] * 1e6 - 2292), 0.5);
-  CHECK_LE(std::fabs(big.estimate[roce::kHier] * 1e6 - 2448), 0.5);
+  CHECK_LE(std::fabs(big.estimateFor(Algo::Tree) * 1e6 - 2292), 0.5);
+  CHECK_LE(std::fabs(big.estimateFor(Algo::Hier) * 1e6 - 2448), 0.5);
 }
 
 TEST(one_machine_costs_from_the_formulas) {
@@ -149,7 +152,7 @@ TEST(shapes) {
   CHECK_EQ(team.nicSharers, 8);  // the machine's 8 teams share its port
   // hier never applies on uneven machines: no estimate, never picked.
   const Choice ch = roce::planAllreduce(Config{}, uneven, 32 * MiB);
-  CHECK(std::isnan(ch.estimate[roce::kHier]));
+  CHECK(std::isnan(ch.estimateFor(Algo::Hier)));
   CHECK_NE(ch.algo, Algo::Hier);
   const roce::CostConstants k{Config{}};
   CHECK(std::isnan(roce::costHier(k, uneven, 1e6, Algo::Ring)));
@@ -168,7 +171,7 @@ TEST(set_thresholds_take_precedence_over_the_model) {
   const Choice above = roce::planAllreduce(rd, shape(16, 1), 16 * KiB);
   CHECK_NE(above.algo, Algo::Rd);
   CHECK(above.decidedBy == nullptr);
-  CHECK(std::isnan(above.estimate[roce::kRd]));
+  CHECK(std::isnan(above.estimateFor(Algo::Rd)));
 
   Config hier;
   hier.hierMinBytes = 1 * KiB;
@@ -204,12 +207,12 @@ TEST(hier_across_the_machines) {
   for (double e : f.estimate) CHECK(std::isnan(e));
   // Overlapped pieces need passes that do not block: only the ring and the tree.
   const Choice over = roce::planAcross(Config{}, shape(16, 8), 4 * MiB, true);
-  CHECK(std::isnan(over.estimate[roce::kRd]));
-  CHECK(std::isnan(over.estimate[roce::kRabenseifner]));
+  CHECK(std::isnan(over.estimateFor(Algo::Rd)));
+  CHECK(std::isnan(over.estimateFor(Algo::Rabenseifner)));
   CHECK(over.algo == Algo::Ring || over.algo == Algo::Tree);
   const Choice seq = roce::planAcross(Config{}, shape(16, 8), 8, false);
   CHECK_EQ(seq.algo, Algo::Rd);
-  CHECK(std::isnan(seq.estimate[roce::kHier]));
+  CHECK(std::isnan(seq.estimateFor(Algo::Hier)));
   // With rd forced across, hier's phases run in sequence (no pieces).
   Config rdAcross;
   rdAcross.algoAllreduceAcross = "rd";
@@ -255,14 +258,41 @@ TEST(staged_device_reduce_estimates) {
   CHECK_EQ(roce::stagedReducePrefersDevice(d, four, 4 * MiB, true), shmDevice < shmHost);
   // Over the network the host estimate is the cheapest of the model's.
   const Choice ch = roce::planAllreduce(d, shape(16, 1), 32 * MiB);
-  CHECK_LE(std::fabs(roce::costStagedHostReduce(d, shape(16, 1), 32 * MiB, false) - ch.estimate[roce::kTree]), 1e-12);
+  CHECK_LE(std::fabs(roce::costStagedHostReduce(d, shape(16, 1), 32 * MiB, false) - ch.estimateFor(Algo::Tree)), 1e-12);
 }
 
-TEST(names) {
-  CHECK_EQ(std::string(roce::candidateName(roce::kRd)), "rd");
-  CHECK_EQ(std::string(roce::candidateName(roce::kRabenseifner)), "rabenseifner");
-  CHECK_EQ(std::string(roce::candidateName(roce::kRing)), "ring");
-  CHECK_EQ(std::string(roce::candidateName(roce::kTree)), "tree");
-  CHECK_EQ(std::string(roce::candidateName(roce::kHier)), "hier");
+TEST(registry_names_and_flags) {
+  using R = roce::AllreduceAlgorithms;
+  CHECK_EQ(roce::candidateCount(), R::size);
+  const char* expected[] = {"rd", "rabenseifner", "ring", "tree", "hier"};
+  REQUIRE(R::size == 5);
+  for (int i = 0; i < R::size; ++i) {
+    CHECK_EQ(std::string(roce::candidateName(i)), expected[i]);
+    CHECK_EQ(std::string(roce::algoName(R::ids[i])), expected[i]);  // one name per algorithm
+    CHECK_EQ(R::indexOf(R::ids[i]), i);
+    CHECK_EQ(R::indexOf(std::string_view(expected[i])), i);
+  }
+  CHECK_EQ(R::indexOf(Algo::Bruck), -1);
+  CHECK_EQ(R::indexOf(std::string_view("auto")), -1);
+  // hier composes the others: it never runs among machines itself, and only
+  // the pipelined ones (ring, tree) serve its overlapped form.
+  CHECK(!R::amongMachines[R::indexOf(Algo::Hier)]);
+  CHECK(R::amongMachines[R::indexOf(Algo::Rd)] && R::amongMachines[R::indexOf(Algo::Tree)]);
+  CHECK(R::pipelines[R::indexOf(Algo::Ring)] && R::pipelines[R::indexOf(Algo::Tree)]);
+  CHECK(!R::pipelines[R::indexOf(Algo::Rd)] && !R::pipelines[R::indexOf(Algo::Rabenseifner)]);
   CHECK_EQ(std::string(roce::algoName(Algo::RsGather)), "reduce_scatter+gather");
+  CHECK_EQ(std::string(roce::algoName(Algo::Shm)), "shm");
+}
+
+// The settings that force an algorithm accept exactly the registry's names.
+TEST(settings_accept_the_registry_names) {
+  std::vector<roce::Setting> table = Config::settings();
+  auto choices = [&](const char* name) {
+    for (const roce::Setting& s : table)
+      if (s.name == name) return s.choices;
+    return std::vector<std::string>{};
+  };
+  CHECK((choices("ROCE_PG_ALGO_ALLREDUCE") == std::vector<std::string>{"auto", "rd", "rabenseifner", "ring", "tree", "hier"}));
+  CHECK((choices("ROCE_PG_ALGO") == choices("ROCE_PG_ALGO_ALLREDUCE")));
+  CHECK((choices("ROCE_PG_ALGO_ALLREDUCE_ACROSS") == std::vector<std::string>{"auto", "rd", "rabenseifner", "ring", "tree"}));
 }
