@@ -1,0 +1,35 @@
+"""Marks every test with its kind, from the module it is in, so that one kind
+runs alone: `pytest tests -m unit` (seconds), `pytest tests -m "not softroce"`
+(no VMs). A module not listed in KINDS is integration: most tests spawn ranks.
+"""
+import pytest
+
+DESCRIPTIONS = {
+    "unit": "no spawned ranks: the C++ unit tests of the torch-free core, the layer check, the test device",
+    "integration": "ranks spawned on this machine (shared memory, TCP, simulated machines), the doctor, "
+                   "the examples and benchmarks as users launch them",
+    "sanitizers": "the extension rebuilt under ASan/UBSan and TSan, one workload each",
+    "scale": "the torch-free scale harness against the world size",
+    "softroce": "the verbs transport over rxe in emulated VMs",
+}
+KINDS = {
+    "unit": {"test_unit_cpp", "test_layers", "test_testdev"},
+    "sanitizers": {"test_sanitizers"},
+    "scale": {"test_scale"},
+    "softroce": {"test_softroce", "test_softroce_doctor"},
+}
+
+
+def kind_of(module_name):
+    name = module_name.rsplit(".", 1)[-1]
+    return next((kind for kind, modules in KINDS.items() if name in modules), "integration")
+
+
+def pytest_configure(config):
+    for kind, text in DESCRIPTIONS.items():
+        config.addinivalue_line("markers", f"{kind}: {text}")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(getattr(pytest.mark, kind_of(item.module.__name__)))
