@@ -528,7 +528,7 @@ def gpudirect(rank, world, port, kind, sizes=(1, 5000, 300_000)):
     acc.synchronize()
     counters = roce_pg.counters()
     return {**ck.result(), "counters": counters, "device_memory": roce_pg.device_memory_path(acc.kind),
-            "log": roce_pg._roce_backend(None)._gpudirect_log(), "nic_dmabuf": roce_pg._C._probe_dmabuf(),
+            "log": roce_pg._roce_backend(None)._gpudirect_log(), "nic_dmabuf": roce_pg._C.testing.probe_dmabuf(),
             "new_memory_same_address": same_address}
 
 

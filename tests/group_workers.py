@@ -242,7 +242,7 @@ def verbs_groups(rank, world, port):
                          - roce_pg._C.verbs_landing_bytes(world - 1) - roce_pg._C.verbs_staging_bytes(world - 1),
                          "ceiling": roce_pg._C.verbs_registered_bytes(c["connections"], routed=1 << 20),
                          "landing_added": stats["verbs_landing_bytes"] - landing_before,
-                         "reserved_formula": roce_pg._C.verbs_reserved_bytes(world - 1),
+                         "reserved_formula": roce_pg._C.testing.verbs_reserved_bytes(world - 1),
                          "staging": stats["verbs_staging_bytes"],
                          "staging_formula": roce_pg._C.verbs_staging_bytes(world - 1)}
     assert roce_pg._C._runtime_stats()["verbs_devices"] == 1
@@ -289,7 +289,7 @@ def staging_shared(rank, world, port, threads=3, rounds=6):
            "landing_waits": sum(roce_pg.counters(g)["landing_waits"] for g in [None, *groups]),
            "landing": stats["verbs_landing_bytes"],
            "landing_formula": roce_pg._C.verbs_landing_bytes(world - 1)
-           + threads * roce_pg._C.verbs_reserved_bytes(world - 1),
+           + threads * roce_pg._C.testing.verbs_reserved_bytes(world - 1),
            "staging": stats["verbs_staging_bytes"], "staging_formula": roce_pg._C.verbs_staging_bytes(world - 1),
            "own": own, "own_formula": [roce_pg._C.verbs_registered_bytes(roce_pg.counters(g)["connections"],
                                                                          routed=world - 1)

@@ -380,7 +380,7 @@ def test_same_everywhere_is_what_joining_a_group_compares():
     import roce_pg
     from roce_pg._doctor_cluster import _agreement_rows
 
-    compared = {kv.split("=")[0] for kv in roce_pg._C._algorithm_settings().split()}
+    compared = {kv.split("=")[0] for kv in roce_pg._C.testing.algorithm_settings().split()}
     assert set(settings.SAME_EVERYWHERE) - compared == {"ROCE_PG_ALGO", "ROCE_PG_IB_QPS_PER_CONNECTION",
                                                         "ROCE_PG_NET_TRANSPORT"}
     assert compared <= set(settings.SAME_EVERYWHERE)

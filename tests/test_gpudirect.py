@@ -17,7 +17,7 @@ def _C():
 
 def _choose(mode="auto", dmabuf=False, pointer=True, nic_dmabuf=False, peers=("", "verbs"), nbytes=1 << 20,
             limit=2 << 30, shared_machine=False, flush=False, with_flush=False):
-    path, why, flushes = _C()._choose_gpudirect(mode, dmabuf, pointer, nic_dmabuf, list(peers), shared_machine,
+    path, why, flushes = _C().testing.choose_gpudirect(mode, dmabuf, pointer, nic_dmabuf, list(peers), shared_machine,
                                                 nbytes, limit, flush)
     return (path, why, flushes) if with_flush else (path, why)
 
@@ -74,10 +74,10 @@ def test_a_device_that_needs_its_nic_writes_flushed_gets_the_flush_on_both_direc
 def test_peer_memory_module_detection():
     C = _C()
     lines = "nvidia 1 0 - Live 0x0\nib_core 4 2 - Live 0x0\n"
-    assert not C._peer_memory_module_loaded(lines)
-    assert C._peer_memory_module_loaded(lines + "nvidia_peermem 16384 0 - Live 0x0\n")
-    assert C._peer_memory_module_loaded("nv_peer_mem 1 0 - Live 0x0")
-    assert not C._peer_memory_module_loaded("nvidia_peermemx 1 0 - Live 0x0")
+    assert not C.testing.peer_memory_module_loaded(lines)
+    assert C.testing.peer_memory_module_loaded(lines + "nvidia_peermem 16384 0 - Live 0x0\n")
+    assert C.testing.peer_memory_module_loaded("nv_peer_mem 1 0 - Live 0x0")
+    assert not C.testing.peer_memory_module_loaded("nvidia_peermemx 1 0 - Live 0x0")
 
 
 @pytest.mark.parametrize("layout", ["shm2", "net2"])

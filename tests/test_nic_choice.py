@@ -34,19 +34,19 @@ CASES = [
 
 @pytest.mark.parametrize("port_nodes,rank_nodes,rank,expected", CASES)
 def test_extension_and_doctor_pick_the_same_ports(port_nodes, rank_nodes, rank, expected):
-    assert list(_C._nearest_ports(port_nodes, rank_nodes, rank)) == expected
+    assert list(_C.testing.nearest_ports(port_nodes, rank_nodes, rank)) == expected
     assert sysfs.cap_rails(sysfs.nearest_ports(port_nodes, rank_nodes), rank) == expected
 
 
 @pytest.mark.parametrize("text,cpus", [("0-3,8,10-11", {0, 1, 2, 3, 8, 10, 11}), ("5", {5}), ("", set()),
                                        ("2-1,x,4", {4}), ("0-1\n", {0, 1})])
 def test_cpu_lists_parse_alike(text, cpus):
-    assert set(_C._parse_cpu_list(text)) == cpus
+    assert set(_C.testing.parse_cpu_list(text)) == cpus
     assert sysfs.parse_cpu_list(text) == cpus
 
 
 def test_this_process_numa_nodes_are_those_of_its_cpus():
-    nodes = set(_C._process_numa_nodes())
+    nodes = set(_C.testing.process_numa_nodes())
     assert nodes == sysfs.process_numa_nodes(sysfs.Root("/"))
     if os.path.isdir("/sys/devices/system/node/node0"):
         assert nodes, "a machine with NUMA sysfs has at least one node under this process"
@@ -100,14 +100,14 @@ PCI_CASES = [
 
 @pytest.mark.parametrize("nics,nearest", PCI_CASES)
 def test_nics_nearest_the_gpu_by_pci_hops(nics, nearest):
-    assert list(_C._nearest_to_device(nics, GPU)) == nearest
+    assert list(_C.testing.nearest_to_device(nics, GPU)) == nearest
 
 
 def test_pci_distance_counts_hops_to_the_common_bridge():
-    assert _C._pci_distance(GPU, GPU) == 0
-    assert _C._pci_distance(GPU, "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:10.0/0000:06:00.0") == 4
-    far = _C._pci_distance(GPU, "/sys/devices/pci0000:80/0000:80:01.0")
-    assert far == _C._pci_distance(GPU, "") and far > 1000
+    assert _C.testing.pci_distance(GPU, GPU) == 0
+    assert _C.testing.pci_distance(GPU, "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:10.0/0000:06:00.0") == 4
+    far = _C.testing.pci_distance(GPU, "/sys/devices/pci0000:80/0000:80:01.0")
+    assert far == _C.testing.pci_distance(GPU, "") and far > 1000
 
 
 def test_a_cpu_rank_gets_no_gpu_hint():

@@ -56,23 +56,23 @@ def test_verdict_wording():
                 f"idle_ms={idle}")
 
     waiting, idle = state(4, 4, 3), state(3, 3, 3, idle=10043)
-    assert C._format_verdict({0: waiting, 1: waiting, 2: idle, 3: waiting}, 4) == (
+    assert C.testing.format_verdict({0: waiting, 1: waiting, 2: idle, 3: waiting}, 4) == (
         "rank 2 last completed allreduce #3 and has called nothing for 10.0 s; ranks 0, 1, 3 wait in allreduce #4")
     # A dead rank does not answer; 1,000 ranks stay one line.
     big = {r: waiting for r in range(1000) if r not in (5, 6, 7, 900)}
     big.update({5: idle, 6: idle})
-    assert C._format_verdict(big, 1000) == (
+    assert C.testing.format_verdict(big, 1000) == (
         "ranks 5, 6 last completed allreduce #3 and have called nothing for 10.0 s; ranks 0-4, 8-899, 901-999 wait "
         "in allreduce #4; no answer from ranks 7, 900 (dead, or cut off from the others' lifelines)")
     # Nobody behind: the hint points elsewhere.
-    assert C._format_verdict({0: waiting, 1: waiting}, 2).startswith("every rank waits in allreduce #4: none is behind")
+    assert C.testing.format_verdict({0: waiting, 1: waiting}, 2).startswith("every rank waits in allreduce #4: none is behind")
     # A rank stuck inside an earlier collective; one that never called any.
     stuck = state(2, 2, 1, op="broadcast")
     never = "issued=0 issued_op=- started=0 started_op=- ended=0 ended_op=- idle_ms=12000"
-    assert C._format_verdict({0: waiting, 1: stuck, 2: never}, 3) == (
+    assert C.testing.format_verdict({0: waiting, 1: stuck, 2: never}, 3) == (
         "rank 2 has called no collective in this group for 12.0 s; rank 1 is still in broadcast #2; "
         "rank 0 waits in allreduce #4")
-    assert C._format_verdict({0: "garbage"}, 2) == ""
+    assert C.testing.format_verdict({0: "garbage"}, 2) == ""
 
 
 def test_straggler_report_names_the_slowed_rank():

@@ -25,6 +25,7 @@
 #include "backend.hpp"
 #include "device_memory.hpp"
 #include "process_group.hpp"
+#include "test_hooks.hpp"
 
 namespace py = pybind11;
 
@@ -180,11 +181,6 @@ PYBIND11_MODULE(_C, m) {
     d["tree_chunks"] = roce::treeChunks(roce::CostConstants(cfg), shape, bytes);
     return d;
   }, py::arg("ranks"), py::arg("machines"), py::arg("per_machine"), py::arg("bytes"));
-  // The cross-rank verdict from rank -> OpProgress snapshot texts
-  // (csrc/liveness/verdict.hpp), for tests of its wording; no group needed.
-  m.def("_format_verdict", [](const std::map<int, std::string>& states, int size) {
-    return roce::formatVerdict(states, size);
-  }, py::arg("states"), py::arg("size"));
   // Where ROCE_PG_DEVICE_REDUCE=auto reduces a staged piece of `bytes` per
   // rank, with both estimates (docs/ACCELERATORS.md); no group needed.
   m.def("_staged_reduce_plan", [](int ranks, int machines, bool sharedMemory, size_t bytes) {
@@ -219,30 +215,6 @@ PYBIND11_MODULE(_C, m) {
     d["flush_why"] = a.flushWhy;
     return d;
   }, py::arg("device"));
-  // The provider's answer to ibv_reg_dmabuf_mr on the first RDMA device.
-  m.def("_probe_dmabuf", [] {
-    const roce::DmabufAnswer a = roce::probeDmabufFirstDevice();
-    return py::make_tuple(a.supported, a.why);
-  });
-  m.def("_choose_gpudirect", [](const std::string& mode, bool dmabuf, bool pointer, bool nicDmabuf,
-                                const std::vector<std::string>& peers, bool sharedMachine, size_t allocationBytes,
-                                size_t limitBytes, bool flush) {
-    roce::DeviceMemoryAnswer a{dmabuf, "device dma-buf " + std::to_string(dmabuf), pointer,
-                               "device pointer " + std::to_string(pointer), nullptr};
-    // `flush`: a device whose NIC writes need flushing (a hook that does nothing).
-    if (flush) {
-      a.flushNicWrites = [](int) { return true; };
-      a.flushWhy = "device flush 1";
-    }
-    // `peers`: a transport name per rank, "" for ranks the call does not talk to.
-    std::vector<roce::CallPeer> talks;
-    for (size_t p = 0; p < peers.size(); ++p)
-      if (!peers[p].empty()) talks.emplace_back(static_cast<int>(p), peers[p].c_str());
-    const roce::GpudirectChoice c = roce::chooseGpudirect(mode, a, nicDmabuf, "nic dma-buf " + std::to_string(nicDmabuf),
-                                                          talks, sharedMachine, allocationBytes, limitBytes);
-    return py::make_tuple(roce::pathName(c.path), c.why, c.flushNicWrites != nullptr);
-  });
-  m.def("_peer_memory_module_loaded", &roce::peerMemoryModuleLoaded, py::arg("modules_text"));
   // The verbs transport's registered bytes per rank for `peers` connected
   // peers, in a group reaching `routed` peers over verbs (-1: `peers`), with
   // the ROCE_PG_* settings of this process (the doctor mirrors it).
@@ -266,10 +238,6 @@ PYBIND11_MODULE(_C, m) {
       "verbs_landing_bytes",
       [](int routed, int rails) { return roce::verbsLandingBytes(roce::Config::fromEnv(), rails, routed); },
       py::arg("routed"), py::arg("rails") = 1);
-  m.def(
-      "verbs_reserved_bytes",
-      [](int routed, int rails) { return roce::verbsReservedBytes(roce::Config::fromEnv(), rails, routed); },
-      py::arg("routed"), py::arg("rails") = 1);
   // The ports this process would drive with its ROCE_PG_* settings, as
   // [{"device", "port", "gid_index", "numa_node", "pci"}], and why none when empty
   // (the doctor's rank -> NIC row); `rank` spreads ranks over more than 4 ports.
@@ -289,14 +257,6 @@ PYBIND11_MODULE(_C, m) {
     }
     return py::make_tuple(out, why);
   }, py::arg("rank"), py::arg("near_pci") = std::string());
-  // The default selection rule alone (tests): indices of the ports used.
-  m.def("_nearest_ports", [](const std::vector<int>& portNodes, const std::set<int>& rankNodes, int rank) {
-    return roce::capRails(roce::nearestPorts(portNodes, rankNodes), rank);
-  });
-  m.def("_parse_cpu_list", &roce::parseCpuList);
-  m.def("_pci_distance", &roce::pciDistance);
-  m.def("_nearest_to_device", &roce::nearestToDevice);
-  m.def("_process_numa_nodes", &roce::processNumaNodes);
   // Every ROCE_PG_* setting the extension reads, in reading order, with what
   // it accepts: {name: ("int", lo, hi, zero_ok) | ("number", lo, hi) |
   // ("choice", names) | ("flag",) | ("text",) | ("token", max_len)}. Built by
@@ -336,10 +296,8 @@ PYBIND11_MODULE(_C, m) {
     d["verbs_remains_pending"] = roce::remainsPending();  // broken groups' objects the reaper has yet to release
     return d;
   });
-  // The settings every rank of a group must share ("NAME=value ..."): what
-  // joining a group compares (Config::algorithmSettings()); for the doctor's test.
-  m.def("_algorithm_settings", [] { return roce::Config::fromEnv().algorithmSettings(); });
   m.def("_placement_settings", [] { return roce::Config::fromEnv().placementSettings(); });
+  roce::defineTestHooks(m);
   m.def("rdma_ports", [] {
     py::list out;
     for (const auto& p : roce::probeRdmaPorts()) {

@@ -1,0 +1,68 @@
+#include "test_hooks.hpp"
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <pybind11/stl.h>
+
+#include "../common/config.hpp"
+#include "../liveness/verdict.hpp"
+#include "../transport/verbs/dmabuf.hpp"
+#include "../transport/verbs/port_choice.hpp"
+#include "../transport/verbs/verbs_transport.hpp"
+#include "device_memory.hpp"
+
+namespace py = pybind11;
+
+namespace roce {
+
+void defineTestHooks(py::module_& parent) {
+  py::module_ m = parent.def_submodule("testing", "Hooks for roce's tests: pure functions on made-up inputs");
+  // The cross-rank verdict from rank -> OpProgress snapshot texts
+  // (csrc/liveness/verdict.hpp), for tests of its wording; no group needed.
+  m.def("format_verdict", [](const std::map<int, std::string>& states, int size) {
+    return roce::formatVerdict(states, size);
+  }, py::arg("states"), py::arg("size"));
+  // The provider's answer to ibv_reg_dmabuf_mr on the first RDMA device.
+  m.def("probe_dmabuf", [] {
+    const roce::DmabufAnswer a = roce::probeDmabufFirstDevice();
+    return py::make_tuple(a.supported, a.why);
+  });
+  m.def("choose_gpudirect", [](const std::string& mode, bool dmabuf, bool pointer, bool nicDmabuf,
+                                const std::vector<std::string>& peers, bool sharedMachine, size_t allocationBytes,
+                                size_t limitBytes, bool flush) {
+    roce::DeviceMemoryAnswer a{dmabuf, "device dma-buf " + std::to_string(dmabuf), pointer,
+                               "device pointer " + std::to_string(pointer), nullptr};
+    // `flush`: a device whose NIC writes need flushing (a hook that does nothing).
+    if (flush) {
+      a.flushNicWrites = [](int) { return true; };
+      a.flushWhy = "device flush 1";
+    }
+    // `peers`: a transport name per rank, "" for ranks the call does not talk to.
+    std::vector<roce::CallPeer> talks;
+    for (size_t p = 0; p < peers.size(); ++p)
+      if (!peers[p].empty()) talks.emplace_back(static_cast<int>(p), peers[p].c_str());
+    const roce::GpudirectChoice c = roce::chooseGpudirect(mode, a, nicDmabuf, "nic dma-buf " + std::to_string(nicDmabuf),
+                                                          talks, sharedMachine, allocationBytes, limitBytes);
+    return py::make_tuple(roce::pathName(c.path), c.why, c.flushNicWrites != nullptr);
+  });
+  m.def("peer_memory_module_loaded", &roce::peerMemoryModuleLoaded, py::arg("modules_text"));
+  m.def("verbs_reserved_bytes",
+      [](int routed, int rails) { return roce::verbsReservedBytes(roce::Config::fromEnv(), rails, routed); },
+      py::arg("routed"), py::arg("rails") = 1);
+  // The default selection rule alone (tests): indices of the ports used.
+  m.def("nearest_ports", [](const std::vector<int>& portNodes, const std::set<int>& rankNodes, int rank) {
+    return roce::capRails(roce::nearestPorts(portNodes, rankNodes), rank);
+  });
+  m.def("parse_cpu_list", &roce::parseCpuList);
+  m.def("pci_distance", &roce::pciDistance);
+  m.def("nearest_to_device", &roce::nearestToDevice);
+  m.def("process_numa_nodes", &roce::processNumaNodes);
+  // The settings every rank of a group must share ("NAME=value ..."): what
+  // joining a group compares (Config::algorithmSettings()); for the doctor's test.
+  m.def("algorithm_settings", [] { return roce::Config::fromEnv().algorithmSettings(); });
+}
+
+}  // namespace roce
