@@ -3,7 +3,7 @@
 #include "../runtime/front_desk.hpp"
 
 // Routing requests to transports, the operation context, and failure
-// handling. Group formation is in group_setup.cpp, waiting in wait_loop.cpp.
+// handling. Formation is in ../group/group_builder.cpp, waiting in wait_loop.cpp.
 #include <cstdlib>
 #include <stdexcept>
 
@@ -12,6 +12,7 @@
 #include "../common/log.hpp"
 #include "../transport/shm/node_shm.hpp"
 #include "../transport/tcp/tcp_transport.hpp"
+#include "../transport/verbs/verbs_device.hpp"
 #include "connection_manager.hpp"
 #include "../liveness/lifeline.hpp"
 
@@ -61,10 +62,21 @@ void Communicator::leaveGracefully() {
   if (lifeline_) lifeline_->leave();
 }
 
+Communicator::Communicator(const Config& cfg, std::chrono::milliseconds timeout) : cfg_(cfg), timeout_(timeout) {}
+
 Communicator::~Communicator() {
   // Before the wake-ups go: the desk's thread calls the waker (useWaker
   // returns once no call is in flight).
   if (mailbox_) mailbox_->box()->useWaker({});
+}
+
+std::string Communicator::nicsText() const {
+  std::string out;
+  for (const auto& dev : verbsRails_) {
+    const VerbsPortChoice& c = dev->choice();
+    out += str(out.empty() ? "" : ", ", c.device, ":", c.port, c.numaNode >= 0 ? str(" (NUMA ", c.numaNode, ")") : "");
+  }
+  return out;
 }
 
 bool Communicator::arrivalsPending() const { return mailbox_ && mailbox_->box()->pending(); }

@@ -42,24 +42,10 @@ class TcpAcceptor;
 class VerbsDevice;
 class MailboxLease;
 
+// Made only by GroupBuilder (group/group_builder.hpp), which forms the group
+// and hands it over ready.
 class Communicator {
  public:
-  // Collective over the group: joins the group's leader (join.hpp), which
-  // hands out the roster, and sets up the transports. `globalRank` places the
-  // rank on simulated nodes. `store` is used only inside the constructor
-  // (keys under the leader's incarnation prefix).
-  Communicator(Bootstrap& store, const Config& cfg, int rank, int size, int globalRank,
-               std::chrono::milliseconds timeout);
-  // A subgroup of `parent` with no join: its members are the
-  // parent's ranks `parentRanks` (this rank among them, at `rank`), the roster
-  // is derived from the parent's (deriveRoster, named by `groupName`, which
-  // every member passes alike). Collective over the members only. `store` is
-  // used for the members' shared-memory names, if any share a machine.
-  // `cfg` is read at the subgroup's creation, as for any group (a job may
-  // set ROCE_PG_ALGO* per group); with no leader, nothing compares it
-  // across the members: they must set the same values (README).
-  Communicator(const Communicator& parent, Bootstrap& store, const Config& cfg, int rank,
-               const std::vector<int>& parentRanks, const std::string& groupName, std::chrono::milliseconds timeout);
   ~Communicator();
   // Store operations this group's formation made (tests count them).
   int formationStoreOps() const { return formationStoreOps_; }
@@ -261,6 +247,9 @@ class Communicator {
   AlgorithmState& algorithmState() { return algorithmState_; }
 
  private:
+  friend class GroupBuilder;
+  Communicator(const Config& cfg, std::chrono::milliseconds timeout);
+
   // How often a long wait runs the slow checks (transports' peer checks).
   static constexpr auto kSlowCheckEvery = std::chrono::milliseconds(200);
   // A peer's death is acted on this long after it was noticed, so that data it
@@ -275,13 +264,6 @@ class Communicator {
   bool settingsAgreed_ = false;  // the neighbours confirmed equal settings (groups formed from the parent)
   void slowChecks();
   void throwIfPeerFailed(const std::string& what);
-  // probe(peer) returns a check that throws when `peer` will never connect.
-  // The steps after the roster is known, shared by both constructors.
-  void form(Bootstrap& store, Roster roster, const std::string& incarnation, int rank, Clock::time_point deadline);
-  void connectLifelines(const std::vector<TcpEndpoint>& eps, const std::vector<uint64_t>& nonces,
-                        Clock::time_point deadline, const std::function<std::function<void()>(int)>& probe);
-  // ROCE_PG_CONNECT=eager: connects every network peer before init returns.
-  void connectAll(const std::vector<bool>& viaNet, Clock::time_point deadline);
   void onPeerFailure(const std::string& why);  // from the runtime thread (the lifeline)
   // A transport connected `peer` and needs no socket to see it leave if the
   // lifeline watches it (Transport::setPeerWatch): true once it does.

@@ -61,7 +61,7 @@ struct TcpEndpoint {
 // refused connections are retried until `deadline` (the peer may not listen
 // yet), calling `probe` about once a second meanwhile (it throws when the peer
 // is known never to come: a lifeline neighbour's process that refuses
-// connections, see group_setup.cpp).
+// connections, see group/group_builder.cpp).
 UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint64_t selfNonce,
                   uint64_t peerNonce, Clock::time_point deadline, const std::function<void()>& probe = nullptr);
 

@@ -7,6 +7,7 @@
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
 #include "../common/log.hpp"
+#include "../group/group_builder.hpp"
 #include "device_capture.hpp"
 #include "device_reduce.hpp"
 #include "monitored_barrier.hpp"
@@ -81,7 +82,7 @@ RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     cfg_ = Config::fromEnv();
     cfg_.nearDevicePci = nearPci;
     StoreBootstrap bs(store);
-    start(std::make_unique<Communicator>(bs, cfg_, rank, size, globalRank, timeout));
+    start(GroupBuilder::join(bs, cfg_, rank, size, globalRank, timeout));
   } catch (const Error& e) {
     C10_THROW_ERROR(DistBackendError, e.what());
   }
@@ -97,7 +98,7 @@ RoceBackend::RoceBackend(const RoceBackend& parent, const c10::intrusive_ptr<c10
     if (!parent.engine_ || !parent.engine_->hasComm())
       throwInvalid(str("cannot form subgroup ", groupName, " from its parent group: the parent was shut down or "
                        "aborted. Create subgroups while the parent lives, or set ROCE_PG_SUBGROUPS=join"));
-    start(std::make_unique<Communicator>(parent.engine_->comm(), bs, cfg_, rank, parentRanks, groupName, timeout));
+    start(GroupBuilder::derive(parent.engine_->comm(), bs, cfg_, rank, parentRanks, groupName, timeout));
   } catch (const Error& e) {
     C10_THROW_ERROR(DistBackendError, e.what());
   }

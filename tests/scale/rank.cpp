@@ -13,6 +13,7 @@
 #include "../../csrc/common/error.hpp"
 #include "../../csrc/common/bootstrap.hpp"
 #include "../../csrc/common/config.hpp"
+#include "../../csrc/group/group_builder.hpp"
 #include "checks.hpp"
 #include "options.hpp"
 #include "proc_stats.hpp"
@@ -50,7 +51,7 @@ class RankRun {
   void stage(const std::string& what) { store_.set(str("stage/", rank_), what); }
 
   std::unique_ptr<roce::Communicator> form(const roce::Config& cfg) {
-    return std::make_unique<roce::Communicator>(store_, cfg, rank_, o_.ranks, rank_, timeout_);
+    return roce::GroupBuilder::join(store_, cfg, rank_, o_.ranks, rank_, timeout_);
   }
 
   // Another group after the first, noting how long forming it took

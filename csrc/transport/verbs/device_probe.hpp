@@ -1,5 +1,5 @@
 // Lists the RDMA devices libibverbs can see, with their ports, for the init
-// log (group_setup.cpp, ROCE_PG_DEBUG=INFO) and roce_pg.rdma_ports() (the
+// log (group/group_builder.cpp, ROCE_PG_DEBUG=INFO) and roce_pg.rdma_ports() (the
 // doctor's --import row). The ports a rank drives are chosen elsewhere
 // (chooseVerbsPorts, port_choice.hpp).
 #pragma once
