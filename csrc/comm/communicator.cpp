@@ -81,8 +81,6 @@ std::string Communicator::nicsText() const {
 
 bool Communicator::arrivalsPending() const { return mailbox_ && mailbox_->box()->pending(); }
 
-void Communicator::FreeDeleter::operator()(void* p) const { std::free(p); }
-
 int Communicator::networkPeers() const {
   int n = 0;
   for (size_t r = 0; r < routes_.size(); ++r) n += routes_[r] && !viaShm_[r];
@@ -199,10 +197,7 @@ void Communicator::attachOwner(Request& r) const {
   for (const BufferOwner& o : taskOwners_)
     if ((o.device || !small) && o.covers(r.buf, r.len)) { r.owner = o; return; }
   if (small) return;
-  for (size_t i = 0; i < scratch_.size(); ++i) {
-    BufferOwner o{std::static_pointer_cast<void>(scratch_[i]), scratch_[i].get(), scratch_[i].get(), scratchBytes_[i]};
-    if (o.covers(r.buf, r.len)) { r.owner = std::move(o); return; }
-  }
+  scratch_.ownerOf(r.buf, r.len, r.owner);
 }
 
 void Communicator::post(Request& r) {
@@ -295,21 +290,6 @@ HelperThread& Communicator::helper(int index) {
       wakeup_.wake();
     });
   return *helpers_[index];
-}
-
-void* Communicator::scratch(size_t bytes, int index) {
-  if (scratch_.size() <= static_cast<size_t>(index)) {
-    scratch_.resize(index + 1);
-    scratchBytes_.resize(index + 1, 0);
-  }
-  if (scratchBytes_[index] < bytes) {
-    size_t n = (bytes + 4095) & ~size_t(4095);
-    void* p = std::aligned_alloc(64, n);
-    if (!p) throwComm(str("out of memory allocating ", n, " bytes of scratch"));
-    scratch_[index] = std::shared_ptr<char>(static_cast<char*>(p), FreeDeleter{});
-    scratchBytes_[index] = n;
-  }
-  return scratch_[index].get();
 }
 
 }  // namespace roce

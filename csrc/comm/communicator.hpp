@@ -21,6 +21,7 @@
 
 #include "../common/backoff.hpp"
 #include "algorithm_state.hpp"
+#include "scratch_buffers.hpp"
 #include "../common/bootstrap.hpp"
 #include "../common/config.hpp"
 #include "../common/describable.hpp"
@@ -203,7 +204,7 @@ class Communicator {
   int workers() const { return cfg_.workers; }
 
   // Scratch memory reused across operations (index selects an independent buffer).
-  void* scratch(size_t bytes, int index = 0);
+  void* scratch(size_t bytes, int index = 0) { return scratch_.get(bytes, index); }
 
   // The allocations the running operation's buffers live in (the torch
   // adapter passes the tensors' storages). post(kind, ...) attaches the one
@@ -322,14 +323,10 @@ class Communicator {
   Clock::time_point lastSlowCheck_{};
   uint64_t collectiveSeq_ = 0;
   std::atomic<uint64_t>* collectiveTagWord_ = nullptr;  // in this rank's control page, in a group on one machine
-  struct FreeDeleter { void operator()(void* p) const; };
-  // Shared: a transport's registration cache may keep a block alive after it
-  // is replaced by a larger one (see BufferOwner).
-  std::vector<std::shared_ptr<char>> scratch_;
+  ScratchBuffers scratch_;
   std::vector<BufferOwner> taskOwners_;
   DeviceCopy deviceCopy_;  // set with taskOwners_ (useBufferOwners)
   void attachOwner(Request& r) const;
-  std::vector<size_t> scratchBytes_;
   // Helper threads and the count of jobs they finished, which a blocking wait
   // re-checks after announcing itself (helperEventsSeen_: the count its caller
   // last looked at), so a job ending just before the sleep is not slept through.
