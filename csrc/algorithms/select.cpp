@@ -114,8 +114,8 @@ Algo chooseAllreduce(Communicator& c, size_t bytes) {
 
 bool reduceStagedOnDevice(const Communicator& c, size_t bytes) {
   const Config& cfg = c.config();
-  if (c.size() < 2 || cfg.deviceReduce == "host") return false;
-  if (cfg.deviceReduce == "device") return true;
+  if (c.size() < 2 || cfg.deviceReduce == DeviceReduce::Host) return false;
+  if (cfg.deviceReduce == DeviceReduce::Device) return true;
   return stagedReducePrefersDevice(cfg, groupShape(c), bytes, c.nodeShm() != nullptr);
 }
 

@@ -57,8 +57,8 @@ Config Config::read(EnvReader& r) {
                             settingChoices("ROCE_PG_ALGO_ALLREDUCE", {"auto"}));
   c.algoAllreduceAcross = r.oneOf("ROCE_PG_ALGO_ALLREDUCE_ACROSS", "auto",
                                   settingChoices("ROCE_PG_ALGO_ALLREDUCE_ACROSS", {"auto"}));
-  c.connect = r.oneOf("ROCE_PG_CONNECT", "lazy", {"lazy", "eager"});
-  c.subgroups = r.oneOf("ROCE_PG_SUBGROUPS", "parent", {"join", "parent"});
+  c.connect = r.choice("ROCE_PG_CONNECT", c.connect);
+  c.subgroups = r.choice("ROCE_PG_SUBGROUPS", c.subgroups);
   c.algoAllgather = r.oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "shm", "ring", "bruck", "hier"});
   c.algoReduceScatter = r.oneOf("ROCE_PG_ALGO_REDUCE_SCATTER", "auto", {"auto", "shm", "ring", "hier"});
   c.algoBroadcast = r.oneOf("ROCE_PG_ALGO_BROADCAST", "auto", {"auto", "shm", "binomial", "chain"});
@@ -75,7 +75,7 @@ Config Config::read(EnvReader& r) {
   c.shmGBps = r.number("ROCE_PG_ALGO_SHM_GBPS", c.shmGBps, 1e-6, 1e6);
   c.reduceGBps = r.number("ROCE_PG_ALGO_REDUCE_GBPS", c.reduceGBps, 1e-6, 1e6);
   c.bruckMaxBytes = r.integer("ROCE_PG_ALGO_BRUCK_MAX_BYTES", c.bruckMaxBytes, 0, 1ll << 40);
-  c.netTransport = r.oneOf("ROCE_PG_NET_TRANSPORT", c.netTransport, {"auto", "verbs", "tcp"});
+  c.netTransport = r.choice("ROCE_PG_NET_TRANSPORT", c.netTransport);
   c.ibHca = r.text("ROCE_PG_IB_HCA");
   c.ibGidIndex = static_cast<int>(r.integer("ROCE_PG_IB_GID_INDEX", -1, -1, 1 << 16));
   c.ibTc = static_cast<int>(r.integer("ROCE_PG_IB_TC", 0, 0, 255));
@@ -100,8 +100,8 @@ Config Config::read(EnvReader& r) {
   c.inlineMaxBytes = r.integer("ROCE_PG_INLINE_MAX_BYTES", c.inlineMaxBytes, 0, 1ll << 40);
   c.syncInlineMaxBytes = r.integer("ROCE_PG_SYNC_INLINE_MAX_BYTES", c.syncInlineMaxBytes, 0, 1ll << 40);
   c.devicePieceBytes = r.integer("ROCE_PG_DEVICE_PIECE_BYTES", c.devicePieceBytes, 4096, 1ll << 40);
-  c.deviceReduce = r.oneOf("ROCE_PG_DEVICE_REDUCE", c.deviceReduce, {"auto", "host", "device"});
-  c.gpudirect = r.oneOf("ROCE_PG_GPUDIRECT", c.gpudirect, {"auto", "off"});
+  c.deviceReduce = r.choice("ROCE_PG_DEVICE_REDUCE", c.deviceReduce);
+  c.gpudirect = r.choice("ROCE_PG_GPUDIRECT", c.gpudirect);
   c.deviceStagingCacheBytes =
       r.integer("ROCE_PG_DEVICE_STAGING_CACHE_BYTES", c.deviceStagingCacheBytes, 0, 1ll << 50);
   c.spinUs = static_cast<int>(r.integer("ROCE_PG_SPIN_US", c.spinUs, 0, 1000000));
@@ -116,7 +116,7 @@ Config Config::read(EnvReader& r) {
   c.shmChunkBytes = floorPow2(c.shmChunkBytes);
   c.shutdownGraceMs = static_cast<int>(r.integer("ROCE_PG_SHUTDOWN_GRACE_MS", c.shutdownGraceMs, 0, 3600000));
   c.traceEntries = r.integer("ROCE_PG_TRACE_ENTRIES", c.traceEntries, 0, 1ll << 24);
-  c.torchFlightRecorder = r.oneOf("ROCE_PG_TORCH_FR", c.torchFlightRecorder, {"native", "hook"});
+  c.torchFlightRecorder = r.choice("ROCE_PG_TORCH_FR", c.torchFlightRecorder);
   c.traceDump = r.text("ROCE_PG_TRACE_DUMP");
   const std::string signal = r.oneOf("ROCE_PG_TRACE_SIGNAL", "off", {"off", "SIGUSR1", "SIGUSR2"});
   c.traceSignal = signal == "SIGUSR1" ? SIGUSR1 : signal == "SIGUSR2" ? SIGUSR2 : 0;
@@ -182,7 +182,7 @@ const std::string& testFault() {
 }
 
 std::string Config::placementSettings() const {
-  return str("ROCE_PG_NET_TRANSPORT=", netTransport, " ROCE_PG_FORCE_NETWORK=", forceNetwork ? 1 : 0,
+  return str("ROCE_PG_NET_TRANSPORT=", settingName(netTransport), " ROCE_PG_FORCE_NETWORK=", forceNetwork ? 1 : 0,
              " ROCE_PG_SIM_RANKS_PER_NODE=", simRanksPerNode, " ROCE_PG_SIM_NODE=", simNode);
 }
 
@@ -202,8 +202,8 @@ std::string Config::algorithmSettings() const {
              " ROCE_PG_ALGO_REDUCE_GBPS=", exact(reduceGBps), " ROCE_PG_CHUNK_BYTES=", chunkBytes,
              " ROCE_PG_NCHANNELS=", nChannels == 0 ? std::string("auto") : std::to_string(nChannels),
              " ROCE_PG_FORCE_NETWORK=", forceNetwork ? 1 : 0, " ROCE_PG_DEVICE_PIECE_BYTES=", devicePieceBytes,
-             " ROCE_PG_DEVICE_REDUCE=", deviceReduce, " ROCE_PG_GPUDIRECT=", gpudirect,
-             " ROCE_PG_IB_DEVICE_REG_BYTES=", ibDeviceRegBytes, " ROCE_PG_SUBGROUPS=", subgroups);
+             " ROCE_PG_DEVICE_REDUCE=", settingName(deviceReduce), " ROCE_PG_GPUDIRECT=", settingName(gpudirect),
+             " ROCE_PG_IB_DEVICE_REG_BYTES=", ibDeviceRegBytes, " ROCE_PG_SUBGROUPS=", settingName(subgroups));
 }
 
 std::string Config::describe() const {
@@ -214,12 +214,12 @@ std::string Config::describe() const {
              " hier_min_bytes=", hierMinBytes, " bruck_max_bytes=", bruckMaxBytes, " net_alpha_us=", netAlphaUs,
              " net_gbps=", netGBps, " nic_gbps=", nicGBps, " shm_alpha_us=", shmAlphaUs, " shm_gbps=", shmGBps,
              " reduce_gbps=", reduceGBps,
-             " net_transport=", netTransport, " connect=", connect, " subgroups=", subgroups, " chunk_bytes=", chunkBytes, " nchannels=", nChannels, " workers=", workers,
+             " net_transport=", settingName(netTransport), " connect=", settingName(connect), " subgroups=", settingName(subgroups), " chunk_bytes=", chunkBytes, " nchannels=", nChannels, " workers=", workers,
              " shm_slot_bytes=", shmSlotBytes, " shm_chunk_bytes=", shmChunkBytes, " shm_oneshot_max_bytes=", shmOneShotMaxBytes,
              " inline_max_bytes=", inlineMaxBytes, " sync_inline_max_bytes=", syncInlineMaxBytes, " spin_us=", spinUs, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
              " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,
              " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots, " ib_pool_bytes=", ibPoolBytes, " ib_slot_bytes=", ibSlotBytes, " ib_eager_max_bytes=", ibEagerMaxBytes, " ib_zero_copy_min_bytes=", ibZeroCopyMinBytes,
-             " ib_reg_cache_bytes=", ibRegCacheBytes, " ib_device_reg_bytes=", ibDeviceRegBytes, " gpudirect=", gpudirect, " device_piece_bytes=", devicePieceBytes, " device_reduce=", deviceReduce,
+             " ib_reg_cache_bytes=", ibRegCacheBytes, " ib_device_reg_bytes=", ibDeviceRegBytes, " gpudirect=", settingName(gpudirect), " device_piece_bytes=", devicePieceBytes, " device_reduce=", settingName(deviceReduce),
              " device_staging_cache_bytes=", deviceStagingCacheBytes,
              " heartbeat_timeout_ms=", heartbeatTimeoutMs, " trace_entries=", traceEntries,
              " trace_dump=", traceDump.empty() ? "<off>" : traceDump);

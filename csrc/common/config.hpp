@@ -48,16 +48,16 @@ struct Config {
   double reduceGBps = 8;                 // ROCE_PG_ALGO_REDUCE_GBPS: GB/s one rank reduces (output bytes)
   // Network transport between machines: "auto" (verbs when every rank has a
   // usable RDMA port, else an error for groups spanning machines), "verbs" or "tcp".
-  std::string netTransport = "auto";     // ROCE_PG_NET_TRANSPORT
+  NetTransport netTransport = NetTransport::Auto;  // ROCE_PG_NET_TRANSPORT
   // When network connections are made: "lazy" (default) when an algorithm or
   // a point-to-point call first needs a peer, so a rank connects to the peers
   // it talks to; "eager" connects every pair at init (a full mesh).
-  std::string connect = "lazy";          // ROCE_PG_CONNECT: lazy|eager
+  ConnectMode connect = ConnectMode::Lazy;  // ROCE_PG_CONNECT: lazy|eager
   // How a subgroup of a roce world group forms: "join" joins
   // through the store like any group (the leader compares every member's
   // settings); "parent" derives its roster from the world group's, with no
   // join and no comparison. Every rank must agree (algorithmSettings).
-  std::string subgroups = "parent";      // ROCE_PG_SUBGROUPS: join|parent
+  SubgroupMode subgroups = SubgroupMode::Parent;  // ROCE_PG_SUBGROUPS: join|parent
   // Interface whose IPv4 address peers use to reach this rank over TCP.
   std::string socketIfname;              // ROCE_PG_SOCKET_IFNAME
   // Pipelining granularity of the ring algorithms.
@@ -145,13 +145,13 @@ struct Config {
   // "host" (roce's host kernels), "device" (ATen ops on the device, the host
   // only moves bytes) or "auto" (the cost model, per call). Every rank must
   // use the same value (the two send different messages).
-  std::string deviceReduce = "auto";     // ROCE_PG_DEVICE_REDUCE
+  DeviceReduce deviceReduce = DeviceReduce::Auto;  // ROCE_PG_DEVICE_REDUCE
   // Whether data-movement collectives hand device memory to the verbs
   // transport itself (docs/ACCELERATORS.md, GPUDirect RDMA): "auto" where the
   // device's memory can be registered and every peer is served by verbs,
   // "off" always stages. Every rank must use the same value (the two differ
   // in the messages they send).
-  std::string gpudirect = "auto";        // ROCE_PG_GPUDIRECT
+  GpudirectMode gpudirect = GpudirectMode::Auto;  // ROCE_PG_GPUDIRECT
   // Most bytes of pinned host staging buffers a group keeps for reuse while no
   // operation uses them; beyond it, released buffers go back to the device's
   // host allocator once their copies are done. 512 MiB: twenty DDP buckets, or
@@ -166,8 +166,8 @@ struct Config {
   // a call saves the hook's ~2 us; "hook" keeps torch's hook, fed roce's
   // completions, for tools that read torch's own dumps. With the recorder
   // off (traceEntries 0) torch's hook stays whatever this says.
-  std::string torchFlightRecorder = "native";  // ROCE_PG_TORCH_FR
-  bool recordsNatively() const { return traceEntries > 0 && torchFlightRecorder == "native"; }
+  TorchRecorder torchFlightRecorder = TorchRecorder::Native;  // ROCE_PG_TORCH_FR
+  bool recordsNatively() const { return traceEntries > 0 && torchFlightRecorder == TorchRecorder::Native; }
   // Where a group writes its trace when an operation first breaks it: this
   // prefix + "<global rank>_<group name>.json" (empty: nowhere).
   std::string traceDump;                 // ROCE_PG_TRACE_DUMP

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "setting_enums.hpp"
+
 namespace roce {
 
 struct Setting {
@@ -36,6 +38,15 @@ class EnvReader {
   long long integerOrZero(const char* name, long long def, long long lo, long long hi, const char* why);
   double number(const char* name, double def, double lo, double hi);
   std::string oneOf(const char* name, const std::string& def, const std::vector<const char*>& allowed);
+  // The same for a setting with an enum (setting_enums.hpp): its names are the choices.
+  template <class E>
+  E choice(const char* name, E def) {
+    std::vector<const char*> names;
+    for (const auto& entry : SettingNames<E>::table) names.push_back(entry.first);
+    E value = def;
+    settingValue(oneOf(name, settingName(def), names), value);
+    return value;
+  }
   bool flag(const char* name);                         // 1/true/yes/on or 0/false/no/off
   std::string text(const char* name);                  // any text ("" when unset)
   std::string token(const char* name, size_t maxLen);  // letters, digits, '-', '_' ("" when unset)

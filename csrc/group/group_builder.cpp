@@ -105,7 +105,7 @@ std::unique_ptr<Communicator> GroupBuilder::join(Bootstrap& outerStore, const Co
     c.mailbox_ = std::make_unique<MailboxLease>(desk, me.nonce);
     me.tcpHost = tcpAdvertiseAddress(c.cfg_);
     me.tcpPort = desk.port();
-    if (c.cfg_.netTransport != "tcp") {
+    if (c.cfg_.netTransport != NetTransport::Tcp) {
       // Open the RDMA ports now, so the leader can tell whether every rank has one.
       // A port that cannot be opened is left out (said at INFO); none at all is what noVerbsWhy tells.
       std::string failed;
@@ -264,7 +264,7 @@ void GroupBuilder::form(Communicator& c, Bootstrap& store, Roster formed, const 
                                 [tcp](int peer) { tcp->dialEnded(peer); },
                                 [tcp](int peer) { tcp->useLink(peer); }});
     }
-    if (c.cfg_.connect == "eager") connectAll(c, viaNet, deadline);
+    if (c.cfg_.connect == ConnectMode::Eager) connectAll(c, viaNet, deadline);
   }
   acceptor.reset();
 

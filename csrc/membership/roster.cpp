@@ -75,7 +75,7 @@ int groupChannels(const Config& cfg, const std::vector<RankInfo>& infos, const T
 std::string chooseNetwork(const Config& cfg, const std::vector<RankInfo>& infos, const Topology& topo) {
   const bool needsNet = cfg.forceNetwork ? topo.size > 1 : topo.numNodes > 1;
   if (!needsNet) return "none";
-  if (cfg.netTransport == "tcp") return "tcp";
+  if (cfg.netTransport == NetTransport::Tcp) return "tcp";
   std::string lacking;
   for (size_t r = 0; r < infos.size(); ++r)
     if (!infos[r].verbs()) lacking += str("\n  rank ", r, ": ", infos[r].noVerbsWhy);

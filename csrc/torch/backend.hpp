@@ -55,7 +55,7 @@ class RoceBackend : public c10d::Backend {
               const std::vector<int>& parentRanks, const std::string& groupName, std::chrono::milliseconds timeout);
   ~RoceBackend() override;
   // Whether subgroups of this group form from it (ROCE_PG_SUBGROUPS=parent).
-  bool formsSubgroups() const { return cfg_.subgroups == "parent"; }
+  bool formsSubgroups() const { return cfg_.subgroups == SubgroupMode::Parent; }
 #ifdef ROCE_TORCH_BACKEND_SPLIT
   // torch.distributed.split_group: the new group forms from this one's
   // roster with no join, like new_group's subgroups. `ranks` are

@@ -93,10 +93,10 @@ std::string flushNote(const DeviceMemoryAnswer& device) {
 }
 }  // namespace
 
-GpudirectChoice chooseGpudirect(const std::string& mode, const DeviceMemoryAnswer& device, bool nicDmabuf,
+GpudirectChoice chooseGpudirect(GpudirectMode mode, const DeviceMemoryAnswer& device, bool nicDmabuf,
                                 const std::string& nicWhy, const std::vector<CallPeer>& peers,
                                 bool sharedMachine, size_t callBytes, size_t limitBytes) {
-  if (mode == "off") return {DeviceMemoryPath::Staged, "ROCE_PG_GPUDIRECT=off"};
+  if (mode == GpudirectMode::Off) return {DeviceMemoryPath::Staged, "ROCE_PG_GPUDIRECT=off"};
   for (const auto& [p, transport] : peers)
     if (std::string(transport) != "verbs")
       return {DeviceMemoryPath::Staged, "rank " + std::to_string(p) + " is reached through " + transport +

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "../common/setting_enums.hpp"
+
 namespace roce {
 
 enum class DeviceMemoryPath { Staged, Pointer, Dmabuf };
@@ -66,7 +68,7 @@ struct GpudirectChoice {
 };
 // A rank the call talks to and the name of the transport serving it.
 using CallPeer = std::pair<int, const char*>;
-GpudirectChoice chooseGpudirect(const std::string& mode, const DeviceMemoryAnswer& device, bool nicDmabuf,
+GpudirectChoice chooseGpudirect(GpudirectMode mode, const DeviceMemoryAnswer& device, bool nicDmabuf,
                                 const std::string& nicWhy, const std::vector<CallPeer>& peers,
                                 bool sharedMachine, size_t callBytes, size_t limitBytes);
 

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,9 @@ void defineTestHooks(py::module_& parent) {
     std::vector<roce::CallPeer> talks;
     for (size_t p = 0; p < peers.size(); ++p)
       if (!peers[p].empty()) talks.emplace_back(static_cast<int>(p), peers[p].c_str());
-    const roce::GpudirectChoice c = roce::chooseGpudirect(mode, a, nicDmabuf, "nic dma-buf " + std::to_string(nicDmabuf),
+    roce::GpudirectMode gpudirect = roce::GpudirectMode::Auto;
+    if (!roce::settingValue(mode, gpudirect)) throw std::invalid_argument("choose_gpudirect: mode auto or off, not " + mode);
+    const roce::GpudirectChoice c = roce::chooseGpudirect(gpudirect, a, nicDmabuf, "nic dma-buf " + std::to_string(nicDmabuf),
                                                           talks, sharedMachine, allocationBytes, limitBytes);
     return py::make_tuple(roce::pathName(c.path), c.why, c.flushNicWrites != nullptr);
   });

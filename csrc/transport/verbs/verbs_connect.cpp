@@ -128,7 +128,7 @@ VerbsTransport::VerbsTransport(int rank, int size, Rails rails, const Config& cf
   // Asked before any call could hand over a dma-buf (a failed registration
   // costs microseconds): GPUDirect's choice needs the answer at issue time.
   // (The first rail's answer: the rails of one rank are normally NICs of one kind.)
-  if (cfg.gpudirect != "off") dmabuf_ = probeDmabuf(rails_[0]->pd(), rails_[0]->describe());
+  if (cfg.gpudirect != GpudirectMode::Off) dmabuf_ = probeDmabuf(rails_[0]->pd(), rails_[0]->describe());
   else dmabuf_.why = "ROCE_PG_GPUDIRECT=off";
   slotBytes_ = std::min<size_t>(cfg.ibSlotBytes, maxMsg_ - sizeof(SlotHeader));
   stride_ = strideOf(slotBytes_);

@@ -65,9 +65,9 @@ TEST(defaults_with_nothing_set) {
   CHECK(!c.forceNetwork);
   CHECK_EQ(c.algoAllreduce, "auto");
   CHECK_EQ(c.algoBroadcast, "auto");
-  CHECK_EQ(c.netTransport, "auto");
-  CHECK_EQ(c.connect, "lazy");
-  CHECK_EQ(c.subgroups, "parent");
+  CHECK(c.netTransport == roce::NetTransport::Auto);
+  CHECK(c.connect == roce::ConnectMode::Lazy);
+  CHECK(c.subgroups == roce::SubgroupMode::Parent);
   CHECK_EQ(c.chunkBytes, size_t(1) << 20);
   CHECK_EQ(c.rdMaxBytes, size_t(64) << 10);
   CHECK(!c.rdMaxBytesSet && !c.ringMinBytesSet && !c.hierMinBytesSet);
@@ -80,7 +80,7 @@ TEST(defaults_with_nothing_set) {
   CHECK_EQ(c.spinUs, 20);
   CHECK_EQ(c.heartbeatTimeoutMs, 20000);
   CHECK_EQ(c.traceSignal, 0);
-  CHECK_EQ(c.torchFlightRecorder, "native");
+  CHECK(c.torchFlightRecorder == roce::TorchRecorder::Native);
   CHECK(c.recordsNatively());
   CHECK(!c.testFailForming);
   // The cache-sized default: a power of two in [64 KiB, 1 MiB].
@@ -111,6 +111,16 @@ TEST(sizes_are_normalised) {
 
 TEST(choices_flags_and_fallbacks) {
   CHECK_EQ(read("ROCE_PG_ALGO", "ring").algoAllreduce, "ring");
+  // Enum settings: every name maps to its value, and the value prints back.
+  CHECK(read("ROCE_PG_CONNECT", "eager").connect == roce::ConnectMode::Eager);
+  CHECK(read("ROCE_PG_NET_TRANSPORT", "tcp").netTransport == roce::NetTransport::Tcp);
+  CHECK(read("ROCE_PG_NET_TRANSPORT", "verbs").netTransport == roce::NetTransport::Verbs);
+  CHECK(read("ROCE_PG_SUBGROUPS", "join").subgroups == roce::SubgroupMode::Join);
+  CHECK(read("ROCE_PG_DEVICE_REDUCE", "device").deviceReduce == roce::DeviceReduce::Device);
+  CHECK(read("ROCE_PG_DEVICE_REDUCE", "host").deviceReduce == roce::DeviceReduce::Host);
+  CHECK(read("ROCE_PG_GPUDIRECT", "off").gpudirect == roce::GpudirectMode::Off);
+  CHECK(read("ROCE_PG_TORCH_FR", "hook").torchFlightRecorder == roce::TorchRecorder::Hook);
+  CHECK_EQ(std::string(roce::settingName(roce::DeviceReduce::Device)), "device");
   {
     Env env;
     env("ROCE_PG_ALGO", "ring")("ROCE_PG_ALGO_ALLREDUCE", "tree");
@@ -134,6 +144,8 @@ TEST(bad_values_name_the_variable_and_what_is_accepted) {
     env(name, value);
     CHECK_ERROR(Invalid, roce::Config::fromEnv(), why);
   };
+  refuse("ROCE_PG_NET_TRANSPORT", "rdma", "ROCE_PG_NET_TRANSPORT='rdma': expected one of auto, verbs, tcp");
+  refuse("ROCE_PG_CONNECT", "Eager", "ROCE_PG_CONNECT='Eager': expected one of lazy, eager");
   refuse("ROCE_PG_CHUNK_BYTES", "12abc", "ROCE_PG_CHUNK_BYTES='12abc' is not an integer in [4096, 1073741824]");
   refuse("ROCE_PG_CHUNK_BYTES", "100", "ROCE_PG_CHUNK_BYTES='100' is not an integer in [4096, 1073741824]");
   refuse("ROCE_PG_CHUNK_BYTES", "4MB", "is not an integer");

@@ -206,13 +206,13 @@ TEST(plan_group_decides_network_and_channels) {
   CHECK_EQ(roce::planGroup(plain, local).network, "none");  // one machine: no network, no port needed
   Config forced;
   forced.forceNetwork = true;
-  forced.netTransport = "tcp";
+  forced.netTransport = roce::NetTransport::Tcp;
   const Roster f = roce::planGroup(forced, local);
   CHECK_EQ(f.network, "tcp");
   CHECK(f.forceNetwork);
   CHECK_EQ(roce::planGroup(forced, {rankOn("a", 1)}).network, "none");  // alone: nobody to reach
   Config tcp;
-  tcp.netTransport = "tcp";
+  tcp.netTransport = roce::NetTransport::Tcp;
   std::vector<RankInfo> noPort = fourRanks();
   noPort[1].verbsRails = 0;
   CHECK_EQ(roce::planGroup(tcp, noPort).network, "tcp");
@@ -283,7 +283,7 @@ TEST(derive_roster_for_a_subgroup) {
   // Forced network: even members on one machine use it.
   Config forced;
   forced.forceNetwork = true;
-  forced.netTransport = "tcp";
+  forced.netTransport = roce::NetTransport::Tcp;
   const Roster fp = roce::planGroup(forced, fourRanks());
   const Roster fs = roce::deriveRoster(forced, fp, {0, 2}, "same-machine");
   CHECK(fs.forceNetwork);
