@@ -42,7 +42,9 @@ CXXFLAGS = ["-std=c++20", "-O1", "-g0", "-Wall", "-Werror=return-type", "-I", CS
 SECTION_FLAGS = ["-ffunction-sections", "-fdata-sections"]
 LDFLAGS = ["-Wl,--gc-sections"]
 
-# With the allreduce registry's names, which are the algorithm settings' values.
+# With the allreduce registry's names, which are the algorithm settings' values:
+# allreduce_settings.cpp adds them while the binary starts, and nothing refers
+# to it, so it must be listed wherever config.cpp is (else only "auto" is valid).
 CONFIG = ["common/config.cpp", "common/env_reader.cpp", "common/setting_choices.cpp",
           "algorithms/allreduce_settings.cpp"]
 # Per test (the file's name without test_ and .cpp): the csrc/ sources it

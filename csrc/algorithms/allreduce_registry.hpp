@@ -6,7 +6,7 @@
 //     static constexpr Algo id = Algo::Mine;
 //     static constexpr const char* name = "mine";  // the ROCE_PG_ALGO_ALLREDUCE value
 //     static constexpr bool amongMachines = true;  // a candidate among hier's machines
-//     static constexpr bool pipelines = false;     // hier's overlapped form can run it
+//     static constexpr bool pipelines = false;     // advances as a Pass (hier's overlapped form)
 //     // Estimated seconds for `bytes` per rank among `s`; NaN where it does not
 //     // apply. `across`: hier's choice among the machines (others ignore it).
 //     static double cost(const CostConstants& k, const Shape& s, double bytes, Algo across);
@@ -22,6 +22,8 @@
 #pragma once
 #include <array>
 #include <string_view>
+
+#include "../common/error.hpp"
 
 #include "allreduce_call.hpp"
 #include "cost_model.hpp"
@@ -53,16 +55,25 @@ struct AlgorithmList {
       if (name == names[i]) return i;
     return -1;
   }
+  // The id of the entry called `name`; throws for a name no entry has (the
+  // settings admit none, but code may fill a Config by hand).
+  static Algo idOf(std::string_view name) {
+    const int i = indexOf(name);
+    if (i < 0) throwInvalid(str("no allreduce algorithm is called '", std::string(name), "'"));
+    return ids[i];
+  }
   static double cost(int i, const CostConstants& k, const Shape& s, double bytes, Algo across) {
     using Fn = double (*)(const CostConstants&, const Shape&, double, Algo);
     static constexpr Fn fns[] = {&Entries::cost...};
     return fns[i](k, s, bytes, across);
   }
-  // Runs the entry with id `a` (one of the list's: callers pass a chosen id).
+  // Runs the entry with id `a`.
   static void run(Algo a, const AllreduceCall& call) {
     using Fn = void (*)(const AllreduceCall&);
     static constexpr Fn fns[] = {&Entries::run...};
-    fns[indexOf(a)](call);
+    const int i = indexOf(a);
+    if (i < 0) throwInvalid(str("no allreduce algorithm has the id ", static_cast<int>(a)));
+    fns[i](call);
   }
 };
 

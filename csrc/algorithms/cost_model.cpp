@@ -198,7 +198,8 @@ CostConstants::CostConstants(const Config& cfg)
     : netAlpha(cfg.netAlphaUs * 1e-6), netBeta(1 / (cfg.netGBps * 1e9)), nicBeta(1 / (cfg.nicGBps * 1e9)),
       shmAlpha(cfg.shmAlphaUs * 1e-6), shmBeta(1 / (cfg.shmGBps * 1e9)), gamma(1 / (cfg.reduceGBps * 1e9)),
       chunkBytes(cfg.chunkBytes), ringMinBytes(cfg.ringMinBytes),
-      acrossMayOverlap(cfg.algoAllreduceAcross != "rd" && cfg.algoAllreduceAcross != "rabenseifner") {}
+      acrossMayOverlap(cfg.algoAllreduceAcross == "auto" ||
+                       Registry::pipelines[std::max(0, Registry::indexOf(cfg.algoAllreduceAcross))]) {}
 
 double costRecursiveDoubling(const CostConstants& k, const Shape& s, double n) {
   const int rounds = floorLog2(s.ranks), inside = insideLevels(s, rounds);
@@ -272,7 +273,7 @@ Choice planAcross(const Config& cfg, const Shape& group, size_t shardBytes, bool
     Choice forced;
     forced.estimate.fill(kNotApplicable);
     forced.decidedBy = "ROCE_PG_ALGO_ALLREDUCE_ACROSS";
-    forced.algo = Registry::ids[Registry::indexOf(cfg.algoAllreduceAcross)];  // the settings admit no other
+    forced.algo = Registry::idOf(cfg.algoAllreduceAcross);
     return forced;
   }
   const CostConstants k(cfg);

@@ -55,6 +55,17 @@ void hierAllreduceInSequence(Communicator& c, uint64_t tag, void* data, size_t c
 // machines, in-machine ring allgather); one pass per phase is active at a time
 // and all of them advance in one wait. Each (piece, phase) has its own tag, so
 // the in-machine passes of two pieces sharing the same neighbours never mix.
+// Among the machines this form advances a RingPass or a TreePass: the
+// registry's pipelined entries must be exactly those two.
+constexpr bool ringAndTreeAloneAdvanceAsPasses() {
+  for (int i = 0; i < AllreduceAlgorithms::size; ++i)
+    if (AllreduceAlgorithms::pipelines[i] != (AllreduceAlgorithms::ids[i] == Algo::Ring || AllreduceAlgorithms::ids[i] == Algo::Tree))
+      return false;
+  return true;
+}
+static_assert(ringAndTreeAloneAdvanceAsPasses(),
+              "a new pipelined allreduce entry needs its Pass built in hierAllreduceOverlapped");
+
 void hierAllreduceOverlapped(Communicator& c, void* data, size_t count, DataType t, ReduceOp op, int pieces) {
   const Topology& topo = c.topology();
   const size_t esz = elementSize(t);

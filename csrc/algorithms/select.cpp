@@ -93,7 +93,7 @@ Algo chooseAllreduce(Communicator& c, size_t bytes) {
   const Config& cfg = c.config();
   if (cfg.algoAllreduce != "auto") {
     // The settings accept only the registry's names (allreduce_settings.cpp).
-    const Algo forced = AllreduceAlgorithms::ids[AllreduceAlgorithms::indexOf(cfg.algoAllreduce)];
+    const Algo forced = AllreduceAlgorithms::idOf(cfg.algoAllreduce);
     // Hier needs the same number of ranks on every machine (the shard of
     // local index i is reduced among the i-th ranks of all machines). The
     // documented fallback is the flat choice, not an error: one variable can

@@ -279,8 +279,8 @@ void GroupBuilder::form(Communicator& c, Bootstrap& store, Roster formed, const 
               rdma.empty() ? "none" : rdma, "; ", c.cfg_.describe());
   }
   // Formed: the mailbox gives up its descriptor and wakes the wait loops,
-  // which look at it after announcing a sleep (wait_loop.cpp). Last: a throw
-  // before here unwinds without ~Communicator, which clears the waker.
+  // which look at it after announcing a sleep (wait_loop.cpp). Last, so that
+  // no wake reaches a group still forming (~Communicator clears the waker).
   if (c.mailbox_)  // none in a group of one
     c.mailbox_->box()->useWaker([comm = &c] { comm->wakeup_.wake(); });
 }
