@@ -13,7 +13,9 @@ VMs (the host kernel has no RDMA support; see scripts/softroce/README.md).
   verbs zero copy (1 MiB chunks): every collective kind exact below and above
   the 64 KiB threshold, no byte copied and nothing registered in steady state,
   freed-and-reallocated tensors, eviction under a tiny registration cache,
-  4 QPs with 3 slots, the size-mismatch NACK and kill -9 mid-transfer;
+  4 QPs with 3 slots, the size-mismatch NACK and kill -9 mid-transfer; in the
+  same boot, `python -m roce_pg.doctor` five ways beside the suite's `import
+  torch` (tests/softroce/guest_one_vm.py; checked by tests/test_softroce_doctor.py);
 * two VMs joined by a virtual Ethernet link, two ranks each
   (tests/softroce/multinode_job.py): a torchrun-elastic job (collectives and a
   20-step DDP run compared with Gloo); the same launcher restarting every
@@ -33,6 +35,7 @@ in .softroce-out/<name>/vm.log, also when the limit hits.
 These tests fail (never skip) when the VM tooling is missing, unless
 ROCE_PG_SKIP_SOFTROCE=1 is set explicitly.
 """
+import functools
 import json
 import os
 import shutil
@@ -118,12 +121,14 @@ def _tail(p):
 
 # ---------------------------------------------------------------- one VM
 
-@pytest.fixture(scope="module")
-def one_vm():
-    _require_tooling()
+@functools.cache
+def one_vm_boot():
+    """The one VM's run, shared by this module and tests/test_softroce_doctor.py
+    (the doctor's cases run in the same boot, beside the suite's `import torch`):
+    cached, so that the two modules' fixtures boot it once per pytest session."""
     out = _outdir("one_vm")
     cmd = (f"cd {ROOT} && ROCE_TEST_LARGE_SIZE={VM_LARGE_SIZE} ROCE_PG_CHUNK_BYTES={VM_CHUNK_BYTES} "
-           f".venv/bin/python -m tests.softroce.guest_suite {out}/report.json")
+           f".venv/bin/python -m tests.softroce.guest_one_vm {out}/doctor {out}/report.json")
     t0 = time.monotonic()
     p = _run("run_vm.sh", cmd, timeout_s=ONE_VM_TIMEOUT_S, out=out)
     seconds = time.monotonic() - t0
@@ -132,7 +137,13 @@ def one_vm():
     if report:
         print(f"\none VM: {seconds:.0f} s host wall clock; guest groups: "
               + ", ".join(f"{n} {g['seconds']} s" for n, g in report["groups"].items()))
-    return SimpleNamespace(p=p, report=report, seconds=seconds)
+    return SimpleNamespace(p=p, report=report, seconds=seconds, out=out)
+
+
+@pytest.fixture(scope="module")
+def one_vm():
+    _require_tooling()
+    return one_vm_boot()
 
 
 def _group(one_vm, name):

@@ -1,18 +1,18 @@
-"""`python -m roce_pg.doctor` inside one Soft-RoCE VM (real rdma_rxe sysfs and
-libibverbs; see scripts/softroce/README.md), five ways in one boot: default
-(every check OK for rxe0, and rxe's answer to dma-buf registration), ROCE_PG_IB_GID_INDEX set to an empty and to a
-link-local index, and `ulimit -l 64` with and without CAP_IPC_LOCK. The doctor
-imports no torch on one machine, so the whole test is a boot plus a few Python
-start-ups: about 2 minutes on a quiet 2-core host; the VM is killed after 6.
+"""`python -m roce_pg.doctor` inside the Soft-RoCE VM of tests/test_softroce.py
+(real rdma_rxe sysfs and libibverbs; see scripts/softroce/README.md), five ways:
+default (every check OK for rxe0, and rxe's answer to dma-buf registration),
+ROCE_PG_IB_GID_INDEX set to an empty and to a link-local index, and
+`ulimit -l 64` with and without CAP_IPC_LOCK. The doctor imports no torch on
+one machine, so it needs no boot of its own: tests/softroce/guest_one_vm.py
+runs its cases beside the verbs suite's `import torch` in the one-VM boot,
+which is shared with tests/test_softroce.py (the boot runs once per session,
+whichever module asks first), and bounds them to 5 minutes.
 
 Fails (never skips) when the VM tooling is missing, unless ROCE_PG_SKIP_SOFTROCE=1.
 """
 import json
-import time
 
-from tests.test_softroce import ROOT, _outdir, _require_tooling, _run
-
-VM_TIMEOUT_S = 360
+from tests.test_softroce import _tail, one_vm  # noqa: F401  (the shared one-VM boot)
 
 
 def _rows(out, case):
@@ -20,15 +20,15 @@ def _rows(out, case):
     return {r["check"]: r for r in doc["rows"]}, doc
 
 
-def test_doctor_in_a_softroce_vm():
-    _require_tooling()
-    out = _outdir("doctor")
-    t0 = time.time()
-    p = _run("run_vm.sh", f"cd {ROOT} && .venv/bin/python tests/softroce/guest_doctor.py {out}",
-             timeout_s=VM_TIMEOUT_S, out=out)
-    print(f"doctor VM test: {time.time() - t0:.0f} s host wall clock")
-    assert (out / "summary.json").exists(), f"no summary (exit {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+def test_doctor_in_a_softroce_vm(one_vm):
+    out = one_vm.out / "doctor"
+    log = (out / "log").read_text(errors="replace")[-3000:] if (out / "log").exists() else "(no doctor log)"
+    assert (out / "summary.json").exists(), f"no summary; doctor log:\n{log}\nVM {_tail(one_vm.p)}"
     summary = json.loads((out / "summary.json").read_text())
+    assert (out / "process.json").exists(), f"the guest never reaped the doctor; doctor log:\n{log}"
+    process = json.loads((out / "process.json").read_text())
+    seconds = ", ".join(f"{case} {v['seconds']} s" for case, v in summary.items())
+    print(f"doctor in the one VM: {seconds}; {process}")
 
     # Default: everything about rxe0 is OK, exit 0. (The build row may WARN when the
     # extension predates recorded build info; nothing FAILs.)
@@ -68,4 +68,4 @@ def test_doctor_in_a_softroce_vm():
     mem = rows["memlock"]
     assert summary["memlock_64k_no_cap_ipc_lock"]["exit_code"] == 1
     assert mem["status"] == "FAIL" and "ENOMEM" in mem["detail"] and "memlock=-1" in mem["fix"], mem
-    assert p.returncode == 0, p.returncode
+    assert process["exit_code"] == 0, (process, log)

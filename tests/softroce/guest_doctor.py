@@ -1,7 +1,8 @@
-"""Runs inside one Soft-RoCE VM (scripts/softroce/run_vm.sh): `python -m
-roce_pg.doctor` several ways in the same boot. The doctor imports no torch on
-one machine, so each run costs a Python start-up (seconds under emulation),
-not a torch import (minutes). This script imports nothing from roce_pg either.
+"""Runs inside the one Soft-RoCE VM (started by guest_one_vm.py beside the
+verbs suite): `python -m roce_pg.doctor` several ways in the same boot. The
+doctor imports no torch on one machine, so each run costs a Python start-up
+(seconds under emulation), not a torch import (minutes). This script imports
+nothing from roce_pg either.
 
     python tests/softroce/guest_doctor.py OUTDIR
 
@@ -33,7 +34,8 @@ def main():
     os.makedirs(out, exist_ok=True)
     summary = {}
     for name, extra, prefix in CASES:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ROCE_PG_IB_")}
+        # Only the case's own settings: the suite beside it runs with ROCE_PG_CHUNK_BYTES etc.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ROCE_PG_")}
         env.update(extra)
         cmd = f'{prefix}"{sys.executable}" -m roce_pg.doctor --json "{out}/{name}.json"'
         t0 = time.time()

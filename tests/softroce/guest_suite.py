@@ -217,9 +217,9 @@ def run_one(spec):
     return entry
 
 
-def main():
-    out = sys.argv[1]
-    phases = sys.argv[2:] or ["matrix", "api", "multinic", "verdict", "faults", "scale", "zerocopy", "gpudirect"]
+def main(argv):
+    out = argv[0]
+    phases = argv[1:] or ["matrix", "api", "multinic", "verdict", "faults", "scale", "zerocopy", "gpudirect"]
     report = {"phases": phases, "kernel": platform.release(), "rdma_before": rdma_resources(), "groups": {}}
     t_start = time.time()
     for name, spec in groups(phases).items():
@@ -237,5 +237,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
 
