@@ -513,7 +513,10 @@ def test_two_vms_torchrun_restart_after_a_worker_is_killed_over_verbs(two_vms):
         assert res["attempt"] == 1 and res["world"] == 4 and res["steps"] == 12, (r, res)
     killed_at = next(ph["killed_at"] for ph in phases if ph["killed_at"])
     recovery = min(res["first_allreduce"] for res in ranks.values()) - killed_at
-    print(f"\ntwo VMs, verbs: SIGKILL -> the second attempt's first allreduce: {recovery:.1f} s")
+    started = min(res["started"] for res in ranks.values()) - killed_at
+    formed = max(res["formed"] for res in ranks.values()) - killed_at
+    print(f"\ntwo VMs, verbs: SIGKILL -> the second attempt's first allreduce: {recovery:.1f} s "
+          f"(workers restarted after {started:.1f} s, group formed after {formed:.1f} s)")
     assert recovery > 0, recovery
     # The second attempt's bytes crossed rxe: 12 steps of 400 KB, 3/4 of each per VM at least.
     assert all(ph["sent_packets"] >= 12 * 3 * 400_000 // 4 // 1024 for ph in phases), [p["sent_packets"] for p in phases]
