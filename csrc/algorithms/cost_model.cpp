@@ -117,6 +117,12 @@ constexpr int kRd = Registry::indexOf(Algo::Rd), kRing = Registry::indexOf(Algo:
               kHier = Registry::indexOf(Algo::Hier), kRabenseifner = Registry::indexOf(Algo::Rabenseifner);
 static_assert(kRd >= 0 && kRing >= 0 && kHier >= 0 && kRabenseifner >= 0);
 
+// Whether the entry called `name` advances as a pass (false for no entry).
+bool pipelinedEntry(const std::string& name) {
+  const int i = Registry::indexOf(name);
+  return i >= 0 && Registry::pipelines[i];
+}
+
 // An algorithm that runs among machines, as hier's phase among them.
 double costAmongMachines(const CostConstants& k, const Shape& s, double bytes, Algo a) {
   const int i = Registry::indexOf(a);
@@ -198,8 +204,7 @@ CostConstants::CostConstants(const Config& cfg)
     : netAlpha(cfg.netAlphaUs * 1e-6), netBeta(1 / (cfg.netGBps * 1e9)), nicBeta(1 / (cfg.nicGBps * 1e9)),
       shmAlpha(cfg.shmAlphaUs * 1e-6), shmBeta(1 / (cfg.shmGBps * 1e9)), gamma(1 / (cfg.reduceGBps * 1e9)),
       chunkBytes(cfg.chunkBytes), ringMinBytes(cfg.ringMinBytes),
-      acrossMayOverlap(cfg.algoAllreduceAcross == "auto" ||
-                       Registry::pipelines[std::max(0, Registry::indexOf(cfg.algoAllreduceAcross))]) {}
+      acrossMayOverlap(cfg.algoAllreduceAcross == "auto" || pipelinedEntry(cfg.algoAllreduceAcross)) {}
 
 double costRecursiveDoubling(const CostConstants& k, const Shape& s, double n) {
   const int rounds = floorLog2(s.ranks), inside = insideLevels(s, rounds);
