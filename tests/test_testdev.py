@@ -168,6 +168,25 @@ def test_released_memory_comes_back_at_its_address_with_a_new_id(device):
     assert t.data_ptr() == address and testdev.buffer_id(t) not in (0, first)
 
 
+def test_empty_cache_waits_for_the_poisoning_of_what_it_unmaps(device):
+    # A block some other stream was recorded on becomes reusable only inside
+    # empty_cache(); its poisoning is queued on its owner then, and unmapping
+    # before that memset ran crashed the owner's worker (SIGSEGV). A large
+    # block makes the memset long enough to lose that race every time.
+    n = 4 << 20  # 16 MiB of float32
+    for _ in range(3):
+        t = torch.full((n,), 1.0, device=device)
+        t.record_stream(torch.Stream(device=device))
+        torch.accelerator.synchronize()
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        storage.resize_(0)
+        testdev.empty_cache()
+        storage.resize_(nbytes)
+        t.fill_(2.0)
+        assert torch.equal(t.cpu(), torch.full((n,), 2.0))
+
+
 def copy_on(stream, dst, src, wait_for=None):
     with stream:
         if wait_for is not None:

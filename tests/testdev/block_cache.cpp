@@ -91,7 +91,7 @@ void* BlockCache::allocate(size_t nbytes, Queue* owner) {
   auto it = free_.find({owner, size});
   if (it != free_.end() && !it->second.empty()) {
     // Most recently freed first, so a test knows which block comes back.
-    ptr = it->second.back();
+    ptr = it->second.back().ptr; // its poisoning is ahead of it on the owner
     it->second.pop_back();
     ++reused_blocks_;
   } else {
@@ -133,12 +133,14 @@ void BlockCache::make_reusable(void* ptr, const Block& block) {
   // Poisoning in the owner's order keeps the owner's own queued readers
   // correct; the block is on the free list before anyone can queue more.
   const size_t size = block.size;
+  uint64_t poisoned_at = 0;
   if (block.owner != nullptr) {
-    block.owner->enqueue([ptr, size] { std::memset(ptr, kPoison, size); });
+    poisoned_at = block.owner->enqueue(
+        [ptr, size] { std::memset(ptr, kPoison, size); });
   } else {
     std::memset(ptr, kPoison, size);
   }
-  free_[{block.owner, size}].push_back(ptr);
+  free_[{block.owner, size}].push_back({ptr, poisoned_at});
 }
 
 void BlockCache::collect_finished() {
@@ -177,22 +179,34 @@ bool BlockCache::record_stream(const void* ptr, Queue& stream) {
 }
 
 void BlockCache::release_cached() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  collect_finished();
-  for (const auto& [key, ptrs] : free_) {
-    for (void* ptr : ptrs) {
-      release(ptr, key.second);
+  std::map<FreeKey, std::vector<Cached>> doomed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    collect_finished();
+    doomed.swap(free_);
+  }
+  // Outside the lock: a task ahead of the memset may free a block itself.
+  for (const auto& [key, blocks] : doomed) {
+    for (const Cached& block : blocks) {
+      if (key.first != nullptr) {
+        key.first->wait(block.poisoned_at);
+      }
     }
   }
-  free_.clear();
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [key, blocks] : doomed) {
+    for (const Cached& block : blocks) {
+      release(block.ptr, key.second);
+    }
+  }
 }
 
 std::map<std::string, int64_t> BlockCache::counters() {
   std::lock_guard<std::mutex> lock(mutex_);
   collect_finished();
   int64_t cached = 0;
-  for (const auto& [key, ptrs] : free_) {
-    cached += static_cast<int64_t>(ptrs.size());
+  for (const auto& [key, blocks] : free_) {
+    cached += static_cast<int64_t>(blocks.size());
   }
   return {
       {"allocations", allocations_},

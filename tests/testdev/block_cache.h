@@ -43,6 +43,9 @@ class BlockCache {
   // False if `ptr` is not a live block of this cache.
   bool record_stream(const void* ptr, Queue& stream);
   // Frees the reusable blocks; the caller ensures no queued task uses them.
+  // Waits for their poisoning first: a block that became reusable just now
+  // has its memset still queued on its owner, and unmapping under it would
+  // crash the owner's worker (or poison the next block mapped there).
   void release_cached();
   // The id of the block holding `ptr`, 0 if none does.
   uint64_t buffer_id(const void* ptr);
@@ -63,6 +66,11 @@ class BlockCache {
     std::vector<std::pair<Queue*, uint64_t>> waits;
   };
   using FreeKey = std::pair<Queue*, size_t>; // owner, size
+  // A reusable block and the owner's ticket of its poisoning (0: done at once).
+  struct Cached {
+    void* ptr;
+    uint64_t poisoned_at;
+  };
 
   void make_reusable(void* ptr, const Block& block);
   void collect_finished();
@@ -71,7 +79,7 @@ class BlockCache {
 
   std::mutex mutex_;
   std::unordered_map<const void*, Block> live_;
-  std::map<FreeKey, std::vector<void*>> free_;
+  std::map<FreeKey, std::vector<Cached>> free_;
   std::vector<Pending> pending_;
   // Every block, live or cached, by address: its size and id.
   std::map<uintptr_t, std::pair<size_t, uint64_t>> blocks_;
