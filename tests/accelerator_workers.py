@@ -143,6 +143,7 @@ def streams(rank, world, port, kind, tmp):
     ck = Checker(rank)
     report = {}
     report.update(_producer_still_running(ck, acc, world))
+    report.update(_premul_factor_on_the_device(ck, acc, rank, world))
     report.update(_side_streams(ck, acc, rank, world))
     _non_contiguous(ck, acc, rank, world)
     if kind == "testdev":
@@ -173,6 +174,35 @@ def _producer_still_running(ck, acc, world):
     ck.same("all_reduce after a slow producer", x, _expected_sum(world, 1 << 16))
     return {"issue_s": issue_s, "producer_running_before_issue": running_before,
             "producer_running_after_issue": producer_running, **diag}
+
+
+def _premul_factor_on_the_device(ck, acc, rank, world):
+    """PREMUL_SUM whose factor is a device tensor that a kernel still running
+    at the issue produces (as a gradient-scaling factor computed on the GPU):
+    issuing does not wait for that kernel, and each rank's reduction uses the
+    factor's final value. allreduce, reduce_scatter_tensor and reduce."""
+    n = 1000
+    want = torch.full((n,), float(sum((r + 1) * 2.0 ** -r for r in range(world))), dtype=torch.float64)
+    running = {}
+    for call in ("all_reduce", "reduce_scatter_tensor", "reduce"):
+        factor = torch.zeros((), dtype=torch.float64, device=acc.device)
+        x = torch.full((n * world if call == "reduce_scatter_tensor" else n,), float(rank + 1),
+                       dtype=torch.float64, device=acc.device)
+        acc.slow_fill_(factor, 2.0 ** -rank)  # exact: a power of two
+        op = dist._make_nccl_premul_sum(factor)
+        out = torch.empty(n, dtype=torch.float64, device=acc.device)
+        if call == "all_reduce":
+            work = dist.all_reduce(x, op=op, async_op=True)
+        elif call == "reduce_scatter_tensor":
+            work = dist.reduce_scatter_tensor(out, x, op=op, async_op=True)
+        else:
+            work = dist.reduce(x, dst=world - 1, op=op, async_op=True)
+        running[call] = not acc.current_stream().query()
+        work.wait()
+        got = out if call == "reduce_scatter_tensor" else x
+        if call != "reduce" or rank == world - 1:
+            ck.same(f"PREMUL_SUM with a device factor: {call}", got, want)
+    return {"premul_producer_running_after_issue": running}
 
 
 def _wait_does_not_wait_for_the_copy_back(ck, acc, world):

@@ -32,18 +32,18 @@ def _reductions(ck, rank, world, dev, sizes, thin_large):
                 expected = reduce_reference(xs, opname, dtype)
                 # all_reduce (in place)
                 t = xs[rank].to(dev, copy=True)
-                dist.all_reduce(t, op=make_op(opname, dtype))
+                dist.all_reduce(t, op=make_op(opname, dtype, dev))
                 ck.close(f"all_reduce {tag}", t, expected, dtype)
                 # reduce to a root that moves with the size
                 root = si % world
                 t = xs[rank].to(dev, copy=True)
-                dist.reduce(t, dst=root, op=make_op(opname, dtype))
+                dist.reduce(t, dst=root, op=make_op(opname, dtype, dev))
                 ck.close(f"reduce(root={root}) {tag}", t, expected if rank == root else xs[rank], dtype)
                 # reduce_scatter_tensor: numel elements per rank; only this rank's
                 # block of every peer's input is needed for the reference
                 mine = torch.cat([block_input(rank, b, numel, dtype, opname) for b in range(world)])
                 out = torch.empty(numel, dtype=dtype, device=dev)
-                dist.reduce_scatter_tensor(out, mine.to(dev), op=make_op(opname, dtype))
+                dist.reduce_scatter_tensor(out, mine.to(dev), op=make_op(opname, dtype, dev))
                 blocks = [block_input(k, rank, numel, dtype, opname) for k in range(world)]
                 ck.close(f"reduce_scatter_tensor {tag}", out, reduce_reference(blocks, opname, dtype), dtype)
             make_input.cache_clear()  # keep memory bounded: inputs are per (dtype, size)

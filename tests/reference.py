@@ -55,11 +55,14 @@ def premul_factor(opname, dtype):
     return 2.0 if opname == "PREMUL_SUM" else 3.0
 
 
-def make_op(opname, dtype):
+def make_op(opname, dtype, device="cpu"):
+    """The ReduceOp; PREMUL_SUM_TENSOR's factor lives on `device`, as a
+    factor computed there would."""
     if opname == "PREMUL_SUM":
         return dist._make_nccl_premul_sum(premul_factor(opname, dtype))
     if opname == "PREMUL_SUM_TENSOR":
-        return dist._make_nccl_premul_sum(torch.tensor([premul_factor(opname, dtype)], dtype=torch.float64))
+        return dist._make_nccl_premul_sum(
+            torch.tensor([premul_factor(opname, dtype)], dtype=torch.float64, device=device))
     return getattr(ReduceOp, opname)
 
 

@@ -55,6 +55,8 @@ def test_stream_semantics(kind, tmp_path):
         # input: that kernel is still running afterwards (states, not times:
         # the issue times are in the report for a reader).
         assert r["producer_running_after_issue"], r
+        # Nor for the kernel producing a PREMUL_SUM factor held on the device.
+        assert all(r["premul_producer_running_after_issue"].values()), r
         assert r["side_producer_running_after_issue"], r
         # DDP on device parameters, plain and with a comm hook on the future,
         # trains like DDP on the host with Gloo.

@@ -233,7 +233,7 @@ int64_t RoceBackend::devicePieceElems(size_t elementSize) const {
   return std::max<int64_t>(1, cfg_.devicePieceBytes / elementSize);
 }
 
-CollectiveTask::Body RoceBackend::elementwiseOnDevice(CallStaging& st, const at::Tensor& flat, Reduction red,
+CollectiveTask::Body RoceBackend::elementwiseOnDevice(CallStaging& st, const at::Tensor& flat, CallReduction red,
                                                       int root) {
   if (!st.device) return nullptr;
   // The largest piece decides for all (every rank cuts the same pieces).
@@ -243,21 +243,21 @@ CollectiveTask::Body RoceBackend::elementwiseOnDevice(CallStaging& st, const at:
   const at::Tensor rows = st.device->hostBuffer(p * ((piece + p - 1) / p), flat.scalar_type());
   const c10::Stream stream = st.device->reduceStream();
   return [flat, rows, stream, red, root](Communicator& c, size_t first, size_t count) {
-    reduceReducingOnDevice(c, stream, flat.narrow(0, first, count), rows, red, root);
+    reduceReducingOnDevice(c, stream, flat.narrow(0, first, count), rows, red.get(), root);
   };
 }
 
 std::function<void(Communicator&)> RoceBackend::reduceScatterBody(CallStaging& st, const at::Tensor& in,
-                                                                  const at::Tensor& out, DataType t, Reduction red) {
+                                                                  const at::Tensor& out, DataType t, CallReduction red) {
   if (st.device && out.numel() > 0 && reduceStagedOnDevice(engine_->comm(), bytesOf(in))) {
     const at::Tensor rows = st.device->hostBuffer(in.numel(), in.scalar_type());
     const c10::Stream stream = st.device->reduceStream();
     return [in, rows, out, stream, red](Communicator& c) {
-      reduceScatterReducingOnDevice(c, stream, in, rows, out, red);
+      reduceScatterReducingOnDevice(c, stream, in, rows, out, red.get());
     };
   }
   return [in, out, t, red](Communicator& c) {
-    roce::reduceScatter(c, in.data_ptr(), out.data_ptr(), out.numel(), t, red);
+    roce::reduceScatter(c, in.data_ptr(), out.data_ptr(), out.numel(), t, red.get());
   };
 }
 
@@ -388,14 +388,14 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduceInPlace(OpType type, const 
                                                              std::vector<at::Tensor>& tensors,
                                                              const c10d::ReduceOp& op, CallOptions call) {
   const DataType t = reductionType(tensors[0], title);
-  const Reduction red = toReduction(op, t);
   CallStaging st = staging(tensors[0]);
+  const CallReduction red(op, t, st);
   const at::Tensor flat = st.inPlace(tensors, true, true);
   if (auto body = elementwiseOnDevice(st, flat, red, /*root=*/-1))
     return submitElementwise(type, title, tensors, std::move(st), flat, std::move(body), call);
   return submitElementwise(type, title, tensors, std::move(st), flat,
                            [flat, t, red](Communicator& c, size_t first, size_t count) {
-                             roce::allreduce(c, elementAt(flat, first), count, t, red);
+                             roce::allreduce(c, elementAt(flat, first), count, t, red.get());
                            },
                            call);
 }
@@ -422,14 +422,14 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce(std::vector<at::Tensor>& tens
   checkRank(opts.rootRank, getSize(), "root", "reduce");
   const int root = static_cast<int>(opts.rootRank);
   const DataType t = reductionType(tensors[0], "reduce");
-  const Reduction red = toReduction(opts.reduceOp, t);
   CallStaging st = staging(tensors[0]);
+  const CallReduction red(opts.reduceOp, t, st);
   const at::Tensor h = st.inPlace(tensors, /*read=*/true, /*write=*/getRank() == root);
   if (auto body = elementwiseOnDevice(st, h, red, root))
     return submitElementwise(OpType::REDUCE, "reduce", tensors, std::move(st), h, std::move(body), callOf(opts));
   return submitElementwise(OpType::REDUCE, "reduce", tensors, std::move(st), h,
                            [h, t, red, root](Communicator& c, size_t first, size_t count) {
-                             roce::reduce(c, elementAt(h, first), count, t, red, root);
+                             roce::reduce(c, elementAt(h, first), count, t, red.get(), root);
                            },
                            callOf(opts));
 }
@@ -572,8 +572,8 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter(std::vector<at::Tenso
   TORCH_CHECK(inputs.size() == 1, "roce: reduce_scatter takes one list of input tensors, got ", inputs.size());
   checkList(inputs[0], outputs[0], getSize(), "reduce_scatter", "input");
   const DataType t = reductionType(outputs[0], "reduce_scatter");
-  const Reduction red = toReduction(opts.reduceOp, t);
   CallStaging st = staging(outputs[0]);
+  const CallReduction red(opts.reduceOp, t, st);
   const at::Tensor flat = st.inputs(inputs[0]), out = st.output(outputs[0]);
   auto body = reduceScatterBody(st, flat, out, t, red);
   return submit(OpType::REDUCE_SCATTER, "reduce_scatter", outputs, std::move(st), std::move(body), callOf(opts),
@@ -586,8 +586,8 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::_reduce_scatter_base(at::Tensor& out
   TORCH_CHECK(input.numel() == output.numel() * getSize(), "roce: reduce_scatter_tensor: input has ", input.numel(),
               " elements, expected world size (", getSize(), ") x output (", output.numel(), ")");
   const DataType t = reductionType(output, "reduce_scatter_tensor");
-  const Reduction red = toReduction(opts.reduceOp, t);
   CallStaging st = staging(input);
+  const CallReduction red(opts.reduceOp, t, st);
   const at::Tensor in = st.input(input), out = st.output(output);
   auto body = reduceScatterBody(st, in, out, t, red);
   return submit(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, std::move(st), std::move(body),
@@ -602,19 +602,18 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter_tensor_coalesced(std:
   TORCH_CHECK(!inputs.empty(), "roce: reduce_scatter_tensor_coalesced needs at least one tensor");
   std::vector<at::Tensor> ins, outs;
   std::vector<DataType> types;
-  std::vector<Reduction> reds;
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkSameDevice(outputs[i], inputs[0], "reduce_scatter_tensor_coalesced");
     checkSameDeviceAndDtype(outputs[i], inputs[i], "reduce_scatter_tensor_coalesced");
     TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * getSize(), "roce: reduce_scatter_tensor_coalesced: input ",
                 i, " has ", inputs[i].numel(), " elements, expected ", outputs[i].numel() * getSize());
     types.push_back(reductionType(outputs[i], "reduce_scatter_tensor_coalesced"));
-    reds.push_back(toReduction(opts.reduceOp, types.back()));
   }
   CallStaging st = staging(inputs[0]);
+  const CallReduction red(opts.reduceOp, types[0], st);
   const size_t bytes = stagePairs(st, inputs, outputs, ins, outs);
   std::vector<std::function<void(Communicator&)>> bodies;
-  for (size_t i = 0; i < ins.size(); ++i) bodies.push_back(reduceScatterBody(st, ins[i], outs[i], types[i], reds[i]));
+  for (size_t i = 0; i < ins.size(); ++i) bodies.push_back(reduceScatterBody(st, ins[i], outs[i], types[i], red.forType(types[i])));
   return submit(reduceScatterTensorCoalesced<OpType>(0), "reduce_scatter_tensor_coalesced", outputs, std::move(st),
                 [bodies](Communicator& c) {
                   for (const auto& body : bodies) body(c);

@@ -14,6 +14,7 @@
 #include "../common/config.hpp"
 #include "../common/counters.hpp"
 #include "../engine/engine.hpp"
+#include "call_reduction.hpp"
 #include "device_staging.hpp"
 #include "device_memory.hpp"
 #include "pinned_cache.hpp"
@@ -174,10 +175,10 @@ class RoceBackend : public c10d::Backend {
   // Staged reductions on the device (ROCE_PG_DEVICE_REDUCE, device_reduce.hpp):
   // the piece body of an allreduce (root -1) or reduce of `flat`, or null
   // where the host reduces. Allocates the rows buffer in `st`.
-  CollectiveTask::Body elementwiseOnDevice(CallStaging& st, const at::Tensor& flat, Reduction red, int root);
+  CollectiveTask::Body elementwiseOnDevice(CallStaging& st, const at::Tensor& flat, CallReduction red, int root);
   // The body of a reduce-scatter of staged `in` into `out`, on the device or the host.
   std::function<void(Communicator&)> reduceScatterBody(CallStaging& st, const at::Tensor& in, const at::Tensor& out,
-                                                       DataType t, Reduction red);
+                                                       DataType t, CallReduction red);
   // A collective that runs once on its staged buffers.
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, const char* title, std::vector<at::Tensor> futureValue,
                                         CallStaging st, std::function<void(Communicator&)> body, CallOptions call,

@@ -194,34 +194,4 @@ DataType reductionType(const at::Tensor& t, const char* op) {
               " are not supported (float32/64, float16, bfloat16, int8/16/32/64, uint8, bool, complex64/128 are)");
 }
 
-Reduction toReduction(const c10d::ReduceOp& op, DataType t) {
-  Reduction r;
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM: r.op = ReduceOp::Sum; break;
-    case c10d::ReduceOp::AVG: r.op = ReduceOp::Avg; break;
-    case c10d::ReduceOp::PRODUCT: r.op = ReduceOp::Product; break;
-    case c10d::ReduceOp::MIN: r.op = ReduceOp::Min; break;
-    case c10d::ReduceOp::MAX: r.op = ReduceOp::Max; break;
-    case c10d::ReduceOp::BAND: r.op = ReduceOp::BAnd; break;
-    case c10d::ReduceOp::BOR: r.op = ReduceOp::BOr; break;
-    case c10d::ReduceOp::BXOR: r.op = ReduceOp::BXor; break;
-    case c10d::ReduceOp::PREMUL_SUM: {
-      r.op = ReduceOp::PreMulSum;
-      // The older name: torch 2.11 has only it, newer torch keeps it as an alias.
-      auto* sup = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
-      TORCH_CHECK(sup, "roce: PREMUL_SUM without a factor; build it with torch.distributed._make_nccl_premul_sum");
-      r.factor = sup->tensor_factor.defined() ? sup->tensor_factor.item<double>() : sup->double_factor;
-      break;
-    }
-    default:
-      TORCH_CHECK(false, "roce: unsupported reduce op ", static_cast<int>(op.op_));
-  }
-  try {
-    checkSupported(r.op, t);
-  } catch (const Error& e) {
-    TORCH_CHECK(false, e.what());
-  }
-  return r;
-}
-
 }  // namespace roce

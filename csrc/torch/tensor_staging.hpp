@@ -91,6 +91,5 @@ void checkRank(int64_t r, int size, const char* what, const char* op);
 
 // For reductions: the dtype the kernels know, or an error naming it.
 DataType reductionType(const at::Tensor& t, const char* op);
-Reduction toReduction(const c10d::ReduceOp& op, DataType t);
 
 }  // namespace roce
