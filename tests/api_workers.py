@@ -307,6 +307,33 @@ def per_call_timeout(rank, world, port):
     return {"elapsed": time.monotonic() - start, "msg": msg}
 
 
+def ephemeral_timeout(rank, world, port):
+    """torch's ephemeral timeout extension on a group whose timeout is 2 s:
+    rank 0 extends it twice (accumulating to 2 + 8 s), then waits 5 s for
+    rank 1 in an allreduce, which succeeds; the extensions expired with that
+    allreduce, so the next 5 s wait times out after 2 s."""
+    from torch.distributed.distributed_c10d import _add_ephemeral_timeout_for_all_pgs
+
+    if rank == 0:
+        _add_ephemeral_timeout_for_all_pgs(timedelta(seconds=4))
+        _add_ephemeral_timeout_for_all_pgs(timedelta(seconds=4))
+    else:
+        time.sleep(5)
+    t = torch.full((4,), float(rank + 1))
+    start = time.monotonic()
+    dist.all_reduce(t, async_op=True).wait()
+    extended = {"elapsed": time.monotonic() - start, "sum": t.tolist()}
+    if rank == 1:
+        time.sleep(5)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4), async_op=True).wait()
+        msg = None
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        msg = str(e)
+    return {"extended": extended, "expired": {"elapsed": time.monotonic() - start, "msg": msg}}
+
+
 def never_joins(rank, world, port, timeout_s):
     """Rank world-1 never creates the group: the others fail within 2x the timeout."""
     if rank == world - 1:

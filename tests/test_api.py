@@ -116,6 +116,16 @@ def test_per_call_timeout_is_honoured():
     assert res[0]["elapsed"] < 2, res[0]
 
 
+def test_ephemeral_timeout_extends_until_the_first_later_operation_completes():
+    res = run_group("tests.api_workers.ephemeral_timeout", 2, env={"TEST_PG_TIMEOUT_S": "2"})
+    for r in res:
+        assert r["extended"]["sum"] == [3.0] * 4, r
+    assert res[0]["extended"]["elapsed"] > 4, res[0]  # it did wait past the group's 2 s
+    expired = res[0]["expired"]
+    assert expired["msg"] and "timed out" in expired["msg"] and expired["elapsed"] < 4.5, expired
+    assert res[1]["expired"]["msg"], res[1]  # the peer's failure reached rank 1
+
+
 def test_rank_that_never_joins_fails_the_others_within_twice_the_timeout():
     res = run_group("tests.api_workers.never_joins", 3, init=False, kwargs={"timeout_s": 4})
     for r in res[:2]:

@@ -18,6 +18,7 @@
 
 #include "../common/backoff.hpp"
 #include "../common/describable.hpp"
+#include "timeout_extensions.hpp"
 #include "trace.hpp"
 
 namespace roce {
@@ -39,6 +40,9 @@ class Task : public Describable {
   // The task fails if it has not finished this long after it started running.
   std::chrono::milliseconds timeout{std::chrono::hours(24)};
   Clock::time_point deadline = Clock::time_point::max();  // set when it starts
+  // The ephemeral timeout extensions whose expiry this task owns (released
+  // when the Work completes, or when the task is dropped unrun).
+  TimeoutExtensions::Claim timeoutExtension;
 
   // Its entry in the group's TraceRing (0: not recorded), and what the engine
   // learns while running it: when it started and ended (TraceRing::nowNs; set

@@ -153,6 +153,12 @@ bool RoceBackend::waitEngineParked(std::chrono::milliseconds timeout) { return e
 
 void RoceBackend::abort() { engine_->abort("abort() was called on this process group"); }
 
+void RoceBackend::addEphemeralTimeout(const std::chrono::milliseconds& timeout) {
+  TORCH_CHECK(timeout.count() >= 0, "roce: an ephemeral timeout extension must not be negative, got ", timeout.count(),
+              " ms");
+  timeoutExtensions_.add(timeout);
+}
+
 std::chrono::milliseconds RoceBackend::effective(std::chrono::milliseconds t) const {
   return t.count() < 0 ? timeout_ : t;
 }
@@ -348,7 +354,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* tit
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, std::move(futureValue));
   work->identify(what.seq, &completionHooks_);
   auto task = std::make_shared<CollectiveTask>(work, what, std::move(st), elems, std::move(body));
-  task->timeout = effective(call.timeout);
+  task->timeout = effective(call.timeout) + timeoutExtensions_.issue(task->timeoutExtension);
   task->tracePos = tracePos;
   task->collectiveSeq = collectiveSeq;
   task->collectiveOp = title;
@@ -744,7 +750,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char
       work,
       str(what.text(), peer >= 0 ? str(sending ? " to rank " : " from rank ", peer) : " from any rank", " with tag ", tag),
       std::move(st), host, sending ? Request::Kind::Send : Request::Kind::Recv, peer, Communicator::p2pTag(tag));
-  task->timeout = timeout_;
+  task->timeout = timeout_ + timeoutExtensions_.issue(task->timeoutExtension);
   task->tracePos = tracePos;
   engine_->enqueue(std::move(task));
   return work;

@@ -74,6 +74,9 @@ class RoceBackend : public c10d::Backend {
 
   const std::string getBackendName() const override { return "roce"; }
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  // torch >= 2.15 calls it (_add_ephemeral_timeout_for_all_pgs); not marked
+  // override, so that older torch, which has no such virtual, still builds.
+  void addEphemeralTimeout(const std::chrono::milliseconds& timeout);
   void shutdown() override;
   // Collectives issued so far (torch's debug wrapper compares it across ranks).
   uint64_t getSequenceNumberForGroup() override { return collectives_.load(); }
@@ -213,6 +216,7 @@ class RoceBackend : public c10d::Backend {
 
   Config cfg_;
   std::chrono::milliseconds timeout_;
+  TimeoutExtensions timeoutExtensions_;  // added to the timeout of the operations issued after them
   c10::intrusive_ptr<c10d::Store> store_;     // the group's store, for monitoredBarrier
   uint64_t monitoredBarriers_ = 0;             // calls so far; the same count on every rank
   CompletionHooks completionHooks_;       // before engine_: completions fire them until it is gone

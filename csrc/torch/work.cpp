@@ -172,7 +172,8 @@ int RoceWork::sourceRank() const {
 
 std::string OpLabel::text() const { return str(title, " #", seq, " (", bytes, " bytes)"); }
 
-void completeWork(RoceWork& work, const Task& task, CallStaging& staging, std::exception_ptr error) {
+void completeWork(RoceWork& work, Task& task, CallStaging& staging, std::exception_ptr error) {
+  task.timeoutExtension.release();  // the extensions this operation was the first after expire with it
   // A device that cannot be selected (a sticky device error) fails the Work
   // rather than leave it never completed.
   std::optional<DeviceStepGuard> onDevice;

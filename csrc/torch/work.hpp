@@ -137,7 +137,7 @@ class PointToPointTask : public Task {
 };
 
 // Completes `work` for `task` (its times included) whose tensors were staged by `staging`.
-void completeWork(RoceWork& work, const Task& task, CallStaging& staging, std::exception_ptr error);
+void completeWork(RoceWork& work, Task& task, CallStaging& staging, std::exception_ptr error);
 
 // Rethrows roce errors as c10::DistBackendError (torch.distributed.DistBackendError).
 std::exception_ptr toTorchError(std::exception_ptr e);
