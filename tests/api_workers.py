@@ -75,10 +75,22 @@ def objects_and_p2p(rank, world, port):
     got_l, got_r = torch.empty(1000), torch.empty(7)
     ops = [dist.P2POp(dist.irecv, got_l, left), dist.P2POp(dist.irecv, got_r, right),
            dist.P2POp(dist.isend, send_r, right), dist.P2POp(dist.isend, send_l, left)]
-    for w in dist.batch_isend_irecv(ops):
-        w.wait()
+    works = dist.batch_isend_irecv(ops)
+    assert len(works) == 1, works  # one coalesced Work for the batch
+    works[0].wait()
     assert torch.equal(got_l, torch.full((1000,), float(left)))
     assert torch.equal(got_r, torch.full((7,), float(right) + 0.5))
+    # _coalescing_manager with a device: one Work for the batch of allreduces
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    ts = [torch.full((n,), float(rank + 1)) for n in (5, 1000, 70_000)]
+    with _coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+        for t in ts:
+            dist.all_reduce(t)
+    assert len(cm.works) == 1, cm.works
+    cm.wait()
+    for t in ts:
+        assert torch.equal(t, torch.full_like(t, float(world * (world + 1) // 2))), t
     # tags keep messages apart; a later tag may be received first. The sends are
     # non-blocking: a blocking send may wait for its matching receive (verbs
     # sends wait for the receiver's ready-to-receive, as NCCL's and MPI's may).
@@ -144,6 +156,12 @@ def bad_input(rank, world, port):
     start = time.monotonic()
     msgs["size_mismatch"] = expect_error(lambda: dist.all_reduce(torch.ones(10 + rank)), "same size")
     msgs["size_mismatch_s"] = time.monotonic() - start
+    # Coalescing regions: not nested, not closed twice; an empty one has no Work.
+    cpu = torch.device("cpu")
+    pg._start_coalescing(cpu)
+    msgs["coalescing_twice"] = expect_error(lambda: pg._start_coalescing(cpu), "startCoalescing", "twice")
+    assert pg._end_coalescing(cpu) is None
+    msgs["coalescing_unopened"] = expect_error(lambda: pg._end_coalescing(cpu), "without startCoalescing")
     # After every rejected call above the group still works.
     t = torch.full((5,), float(rank))
     dist.all_reduce(t)
@@ -332,6 +350,32 @@ def ephemeral_timeout(rank, world, port):
     except Exception as e:  # noqa: BLE001 - the message is the result
         msg = str(e)
     return {"extended": extended, "expired": {"elapsed": time.monotonic() - start, "msg": msg}}
+
+
+def abort_hooks(rank, world, port):
+    """torch's abort hooks on a group whose timeout is 2 s: rank 0's allreduce
+    times out while rank 1 sleeps; each rank's hooks run, in id order, before
+    its failed Work raises (a hook that raises does not stop the others; an
+    unregistered one does not run)."""
+    pg = dist.group.WORLD
+    ran = []
+    pg.register_abort_hook(1, lambda: ran.append("first"))
+    pg.register_abort_hook(2, lambda: 1 / 0)
+    pg.register_abort_hook(3, lambda: ran.append("unregistered"))
+    pg.register_abort_hook(4, lambda: ran.append("last"))
+    pg.unregister_abort_hook(3)
+    healthy = list(ran)
+    dist.all_reduce(torch.ones(4))  # a completed operation runs no hook
+    healthy += ran
+    if rank == 1:
+        time.sleep(4)
+    try:
+        dist.all_reduce(torch.ones(4), async_op=True).wait()
+        msg = None
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        msg = str(e)
+    at_error = list(ran)
+    return {"supported": pg.supports_abort_hooks, "healthy": healthy, "at_error": at_error, "msg": msg}
 
 
 def never_joins(rank, world, port, timeout_s):

@@ -126,6 +126,14 @@ def test_ephemeral_timeout_extends_until_the_first_later_operation_completes():
     assert res[1]["expired"]["msg"], res[1]  # the peer's failure reached rank 1
 
 
+def test_abort_hooks_run_before_the_failed_work_raises():
+    res = run_group("tests.api_workers.abort_hooks", 2, env={"TEST_PG_TIMEOUT_S": "2"})
+    for r in res:
+        assert r["supported"] and r["healthy"] == [] and r["msg"], r
+        assert r["at_error"] == ["first", "last"], r
+    assert "timed out" in res[0]["msg"], res[0]
+
+
 def test_rank_that_never_joins_fails_the_others_within_twice_the_timeout():
     res = run_group("tests.api_workers.never_joins", 3, init=False, kwargs={"timeout_s": 4})
     for r in res[:2]:

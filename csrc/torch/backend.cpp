@@ -134,8 +134,10 @@ std::string RoceBackend::nics() const { return engine_->comm().nicsText(); }
 void RoceBackend::start(std::unique_ptr<Communicator> comm) {
   pinned_ = std::make_shared<PinnedCache>(cfg_.deviceStagingCacheBytes);
   engine_ = std::make_unique<Engine>(std::move(comm));
-  if (!cfg_.traceDump.empty())
-    engine_->onFailure = [this](const TraceRing& ring) { dumpTrace(ring, "its first failure"); };
+  engine_->onFailure = [this](const TraceRing& ring) {
+    if (!cfg_.traceDump.empty()) dumpTrace(ring, "its first failure");
+    abortHooks_.run(str("rank ", getRank()));
+  };
   if (cfg_.traceSignal)
     traceSignalId_ = TraceSignal::add(cfg_.traceSignal, [this] { dumpTrace(engine_->trace(), "a signal"); });
 }
@@ -353,6 +355,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* tit
   const uint64_t tracePos = traceCollective(type, what, collectiveSeq, futureValue, call);
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, std::move(futureValue));
   work->identify(what.seq, &completionHooks_);
+  coalescing_.issued(work);
   auto task = std::make_shared<CollectiveTask>(work, what, std::move(st), elems, std::move(body));
   task->timeout = effective(call.timeout) + timeoutExtensions_.issue(task->timeoutExtension);
   task->tracePos = tracePos;
@@ -746,6 +749,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char
   }
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, tensors);
   work->identify(what.seq, &completionHooks_);
+  coalescing_.issued(work);
   auto task = std::make_shared<PointToPointTask>(
       work,
       str(what.text(), peer >= 0 ? str(sending ? " to rank " : " from rank ", peer) : " from any rank", " with tag ", tag),

@@ -14,7 +14,9 @@
 #include "../common/config.hpp"
 #include "../common/counters.hpp"
 #include "../engine/engine.hpp"
+#include "abort_hooks.hpp"
 #include "call_reduction.hpp"
+#include "coalesced_work.hpp"
 #include "device_staging.hpp"
 #include "device_memory.hpp"
 #include "pinned_cache.hpp"
@@ -77,6 +79,12 @@ class RoceBackend : public c10d::Backend {
   // torch >= 2.15 calls it (_add_ephemeral_timeout_for_all_pgs); not marked
   // override, so that older torch, which has no such virtual, still builds.
   void addEphemeralTimeout(const std::chrono::milliseconds& timeout);
+  // Coalescing (batch_isend_irecv, _coalescing_manager): one Work for the
+  // operations issued in between. supportsCoalescing is not marked override
+  // for older torch, as above.
+  bool supportsCoalescing() const { return true; }
+  void startCoalescing() override { coalescing_.start(); }
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override { return coalescing_.end(getRank()); }
   void shutdown() override;
   // Collectives issued so far (torch's debug wrapper compares it across ranks).
   uint64_t getSequenceNumberForGroup() override { return collectives_.load(); }
@@ -87,6 +95,10 @@ class RoceBackend : public c10d::Backend {
   bool supportsCompletionHooks() const override { return true; }
   void registerCompletionHook(int64_t id, c10d::CompletionHook hook) override;
   void unregisterCompletionHook(int64_t id) override { completionHooks_.remove(id); }
+  // Abort hooks arrived with the completion hooks (abort_hooks.hpp).
+  bool supportsAbortHooks() const override { return true; }
+  void registerAbortHook(int64_t id, c10d::AbortHook hook) override { abortHooks_.add(id, std::move(hook)); }
+  void unregisterAbortHook(int64_t id) override { abortHooks_.remove(id); }
 #endif
   // This group's flight recorder (roce_pg.trace()), and in torch's dump
   // layout (roce_pg.dump_trace(), trace_dump.hpp).
@@ -216,6 +228,8 @@ class RoceBackend : public c10d::Backend {
 
   Config cfg_;
   std::chrono::milliseconds timeout_;
+  AbortHooks abortHooks_;  // run at the group's first breaking failure
+  CoalescingRegion coalescing_;  // the Works of an open coalescing region
   TimeoutExtensions timeoutExtensions_;  // added to the timeout of the operations issued after them
   c10::intrusive_ptr<c10d::Store> store_;     // the group's store, for monitoredBarrier
   uint64_t monitoredBarriers_ = 0;             // calls so far; the same count on every rank

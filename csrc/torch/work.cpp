@@ -111,6 +111,25 @@ void RoceWork::complete(std::exception_ptr error) {
     // isCompleted(), so a completion it misses here it sees there.
     if (hooks_) hooks_->fire(seq_, durationMs());
   }
+  std::vector<Done> waiting;
+  {
+    std::lock_guard<std::mutex> g(doneMu_);
+    done_ = true;
+    doneError_ = error;
+    waiting.swap(whenDone_);
+  }
+  for (auto& done : waiting) done(error, endEvent());
+}
+
+void RoceWork::whenComplete(Done done) {
+  {
+    std::lock_guard<std::mutex> g(doneMu_);
+    if (!done_) {
+      whenDone_.push_back(std::move(done));
+      return;
+    }
+  }
+  done(doneError_, endEvent());
 }
 
 std::optional<float> RoceWork::durationMs() const {

@@ -66,6 +66,12 @@ class RoceWork : public c10d::Work {
   void completeOnDevice(std::exception_ptr error, std::shared_ptr<c10::Event> end, c10::Stream results);
   void setSourceRank(int r) { sourceRank_ = r; }
 
+  // Runs `done` once this Work has completed, on the completing thread, or at
+  // once on this one if it has: with its error (null on success) and, for
+  // device tensors, the event that follows its copies back.
+  using Done = std::function<void(std::exception_ptr, std::shared_ptr<c10::Event>)>;
+  void whenComplete(Done done);
+
  private:
   std::shared_ptr<c10::Event> endEvent() const;
   std::optional<float> durationMs() const;
@@ -82,6 +88,10 @@ class RoceWork : public c10d::Work {
   uint64_t seq_ = 0;
   const CompletionHooks* hooks_ = nullptr;
   std::atomic<int64_t> startNs_{0}, endNs_{0};  // written by the engine, read by getDuration() anywhere
+  std::mutex doneMu_;
+  bool done_ = false;  // complete() ran: whenComplete() calls at once
+  std::exception_ptr doneError_;
+  std::vector<Done> whenDone_;
 };
 
 // Names an operation ("allreduce #12 (8 bytes)"); formatted only on demand,
