@@ -504,3 +504,68 @@ def shared_connection(rank, world, port, threads=3, mib=3):
     out["sockets_at_end"] = roce_pg._C._runtime_stats()["tcp_sockets"]
     dist.barrier()
     return out
+
+
+# --- shrink_group (torch >= 2.15) ---------------------------------------------
+
+
+def _barrier_on(store, name, world):
+    store.add(name, 1)
+    while store.add(name, 0) < world:
+        time.sleep(0.005)
+
+
+def shrink_after_a_death(rank, world, port):
+    """The last rank is SIGKILLed; the survivors' next allreduce fails, and
+    shrink_group drops it: the new default group (formed from the old one's
+    roster, no join) has world - 1 ranks and exact results."""
+    import signal
+
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    dead = world - 1
+    if rank == dead:
+        _store_barrier("shrink-before-kill", world)
+        os.kill(os.getpid(), signal.SIGKILL)
+    _store_barrier("shrink-before-kill", world)
+    try:
+        for _ in range(50):  # until the death is seen
+            dist.all_reduce(torch.ones(8), async_op=True).wait()
+            time.sleep(0.1)
+        failed = None
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        failed = str(e)
+    start = time.monotonic()
+    new = dist.shrink_group([dead])
+    t = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(t)
+    return {"failed": failed, "size": dist.get_world_size(), "new_size": new.size(), "rank": dist.get_rank(),
+            "exact": torch.equal(t, torch.full((1000,), float(sum(range(1, world))))),
+            "shrink_to_result_s": time.monotonic() - start}
+
+
+def shrink_abort_with_a_hung_rank(rank, world, port):
+    """The last rank stays alive but never joins the next allreduce; the
+    others shrink it away with SHRINK_ABORT, which fails their allreduce in
+    flight, and the new group works."""
+    from torch.distributed.distributed_c10d import SHRINK_ABORT
+
+    store = dist.distributed_c10d._get_default_store()  # the world's: shrinking changes the default group's
+    hung = world - 1
+    if rank == hung:
+        _barrier_on(store, "shrink-done", world)  # stays out of every later call
+        return {}
+    work = dist.all_reduce(torch.ones(8), async_op=True)
+    time.sleep(0.5)
+    in_flight = not work.is_completed()
+    new = dist.shrink_group([hung], shrink_flags=SHRINK_ABORT)
+    try:
+        work.wait()
+        aborted = None
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        aborted = str(e)
+    t = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(t, group=new)
+    _barrier_on(store, "shrink-done", world)
+    return {"in_flight": in_flight, "aborted": aborted, "new_size": new.size(),
+            "exact": torch.equal(t, torch.full((1000,), float(sum(range(1, world)))))}

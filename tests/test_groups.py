@@ -203,3 +203,18 @@ def test_split_group_forms_from_the_parent():
         pytest.skip("this torch has no split_group")
     results = run_group("tests.group_workers.split", 4, env=FOUR_MACHINES)
     assert [r["ops"] for r in results] == [0] * 4, results
+
+
+def test_shrink_group_after_a_rank_died():
+    res = run_group("tests.group_workers.shrink_after_a_death", 3, expect_dead={2})
+    for r in res[:2]:
+        assert r["failed"], r  # the death was seen first
+        assert r["size"] == 2 and r["new_size"] == 2 and r["exact"], r
+    print("shrink_group to the first result:", [round(r["shrink_to_result_s"], 2) for r in res[:2]], "s")
+
+
+def test_shrink_group_with_abort_fails_the_work_in_flight():
+    res = run_group("tests.group_workers.shrink_abort_with_a_hung_rank", 3)
+    for r in res[:2]:
+        assert r["in_flight"] and r["aborted"] and "SHRINK_ABORT" in r["aborted"], r
+        assert r["new_size"] == 2 and r["exact"], r

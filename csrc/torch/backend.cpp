@@ -114,12 +114,45 @@ c10::intrusive_ptr<c10d::Backend::Options> RoceBackend::getBackendOptions() {
 c10::intrusive_ptr<c10d::Backend> RoceBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
                                                      const std::vector<int>& ranks,
                                                      const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
-  const auto me = std::find(ranks.begin(), ranks.end(), getRank());
-  if (me == ranks.end()) return nullptr;  // not a member: torch makes it a non-member
-  const int rank = static_cast<int>(me - ranks.begin());
+  if (std::find(ranks.begin(), ranks.end(), getRank()) == ranks.end())
+    return nullptr;  // not a member: torch makes it a non-member
   const std::chrono::milliseconds timeout = opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
   const std::string name = opts ? opts->group_name : std::string();
   TORCH_CHECK(!name.empty(), "roce: split_group needs the new group's name (torch passes it in the options)");
+  return derived(store, ranks, name, timeout);
+}
+
+c10::intrusive_ptr<c10d::Backend> RoceBackend::shrink(const std::vector<int64_t>& exclude, int flags,
+                                                      const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  TORCH_CHECK(formsSubgroups(), "roce: shrink_group needs ROCE_PG_SUBGROUPS=parent (the default) on the world group");
+  std::vector<int> ranks;
+  std::string excluded;
+  for (int r = 0; r < getSize(); ++r) {
+    if (std::find(exclude.begin(), exclude.end(), r) != exclude.end()) {
+      excluded += str(excluded.empty() ? "" : ",", r);
+      continue;
+    }
+    ranks.push_back(r);
+  }
+  TORCH_CHECK(std::find(ranks.begin(), ranks.end(), getRank()) != ranks.end(), "roce: rank ", getRank(),
+              " is excluded from the shrunk group and must not call shrink_group");
+  TORCH_CHECK(!ranks.empty() && excluded.size() > 0, "roce: shrink_group must exclude some ranks and keep some");
+  const std::chrono::milliseconds timeout = opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
+  // The same on every member: they shrink this group the same number of times.
+  const std::string name = str(getGroupUid(), "/shrunk", ++shrinks_, "-without-", excluded);
+  // Formed before any abort: a subgroup forms from a living parent's roster.
+  // The parent's in-flight work does not hold it up (formation runs on this
+  // thread, over the process's links, not on the parent's progress thread).
+  auto child = derived(store_, ranks, name, timeout);
+  if (flags & 0x01)  // torch's SHRINK_ABORT
+    engine_->abort(str("shrink_group(SHRINK_ABORT) excluding ranks ", excluded, " was called on this group"));
+  return child;
+}
+
+c10::intrusive_ptr<RoceBackend> RoceBackend::derived(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const std::vector<int>& ranks, const std::string& name,
+                                                     std::chrono::milliseconds timeout) {
+  const int rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), getRank()) - ranks.begin());
   auto child = c10::make_intrusive<RoceBackend>(*this, store, rank, ranks, name, timeout);
   std::vector<int64_t> global;
   for (int r : ranks) global.push_back(r < static_cast<int>(traceRanks_.size()) ? traceRanks_[r] : r);

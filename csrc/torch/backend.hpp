@@ -68,6 +68,13 @@ class RoceBackend : public c10d::Backend {
                                           const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
   // What split_group copies for the child (the timeout, the members).
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
+  // torch.distributed.shrink_group: the group without `exclude` (this
+  // group's ranks), formed from this one's roster like split's, so the
+  // excluded ranks may be dead or hung. SHRINK_ABORT first fails what this
+  // group has in flight. Every remaining rank calls it, the excluded ones not.
+  bool supportsShrinking() const override { return formsSubgroups(); }
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& exclude, int flags,
+                                           const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
 #endif
   // Store operations this group's formation made.
   int formationStoreOps() const;
@@ -244,6 +251,11 @@ class RoceBackend : public c10d::Backend {
   std::atomic<uint64_t> seq_{0};          // every operation, for messages
   std::atomic<uint64_t> collectives_{0};  // collectives only
   std::atomic<uint64_t> p2ps_{0};         // point-to-point operations only
+  // A group derived from this one: `ranks` (this group's) with the name
+  // every member gives it; its trace names the world's ranks.
+  c10::intrusive_ptr<RoceBackend> derived(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const std::string& name, std::chrono::milliseconds timeout);
+  std::atomic<uint64_t> shrinks_{0};  // names each shrink's group alike on every member
   std::vector<int64_t> traceRanks_;       // set once, before any operation
 };
 
