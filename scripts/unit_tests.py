@@ -60,6 +60,8 @@ TESTS = {
     # select.cpp for algoName() only (the rest of it needs a Communicator:
     # dropped at link time, see SECTION_FLAGS).
     "cost_model": {"sources": ["algorithms/cost_model.cpp", "algorithms/select.cpp"] + CONFIG},
+    "collective_cost": {"sources": ["algorithms/collective_cost.cpp", "algorithms/cost_model.cpp",
+                                    "algorithms/select.cpp"] + CONFIG},
     "stream_transport": {"sources": ["transport/stream_transport.cpp"] + CONFIG},
     "shm_ring": {"sources": [], "libs": ["-lpthread"]},
     # Pools on no rails register nothing, but memory_region.cpp names

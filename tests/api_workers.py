@@ -378,6 +378,41 @@ def abort_hooks(rank, world, port):
     return {"supported": pg.supports_abort_hooks, "healthy": healthy, "at_error": at_error, "msg": msg}
 
 
+def time_estimation(rank, world, port):
+    """torch's _time_estimator: calls inside it do not run (their tensors keep
+    their values) and add the cost model's estimate; larger calls estimate
+    longer; the group works after it. Returns the estimates and the measured
+    time of the same allreduce, for the comparison."""
+    from torch.distributed.distributed_c10d import _time_estimator
+
+    n = 1 << 18  # 1 MiB of float32
+    t = torch.full((n,), float(rank + 1))
+    with _time_estimator() as one:
+        dist.all_reduce(t)
+    untouched = torch.equal(t, torch.full((n,), float(rank + 1)))
+    with _time_estimator() as bigger:
+        dist.all_reduce(torch.ones(16 * n))
+    with _time_estimator() as several:
+        dist.all_reduce(t)
+        out = torch.empty(world * n)
+        dist.all_gather_into_tensor(out, t)
+        dist.barrier()
+        peer = (rank + 1) % world
+        works = [dist.isend(t, peer), dist.irecv(torch.empty(n), (rank - 1) % world)]
+        for w in works:
+            w.wait()
+    untouched = untouched and torch.equal(t, torch.full((n,), float(rank + 1)))
+    dist.all_reduce(t)  # runs again
+    exact = torch.equal(t, torch.full((n,), float(world * (world + 1) // 2)))
+    dist.barrier()
+    start = time.monotonic()
+    for _ in range(10):
+        dist.all_reduce(t)
+    measured_us = (time.monotonic() - start) / 10 * 1e6
+    return {"one_us": one.estimated_time, "bigger_us": bigger.estimated_time, "several_us": several.estimated_time,
+            "untouched": untouched, "exact": exact, "measured_us": measured_us}
+
+
 def never_joins(rank, world, port, timeout_s):
     """Rank world-1 never creates the group: the others fail within 2x the timeout."""
     if rank == world - 1:

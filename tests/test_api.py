@@ -134,6 +134,17 @@ def test_abort_hooks_run_before_the_failed_work_raises():
     assert "timed out" in res[0]["msg"], res[0]
 
 
+def test_time_estimation_runs_nothing_and_estimates_from_the_cost_model():
+    res = run_group("tests.api_workers.time_estimation", 2, env=LAYOUTS["shm2"][1])
+    for r in res:
+        assert r["untouched"] and r["exact"], r
+        assert 0 < r["one_us"] < r["several_us"] and r["one_us"] < r["bigger_us"], r
+        # The model's constants are defaults, not this machine's; an estimate
+        # within 50x of the measured time in either direction is a sane one.
+        assert r["measured_us"] / 50 < r["one_us"] < r["measured_us"] * 50, r
+    print("1 MiB allreduce, shm2: estimated", round(res[0]["one_us"]), "us, measured", round(res[0]["measured_us"]), "us")
+
+
 def test_rank_that_never_joins_fails_the_others_within_twice_the_timeout():
     res = run_group("tests.api_workers.never_joins", 3, init=False, kwargs={"timeout_s": 4})
     for r in res[:2]:

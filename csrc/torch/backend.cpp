@@ -1,8 +1,10 @@
 #include "backend.hpp"
 
 #include <numeric>
+#include <string_view>
 
 #include "../algorithms/algorithms.hpp"
+#include "../algorithms/collective_cost.hpp"
 #include "../algorithms/select.hpp"
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
@@ -374,6 +376,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::submitElementwise(OpType type, const
 c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* title, std::vector<at::Tensor> futureValue,
                                                     CallStaging st, size_t elems, CollectiveTask::Body body,
                                                     CallOptions call, size_t bytes) {
+  if (estimating_.load(std::memory_order_acquire)) return estimated(type, title, std::move(futureValue), bytes);
   const uint64_t collectiveSeq = ++collectives_;
   // Small CPU collectives skip the progress thread when it is idle: no
   // hand-off, and the Work is returned already completed. Always for a
@@ -768,6 +771,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char
   CallStaging st = peer >= 0 ? staging(tensors[0], peer, tensors[0].nbytes()) : staging(tensors[0]);
   const at::Tensor host = sending ? st.input(tensors[0]) : st.output(tensors[0]);
   if (st.device) st.device->start(/*pieceElems=*/0, 0);
+  if (estimating_.load(std::memory_order_acquire)) return estimated(type, title, tensors, bytesOf(host));
   const OpLabel what = label(title, bytesOf(host));
   uint64_t tracePos = 0;
   const uint64_t p2pSeq = ++p2ps_;
@@ -790,6 +794,66 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char
   task->timeout = timeout_ + timeoutExtensions_.issue(task->timeoutExtension);
   task->tracePos = tracePos;
   engine_->enqueue(std::move(task));
+  return work;
+}
+
+namespace {
+
+CollectiveKind kindOf(OpType type, const char* title) {
+  switch (type) {
+    case OpType::ALLREDUCE:
+    case OpType::ALLREDUCE_COALESCED: return CollectiveKind::Allreduce;
+    case OpType::REDUCE: return CollectiveKind::Reduce;
+    case OpType::BROADCAST: return CollectiveKind::Broadcast;
+    case OpType::ALLGATHER:
+    case OpType::_ALLGATHER_BASE:
+    case OpType::ALLGATHER_COALESCED: return CollectiveKind::Allgather;
+    case OpType::REDUCE_SCATTER:
+    case OpType::_REDUCE_SCATTER_BASE: return CollectiveKind::ReduceScatter;
+    case OpType::GATHER: return CollectiveKind::Gather;
+    case OpType::SCATTER: return CollectiveKind::Scatter;
+    case OpType::ALLTOALL:
+    case OpType::ALLTOALL_BASE: return CollectiveKind::AllToAll;
+    case OpType::BARRIER: return CollectiveKind::Barrier;
+    case OpType::SEND:
+    case OpType::RECV:
+    case OpType::RECVANYSOURCE: return CollectiveKind::PointToPoint;
+    default: break;
+  }
+  // The coalesced tensor calls, whose OpType values older torch lacks.
+  const std::string_view t(title);
+  if (t.starts_with("allgather")) return CollectiveKind::Allgather;
+  if (t.starts_with("reduce_scatter")) return CollectiveKind::ReduceScatter;
+  return CollectiveKind::Allreduce;
+}
+
+}  // namespace
+
+void RoceBackend::startTimeEstimate() {
+  std::lock_guard<std::mutex> g(estimateMu_);
+  TORCH_CHECK(!estimating_.load(), "roce: startTimeEstimate() was called twice without endTimeEstimate() in between");
+  estimatedSeconds_ = 0;
+  estimating_.store(true, std::memory_order_release);
+}
+
+float RoceBackend::endTimeEstimate() {
+  std::lock_guard<std::mutex> g(estimateMu_);
+  TORCH_CHECK(estimating_.load(), "roce: endTimeEstimate() was called without startTimeEstimate()");
+  estimating_.store(false, std::memory_order_release);
+  return static_cast<float>(estimatedSeconds_ * 1e6);
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::estimated(OpType type, const char* title, std::vector<at::Tensor> outputs,
+                                                      size_t bytes) {
+  TORCH_CHECK(engine_->hasComm(), "roce: ", title, " issued to estimate its time on a group that was shut down");
+  const Communicator& c = engine_->comm();
+  const double seconds = estimateCall(c.config(), groupShape(c), kindOf(type, title), bytes);
+  {
+    std::lock_guard<std::mutex> g(estimateMu_);
+    estimatedSeconds_ += seconds;
+  }
+  auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, std::move(outputs));
+  work->complete(nullptr);
   return work;
 }
 

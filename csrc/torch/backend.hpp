@@ -90,6 +90,12 @@ class RoceBackend : public c10d::Backend {
   // operations issued in between. supportsCoalescing is not marked override
   // for older torch, as above.
   bool supportsCoalescing() const { return true; }
+  // Time estimation (torch's _time_estimator): between the two calls nothing
+  // runs; each call adds its estimate (collective_cost.hpp) and returns a
+  // completed Work with its tensors untouched. Not marked override, as above.
+  bool supportsTimeEstimation() const { return true; }
+  void startTimeEstimate();
+  float endTimeEstimate();  // microseconds
   void startCoalescing() override { coalescing_.start(); }
   c10::intrusive_ptr<c10d::Work> endCoalescing() override { return coalescing_.end(getRank()); }
   void shutdown() override;
@@ -236,6 +242,12 @@ class RoceBackend : public c10d::Backend {
   Config cfg_;
   std::chrono::milliseconds timeout_;
   AbortHooks abortHooks_;  // run at the group's first breaking failure
+  // A completed Work for a call issued while estimating; adds its estimate.
+  c10::intrusive_ptr<c10d::Work> estimated(c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
+                                           size_t bytes);
+  std::atomic<bool> estimating_{false};
+  std::mutex estimateMu_;
+  double estimatedSeconds_ = 0;
   CoalescingRegion coalescing_;  // the Works of an open coalescing region
   TimeoutExtensions timeoutExtensions_;  // added to the timeout of the operations issued after them
   c10::intrusive_ptr<c10d::Store> store_;     // the group's store, for monitoredBarrier
