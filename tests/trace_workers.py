@@ -257,6 +257,13 @@ def dump_on_signal(rank, world, port, dump_dir):
         # Signals until a dump shows rank 0 inside its 4th allreduce (each
         # signal rewrites the file; rank 0 may take a moment to get there).
         path = os.path.join(dump_dir, f"sig_0_{dist.group.WORLD.group_name}.json")
+        # Another user's symlink where a predictable temporary name would be:
+        # the dump must not write through it.
+        victim = os.path.join(dump_dir, "victim")
+        with open(victim, "w") as f:
+            f.write("victim")
+        for planted in (f"{path}.tmp{pids[0]}", f"{path}.tmp"):
+            os.symlink(victim, planted)
         deadline, states = time.monotonic() + 30, None
         while time.monotonic() < deadline and states != ["completed"] * 3 + ["started"]:
             if os.path.exists(path):
@@ -274,6 +281,10 @@ def dump_on_signal(rank, world, port, dump_dir):
         if states != ["completed"] * 3 + ["started"]:
             out["failures"].append(f"rank 0's dump on the signal: allreduce states {states} "
                                    f"(files: {os.listdir(dump_dir)})")
+    if rank == 1:
+        with open(victim) as f:
+            if f.read() != "victim":
+                out["failures"].append("the dump wrote through a symlink planted at a temporary name")
     dist.all_reduce(t)  # releases rank 0
     out["value_ok"] = bool((t == world ** 4).all())
     return out

@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <cstdlib>
 #include <string_view>
 #include <unistd.h>
 
@@ -196,16 +196,30 @@ std::string traceDumpJson(const TraceRing& ring, const TraceDumpGroup& g) {
 }
 
 bool writeTraceDump(const std::string& path, const TraceRing& ring, const TraceDumpGroup& group, std::string* why) {
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (f) f << traceDumpJson(ring, group);
-    if (!f) {
+  // A name nobody can guess, created exclusively (mkstemp: O_CREAT|O_EXCL,
+  // mode 0600): a dump prefix in a shared directory such as /tmp must not let
+  // another user plant a symlink that the write would follow. rename() then
+  // replaces whatever is at `path`, a symlink included, without following it.
+  std::string tmp = path + ".XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) {
+    *why = "cannot create a file beside " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  const std::string json = traceDumpJson(ring, group);
+  size_t done = 0;
+  while (done < json.size()) {
+    const ssize_t n = ::write(fd, json.data() + done, json.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
       *why = "cannot write " + tmp + ": " + std::strerror(errno);
+      ::close(fd);
       std::remove(tmp.c_str());
       return false;
     }
+    done += static_cast<size_t>(n);
   }
+  ::close(fd);
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     *why = "cannot rename " + tmp + " to " + path + ": " + std::strerror(errno);
     std::remove(tmp.c_str());
