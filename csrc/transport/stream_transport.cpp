@@ -154,7 +154,8 @@ bool StreamTransport::progressRecv(int peer, Peer& p) {
       onHeader(peer, p);
     }
     while (p.remaining > 0) {
-      size_t got = p.pipe->read(p.dst, p.remaining);
+      const size_t room = p.matched ? p.remaining : roomForUnmatched(p);
+      size_t got = p.pipe->read(p.dst, room);
       if (got == 0) return moved;
       moved = true;
       p.dst += got;
@@ -188,8 +189,26 @@ void StreamTransport::onHeader(int peer, Peer& p) {
     r->fail(sizeMismatch(peer, *r, p.recvHdr.len));
     p.drainOnly = true;
   }
-  p.unmatchedBuf.assign(p.recvHdr.len, 0);
+  // Grown as the bytes arrive (roomForUnmatched), never sized by the header
+  // alone: a peer's header claiming terabytes costs nothing until they come.
+  p.unmatchedBuf.clear();
   p.dst = p.unmatchedBuf.data();
+}
+
+size_t StreamTransport::roomForUnmatched(Peer& p) {
+  std::vector<char>& buf = p.unmatchedBuf;
+  const size_t used = static_cast<size_t>(p.dst - buf.data());
+  if (used == buf.size()) {
+    if (p.drainOnly && used > 0) {
+      p.dst = buf.data();  // a failed receive's payload: read it through one buffer, keep nothing
+      return buf.size() < p.remaining ? buf.size() : p.remaining;
+    }
+    // Doubling from 64 KiB: the copies stay linear in what arrived.
+    const size_t grown = used + std::min(p.remaining, std::max<size_t>(used, size_t(64) << 10));
+    buf.resize(grown);
+    p.dst = buf.data() + used;
+  }
+  return std::min(buf.size() - used, p.remaining);
 }
 
 void StreamTransport::onPayloadDone(int peer, Peer& p) {

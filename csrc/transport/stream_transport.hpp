@@ -104,6 +104,9 @@ class StreamTransport : public Transport {
   bool progressRecv(int peer, Peer& p);
   void onHeader(int peer, Peer& p);
   void onPayloadDone(int peer, Peer& p);
+  // Room in p.unmatchedBuf for the payload's next bytes, growing it (or, for
+  // a payload being drained, reusing it) when full; at most p.remaining.
+  static size_t roomForUnmatched(Peer& p);
   void killPeer(int peer, Peer& p, const std::string& why);
   std::string sizeMismatch(int peer, const Request& r, uint64_t got) const;
   FrameHeader makeHeader(const Request& r) const;

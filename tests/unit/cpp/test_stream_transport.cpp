@@ -357,3 +357,41 @@ TEST(prepare_wait_refuses_to_block_on_silent_pipes_with_work) {
   CHECK(!p.t0->prepareWait(fds, false));  // a receive from a pipe no descriptor announces
   CHECK(!Pair().t0->prepareWait(fds, true));  // any-source receives: same
 }
+
+TEST(a_header_claiming_terabytes_allocates_only_what_arrives) {
+  // A peer (or a stranger past the handshake) announces a 1 TiB payload and
+  // sends 40 bytes of it: the receiver buffers what came, not what was
+  // announced. Sizing the buffer by the header failed the peer as out of
+  // memory here, and a claim the machine could hold (tens of GB) zero-filled
+  // that much memory before a byte of it came.
+  Pair p(64, 64);
+  std::vector<char> some(64, 'x');
+  Request s = send(1, 3, some.data(), size_t(1) << 40);
+  p.t0->postSend(&s);
+  p.t0->progress();  // the header and 40 bytes fill the 64-byte channel; t0 is not progressed again
+  p.t1->progress();
+  CHECK_EQ(p.t1->checkPeers(), "");
+}
+
+TEST(early_messages_larger_than_the_first_buffer_arrive_whole) {
+  // Held payloads grow by doubling from 64 KiB; a size mismatch drains one
+  // through a reused buffer and the next message is still framed.
+  Pair p(1 << 16, 1 << 16);
+  const std::vector<char> big = pattern(300'001, 1), next = pattern(70'000, 2);
+  Request s1 = send(1, 4, big.data(), big.size()), s2 = send(1, 5, big.data(), big.size()),
+          s3 = send(1, 6, next.data(), next.size());
+  p.t0->postSend(&s1);
+  p.t0->postSend(&s2);
+  p.t0->postSend(&s3);
+  std::vector<char> small(10), got(big.size()), got3(next.size());
+  Request r2 = recv(0, 5, small.data(), small.size());
+  p.t1->postRecv(&r2);  // posted first: tag 5 arrives matched to a receive of the wrong size
+  p.settle();
+  Request r1 = recv(0, 4, got.data(), got.size()), r3 = recv(0, 6, got3.data(), got3.size());
+  p.t1->postRecv(&r1);
+  p.t1->postRecv(&r3);
+  p.settle();
+  CHECK(r1.done && !r1.failed() && got == big);
+  CHECK(r2.failed());
+  CHECK(r3.done && !r3.failed() && got3 == next);
+}
