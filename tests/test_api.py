@@ -137,11 +137,12 @@ def test_abort_hooks_run_before_the_failed_work_raises():
 def test_time_estimation_runs_nothing_and_estimates_from_the_cost_model():
     res = run_group("tests.api_workers.time_estimation", 2, env=LAYOUTS["shm2"][1])
     for r in res:
-        assert r["untouched"] and r["exact"], r
+        assert r["untouched"] and r["exact"] and r["other_ran"], r
         assert 0 < r["one_us"] < r["several_us"] and r["one_us"] < r["bigger_us"], r
-        # The model's constants are defaults, not this machine's; an estimate
-        # within 50x of the measured time in either direction is a sane one.
-        assert r["measured_us"] / 50 < r["one_us"] < r["measured_us"] * 50, r
+        # The model's constants are defaults, not this machine's, and the
+        # machine is shared: an estimate within 100x of the fastest of ten
+        # runs, either way, is a sane one (here: about 4x under).
+        assert r["measured_us"] / 100 < r["one_us"] < r["measured_us"] * 100, r
     print("1 MiB allreduce, shm2: estimated", round(res[0]["one_us"]), "us, measured", round(res[0]["measured_us"]), "us")
 
 

@@ -1,18 +1,24 @@
 // The abort hooks torch >= 2.15 registers on a backend (registerAbortHook):
 // run on the thread that sees the first failure that breaks the group (an
-// operation's timeout, a dead or failed peer, an abort), before the failed
-// operation's Work completes with the error, so that a hook can capture
-// debug state while the group's ranks are still as the failure left them.
-// Hooks are called without the lock held (a hook may take long or register
-// another), each on its own: one that throws is logged and the rest still run.
+// operation's timeout, a dead or failed peer), before the failed operation's
+// Work completes with the error, so that a hook can capture debug state while
+// the group's ranks are still as the failure left them. Not when the program
+// itself aborts or destroys the group (the backend skips them then).
+//
+// Hooks registered from Python hold the GIL-taking wrappers pybind makes:
+// copying or destroying one takes the GIL. So the table is an immutable list
+// behind a shared_ptr, as for the completion hooks: run() copies the pointer
+// under the lock and calls the hooks without it (never the GIL under the
+// lock), and a list replaced by add/remove is freed outside the lock.
+// A hook that throws is logged and the rest still run, in id order.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "../common/log.hpp"
 
@@ -23,21 +29,28 @@ class AbortHooks {
   using Hook = std::function<void()>;
 
   void add(int64_t id, Hook hook) {
+    std::shared_ptr<const List> old;
     std::lock_guard<std::mutex> g(mu_);
-    hooks_[id] = std::move(hook);
+    auto next = std::make_shared<List>(list_ ? *list_ : List());
+    (*next)[id] = std::move(hook);
+    old = std::exchange(list_, std::move(next));
   }
   void remove(int64_t id) {
+    std::shared_ptr<const List> old;
     std::lock_guard<std::mutex> g(mu_);
-    hooks_.erase(id);
+    if (!list_ || !list_->count(id)) return;
+    auto next = std::make_shared<List>(*list_);
+    next->erase(id);
+    old = std::exchange(list_, std::move(next));
   }
-  // In the order of their ids.
   void run(const std::string& who) const {
-    std::vector<std::pair<int64_t, Hook>> hooks;
+    std::shared_ptr<const List> list;
     {
       std::lock_guard<std::mutex> g(mu_);
-      hooks.assign(hooks_.begin(), hooks_.end());
+      list = list_;
     }
-    for (const auto& [id, hook] : hooks) {
+    if (!list) return;
+    for (const auto& [id, hook] : *list) {
       try {
         hook();
       } catch (const std::exception& e) {
@@ -49,8 +62,9 @@ class AbortHooks {
   }
 
  private:
+  using List = std::map<int64_t, Hook>;
   mutable std::mutex mu_;
-  std::map<int64_t, Hook> hooks_;
+  std::shared_ptr<const List> list_;
 };
 
 }  // namespace roce

@@ -2,6 +2,7 @@
 
 #include <numeric>
 #include <string_view>
+#include <thread>
 
 #include "../algorithms/algorithms.hpp"
 #include "../algorithms/collective_cost.hpp"
@@ -146,8 +147,10 @@ c10::intrusive_ptr<c10d::Backend> RoceBackend::shrink(const std::vector<int64_t>
   // The parent's in-flight work does not hold it up (formation runs on this
   // thread, over the process's links, not on the parent's progress thread).
   auto child = derived(store_, ranks, name, timeout);
-  if (flags & 0x01)  // torch's SHRINK_ABORT
+  if (flags & 0x01) {  // torch's SHRINK_ABORT
+    stopping_ = true;
     engine_->abort(str("shrink_group(SHRINK_ABORT) excluding ranks ", excluded, " was called on this group"));
+  }
   return child;
 }
 
@@ -171,24 +174,31 @@ void RoceBackend::start(std::unique_ptr<Communicator> comm) {
   engine_ = std::make_unique<Engine>(std::move(comm));
   engine_->onFailure = [this](const TraceRing& ring) {
     if (!cfg_.traceDump.empty()) dumpTrace(ring, "its first failure");
-    abortHooks_.run(str("rank ", getRank()));
+    if (!stopping_.load()) abortHooks_.run(str("rank ", getRank()));
   };
   if (cfg_.traceSignal)
     traceSignalId_ = TraceSignal::add(cfg_.traceSignal, [this] { dumpTrace(engine_->trace(), "a signal"); });
 }
 
 RoceBackend::~RoceBackend() {
+  stopping_ = true;
   if (traceSignalId_) TraceSignal::remove(traceSignalId_);  // no dump of this group runs after this
   engine_.reset();
 }
 
-void RoceBackend::shutdown() { engine_->shutdown(std::chrono::milliseconds(cfg_.shutdownGraceMs)); }
+void RoceBackend::shutdown() {
+  stopping_ = true;
+  engine_->shutdown(std::chrono::milliseconds(cfg_.shutdownGraceMs));
+}
 
 Counters& RoceBackend::counters() { return engine_->comm().counters(); }
 
 bool RoceBackend::waitEngineParked(std::chrono::milliseconds timeout) { return engine_->waitParked(timeout); }
 
-void RoceBackend::abort() { engine_->abort("abort() was called on this process group"); }
+void RoceBackend::abort() {
+  stopping_ = true;
+  engine_->abort("abort() was called on this process group");
+}
 
 void RoceBackend::addEphemeralTimeout(const std::chrono::milliseconds& timeout) {
   TORCH_CHECK(timeout.count() >= 0, "roce: an ephemeral timeout extension must not be negative, got ", timeout.count(),
@@ -376,7 +386,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::submitElementwise(OpType type, const
 c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* title, std::vector<at::Tensor> futureValue,
                                                     CallStaging st, size_t elems, CollectiveTask::Body body,
                                                     CallOptions call, size_t bytes) {
-  if (estimating_.load(std::memory_order_acquire)) return estimated(type, title, std::move(futureValue), bytes);
+  if (estimatingHere()) return estimated(type, title, std::move(futureValue), bytes);
   const uint64_t collectiveSeq = ++collectives_;
   // Small CPU collectives skip the progress thread when it is idle: no
   // hand-off, and the Work is returned already completed. Always for a
@@ -391,13 +401,13 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* tit
   const uint64_t tracePos = traceCollective(type, what, collectiveSeq, futureValue, call);
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, std::move(futureValue));
   work->identify(what.seq, &completionHooks_);
-  coalescing_.issued(work);
   auto task = std::make_shared<CollectiveTask>(work, what, std::move(st), elems, std::move(body));
   task->timeout = effective(call.timeout) + timeoutExtensions_.issue(task->timeoutExtension);
   task->tracePos = tracePos;
   task->collectiveSeq = collectiveSeq;
   task->collectiveOp = title;
   engine_->comm().opProgress().issued(collectiveSeq, title);
+  coalescing_.issued(work);
   if (inlinable && engine_->runInline(*task)) {
     Counters::add(counters().inlineOps, 1);
     return work;
@@ -771,7 +781,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char
   CallStaging st = peer >= 0 ? staging(tensors[0], peer, tensors[0].nbytes()) : staging(tensors[0]);
   const at::Tensor host = sending ? st.input(tensors[0]) : st.output(tensors[0]);
   if (st.device) st.device->start(/*pieceElems=*/0, 0);
-  if (estimating_.load(std::memory_order_acquire)) return estimated(type, title, tensors, bytesOf(host));
+  if (estimatingHere()) return estimated(type, title, tensors, bytesOf(host));
   const OpLabel what = label(title, bytesOf(host));
   uint64_t tracePos = 0;
   const uint64_t p2pSeq = ++p2ps_;
@@ -786,13 +796,13 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char
   }
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, tensors);
   work->identify(what.seq, &completionHooks_);
-  coalescing_.issued(work);
   auto task = std::make_shared<PointToPointTask>(
       work,
       str(what.text(), peer >= 0 ? str(sending ? " to rank " : " from rank ", peer) : " from any rank", " with tag ", tag),
       std::move(st), host, sending ? Request::Kind::Send : Request::Kind::Recv, peer, Communicator::p2pTag(tag));
   task->timeout = timeout_ + timeoutExtensions_.issue(task->timeoutExtension);
   task->tracePos = tracePos;
+  coalescing_.issued(work);
   engine_->enqueue(std::move(task));
   return work;
 }
@@ -829,10 +839,20 @@ CollectiveKind kindOf(OpType type, const char* title) {
 
 }  // namespace
 
+bool RoceBackend::estimatingHere() {
+  if (!estimating_.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> g(estimateMu_);
+  return estimating_.load() && estimatingThread_ == std::this_thread::get_id();
+}
+
+#ifdef ROCE_TORCH_COMPLETION_HOOKS
 void RoceBackend::startTimeEstimate() {
   std::lock_guard<std::mutex> g(estimateMu_);
   TORCH_CHECK(!estimating_.load(), "roce: startTimeEstimate() was called twice without endTimeEstimate() in between");
   estimatedSeconds_ = 0;
+  estimatingThread_ = std::this_thread::get_id();
+  estimateStart_ = std::chrono::steady_clock::now();
+  estimateWarned_ = false;
   estimating_.store(true, std::memory_order_release);
 }
 
@@ -842,6 +862,7 @@ float RoceBackend::endTimeEstimate() {
   estimating_.store(false, std::memory_order_release);
   return static_cast<float>(estimatedSeconds_ * 1e6);
 }
+#endif
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::estimated(OpType type, const char* title, std::vector<at::Tensor> outputs,
                                                       size_t bytes) {
@@ -851,6 +872,18 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::estimated(OpType type, const char* t
   {
     std::lock_guard<std::mutex> g(estimateMu_);
     estimatedSeconds_ += seconds;
+    // An estimate lasts as long as the calls it is handed; one still open a
+    // minute later is most likely one whose body raised (torch's
+    // _time_estimator then never calls endTimeEstimate), and every call of
+    // this thread would go on being skipped.
+    const auto open = std::chrono::steady_clock::now() - estimateStart_;
+    if (!estimateWarned_ && open > std::chrono::minutes(1)) {
+      estimateWarned_ = true;
+      ROCE_WARN("roce: rank ", getRank(), ": ", title, " was only estimated, not run: startTimeEstimate() was called ",
+                std::chrono::duration_cast<std::chrono::seconds>(open).count(),
+                " s ago on this thread and endTimeEstimate() not yet. Calls of this thread are not run until it is "
+                "(did the code inside torch's _time_estimator raise?)");
+    }
   }
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, std::move(outputs));
   work->complete(nullptr);

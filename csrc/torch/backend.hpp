@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "../common/config.hpp"
 #include "../common/counters.hpp"
@@ -84,19 +85,13 @@ class RoceBackend : public c10d::Backend {
   const std::string getBackendName() const override { return "roce"; }
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
   // torch >= 2.15 calls it (_add_ephemeral_timeout_for_all_pgs); not marked
-  // override, so that older torch, which has no such virtual, still builds.
+  // override, so that it builds whether or not the installed torch declares it.
   void addEphemeralTimeout(const std::chrono::milliseconds& timeout);
   // Coalescing (batch_isend_irecv, _coalescing_manager): one Work for the
-  // operations issued in between. supportsCoalescing is not marked override
-  // for older torch, as above.
+  // operations issued in between. Not marked override: it builds whether or
+  // not the installed torch declares it.
   bool supportsCoalescing() const { return true; }
-  // Time estimation (torch's _time_estimator): between the two calls nothing
-  // runs; each call adds its estimate (collective_cost.hpp) and returns a
-  // completed Work with its tensors untouched. Not marked override, as above.
-  bool supportsTimeEstimation() const { return true; }
-  void startTimeEstimate();
-  float endTimeEstimate();  // microseconds
-  void startCoalescing() override { coalescing_.start(); }
+  void startCoalescing() override { coalescing_.start(getRank()); }
   c10::intrusive_ptr<c10d::Work> endCoalescing() override { return coalescing_.end(getRank()); }
   void shutdown() override;
   // Collectives issued so far (torch's debug wrapper compares it across ranks).
@@ -108,7 +103,14 @@ class RoceBackend : public c10d::Backend {
   bool supportsCompletionHooks() const override { return true; }
   void registerCompletionHook(int64_t id, c10d::CompletionHook hook) override;
   void unregisterCompletionHook(int64_t id) override { completionHooks_.remove(id); }
-  // Abort hooks arrived with the completion hooks (abort_hooks.hpp).
+  // Abort hooks and the time estimation calls arrived with the completion
+  // hooks (abort_hooks.hpp). Time estimation (torch's _time_estimator):
+  // between the two calls, calls from the thread that started it do not run;
+  // each adds its estimate (collective_cost.hpp) and returns a completed Work
+  // with its tensors untouched. Other threads' calls run as usual.
+  bool supportsTimeEstimation() const override { return true; }
+  void startTimeEstimate() override;
+  float endTimeEstimate() override;  // microseconds
   bool supportsAbortHooks() const override { return true; }
   void registerAbortHook(int64_t id, c10d::AbortHook hook) override { abortHooks_.add(id, std::move(hook)); }
   void unregisterAbortHook(int64_t id) override { abortHooks_.remove(id); }
@@ -245,9 +247,15 @@ class RoceBackend : public c10d::Backend {
   // A completed Work for a call issued while estimating; adds its estimate.
   c10::intrusive_ptr<c10d::Work> estimated(c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
                                            size_t bytes);
+  // Whether calls of this thread are to be estimated, not run.
+  bool estimatingHere();
   std::atomic<bool> estimating_{false};
   std::mutex estimateMu_;
+  std::thread::id estimatingThread_;  // the thread that started the estimate
+  std::chrono::steady_clock::time_point estimateStart_;
+  bool estimateWarned_ = false;
   double estimatedSeconds_ = 0;
+  std::atomic<bool> stopping_{false};  // the program aborts or destroys the group: no abort hooks
   CoalescingRegion coalescing_;  // the Works of an open coalescing region
   TimeoutExtensions timeoutExtensions_;  // added to the timeout of the operations issued after them
   c10::intrusive_ptr<c10d::Store> store_;     // the group's store, for monitoredBarrier

@@ -3,6 +3,10 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
+
+#include "../common/log.hpp"
+
 namespace roce {
 namespace {
 
@@ -21,22 +25,33 @@ void completeBatch(RoceWork& all, std::exception_ptr error, const std::vector<st
     all.complete(error);
     return;
   }
-  const c10::Device device = ends.front()->device();
-  c10::impl::VirtualGuardImpl impl(device.type());
-  const c10::Stream stream = impl.getStreamFromGlobalPool(device);
-  for (const auto& e : ends) e->block(stream);
-  auto end = std::make_shared<c10::Event>(device.type());
-  end->record(stream);
-  all.completeOnDevice(error, std::move(end), stream);
+  std::optional<c10::Stream> stream;
+  std::shared_ptr<c10::Event> end;
+  try {
+    const c10::Device device = ends.front()->device();
+    c10::impl::VirtualGuardImpl impl(device.type());
+    stream = impl.getStreamFromGlobalPool(device);
+    for (const auto& e : ends) e->block(*stream);
+    end = std::make_shared<c10::Event>(device.type());
+    end->record(*stream);
+  } catch (...) {
+    all.complete(error ? error : std::current_exception());  // a device error: report it rather than hang a waiter
+    return;
+  }
+  all.completeOnDevice(error, std::move(end), *stream);
 }
 
 }  // namespace
 
-void CoalescingRegion::start() {
+void CoalescingRegion::start(int rank) {
+  std::vector<c10::intrusive_ptr<RoceWork>> stale;
   std::lock_guard<std::mutex> g(mu_);
-  TORCH_CHECK(!open_, "roce: startCoalescing() was called twice without endCoalescing() in between");
+  if (open_)
+    ROCE_WARN("roce: rank ", rank, ": startCoalescing() while a region with ", works_.size(),
+              " operations was still open (did the code inside batch_isend_irecv or _coalescing_manager raise?): "
+              "those ran as issued and keep their own Works; a new region starts");
+  stale.swap(works_);  // released after the lock
   open_ = true;
-  works_.clear();
 }
 
 void CoalescingRegion::issued(const c10::intrusive_ptr<RoceWork>& work) {
@@ -48,8 +63,7 @@ c10::intrusive_ptr<RoceWork> CoalescingRegion::end(int rank) {
   std::vector<c10::intrusive_ptr<RoceWork>> works;
   {
     std::lock_guard<std::mutex> g(mu_);
-    TORCH_CHECK(open_, "roce: endCoalescing() was called without startCoalescing()");
-    open_ = false;
+    open_ = false;  // none open (as NCCL): nothing to return
     works.swap(works_);
   }
   if (works.empty()) return {};

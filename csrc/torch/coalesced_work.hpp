@@ -16,12 +16,13 @@ namespace roce {
 // The operations of one coalescing region of a group. Thread-safe.
 class CoalescingRegion {
  public:
-  // Throws c10::Error if a region is open already.
-  void start();
+  // A region still open (its end never came: an exception inside the batch)
+  // is dropped with a warning; its operations ran as issued.
+  void start(int rank);
   // Called for every Work the group hands out; kept while a region is open.
   void issued(const c10::intrusive_ptr<RoceWork>& work);
-  // Closes the region: the batch's Work, or null for an empty one (as NCCL).
-  // Throws c10::Error if no region is open.
+  // Closes the region: the batch's Work, or null for an empty one or none
+  // open (as NCCL).
   c10::intrusive_ptr<RoceWork> end(int rank);
 
  private:

@@ -9,6 +9,7 @@
 
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
+#include "../common/log.hpp"
 #include "device_capture.hpp"
 #include "device_guard.hpp"
 
@@ -118,7 +119,13 @@ void RoceWork::complete(std::exception_ptr error) {
     doneError_ = error;
     waiting.swap(whenDone_);
   }
-  for (auto& done : waiting) done(error, endEvent());
+  for (auto& done : waiting) {
+    try {
+      done(error, endEvent());
+    } catch (const std::exception& e) {
+      ROCE_WARN("roce: rank ", rank_, ": a completion callback of ", title_, " raised: ", e.what());
+    }
+  }
 }
 
 void RoceWork::whenComplete(Done done) {
