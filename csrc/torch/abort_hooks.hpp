@@ -4,23 +4,16 @@
 // Work completes with the error, so that a hook can capture debug state while
 // the group's ranks are still as the failure left them. Not when the program
 // itself aborts or destroys the group (the backend skips them then).
-//
-// Hooks registered from Python hold the GIL-taking wrappers pybind makes:
-// copying or destroying one takes the GIL. So the table is an immutable list
-// behind a shared_ptr, as for the completion hooks: run() copies the pointer
-// under the lock and calls the hooks without it (never the GIL under the
-// lock), and a list replaced by add/remove is freed outside the lock.
-// A hook that throws is logged and the rest still run, in id order.
+// A hook that throws is logged and the rest still run, in id order; the table
+// never copies or destroys a hook under its lock (hook_list.hpp).
 #pragma once
 #include <cstdint>
 #include <functional>
-#include <map>
-#include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 
 #include "../common/log.hpp"
+#include "hook_list.hpp"
 
 namespace roce {
 
@@ -28,29 +21,10 @@ class AbortHooks {
  public:
   using Hook = std::function<void()>;
 
-  void add(int64_t id, Hook hook) {
-    std::shared_ptr<const List> old;
-    std::lock_guard<std::mutex> g(mu_);
-    auto next = std::make_shared<List>(list_ ? *list_ : List());
-    (*next)[id] = std::move(hook);
-    old = std::exchange(list_, std::move(next));
-  }
-  void remove(int64_t id) {
-    std::shared_ptr<const List> old;
-    std::lock_guard<std::mutex> g(mu_);
-    if (!list_ || !list_->count(id)) return;
-    auto next = std::make_shared<List>(*list_);
-    next->erase(id);
-    old = std::exchange(list_, std::move(next));
-  }
+  void add(int64_t id, Hook hook) { hooks_.add(id, std::move(hook)); }
+  void remove(int64_t id) { hooks_.remove(id); }
   void run(const std::string& who) const {
-    std::shared_ptr<const List> list;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      list = list_;
-    }
-    if (!list) return;
-    for (const auto& [id, hook] : *list) {
+    hooks_.forEach([&](int64_t id, const Hook& hook) {
       try {
         hook();
       } catch (const std::exception& e) {
@@ -58,13 +32,11 @@ class AbortHooks {
       } catch (...) {
         ROCE_WARN("roce: ", who, ": abort hook ", id, " raised a non-standard exception");
       }
-    }
+    });
   }
 
  private:
-  using List = std::map<int64_t, Hook>;
-  mutable std::mutex mu_;
-  std::shared_ptr<const List> list_;
+  HookList<Hook> hooks_;
 };
 
 }  // namespace roce
