@@ -35,11 +35,12 @@ def _settled_fds(quiet_s=0.1, limit_s=2.0):
     return last
 
 
-def _store_barrier(name, world):
-    """A barrier through the store only: counts read before it are not
-    disturbed by faster ranks that dial this one for the next phase."""
+def _store_barrier(name, world, store=None):
+    """A barrier through the store only (the default group's, or `store`):
+    counts read before it are not disturbed by faster ranks that dial this
+    one for the next phase."""
     import time
-    store = dist.distributed_c10d._get_default_store()
+    store = store or dist.distributed_c10d._get_default_store()
     store.add(name, 1)
     while store.add(name, 0) < world:
         time.sleep(0.005)

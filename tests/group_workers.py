@@ -509,12 +509,6 @@ def shared_connection(rank, world, port, threads=3, mib=3):
 # --- shrink_group (torch >= 2.15) ---------------------------------------------
 
 
-def _barrier_on(store, name, world):
-    store.add(name, 1)
-    while store.add(name, 0) < world:
-        time.sleep(0.005)
-
-
 def shrink_after_a_death(rank, world, port):
     """The last rank is SIGKILLed; the survivors' next allreduce fails, and
     shrink_group drops it: the new default group (formed from the old one's
@@ -553,7 +547,7 @@ def shrink_abort_with_a_hung_rank(rank, world, port):
     store = dist.distributed_c10d._get_default_store()  # the world's: shrinking changes the default group's
     hung = world - 1
     if rank == hung:
-        _barrier_on(store, "shrink-done", world)  # stays out of every later call
+        _store_barrier("shrink-done", world, store)  # stays out of every later call
         return {}
     work = dist.all_reduce(torch.ones(8), async_op=True)
     time.sleep(0.5)
@@ -566,6 +560,6 @@ def shrink_abort_with_a_hung_rank(rank, world, port):
         aborted = str(e)
     t = torch.full((1000,), float(rank + 1))
     dist.all_reduce(t, group=new)
-    _barrier_on(store, "shrink-done", world)
+    _store_barrier("shrink-done", world, store)
     return {"in_flight": in_flight, "aborted": aborted, "new_size": new.size(),
             "exact": torch.equal(t, torch.full((1000,), float(sum(range(1, world)))))}
