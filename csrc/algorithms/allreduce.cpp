@@ -2,6 +2,7 @@
 // plus allgather, which is the second half of the ring allreduce. On one
 // machine all three go through the shared-memory slots instead (shm_*.cpp).
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 

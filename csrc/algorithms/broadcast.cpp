@@ -9,6 +9,7 @@
 // (A group on one machine broadcasts through the shared-memory slots instead,
 // shm_copies.cpp, unless ROCE_PG_ALGO_BROADCAST names one of these two.)
 #include <algorithm>
+#include <cstdint>
 
 #include "../comm/communicator.hpp"
 #include "algorithms.hpp"

@@ -4,6 +4,7 @@
 // of the working buffer is rank (me+i)'s; a final rotation puts blocks in
 // rank order.
 #include <algorithm>
+#include <cstdint>
 
 #include "../comm/communicator.hpp"
 #include "../common/bytes.hpp"

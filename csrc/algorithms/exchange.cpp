@@ -1,6 +1,7 @@
 // Collectives that are plain exchanges of blocks: gather, scatter, all-to-all,
 // and the zero-byte dissemination barrier (a group on one machine synchronises
 // through shared memory instead: shm_barrier.hpp).
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 

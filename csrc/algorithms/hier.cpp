@@ -11,6 +11,7 @@
 //   reduce-scatter  (N-1)/N * n/L    (flat ring: up to (p-1)/p * n)
 //   allgather       (N-1)/N * n/L    (flat ring: up to (p-1)/p * n)
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 
 #include "../comm/communicator.hpp"

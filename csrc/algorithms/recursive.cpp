@@ -11,6 +11,8 @@
 // rank and copies it.
 #include "recursive.hpp"
 
+#include <cstdint>
+
 #include "../comm/communicator.hpp"
 #include "../reduce/reduce.hpp"
 #include "on_workers.hpp"

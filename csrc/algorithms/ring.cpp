@@ -1,6 +1,7 @@
 #include "ring.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"

@@ -1,5 +1,7 @@
 #include "shm_barrier.hpp"
 
+#include <cstdint>
+
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
 #include "../common/spin.hpp"

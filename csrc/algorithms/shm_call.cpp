@@ -1,6 +1,7 @@
 #include "shm_call.hpp"
 
 #include <bit>
+#include <cstdint>
 #include <vector>
 
 #include "../common/error.hpp"

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdint>
 
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"

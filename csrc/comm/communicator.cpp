@@ -4,6 +4,7 @@
 
 // Routing requests to transports, the operation context, and failure
 // handling. Formation is in ../group/group_builder.cpp, waiting in wait_loop.cpp.
+#include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 

@@ -1,5 +1,6 @@
 #include "connection_manager.hpp"
 
+#include <cstdint>
 #include <poll.h>
 
 #include <cerrno>

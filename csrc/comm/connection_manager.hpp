@@ -24,6 +24,7 @@
 // ROCE_PG_CONNECT=eager), never blocks: the Communicator's waits poll the
 // descriptors addPollFds() returns, and progress() advances whatever is ready.
 #pragma once
+#include <cstdint>
 #include <poll.h>
 
 #include <chrono>

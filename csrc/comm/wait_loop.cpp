@@ -2,6 +2,7 @@
 // the connections; when nothing moves, spin briefly, then block on the
 // descriptors that announce progress (or back off where none can); and the
 // checks every wait makes (deadline, abort, peers reported dead).
+#include <cstdint>
 #include <poll.h>
 
 #include <cerrno>

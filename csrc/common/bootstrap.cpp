@@ -1,6 +1,7 @@
 #include "bootstrap.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "backoff.hpp"
 #include "error.hpp"

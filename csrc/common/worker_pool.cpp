@@ -1,5 +1,6 @@
 #include "worker_pool.hpp"
 
+#include <cstdint>
 #include <pthread.h>
 
 #include <chrono>

@@ -1,5 +1,7 @@
 #include "engine.hpp"
 
+#include <cstdint>
+
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
 #include "../common/log.hpp"

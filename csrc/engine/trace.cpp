@@ -1,6 +1,7 @@
 #include "trace.hpp"
 
 #include <chrono>
+#include <cstdint>
 
 namespace roce {
 

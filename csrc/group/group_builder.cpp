@@ -5,6 +5,7 @@
 // ROCE_PG_CONNECT=eager). See docs/ARCHITECTURE.md, "How a group forms".
 #include "group_builder.hpp"
 
+#include <cstdint>
 #include <poll.h>
 #include <sys/resource.h>
 #include <unistd.h>

@@ -7,6 +7,7 @@
 // can assemble a half-formed one.
 #pragma once
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>

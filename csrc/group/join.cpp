@@ -1,6 +1,7 @@
 #include "join.hpp"
 
 #include <arpa/inet.h>
+#include <cstdint>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>

@@ -1,5 +1,6 @@
 #include "lifeline.hpp"
 
+#include <cstdint>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>

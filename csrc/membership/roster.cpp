@@ -1,6 +1,7 @@
 #include "roster.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <sstream>
 #include <tuple>

@@ -1,6 +1,7 @@
 #include "connect.hpp"
 
 #include <arpa/inet.h>
+#include <cstdint>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>

@@ -1,6 +1,7 @@
 #include "front_desk.hpp"
 
 #include <arpa/inet.h>
+#include <cstdint>
 #include <netinet/in.h>
 #include <sys/eventfd.h>
 #include <poll.h>

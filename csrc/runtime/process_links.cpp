@@ -1,5 +1,6 @@
 #include "process_links.hpp"
 
+#include <cstdint>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>

@@ -1,5 +1,6 @@
 #include "process_runtime.hpp"
 
+#include <cstdint>
 #include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>

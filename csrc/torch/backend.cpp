@@ -1,5 +1,6 @@
 #include "backend.hpp"
 
+#include <cstdint>
 #include <numeric>
 #include <string_view>
 #include <thread>

@@ -3,6 +3,7 @@
 // buffers (device tensors asynchronously, on the group's copy streams:
 // device_staging.hpp), and queues a Task on the group's progress engine.
 #pragma once
+#include <cstdint>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 

@@ -1,5 +1,6 @@
 #include "cuda_driver.hpp"
 
+#include <cstdint>
 #include <dlfcn.h>
 
 namespace roce {

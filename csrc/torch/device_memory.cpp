@@ -1,5 +1,6 @@
 #include "device_memory.hpp"
 
+#include <cstdint>
 #include <fstream>
 #include <map>
 #include <mutex>

@@ -3,6 +3,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
+#include <cstdint>
 
 #include <vector>
 

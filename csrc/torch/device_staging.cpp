@@ -3,6 +3,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <cstdint>
 
 #include <algorithm>
 #include <chrono>

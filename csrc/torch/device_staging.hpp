@@ -30,6 +30,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
+#include <cstdint>
 
 #include <functional>
 #include <memory>

@@ -1,6 +1,7 @@
 #include "monitored_barrier.hpp"
 
 #include <c10/util/Exception.h>
+#include <cstdint>
 
 #include <algorithm>
 #include <string>

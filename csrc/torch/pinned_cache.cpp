@@ -4,6 +4,7 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Winterference-size"
 #include <ATen/core/CachingHostAllocator.h>
+#include <cstdint>
 #pragma GCC diagnostic pop
 #include <c10/core/CPUAllocator.h>
 

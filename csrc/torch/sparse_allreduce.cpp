@@ -1,6 +1,7 @@
 #include "sparse_allreduce.hpp"
 
 #include <c10/util/Exception.h>
+#include <cstdint>
 
 #include <algorithm>
 

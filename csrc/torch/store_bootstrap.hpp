@@ -2,6 +2,7 @@
 // prefixed per group and device). Used only on the thread that creates the
 // group, while it forms: no clone, no second connection to the store.
 #pragma once
+#include <cstdint>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "../common/bootstrap.hpp"

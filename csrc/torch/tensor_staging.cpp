@@ -2,6 +2,7 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
+#include <cstdint>
 
 #include "../common/error.hpp"
 

@@ -5,6 +5,7 @@
 // (device_staging.hpp).
 #pragma once
 #include <ATen/ATen.h>
+#include <cstdint>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <memory>

@@ -1,6 +1,7 @@
 #include "trace_dump.hpp"
 
 #include <c10/core/ScalarType.h>
+#include <cstdint>
 
 #include <algorithm>
 #include <chrono>

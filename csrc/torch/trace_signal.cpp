@@ -1,5 +1,6 @@
 #include "trace_signal.hpp"
 
+#include <cstdint>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <unistd.h>

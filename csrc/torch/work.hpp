@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/Event.h>
+#include <cstdint>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <functional>

@@ -1,5 +1,6 @@
 #include "stream_transport.hpp"
 
+#include <cstdint>
 #include <cstring>
 
 #include "../common/config.hpp"

@@ -2,6 +2,7 @@
 // whose peers are connected by reliable byte streams (TCP sockets, shared-memory
 // rings). A concrete transport supplies one BytePipe per peer.
 #pragma once
+#include <cstdint>
 #include <poll.h>
 #include <sys/uio.h>
 

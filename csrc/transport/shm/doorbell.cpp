@@ -1,5 +1,6 @@
 #include "doorbell.hpp"
 
+#include <cstdint>
 #include <unistd.h>
 
 #include <cerrno>

@@ -1,5 +1,6 @@
 #include "shm_doorbells.hpp"
 
+#include <cstdint>
 #include <unistd.h>
 
 #include <cerrno>

@@ -1,5 +1,6 @@
 #include "mux_link.hpp"
 
+#include <cstdint>
 #include <sys/socket.h>
 #include <unistd.h>
 

@@ -1,6 +1,7 @@
 #include "tcp_mux.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "../../common/wakeup.hpp"
 

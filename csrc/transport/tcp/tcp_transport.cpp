@@ -1,6 +1,7 @@
 #include "tcp_transport.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "../../common/error.hpp"
 #include "../../common/sockets.hpp"

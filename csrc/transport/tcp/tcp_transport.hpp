@@ -9,6 +9,7 @@
 // at once, with no dial and no descriptor of their own.
 #pragma once
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>

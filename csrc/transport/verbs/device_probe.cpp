@@ -1,5 +1,6 @@
 #include "device_probe.hpp"
 
+#include <cstdint>
 #include <infiniband/verbs.h>
 
 namespace roce {

@@ -1,5 +1,6 @@
 #include "landing_pool.hpp"
 
+#include <cstdint>
 #include <infiniband/verbs.h>
 
 #include <algorithm>

@@ -7,6 +7,7 @@
 // counts against the locked-memory limit on its own (the kernel charges every
 // pin), so registered bytes are the buffer's size times the rails.
 #pragma once
+#include <cstdint>
 #include <infiniband/verbs.h>
 
 #include <array>

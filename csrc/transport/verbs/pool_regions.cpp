@@ -1,6 +1,7 @@
 #include "pool_regions.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "slot_pool.hpp"
 

@@ -1,5 +1,6 @@
 #include "port_choice.hpp"
 
+#include <cstdint>
 #include <infiniband/verbs.h>
 #include <sched.h>
 

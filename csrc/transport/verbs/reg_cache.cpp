@@ -1,5 +1,6 @@
 #include "reg_cache.hpp"
 
+#include <cstdint>
 #include <sys/resource.h>
 #include <unistd.h>
 

@@ -1,5 +1,6 @@
 #include "slot_pool.hpp"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 

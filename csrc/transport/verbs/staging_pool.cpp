@@ -1,5 +1,6 @@
 #include "staging_pool.hpp"
 
+#include <cstdint>
 #include <infiniband/verbs.h>
 
 #include <algorithm>

@@ -3,6 +3,7 @@
 // idle waits arm the CQs (the process's completion channel wakes the group);
 // and what happens when a peer fails.
 #include <arpa/inet.h>
+#include <cstdint>
 #include <poll.h>
 #include <sys/socket.h>
 

@@ -2,6 +2,7 @@
 // endpoint exchange over the TCP side channel (docs/ARCHITECTURE.md, "The
 // verbs transport").
 #include <arpa/inet.h>
+#include <cstdint>
 #include <sys/socket.h>
 #include <unistd.h>
 

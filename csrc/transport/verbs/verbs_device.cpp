@@ -1,6 +1,7 @@
 #include "verbs_device.hpp"
 
 #include <arpa/inet.h>
+#include <cstdint>
 #include <fcntl.h>
 #include <unistd.h>
 #include <poll.h>

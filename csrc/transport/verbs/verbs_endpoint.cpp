@@ -1,5 +1,6 @@
 #include "verbs_endpoint.hpp"
 
+#include <cstdint>
 #include <sstream>
 
 #include "../../common/error.hpp"

@@ -19,6 +19,7 @@
 // gets them eventually, at worst one chunk per round trip through the
 // reserved slot, whatever idle peers or other groups hold.
 #include <algorithm>
+#include <cstdint>
 
 #include "verbs_transport.hpp"
 

@@ -4,6 +4,7 @@
 #include "verbs_pair.hpp"
 
 #include <arpa/inet.h>
+#include <cstdint>
 #include <sys/socket.h>
 #include <unistd.h>
 

@@ -7,6 +7,7 @@
 // (matching, landing grants, streaming; verbs_transport.hpp) drives.
 // Internal to csrc/transport/verbs/.
 #pragma once
+#include <cstdint>
 #include <infiniband/verbs.h>
 
 #include <array>

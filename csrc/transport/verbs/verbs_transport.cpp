@@ -4,6 +4,7 @@
 #include "verbs_transport.hpp"
 
 #include <arpa/inet.h>
+#include <cstdint>
 
 #include <algorithm>
 #include <cstring>

@@ -7,6 +7,7 @@
 // memory and grants, connections, failure order): docs/ARCHITECTURE.md,
 // "The verbs transport".
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <unordered_map>
