@@ -20,6 +20,8 @@
 # To check this script on a CPU machine: GPU_CHECK_FORCE=1 runs every step
 # anyway (the results then mean nothing); GPU_CHECK_BUILD=0 uses the existing
 # build instead of rebuilding in place (beside someone else's build there).
+# GPU_CHECK_ONLY="tests probes" runs only the named steps after the build
+# (a rerun spends less of the lease).
 set -uo pipefail
 LC_NUMERIC=C  # EPOCHREALTIME with a decimal point, whatever the locale
 cd "$(dirname "$0")/.." || exit 1
@@ -46,6 +48,10 @@ BUILD_OK=1
 step() {
   local name=$1 cap=$2 rc status t0
   shift 2
+  if [[ -n ${GPU_CHECK_ONLY:-} && ! " debs env build $GPU_CHECK_ONLY " =~ " $name " ]]; then
+    skip "$name" "not in GPU_CHECK_ONLY"
+    return 0
+  fi
   PLANNED=$((PLANNED + cap))
   local limit=$((PLANNED - (SECONDS - START)))
   if ((limit < 5)); then
@@ -124,12 +130,12 @@ cuda=$("$PYTHON" -c 'import json, sys; print(int(json.load(open(sys.argv[1]))["c
 # then import it: a library that does not load shows here, not in every test.
 if [[ ${GPU_CHECK_BUILD:-1} == 0 ]]; then
   skip build "GPU_CHECK_BUILD=0: the existing build"
-  PLANNED=$((PLANNED + 190))
+  PLANNED=$((PLANNED + 150))
 else
-  step build 190 bash -c build || BUILD_OK=0
+  step build 150 bash -c build || BUILD_OK=0
 fi
 
-LATER=(tests probes staging workers-2r workers-4r workers-8r)
+LATER=(tests probes waits staging workers-2r workers-4r workers-8r)
 if [[ $cuda != 1 && ${GPU_CHECK_FORCE:-0} != 1 ]]; then
   why="no CUDA device (torch.cuda.is_available() is False)"
   [[ -s $WORK/env.json ]] || why="the environment step failed, so no CUDA device was found"
@@ -143,16 +149,20 @@ if ((!BUILD_OK)); then
 fi
 
 # 4. The CUDA cases of the test files (the [cuda] parameters), without the
-# probes, which get a step of their own so that one of them failing does not
-# hide the rest (-x). pytest-timeout is not assumed: the step's cap bounds it.
+# probes, which get a step of their own. pytest-timeout is not assumed: the
+# step's cap bounds it.
 PROBES="device_use or ordering or overlap or capture or guard or multi_gpu or stale"
-step tests 110 "$PYTHON" -m pytest tests -k "cuda and not ($PROBES)" -q -rs -x -p no:cacheprovider
+step tests 150 "$PYTHON" -m pytest tests -k "cuda and not ($PROBES)" -q -rs -p no:cacheprovider
 
 # 5. The probes: stream ordering, overlap, graph capture, device guard / second
 # GPU, stale registrations (test_device_use holds several of them). Those
 # needing 2 GPUs or an RDMA device skip themselves; env.json's
 # probe_conditions says which could run.
 step probes 40 "$PYTHON" -m pytest tests -k "cuda and ($PROBES)" -q -rs -p no:cacheprovider
+
+# 5b. Which CUDA calls wait for the whole device (page-locked allocation,
+# lazy kernel loading): the facts behind the probes above.
+step waits 40 "$PYTHON" benchmarks/cuda_waits.py --json "$WORK/cuda_waits.json"
 
 # 6. roce host-reduce / device-reduce vs Gloo's CUDA path vs the pinned copy
 # rate, 1-256 MiB, 2 ranks (on two GPUs where there are two).
@@ -161,6 +171,7 @@ step staging 70 "$PYTHON" benchmarks/cuda_staging.py --sizes-mib 1 4 16 64 256 -
 # 7. The many-core host table: 1-8 worker threads per rank at 2, 4 and 8
 # ranks beside the concurrent memcpy rate it prints. Gloo is left out and the
 # rounds cut to fit the cap; the worker counts are what this table compares.
+# The caps: 20 + 30 + 150 + 150 + 40 + 40 + 70 + 3 x 20 = 560 s.
 for r in 2 4 8; do
   step "workers-${r}r" 20 "$PYTHON" benchmarks/workers.py --ranks "$r" --workers 1 2 4 8 --sizes 4 64 256 \
     --rounds 2 --total-mib 512 --no-gloo --timeout 300 --json "$WORK/workers-${r}r.json"

@@ -162,18 +162,24 @@ def _expected_sum(world, n, dtype=torch.float32):
 
 def _producer_still_running(ck, acc, world):
     """The collective follows the kernel that produces its input, which is still
-    running when the collective is issued; issuing does not wait for it."""
-    x = torch.empty(1 << 16, device=acc.device)
-    fill_s, _ = _timed(lambda: acc.slow_fill_(x, float(dist.get_rank() + 1)))
-    diag = {"fill_s": fill_s, "cycles_per_ms": acc._cycles_per_ms,
-            "cuda_stream_busy": acc.kind == "cuda" and not torch.cuda.current_stream().query()}
-    running_before = not acc.current_stream().query()  # tells a short producer from a waiting issue
-    issue_s, work = _timed(lambda: dist.all_reduce(x, async_op=True))
-    producer_running = not acc.current_stream().query()
-    work.wait()
-    ck.same("all_reduce after a slow producer", x, _expected_sum(world, 1 << 16))
-    return {"issue_s": issue_s, "producer_running_before_issue": running_before,
-            "producer_running_after_issue": producer_running, **diag}
+    running when the collective is issued; issuing does not wait for it. The
+    first call is reported, not asserted: under CUDA's lazy module loading a
+    process's first launch of a kernel waits for the whole device, and the
+    first device call of a process makes such launches (docs/ACCELERATORS.md,
+    "Calls that wait for the whole device")."""
+    report = {}
+    for attempt in ("first", "second"):
+        x = torch.empty(1 << 16, device=acc.device)
+        fill_s, _ = _timed(lambda: acc.slow_fill_(x, float(dist.get_rank() + 1)))
+        running_before = not acc.current_stream().query()  # tells a short producer from a waiting issue
+        issue_s, work = _timed(lambda: dist.all_reduce(x, async_op=True))
+        producer_running = not acc.current_stream().query()
+        work.wait()
+        ck.same(f"all_reduce after a slow producer ({attempt} call)", x, _expected_sum(world, 1 << 16))
+        report[attempt] = {"issue_s": issue_s, "fill_s": fill_s, "producer_running_before_issue": running_before,
+                           "producer_running_after_issue": producer_running}
+    return {"producer_running_after_issue": report["second"]["producer_running_after_issue"],
+            "producer": report, "cycles_per_ms": acc._cycles_per_ms}
 
 
 def _premul_factor_on_the_device(ck, acc, rank, world):

@@ -53,7 +53,8 @@ def test_stream_semantics(kind, tmp_path):
     for r in results:
         # Issuing a collective does not wait for the kernel producing its
         # input: that kernel is still running afterwards (states, not times:
-        # the issue times are in the report for a reader).
+        # the issue times are in the report for a reader). The second call of
+        # its shape: the first one's are reported (the worker says why).
         assert r["producer_running_after_issue"], r
         # Nor for the kernel producing a PREMUL_SUM factor held on the device.
         assert all(r["premul_producer_running_after_issue"].values()), r

@@ -296,6 +296,7 @@ CollectiveTask::Body RoceBackend::elementwiseOnDevice(CallStaging& st, const at:
   const int p = getSize();
   const at::Tensor rows = st.device->hostBuffer(p * ((piece + p - 1) / p), flat.scalar_type());
   const c10::Stream stream = st.device->reduceStream();
+  prepareDeviceReduction(stream, flat.scalar_type(), red.op(), p, getRank(), flat.numel(), piece);
   return [flat, rows, stream, red, root](Communicator& c, size_t first, size_t count) {
     reduceReducingOnDevice(c, stream, flat.narrow(0, first, count), rows, red.get(), root);
   };
@@ -306,6 +307,7 @@ std::function<void(Communicator&)> RoceBackend::reduceScatterBody(CallStaging& s
   if (st.device && out.numel() > 0 && reduceStagedOnDevice(engine_->comm(), bytesOf(in))) {
     const at::Tensor rows = st.device->hostBuffer(in.numel(), in.scalar_type());
     const c10::Stream stream = st.device->reduceStream();
+    prepareDeviceReduction(stream, in.scalar_type(), red.op(), getSize(), getRank(), out.numel(), 0);
     return [in, rows, out, stream, red](Communicator& c) {
       reduceScatterReducingOnDevice(c, stream, in, rows, out, red.get());
     };

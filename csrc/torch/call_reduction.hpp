@@ -29,6 +29,8 @@ class CallReduction {
   // first piece is ready (DeviceStaging::awaitPiece), which the tasks do
   // before running a body.
   Reduction get() const;
+  // The operator alone (any thread, at any time): the factor may not be known yet.
+  ReduceOp op() const { return red_.op; }
 
  private:
   CallReduction() = default;

@@ -5,6 +5,9 @@
 #include <c10/core/StreamGuard.h>
 #include <cstdint>
 
+#include <mutex>
+#include <set>
+#include <tuple>
 #include <vector>
 
 #include "../algorithms/algorithms.hpp"
@@ -73,7 +76,49 @@ void exchangeBlocks(Communicator& c, const at::Tensor& input, Offset byteOffset,
   alltoallv(c, input.data_ptr(), sendBytes, sendOffsets, rows.data_ptr(), recvBytes, recvOffsets);
 }
 
+// The shapes prepareDeviceReduction launched already. Bounded: beyond the
+// limit (a job calling with thousands of distinct sizes) a kernel's first
+// launch is left to the progress thread, as without preparation.
+constexpr size_t kMaxPrepared = 4096;
+using PreparedKey = std::tuple<int, int, int, int, int, int64_t>;  // device type, index, dtype, op, p, m
+
+bool firstTimeOf(const PreparedKey& key) {
+  static std::mutex mu;
+  static std::set<PreparedKey> prepared;
+  std::lock_guard<std::mutex> g(mu);
+  if (prepared.size() >= kMaxPrepared) return false;
+  return prepared.insert(key).second;
+}
+
 }  // namespace
+
+void prepareDeviceReduction(c10::Stream stream, at::ScalarType dtype, ReduceOp op, int p, int me, int64_t total,
+                            int64_t pieceElems) {
+  if (total <= 0 || p < 1) return;
+  std::vector<int64_t> rowLengths;
+  if (pieceElems <= 0) {
+    rowLengths.push_back(total);
+  } else {
+    // Full pieces, and the last one where it is shorter; this rank's slice of each.
+    for (int64_t count : {std::min(pieceElems, total), total % pieceElems}) {
+      if (count == 0) continue;
+      const Slices s{static_cast<size_t>(count), p};
+      rowLengths.push_back(static_cast<int64_t>(s.size(me)));
+    }
+  }
+  const c10::Device device = stream.device();
+  for (int64_t m : rowLengths) {
+    if (m == 0) continue;
+    const PreparedKey key{static_cast<int>(device.type()), device.index(), static_cast<int>(dtype),
+                          static_cast<int>(op), p, m};
+    if (!firstTimeOf(key)) continue;
+    at::NoGradGuard noGrad;
+    c10::StreamGuard guard(stream);
+    // Scratch contents: only the kernels matter, not what they compute.
+    at::Tensor rows = at::empty({p, m}, at::TensorOptions().dtype(dtype).device(device));
+    reduceRowsOnDevice(rows, Reduction{op, 1.0});
+  }
+}
 
 at::Tensor reduceRowsOnDevice(const at::Tensor& rows, Reduction red) {
   const bool isBool = rows.scalar_type() == at::kBool;

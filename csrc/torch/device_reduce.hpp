@@ -34,6 +34,21 @@ class Communicator;
 // SUM/PRODUCT/MIN/MAX of bool are or/and/and/or. Runs on the current stream.
 at::Tensor reduceRowsOnDevice(const at::Tensor& rows, Reduction red);
 
+// Launches, from the thread issuing a call, each device kernel the call's
+// reductions will launch from the progress thread (those of `op` on p x m
+// rows of `dtype`, for every m the call's slices have), once per process for
+// each (device, dtype, op, p, m); the scratch rows are allocated on `stream`,
+// as the reduction's are. Why: under CUDA's lazy module loading (the default
+// since CUDA 12.2) a kernel's first launch may wait for all work queued on
+// the device (docs/ACCELERATORS.md, "Calls that wait for the whole device").
+// Made first by the progress thread, that wait would hold the call behind the
+// work its caller queued after issuing it (a backward pass: DDP's overlap is
+// gone, and a kernel waiting on another rank would deadlock). Made here, the
+// caller's first call of each kind waits for the caller's own earlier work.
+// pieceElems 0: one piece of `total` elements (reduce-scatter: m = total).
+void prepareDeviceReduction(c10::Stream stream, at::ScalarType dtype, ReduceOp op, int p, int me, int64_t total,
+                            int64_t pieceElems);
+
 // In place on `piece` (a pinned host tensor of count elements, this rank's
 // contribution on entry, the result on return: on every rank for root -1
 // (allreduce), else on `root` only (reduce; the others' piece then holds
