@@ -78,7 +78,8 @@ SETTINGS = {
     "ROCE_PG_TRACE_DUMP": ("text",),
     "ROCE_PG_TRACE_SIGNAL": ("choice", ("off", "SIGUSR1", "SIGUSR2")),
     "ROCE_PG_HEARTBEAT_TIMEOUT_MS": ("int", 1000, 86400000, True),
-    "ROCE_PG_TEST_FAULT": ("choice", ("garbage_frames", "no_doorbell", "shm_full", "fail_forming", "slow_teardown")),
+    "ROCE_PG_TEST_FAULT": ("choice", ("garbage_frames", "no_doorbell", "shm_full", "fail_forming", "slow_teardown",
+                                     "next_protocol")),
 }
 
 # The settings every rank of a group must set alike, or creating it fails or
@@ -93,7 +94,8 @@ SAME_EVERYWHERE = (
     "ROCE_PG_ALGO_NET_GBPS", "ROCE_PG_ALGO_NIC_GBPS", "ROCE_PG_ALGO_SHM_ALPHA_US", "ROCE_PG_ALGO_SHM_GBPS",
     "ROCE_PG_ALGO_REDUCE_GBPS", "ROCE_PG_CHUNK_BYTES", "ROCE_PG_NCHANNELS", "ROCE_PG_FORCE_NETWORK",
     "ROCE_PG_DEVICE_PIECE_BYTES", "ROCE_PG_DEVICE_REDUCE", "ROCE_PG_GPUDIRECT", "ROCE_PG_IB_DEVICE_REG_BYTES",
-    "ROCE_PG_IB_QPS_PER_CONNECTION", "ROCE_PG_NET_TRANSPORT", "ROCE_PG_SUBGROUPS",
+    "ROCE_PG_IB_QPS_PER_CONNECTION", "ROCE_PG_NET_TRANSPORT", "ROCE_PG_SUBGROUPS", "ROCE_PG_IB_SLOTS",
+    "ROCE_PG_HEARTBEAT_TIMEOUT_MS",
 )
 
 

@@ -222,6 +222,30 @@ def failed_member(rank, world, port):
     return {"everyone": everyone, "pair": pair}
 
 
+def protocol_mismatch(rank, world, port):
+    """A group whose formation meets a rank of another roce_pg formation
+    protocol (ROCE_PG_TEST_FAULT=next_protocol, read per group; subgroups
+    join through their leader here): first a rank that is not the leader,
+    then the leader. Every member fails at once, naming both versions, long
+    before the group's 600 s timeout; the world group keeps working."""
+    from .api_workers import expect_error
+
+    out = {}
+    for case, odd in (("joiner", world - 1), ("leader", 0)):
+        if rank == odd:
+            os.environ["ROCE_PG_TEST_FAULT"] = "next_protocol"
+        start = time.monotonic()
+        try:
+            err = expect_error(lambda: dist.new_group(list(range(world)), timeout=timedelta(seconds=600)),
+                               "formation protocol", "same roce_pg build")
+        finally:
+            os.environ.pop("ROCE_PG_TEST_FAULT", None)
+        out[case] = {"err": err, "elapsed": time.monotonic() - start}
+        _store_barrier(f"protocol-mismatch-{case}", world)
+    _check_allreduce(None, range(world), rank)
+    return out
+
+
 def verbs_groups(rank, world, port):
     """Over verbs (the Soft-RoCE VM): subgroups formed from the world's roster
     and a second thread's group all use the process's one device context

@@ -194,6 +194,24 @@ def test_a_member_whose_creation_failed_is_named_at_once():
             assert r["elapsed"] < 60, (case, rank, r)
 
 
+def test_a_rank_of_another_roce_pg_version_fails_formation_on_every_member():
+    results = run_group("tests.group_workers.protocol_mismatch", 4, env={**FOUR_MACHINES, "ROCE_PG_SUBGROUPS": "join"})
+    current, newer = "runs 2.5 (join.hello versions)", "formation protocol 3.5"
+    for case, odd in (("joiner", 3), ("leader", 0)):
+        for rank, r in enumerate(results):
+            err = r[case]["err"]
+            # Each message names both versions, and who runs the other one.
+            if rank == odd:
+                assert "this rank runs 3.5" in err and "protocol 2.5" in err, (case, rank, err)
+            else:
+                assert current in err and ("protocol 3.5" in err if case == "joiner" else newer in err), (case, rank, err)
+            if case == "joiner" and rank != odd:
+                assert "rank 3 runs roce_pg " + newer in err, (case, rank, err)
+            if case == "leader" and rank != odd:
+                assert "rank 0 (host" in err, (case, rank, err)
+            assert r[case]["elapsed"] < 60, (case, rank, r[case])
+
+
 def test_split_group_forms_from_the_parent():
     import torch
 

@@ -29,7 +29,8 @@ std::string exact(double x) {
 size_t floorPow2(size_t x) { return x ? std::bit_floor(x) : 0; }
 
 std::string readTestFault(EnvReader& r) {
-  return r.oneOf("ROCE_PG_TEST_FAULT", "", {"garbage_frames", "no_doorbell", "shm_full", "fail_forming", "slow_teardown"});
+  return r.oneOf("ROCE_PG_TEST_FAULT", "", {"garbage_frames", "no_doorbell", "shm_full", "fail_forming", "slow_teardown",
+                                          "next_protocol"});
 }
 
 }  // namespace
@@ -124,7 +125,9 @@ Config Config::read(EnvReader& r) {
       "ROCE_PG_HEARTBEAT_TIMEOUT_MS", c.heartbeatTimeoutMs, 1000, 86400000,
       "heartbeats are sent every few hundred ms and a busy machine would declare live peers "
       "dead; use >= 1000 or 0 (off)"));
-  c.testFailForming = readTestFault(r) == "fail_forming";  // validated with the rest of the configuration
+  const std::string fault = readTestFault(r);  // validated with the rest of the configuration
+  c.testFailForming = fault == "fail_forming";
+  c.testNextProtocol = fault == "next_protocol";
   return c;
 }
 
@@ -203,7 +206,8 @@ std::string Config::algorithmSettings() const {
              " ROCE_PG_NCHANNELS=", nChannels == 0 ? std::string("auto") : std::to_string(nChannels),
              " ROCE_PG_FORCE_NETWORK=", forceNetwork ? 1 : 0, " ROCE_PG_DEVICE_PIECE_BYTES=", devicePieceBytes,
              " ROCE_PG_DEVICE_REDUCE=", settingName(deviceReduce), " ROCE_PG_GPUDIRECT=", settingName(gpudirect),
-             " ROCE_PG_IB_DEVICE_REG_BYTES=", ibDeviceRegBytes, " ROCE_PG_SUBGROUPS=", settingName(subgroups));
+             " ROCE_PG_IB_DEVICE_REG_BYTES=", ibDeviceRegBytes, " ROCE_PG_SUBGROUPS=", settingName(subgroups),
+             " ROCE_PG_IB_SLOTS=", ibSlots, " ROCE_PG_HEARTBEAT_TIMEOUT_MS=", heartbeatTimeoutMs);
 }
 
 std::string Config::describe() const {

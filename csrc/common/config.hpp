@@ -180,6 +180,7 @@ struct Config {
   // check; a killed process is found through its closed connection anyway.
   int heartbeatTimeoutMs = 20000;        // ROCE_PG_HEARTBEAT_TIMEOUT_MS
   bool testFailForming = false;          // ROCE_PG_TEST_FAULT=fail_forming when this group was created
+  bool testNextProtocol = false;         // ROCE_PG_TEST_FAULT=next_protocol when this group was created
 
   static Config fromEnv();
   // Every setting fromEnv() reads, with the values it accepts, in reading
@@ -201,7 +202,10 @@ struct Config {
   std::string describe() const;
   // The settings every rank of a group must share for the algorithms to pair
   // up their messages (ROCE_PG_ALGO*, thresholds, cost model constants,
-  // ROCE_PG_CHUNK_BYTES, ROCE_PG_NCHANNELS, ROCE_PG_FORCE_NETWORK).
+  // ROCE_PG_CHUNK_BYTES, ROCE_PG_NCHANNELS, ROCE_PG_FORCE_NETWORK), for the
+  // verbs queues to fit what peers post (ROCE_PG_IB_SLOTS sizes both), and
+  // for neighbours to agree when silence means death
+  // (ROCE_PG_HEARTBEAT_TIMEOUT_MS also sets how often heartbeats are sent).
   std::string algorithmSettings() const;
   // What decides where ranks are and which transport joins them
   // (ROCE_PG_NET_TRANSPORT, ROCE_PG_FORCE_NETWORK, ROCE_PG_SIM_*): a subgroup
@@ -220,10 +224,14 @@ struct Config {
 //                   as on a full /dev/shm (shm_transport.cpp)
 //   slow_teardown   a broken group's verbs objects are released 15 s late
 //                   (the wait Soft-RoCE may make its destroy verbs do)
-// (those four read once per process), and per group (Config::testFailForming):
+// (those four read once per process), and per group (Config::testFailForming,
+// Config::testNextProtocol):
 //   fail_forming    a group created while it is set fails on this rank
 //                   before its lifelines exist (what the neighbours see of a
 //                   member whose creation failed)
+//   next_protocol   a group created while it is set forms as a roce_pg whose
+//                   formation protocol is one version newer would (what the
+//                   others see of a rank running another roce_pg build)
 const std::string& testFault();
 
 }  // namespace roce

@@ -25,7 +25,33 @@ namespace {
 
 constexpr const char* kLeaderKey = "roce/leader";
 constexpr uint32_t kMaxInfoBytes = 64 * 1024;
-enum Reply : char { kAccepted = 'A', kStale = 'S' };
+// Stale: the joiner named an earlier incarnation. Version: the join's
+// versions are not the leader's; the leader's two versions (uint16 each)
+// follow, and the leader's formation fails.
+enum Reply : char { kAccepted = 'A', kStale = 'S', kVersion = 'V' };
+
+// The versions this process forms with: the join's (which covers the RankInfo
+// text and the leader record) and the data connections' hello.
+struct Protocol {
+  uint16_t join = kJoinVersion, hello = kHelloVersion;
+  bool operator==(const Protocol&) const = default;
+  std::string text() const { return str(join, ".", hello); }
+};
+
+// ROCE_PG_TEST_FAULT=next_protocol: this rank forms as a build one join version newer would.
+Protocol protocolOf(const Config& cfg) {
+  Protocol p;
+  if (cfg.testNextProtocol) p.join = kJoinVersion + 1;
+  return p;
+}
+
+// The message of a formation among roce_pg builds that cannot form a group
+// together; `others` says who runs what ("rank 3 runs roce_pg formation protocol 3.5").
+std::string versionsDiffer(const std::string& who, const std::string& others, const Protocol& mine) {
+  return str(who, ": ", others, "; this rank runs ", mine.text(),
+             " (join.hello versions). Every rank of a job must run the same roce_pg build: compare "
+             "`pip show roce_pg` on each machine and install one version everywhere");
+}
 
 // A joiner that connected but does not finish its message within this long
 // is dropped (the leader never waits on one connection).
@@ -54,20 +80,33 @@ struct LeaderRecord {
   int port = 0;
   uint64_t nonce = 0;
   int pid = 0;
-  std::string encode() const { return str(hostId, "\t", tcpHost, "\t", port, "\t", nonce, "\t", pid); }
+  // The leader's versions; a record of join version 1 has none (then 0.0).
+  Protocol protocol{0, 0};
+  std::string encode() const {
+    return str(hostId, "\t", tcpHost, "\t", port, "\t", nonce, "\t", pid, "\t", protocol.join, ".", protocol.hello);
+  }
   static bool decode(const std::string& s, LeaderRecord& out) {
     std::istringstream in(s);
-    std::string port, nonce, pid;
+    std::string port, nonce, pid, versions;
     uint64_t v = 0;
     if (!std::getline(in, out.hostId, '\t') || !std::getline(in, out.tcpHost, '\t') || !std::getline(in, port, '\t') ||
-        !std::getline(in, nonce, '\t') || !std::getline(in, pid))
+        !std::getline(in, nonce, '\t') || !std::getline(in, pid, '\t'))
       return false;
     if (!parseU64(port, 1, 65535, v)) return false;
     out.port = static_cast<int>(v);
     if (!parseU64(pid, 1, INT32_MAX, v)) return false;
     out.pid = static_cast<int>(v);
+    if (std::getline(in, versions)) {
+      const size_t dot = versions.find('.');
+      uint64_t join = 0, hello = 0;
+      if (dot == std::string::npos || !parseU64(versions.substr(0, dot), 1, UINT16_MAX, join) ||
+          !parseU64(versions.substr(dot + 1), 1, UINT16_MAX, hello))
+        return false;
+      out.protocol = Protocol{static_cast<uint16_t>(join), static_cast<uint16_t>(hello)};
+    }
     return parseU64(nonce, 0, UINT64_MAX, out.nonce);
   }
+  std::string describe() const { return str("rank 0 (host ", tcpHost, ", pid ", pid, ")"); }
 };
 
 // One joiner's connection to the leader, read without blocking (`buf`
@@ -79,7 +118,12 @@ struct Pending {
 };
 
 // Takes what `p` sent: true when it is done with (joined, stale or garbage).
-bool takeJoin(Pending& p, const RankInfo& me, int size, std::vector<RankInfo>& infos, std::vector<bool>& have) {
+// A join of other versions is answered with ours and counts as heard from,
+// its versions added to `mismatched`: the formation fails once every rank
+// was heard from (failing at once would leave the ranks that have not
+// joined yet retrying a closed listener until their timeout).
+bool takeJoin(Pending& p, const RankInfo& me, const Protocol& mine, int size, std::vector<RankInfo>& infos,
+              std::vector<bool>& have, std::string& mismatched) {
   char tmp[4096];
   for (;;) {
     const ssize_t n = recv(p.fd.get(), tmp, sizeof(tmp), MSG_DONTWAIT);
@@ -93,8 +137,19 @@ bool takeJoin(Pending& p, const RankInfo& me, int size, std::vector<RankInfo>& i
   if (p.buf.size() < sizeof(JoinHeader)) return Clock::now() - p.since > kJoinMessageDeadline;
   JoinHeader h;
   std::memcpy(&h, p.buf.data(), sizeof(h));
-  if (h.magic != kJoinMagic || h.version != kJoinVersion || h.rank <= 0 || h.rank >= size || h.infoLen > kMaxInfoBytes)
-    return true;  // not one of ours (or another roce_pg version): dropped quietly
+  if (h.magic != kJoinMagic || h.rank <= 0 || h.rank >= size) return true;  // not one of ours: dropped quietly
+  if (const Protocol theirs{h.version, h.helloVersion}; !(theirs == mine)) {
+    char r[5] = {kVersion};
+    std::memcpy(r + 1, &mine.join, 2);
+    std::memcpy(r + 3, &mine.hello, 2);
+    (void)!send(p.fd.get(), r, sizeof(r), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (!have[h.rank] && mismatched.size() < 2000)
+      mismatched += str(mismatched.empty() ? "" : ", ", "rank ", h.rank, " runs roce_pg formation protocol ",
+                        theirs.text());
+    have[h.rank] = true;
+    return true;
+  }
+  if (h.infoLen > kMaxInfoBytes) return true;
   if (h.leaderNonce != me.nonce) {
     // It read an earlier incarnation's record that named this same address.
     const char r = kStale;
@@ -113,7 +168,7 @@ bool takeJoin(Pending& p, const RankInfo& me, int size, std::vector<RankInfo>& i
 }
 
 std::vector<RankInfo> gatherAtLeader(Bootstrap& store, Mailbox& mailbox, int size, const RankInfo& me,
-                                     const std::string& inc, Clock::time_point deadline,
+                                     const Protocol& mine, const std::string& inc, Clock::time_point deadline,
                                      std::chrono::milliseconds timeout) {
   std::vector<RankInfo> infos(size);
   std::vector<bool> have(size, false);
@@ -121,6 +176,7 @@ std::vector<RankInfo> gatherAtLeader(Bootstrap& store, Mailbox& mailbox, int siz
   have[0] = true;
   std::vector<Pending> pending;
   std::vector<pollfd> fds;
+  std::string mismatched;
   auto missing = [&] {
     std::string m;
     for (int r = 0; r < size && m.size() < 2000; ++r)
@@ -143,9 +199,10 @@ std::vector<RankInfo> gatherAtLeader(Bootstrap& store, Mailbox& mailbox, int siz
     for (Arrival& a : mailbox.takeAll())
       if (a.kind == LinkKind::Join) pending.push_back(Pending{std::move(a.fd), std::move(a.head)});
     pending.erase(std::remove_if(pending.begin(), pending.end(),
-                                 [&](Pending& p) { return takeJoin(p, me, size, infos, have); }),
+                                 [&](Pending& p) { return takeJoin(p, me, mine, size, infos, have, mismatched); }),
                   pending.end());
   }
+  if (!mismatched.empty()) throwInvalid(versionsDiffer("roce process group init on rank 0", mismatched, mine));
   return infos;
 }
 
@@ -159,8 +216,8 @@ TcpEndpoint leaderEndpoint(const LeaderRecord& rec, const RankInfo& me) {
 }
 
 // Blocking, bounded: connect to the leader `rec`, send the join, read the answer.
-Attempt tryJoin(const LeaderRecord& rec, const RankInfo& me, int rank, const std::string& infoText,
-                std::string& why) {
+Attempt tryJoin(const LeaderRecord& rec, const RankInfo& me, const Protocol& mine, int rank,
+                const std::string& infoText, std::string& why) {
   const TcpEndpoint ep = leaderEndpoint(rec, me);
   UniqueFd fd = startDial(ep, 0);
   pollfd p{fd.get(), POLLOUT, 0};
@@ -177,7 +234,7 @@ Attempt tryJoin(const LeaderRecord& rec, const RankInfo& me, int rank, const std
   timeval tv{static_cast<time_t>(std::chrono::seconds(kReplyWait).count()), 0};
   setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  JoinHeader h{kJoinMagic, kJoinVersion, 0, rank, static_cast<uint32_t>(infoText.size()), rec.nonce};
+  JoinHeader h{kJoinMagic, mine.join, mine.hello, rank, static_cast<uint32_t>(infoText.size()), rec.nonce};
   std::string msg(reinterpret_cast<const char*>(&h), sizeof(h));
   msg += infoText;
   if (send(fd.get(), msg.data(), msg.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(msg.size())) {
@@ -187,6 +244,16 @@ Attempt tryJoin(const LeaderRecord& rec, const RankInfo& me, int rank, const std
   char reply = 0;
   const ssize_t n = recv(fd.get(), &reply, 1, 0);
   if (n == 1 && reply == kAccepted) return Attempt::Joined;
+  if (n == 1 && reply == kVersion) {
+    Protocol theirs = rec.protocol;
+    char v[4];
+    if (recv(fd.get(), v, sizeof(v), MSG_WAITALL) == sizeof(v)) {
+      std::memcpy(&theirs.join, v, 2);
+      std::memcpy(&theirs.hello, v + 2, 2);
+    }
+    throwInvalid(versionsDiffer(str("roce process group init on rank ", rank),
+                                str(rec.describe(), " runs roce_pg formation protocol ", theirs.text()), mine));
+  }
   if (n == 1 && reply == kStale) {
     why = "an earlier incarnation's rank 0 record";
     return Attempt::Stale;
@@ -195,8 +262,8 @@ Attempt tryJoin(const LeaderRecord& rec, const RankInfo& me, int rank, const std
   return n == 0 ? Attempt::Stale : Attempt::Retry;
 }
 
-LeaderRecord joinLeader(Bootstrap& store, const RankInfo& me, int rank, Clock::time_point deadline,
-                        std::chrono::milliseconds timeout) {
+LeaderRecord joinLeader(Bootstrap& store, const RankInfo& me, const Protocol& mine, int rank,
+                        Clock::time_point deadline, std::chrono::milliseconds timeout) {
   const std::string infoText = me.encode();
   const std::string what = str("roce process group init on rank ", rank);
   auto describe = [](size_t) { return std::string("rank 0 (it publishes the group's address)"); };
@@ -210,7 +277,12 @@ LeaderRecord joinLeader(Bootstrap& store, const RankInfo& me, int rank, Clock::t
       if (!LeaderRecord::decode(text, rec))
         throwComm(str("rank 0 published a malformed address record '", text.substr(0, 200), "' (mixed roce_pg versions "
                       "across ranks, or another program writing this group's store keys)"));
-      const Attempt a = tryJoin(rec, me, rank, infoText, why);
+      // A leader of join version 1 publishes no versions, and drops a join
+      // of any other version without an answer: the join would never end.
+      if (rec.protocol.join == 0)
+        throwInvalid(versionsDiffer(what, str(rec.describe(), " runs roce_pg formation protocol 1 (an older roce_pg: "
+                                              "its address record names no versions)"), mine));
+      const Attempt a = tryJoin(rec, me, mine, rank, infoText, why);
       if (a == Attempt::Joined) return rec;
       if (a == Attempt::Stale) stale = text;
     }
@@ -233,9 +305,10 @@ Joined joinGroup(Bootstrap& store, Mailbox& mailbox, int rank, int size, const R
   Joined j;
   if (rank == 0) {
     j.incarnation = hex64(me.nonce);
-    store.set(kLeaderKey, LeaderRecord{me.hostId, me.tcpHost, me.tcpPort, me.nonce, me.pid}.encode());
+    const Protocol mine = protocolOf(cfg);
+    store.set(kLeaderKey, LeaderRecord{me.hostId, me.tcpHost, me.tcpPort, me.nonce, me.pid, mine}.encode());
     try {
-      j.roster = planGroup(cfg, gatherAtLeader(store, mailbox, size, me, j.incarnation, deadline, timeout));
+      j.roster = planGroup(cfg, gatherAtLeader(store, mailbox, size, me, mine, j.incarnation, deadline, timeout));
     } catch (const Error& e) {
       store.set(rosterKey(j.incarnation), errorRecord(e));  // every rank raises the same verdict
       throw;
@@ -243,7 +316,7 @@ Joined joinGroup(Bootstrap& store, Mailbox& mailbox, int rank, int size, const R
     store.set(rosterKey(j.incarnation), j.roster.encode());
     return j;
   }
-  const LeaderRecord leader = joinLeader(store, me, rank, deadline, timeout);
+  const LeaderRecord leader = joinLeader(store, me, protocolOf(cfg), rank, deadline, timeout);
   j.incarnation = hex64(leader.nonce);
   // The leader publishes a verdict even when it times out itself: allow it a
   // moment past our own deadline, so this rank reports its reason.

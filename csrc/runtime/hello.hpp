@@ -43,12 +43,15 @@ struct Hello {
 static_assert(sizeof(Hello) == 32);
 
 constexpr uint32_t kJoinMagic = 0x4a4f494e;  // "JOIN"
-constexpr uint16_t kJoinVersion = 1;
+// Covers the join header, the RankInfo text after it, the leader's address
+// record and its replies. 2: the record and the header name both versions,
+// and the leader answers a join of other versions with them.
+constexpr uint16_t kJoinVersion = 2;
 
 struct JoinHeader {
   uint32_t magic;
   uint16_t version;
-  uint16_t reserved;
+  uint16_t helloVersion;  // version 1 sent 0 here
   int32_t rank;
   uint32_t infoLen;      // the RankInfo text that follows
   uint64_t leaderNonce;  // the record the joiner read; the desk's routing key
