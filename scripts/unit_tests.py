@@ -64,6 +64,8 @@ TESTS = {
                                     "algorithms/select.cpp"] + CONFIG},
     "stream_transport": {"sources": ["transport/stream_transport.cpp"] + CONFIG},
     "shm_ring": {"sources": [], "libs": ["-lpthread"]},
+    "shm_leftovers": {"sources": ["transport/shm/shm_segment.cpp", "common/log.cpp"] + CONFIG,
+                      "libs": ["-lpthread"]},
     # Pools on no rails register nothing, but memory_region.cpp names
     # VerbsDevice, whose file needs the CQ set and the logger.
     "verbs_pools": {

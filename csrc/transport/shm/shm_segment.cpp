@@ -1,6 +1,8 @@
 #include "shm_segment.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,10 +10,14 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
+#include <mutex>
 #include <random>
 
 #include "../../common/config.hpp"
 #include "../../common/error.hpp"
+#include "../../common/log.hpp"
+#include "../../common/parse.hpp"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack the name
@@ -54,7 +60,36 @@ void ShmSegment::throwFull(const std::string& what, int err, const char* setting
                 "): free space in /dev/shm (containers: docker run --shm-size=1g or larger), or shrink ", setting));
 }
 
+int ShmSegment::sweepLeftovers(const std::string& namePrefix, std::chrono::seconds minAge) {
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return 0;
+  const std::string lead = namePrefix + ".";
+  const time_t now = time(nullptr);
+  int removed = 0;
+  while (const dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.rfind(lead, 0) != 0) continue;
+    const size_t dot = name.find('.', lead.size());
+    uint64_t pid = 0;
+    if (dot == std::string::npos || !parseU64(name.substr(lead.size(), dot - lead.size()), 1, INT32_MAX, pid))
+      continue;
+    struct stat st;
+    if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != geteuid() || now - st.st_mtime < minAge.count())
+      continue;
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to ask
+    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  closedir(dir);
+  if (removed > 0)
+    ROCE_WARN("roce: removed ", removed, " shared-memory segment(s) /dev/shm/", lead,
+              "* left by processes killed while their group formed");
+  return removed;
+}
+
 ShmSegment ShmSegment::create(size_t bytes, const std::string& namePrefix, const Ranges& reserve) {
+  static std::once_flag swept;
+  std::call_once(swept, [&] { sweepLeftovers(namePrefix, kLeftoverMinAge); });
   std::random_device rd;
   ShmSegment s;
   s.name_ = str("/", namePrefix, ".", getpid(), ".", std::hex, (uint64_t(rd()) << 32 | rd()));

@@ -1,13 +1,18 @@
 // A POSIX shared-memory segment: created by one rank, mapped by the others on
 // the same machine, unlinked as soon as every peer has mapped it (so nothing
-// leaks in /dev/shm even if a process is killed later).
+// leaks in /dev/shm even if a process is killed later; one killed before
+// that leaves its segment, which the next process removes: sweepLeftovers).
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace roce {
+
+// How old a leftover segment must be before a new process removes it.
+constexpr std::chrono::seconds kLeftoverMinAge{3600};
 
 class ShmSegment {
  public:
@@ -16,7 +21,15 @@ class ShmSegment {
   // them, or only the (offset, length) ranges in `reserve` if given. Pages
   // outside them must be populate()d before they are touched.
   using Ranges = std::vector<std::pair<size_t, size_t>>;
+  // The first create() of a process removes what sweepLeftovers() finds.
   static ShmSegment create(size_t bytes, const std::string& namePrefix, const Ranges& reserve = {});
+  // Names live only until every local rank mapped them, but a process killed
+  // in between leaves its segment in /dev/shm. Unlinks this user's
+  // "/<namePrefix>.<pid>.<hex>" segments whose process is gone and whose
+  // last change is at least `minAge` old (another pid namespace sharing
+  // /dev/shm may run a formation whose creator this process cannot see; no
+  // formation takes that long). Returns how many it removed.
+  static int sweepLeftovers(const std::string& namePrefix, std::chrono::seconds minAge);
   // Whether populate() works here (MADV_POPULATE_WRITE, Linux 5.14, and 4 KiB
   // pages): if not, callers reserve everything at create() and never call it.
   static bool canPopulate();
