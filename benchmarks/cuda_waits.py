@@ -26,6 +26,11 @@ import time
 SLEEP_MS = 1000
 
 
+def _record_and_query(event, stream):
+    event.record(stream)
+    return event.query()
+
+
 def _cases():
     import ctypes
 
@@ -45,7 +50,7 @@ def _cases():
         "first_launch_sum_bf16_rows": lambda: rows.sum(0, dtype=torch.bfloat16),
         "device_alloc_1GiB_new_segment": lambda: torch.empty(1 << 30, dtype=torch.uint8, device=dev),
         "host_register_32MiB": lambda: torch.cuda.cudart().cudaHostRegister(libc.malloc(32 << 20), 32 << 20, 0),
-        "event_record_query": lambda: torch.cuda.Event().record(side),
+        "event_record_query": lambda: _record_and_query(torch.cuda.Event(), side),
     }, side
 
 

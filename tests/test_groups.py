@@ -5,6 +5,8 @@ contained to the group it happened in.
 
 Four ranks, each its own simulated machine over TCP unless a test says
 otherwise, so every peer is a network peer as on a cluster."""
+import re
+
 from .support.layouts import TCP
 from .support.ranks import run_group
 
@@ -196,19 +198,21 @@ def test_a_member_whose_creation_failed_is_named_at_once():
 
 def test_a_rank_of_another_roce_pg_version_fails_formation_on_every_member():
     results = run_group("tests.group_workers.protocol_mismatch", 4, env={**FOUR_MACHINES, "ROCE_PG_SUBGROUPS": "join"})
-    current, newer = "runs 2.5 (join.hello versions)", "formation protocol 3.5"
     for case, odd in (("joiner", 3), ("leader", 0)):
         for rank, r in enumerate(results):
             err = r[case]["err"]
-            # Each message names both versions, and who runs the other one.
-            if rank == odd:
-                assert "this rank runs 3.5" in err and "protocol 2.5" in err, (case, rank, err)
-            else:
-                assert current in err and ("protocol 3.5" in err if case == "joiner" else newer in err), (case, rank, err)
+            # Each message names both versions (join.hello), and who runs the other one.
+            mine = re.search(r"this rank runs (\d+)\.(\d+)", err)
+            theirs = re.findall(r"formation protocol (\d+)\.(\d+)", err)
+            assert mine and theirs, (case, rank, err)
+            (join, hello), (their_join, their_hello) = map(int, mine.groups()), map(int, theirs[0])
+            assert hello == their_hello and join - their_join == (1 if rank == odd else -1), (case, rank, err)
             if case == "joiner" and rank != odd:
-                assert "rank 3 runs roce_pg " + newer in err, (case, rank, err)
+                assert f"rank {odd} runs roce_pg formation protocol" in err, (case, rank, err)
             if case == "leader" and rank != odd:
                 assert "rank 0 (host" in err, (case, rank, err)
+            if case == "leader" and rank == odd:  # every other rank, each with its versions
+                assert len(theirs) == 3, (case, rank, err)
             assert r[case]["elapsed"] < 60, (case, rank, r[case])
 
 

@@ -81,6 +81,7 @@ struct LeaderRecord {
   uint64_t nonce = 0;
   int pid = 0;
   // The leader's versions; a record of join version 1 has none (then 0.0).
+  // Fields after them are allowed (a later version's).
   Protocol protocol{0, 0};
   std::string encode() const {
     return str(hostId, "\t", tcpHost, "\t", port, "\t", nonce, "\t", pid, "\t", protocol.join, ".", protocol.hello);
@@ -96,7 +97,8 @@ struct LeaderRecord {
     out.port = static_cast<int>(v);
     if (!parseU64(pid, 1, INT32_MAX, v)) return false;
     out.pid = static_cast<int>(v);
-    if (std::getline(in, versions)) {
+    // Later versions may append fields after this one.
+    if (std::getline(in, versions, '\t')) {
       const size_t dot = versions.find('.');
       uint64_t join = 0, hello = 0;
       if (dot == std::string::npos || !parseU64(versions.substr(0, dot), 1, UINT16_MAX, join) ||
@@ -188,7 +190,9 @@ std::vector<RankInfo> gatherAtLeader(Bootstrap& store, Mailbox& mailbox, int siz
     if (Clock::now() >= deadline)
       throwTimeout(str("roce process group init on rank 0 timed out after ", timeout.count(), " ms; still waiting for ",
                        missing(), " (not joined the group). Check that every rank started and reached the same "
-                       "call, or raise the timeout of init_process_group/new_group"));
+                       "call, or raise the timeout of init_process_group/new_group",
+                       mismatched.empty() ? "" : str(". Also, ", mismatched, " (this rank runs ", mine.text(),
+                                                     "): every rank must run the same roce_pg build")));
     if (Clock::now() >= nextProgress) {
       store.set(waitingKey(inc), missing());  // the others name these in their own timeout messages
       nextProgress = Clock::now() + kProgressEvery;
@@ -258,6 +262,14 @@ Attempt tryJoin(const LeaderRecord& rec, const RankInfo& me, const Protocol& min
     why = "an earlier incarnation's rank 0 record";
     return Attempt::Stale;
   }
+  // A live leader of join version 1 (its record names no versions) closes a
+  // join of any other version without an answer: retrying would never end.
+  // (A dead one's record refuses the connection above: stale, as before.)
+  if (n == 0 && rec.protocol.join == 0)
+    throwInvalid(versionsDiffer(str("roce process group init on rank ", rank),
+                                str(rec.describe(), " runs roce_pg formation protocol 1 (an older roce_pg: its address "
+                                                    "record names no versions)"),
+                                mine));
   why = n == 0 ? "rank 0 closed the connection without answering" : "rank 0 did not answer";
   return n == 0 ? Attempt::Stale : Attempt::Retry;
 }
@@ -277,11 +289,6 @@ LeaderRecord joinLeader(Bootstrap& store, const RankInfo& me, const Protocol& mi
       if (!LeaderRecord::decode(text, rec))
         throwComm(str("rank 0 published a malformed address record '", text.substr(0, 200), "' (mixed roce_pg versions "
                       "across ranks, or another program writing this group's store keys)"));
-      // A leader of join version 1 publishes no versions, and drops a join
-      // of any other version without an answer: the join would never end.
-      if (rec.protocol.join == 0)
-        throwInvalid(versionsDiffer(what, str(rec.describe(), " runs roce_pg formation protocol 1 (an older roce_pg: "
-                                              "its address record names no versions)"), mine));
       const Attempt a = tryJoin(rec, me, mine, rank, infoText, why);
       if (a == Attempt::Joined) return rec;
       if (a == Attempt::Stale) stale = text;

@@ -14,6 +14,7 @@
 #include "../comm/communicator.hpp"
 #include "../common/counters.hpp"
 #include "../common/error.hpp"
+#include "../common/log.hpp"
 #include "device_staging.hpp"
 
 namespace roce {
@@ -80,14 +81,39 @@ void exchangeBlocks(Communicator& c, const at::Tensor& input, Offset byteOffset,
 // limit (a job calling with thousands of distinct sizes) a kernel's first
 // launch is left to the progress thread, as without preparation.
 constexpr size_t kMaxPrepared = 4096;
+// Rows longer than this are prepared at this length: what loads is the
+// kernels' module (a first bfloat16 sum after a float one did not wait on the
+// H200), and a reduce-scatter's full p x m scratch would double its input's
+// device memory at its first call.
+constexpr int64_t kMaxPreparedRow = 1 << 16;
 using PreparedKey = std::tuple<int, int, int, int, int, int64_t>;  // device type, index, dtype, op, p, m
 
-bool firstTimeOf(const PreparedKey& key) {
-  static std::mutex mu;
-  static std::set<PreparedKey> prepared;
-  std::lock_guard<std::mutex> g(mu);
-  if (prepared.size() >= kMaxPrepared) return false;
-  return prepared.insert(key).second;
+class PreparedShapes {
+ public:
+  bool known(const PreparedKey& key) {
+    std::lock_guard<std::mutex> g(mu_);
+    return done_.size() >= kMaxPrepared || done_.count(key);
+  }
+  // Runs `launch` for `key` unless a thread did already; one thread at a
+  // time (a launch may wait for the device), so a concurrent caller of the
+  // same shape returns once the kernels are loaded, not before.
+  template <class Launch>
+  void prepare(const PreparedKey& key, Launch launch) {
+    std::lock_guard<std::mutex> one(launching_);
+    if (known(key)) return;
+    launch();
+    std::lock_guard<std::mutex> g(mu_);
+    done_.insert(key);
+  }
+
+ private:
+  std::mutex mu_, launching_;
+  std::set<PreparedKey> done_;
+};
+
+PreparedShapes& preparedShapes() {
+  static PreparedShapes shapes;
+  return shapes;
 }
 
 }  // namespace
@@ -108,15 +134,25 @@ void prepareDeviceReduction(c10::Stream stream, at::ScalarType dtype, ReduceOp o
   }
   const c10::Device device = stream.device();
   for (int64_t m : rowLengths) {
+    m = std::min(m, kMaxPreparedRow);
     if (m == 0) continue;
     const PreparedKey key{static_cast<int>(device.type()), device.index(), static_cast<int>(dtype),
                           static_cast<int>(op), p, m};
-    if (!firstTimeOf(key)) continue;
-    at::NoGradGuard noGrad;
-    c10::StreamGuard guard(stream);
-    // Scratch contents: only the kernels matter, not what they compute.
-    at::Tensor rows = at::empty({p, m}, at::TensorOptions().dtype(dtype).device(device));
-    reduceRowsOnDevice(rows, Reduction{op, 1.0});
+    if (preparedShapes().known(key)) continue;
+    // Only a head start: a failure here (out of device memory) is left to the
+    // call itself, which then launches the kernels from the progress thread.
+    try {
+      preparedShapes().prepare(key, [&] {
+        at::NoGradGuard noGrad;
+        c10::StreamGuard guard(stream);
+        // Scratch contents: only the kernels matter, not what they compute.
+        at::Tensor rows = at::empty({p, m}, at::TensorOptions().dtype(dtype).device(device));
+        reduceRowsOnDevice(rows, Reduction{op, 1.0});
+      });
+    } catch (const std::exception& e) {
+      ROCE_WARN("roce: launching the device reduction of ", p, " x ", m, " ", c10::toString(dtype),
+                " ahead of its call failed (the call's progress thread will launch it first): ", e.what());
+    }
   }
 }
 

@@ -36,9 +36,9 @@ at::Tensor reduceRowsOnDevice(const at::Tensor& rows, Reduction red);
 
 // Launches, from the thread issuing a call, each device kernel the call's
 // reductions will launch from the progress thread (those of `op` on p x m
-// rows of `dtype`, for every m the call's slices have), once per process for
-// each (device, dtype, op, p, m); the scratch rows are allocated on `stream`,
-// as the reduction's are. Why: under CUDA's lazy module loading (the default
+// rows of `dtype`, for every m the call's slices have, m capped at 65,536),
+// once per process for each (device, dtype, op, p, m); the scratch rows are
+// allocated on `stream`, as the reduction's are. A failure is a warning. Why: under CUDA's lazy module loading (the default
 // since CUDA 12.2) a kernel's first launch may wait for all work queued on
 // the device (docs/ACCELERATORS.md, "Calls that wait for the whole device").
 // Made first by the progress thread, that wait would hold the call behind the

@@ -4,13 +4,13 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Winterference-size"
 #include <ATen/core/CachingHostAllocator.h>
-#include <cstdint>
 #pragma GCC diagnostic pop
 #include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cstdint>
 
 #include "../common/log.hpp"
 
