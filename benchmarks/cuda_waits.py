@@ -31,19 +31,22 @@ def _record_and_query(event, stream):
     return event.query()
 
 
-def _cases():
+def _cases(side):
     import ctypes
 
     import torch
 
-    dev = torch.device("cuda", torch.cuda.current_device())
-    side = torch.cuda.Stream(dev)
+    dev = side.device
+    pinned = torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True)
+    on_device = torch.ones(1 << 20, dtype=torch.uint8, device=dev)
     x64 = torch.ones(3, 5, dtype=torch.float64, device=dev)
     rows = torch.ones(2, 4096, dtype=torch.bfloat16, device=dev)
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     # Each case is a callable made on the side stream; the name says what it is.
     return {
+        # What a staged call queues at issue: a contiguous copy into pinned memory.
+        "d2h_copy_into_pinned_1MiB": lambda: pinned.copy_(on_device, non_blocking=True),
         "pinned_alloc_32MiB": lambda: torch.empty(32 << 20, dtype=torch.uint8, pin_memory=True),
         "first_launch_amax_f64": lambda: torch.amax(x64, 0),
         "second_launch_amax_f64": lambda: torch.amax(x64, 0),
@@ -51,7 +54,7 @@ def _cases():
         "device_alloc_1GiB_new_segment": lambda: torch.empty(1 << 30, dtype=torch.uint8, device=dev),
         "host_register_32MiB": lambda: torch.cuda.cudart().cudaHostRegister(libc.malloc(32 << 20), 32 << 20, 0),
         "event_record_query": lambda: _record_and_query(torch.cuda.Event(), side),
-    }, side
+    }
 
 
 def _all():
@@ -60,7 +63,6 @@ def _all():
 
     torch.cuda.init()
     torch.ones(1, device="cuda").sum()  # the context and the common kernels exist
-    cases, side = _cases()
     torch.cuda._sleep(1000)  # loads the sleep kernel itself
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -70,6 +72,15 @@ def _all():
     end.synchronize()
     cycles_per_ms = 10_000_000 / start.elapsed_time(end)
     results = {}
+    # First, on the current stream: the device's stream pool, made at its
+    # first use (a process's first roce device call takes its streams there).
+    torch.cuda._sleep(int(SLEEP_MS * cycles_per_ms))
+    t0 = time.perf_counter()
+    side = torch.cuda.Stream(torch.device("cuda", torch.cuda.current_device()))
+    results["stream_pool_first_use"] = {"seconds": round(time.perf_counter() - t0, 4),
+                                        "sleep_still_running": not torch.cuda.current_stream().query()}
+    torch.cuda.synchronize()
+    cases = _cases(side)
     for name, call in cases.items():
         torch.cuda._sleep(int(SLEEP_MS * cycles_per_ms))
         sleeping = torch.cuda.current_stream()
