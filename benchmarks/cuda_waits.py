@@ -71,25 +71,29 @@ def _all():
     end.record()
     end.synchronize()
     cycles_per_ms = 10_000_000 / start.elapsed_time(end)
-    results = {}
-    # First, on the current stream: the device's stream pool, made at its
-    # first use (a process's first roce device call takes its streams there).
-    torch.cuda._sleep(int(SLEEP_MS * cycles_per_ms))
-    t0 = time.perf_counter()
-    side = torch.cuda.Stream(torch.device("cuda", torch.cuda.current_device()))
-    results["stream_pool_first_use"] = {"seconds": round(time.perf_counter() - t0, 4),
-                                        "sleep_still_running": not torch.cuda.current_stream().query()}
-    torch.cuda.synchronize()
-    cases = _cases(side)
-    for name, call in cases.items():
+    def while_sleeping(call):
+        """Runs call() while a SLEEP_MS kernel runs on the current stream."""
         torch.cuda._sleep(int(SLEEP_MS * cycles_per_ms))
         sleeping = torch.cuda.current_stream()
         t0 = time.perf_counter()
+        out = call()
+        took = time.perf_counter() - t0
+        row = {"seconds": round(took, 4), "sleep_still_running": not sleeping.query()}
+        torch.cuda.synchronize()
+        return row, out
+
+    results = {}
+    # First, on the current stream: the device's stream pool, made at its
+    # first use (a process's first roce device call takes its streams there).
+    results["stream_pool_first_use"], side = while_sleeping(
+        lambda: torch.cuda.Stream(torch.device("cuda", torch.cuda.current_device())))
+
+    def on_side(call):
         with torch.cuda.stream(side):
             call()
-        took = time.perf_counter() - t0
-        results[name] = {"seconds": round(took, 4), "sleep_still_running": not sleeping.query()}
-        torch.cuda.synchronize()
+
+    for name, call in _cases(side).items():
+        results[name], _ = while_sleeping(lambda: on_side(call))
     return results
 
 

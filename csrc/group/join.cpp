@@ -45,12 +45,12 @@ Protocol protocolOf(const Config& cfg) {
   return p;
 }
 
-// The message of a formation among roce_pg builds that cannot form a group
-// together; `others` says who runs what ("rank 3 runs roce_pg formation protocol 3.5").
-std::string versionsDiffer(const std::string& who, const std::string& others, const Protocol& mine) {
-  return str(who, ": ", others, "; this rank runs ", mine.text(),
-             " (join.hello versions). Every rank of a job must run the same roce_pg build: compare "
-             "`pip show roce_pg` on each machine and install one version everywhere");
+// Fails a formation among roce_pg builds that cannot form a group together;
+// `others` says who runs what ("rank 3 runs roce_pg formation protocol 3.5").
+[[noreturn]] void throwVersionsDiffer(int rank, const std::string& others, const Protocol& mine) {
+  throwInvalid(str("roce process group init on rank ", rank, ": ", others, "; this rank runs ", mine.text(),
+                   " (join.hello versions). Every rank of a job must run the same roce_pg build: compare "
+                   "`pip show roce_pg` on each machine and install one version everywhere"));
 }
 
 // A joiner that connected but does not finish its message within this long
@@ -206,7 +206,7 @@ std::vector<RankInfo> gatherAtLeader(Bootstrap& store, Mailbox& mailbox, int siz
                                  [&](Pending& p) { return takeJoin(p, me, mine, size, infos, have, mismatched); }),
                   pending.end());
   }
-  if (!mismatched.empty()) throwInvalid(versionsDiffer("roce process group init on rank 0", mismatched, mine));
+  if (!mismatched.empty()) throwVersionsDiffer(0, mismatched, mine);
   return infos;
 }
 
@@ -255,8 +255,7 @@ Attempt tryJoin(const LeaderRecord& rec, const RankInfo& me, const Protocol& min
       std::memcpy(&theirs.join, v, 2);
       std::memcpy(&theirs.hello, v + 2, 2);
     }
-    throwInvalid(versionsDiffer(str("roce process group init on rank ", rank),
-                                str(rec.describe(), " runs roce_pg formation protocol ", theirs.text()), mine));
+    throwVersionsDiffer(rank, str(rec.describe(), " runs roce_pg formation protocol ", theirs.text()), mine);
   }
   if (n == 1 && reply == kStale) {
     why = "an earlier incarnation's rank 0 record";
@@ -266,10 +265,10 @@ Attempt tryJoin(const LeaderRecord& rec, const RankInfo& me, const Protocol& min
   // join of any other version without an answer: retrying would never end.
   // (A dead one's record refuses the connection above: stale, as before.)
   if (n == 0 && rec.protocol.join == 0)
-    throwInvalid(versionsDiffer(str("roce process group init on rank ", rank),
-                                str(rec.describe(), " runs roce_pg formation protocol 1 (an older roce_pg: its address "
-                                                    "record names no versions)"),
-                                mine));
+    throwVersionsDiffer(rank,
+                        str(rec.describe(), " runs roce_pg formation protocol 1 (an older roce_pg: its address "
+                                            "record names no versions)"),
+                        mine);
   why = n == 0 ? "rank 0 closed the connection without answering" : "rank 0 did not answer";
   return n == 0 ? Attempt::Stale : Attempt::Retry;
 }

@@ -38,10 +38,11 @@ at::Tensor reduceRowsOnDevice(const at::Tensor& rows, Reduction red);
 // reductions will launch from the progress thread (those of `op` on p x m
 // rows of `dtype`, for every m the call's slices have, m capped at 65,536),
 // once per process for each (device, dtype, op, p, m); the scratch rows are
-// allocated on `stream`, as the reduction's are. A failure is a warning. Why: under CUDA's lazy module loading (the default
-// since CUDA 12.2) a kernel's first launch may wait for all work queued on
-// the device (docs/ACCELERATORS.md, "Calls that wait for the whole device").
-// Made first by the progress thread, that wait would hold the call behind the
+// allocated on `stream`, as the reduction's are. A failure is a warning.
+// Why: under CUDA's lazy module loading (the default since CUDA 12.2) a
+// kernel's first launch may wait for all work queued on the device
+// (docs/ACCELERATORS.md, "Calls that wait for the whole device"). Made
+// first by the progress thread, that wait would hold the call behind the
 // work its caller queued after issuing it (a backward pass: DDP's overlap is
 // gone, and a kernel waiting on another rank would deadlock). Made here, the
 // caller's first call of each kind waits for the caller's own earlier work.

@@ -26,6 +26,8 @@
 namespace roce {
 namespace {
 constexpr size_t kPage = 4096;
+// How old a leftover segment must be before a new process removes it.
+constexpr std::chrono::seconds kLeftoverMinAge{3600};
 }  // namespace
 
 bool ShmSegment::canPopulate() {
@@ -92,6 +94,7 @@ ShmSegment ShmSegment::create(size_t bytes, const std::string& namePrefix, const
   std::call_once(swept, [&] { sweepLeftovers(namePrefix, kLeftoverMinAge); });
   std::random_device rd;
   ShmSegment s;
+  // The creator's pid in the name is what sweepLeftovers reads.
   s.name_ = str("/", namePrefix, ".", getpid(), ".", std::hex, (uint64_t(rd()) << 32 | rd()));
   int fd = shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0)

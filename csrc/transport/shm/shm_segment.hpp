@@ -11,9 +11,6 @@
 
 namespace roce {
 
-// How old a leftover segment must be before a new process removes it.
-constexpr std::chrono::seconds kLeftoverMinAge{3600};
-
 class ShmSegment {
  public:
   // Creates a new segment with a unique name and reserves its pages up front,
@@ -21,7 +18,8 @@ class ShmSegment {
   // them, or only the (offset, length) ranges in `reserve` if given. Pages
   // outside them must be populate()d before they are touched.
   using Ranges = std::vector<std::pair<size_t, size_t>>;
-  // The first create() of a process removes what sweepLeftovers() finds.
+  // The first create() of a process removes what sweepLeftovers() finds
+  // when an hour old.
   static ShmSegment create(size_t bytes, const std::string& namePrefix, const Ranges& reserve = {});
   // Names live only until every local rank mapped them, but a process killed
   // in between leaves its segment in /dev/shm. Unlinks this user's
