@@ -1,102 +1,34 @@
 """The ROCE_PG_* settings the extension accepts, and their validation as the
 extension does it (csrc/common/env_reader.cpp), without loading it.
 
-SETTINGS is a copy of roce_pg._C.settings(), which the extension builds from
-its parser itself (Config::settings() in csrc/common/config.cpp: the same
-calls that read the variables). The doctor keeps a copy because on one
-machine it must run where the extension does not load, and in seconds in an
-emulated VM (no torch import); tests/test_doctor.py fails when the copy and
-the extension differ, and where the extension is loaded (--import, torchrun)
-the doctor validates with the extension's own table (`table()`).
+SETTINGS and DECLARATIONS come from roce_pg/_settings_table.py, which the
+build writes from the extension it built (setup.py: roce_pg._C.settings() and
+setting_declarations(), both listed by Config::read, where each setting is
+declared once). The doctor reads that file because it must run where the
+extension does not load, and in seconds in an emulated VM (no torch import);
+where the extension is loaded (--import, torchrun) it validates with the
+extension's own table (`table()`).
 
 Forms: ("int", lo, hi, zero_ok): strtoll base 0 with an optional K/M/G
 suffix, in [lo, hi], or 0 when zero_ok; ("number", lo, hi): strtod;
 ("choice", names); ("flag",): 1/true/yes/on or 0/false/no/off; ("text",): any;
-("token", n): up to n letters, digits, '-' or '_'.
+("token", n): up to n letters, digits, '-' or '_'. Declarations: (layer,
+scope, placement), scope "rank", "group" (formation compares it) or "advised".
 """
 import re
 import sys
 from typing import Mapping, Optional, Tuple
 
-_SIZE = 1 << 40
-_ALLREDUCE = ("auto", "rd", "rabenseifner", "ring", "tree", "hier")
-SETTINGS = {
-    "ROCE_PG_FORCE_NETWORK": ("flag",),
-    "ROCE_PG_SIM_RANKS_PER_NODE": ("int", 0, 1 << 20, False),
-    "ROCE_PG_SIM_NODE": ("token", 64),
-    "ROCE_PG_ALGO": ("choice", _ALLREDUCE),
-    "ROCE_PG_ALGO_ALLREDUCE": ("choice", _ALLREDUCE),
-    "ROCE_PG_ALGO_ALLREDUCE_ACROSS": ("choice", ("auto", "rd", "rabenseifner", "ring", "tree")),
-    "ROCE_PG_CONNECT": ("choice", ("lazy", "eager")),
-    "ROCE_PG_SUBGROUPS": ("choice", ("join", "parent")),
-    "ROCE_PG_ALGO_ALLGATHER": ("choice", ("auto", "shm", "ring", "bruck", "hier")),
-    "ROCE_PG_ALGO_REDUCE_SCATTER": ("choice", ("auto", "shm", "ring", "hier")),
-    "ROCE_PG_ALGO_BROADCAST": ("choice", ("auto", "shm", "binomial", "chain")),
-    "ROCE_PG_ALGO_RD_MAX_BYTES": ("int", 0, _SIZE, False),
-    "ROCE_PG_ALGO_RING_MIN_BYTES": ("int", 0, _SIZE, False),
-    "ROCE_PG_ALGO_HIER_MIN_BYTES": ("int", 0, _SIZE, False),
-    "ROCE_PG_ALGO_NET_ALPHA_US": ("number", 0, 1e6),
-    "ROCE_PG_ALGO_NET_GBPS": ("number", 1e-6, 1e6),
-    "ROCE_PG_ALGO_NIC_GBPS": ("number", 1e-6, 1e6),
-    "ROCE_PG_ALGO_SHM_ALPHA_US": ("number", 0, 1e6),
-    "ROCE_PG_ALGO_SHM_GBPS": ("number", 1e-6, 1e6),
-    "ROCE_PG_ALGO_REDUCE_GBPS": ("number", 1e-6, 1e6),
-    "ROCE_PG_ALGO_BRUCK_MAX_BYTES": ("int", 0, _SIZE, False),
-    "ROCE_PG_NET_TRANSPORT": ("choice", ("auto", "verbs", "tcp")),
-    "ROCE_PG_IB_HCA": ("text",),
-    "ROCE_PG_IB_GID_INDEX": ("int", -1, 1 << 16, False),
-    "ROCE_PG_IB_TC": ("int", 0, 255, False),
-    "ROCE_PG_IB_SL": ("int", 0, 15, False),
-    "ROCE_PG_IB_TIMEOUT": ("int", 1, 31, False),
-    "ROCE_PG_IB_RETRY_CNT": ("int", 0, 7, False),
-    "ROCE_PG_IB_QPS_PER_CONNECTION": ("int", 1, 16, False),
-    "ROCE_PG_IB_SLOTS": ("int", 2, 256, False),
-    "ROCE_PG_IB_POOL_BYTES": ("int", 64 << 10, 1 << 36, False),
-    "ROCE_PG_IB_SLOT_BYTES": ("int", 256, 1 << 30, False),
-    "ROCE_PG_IB_EAGER_MAX_BYTES": ("int", 0, 1 << 30, False),
-    "ROCE_PG_IB_ZERO_COPY_MIN_BYTES": ("int", 0, _SIZE, False),
-    "ROCE_PG_IB_REG_CACHE_BYTES": ("int", 0, 1 << 50, False),
-    "ROCE_PG_IB_DEVICE_REG_BYTES": ("int", 0, 1 << 50, False),
-    "ROCE_PG_SOCKET_IFNAME": ("text",),
-    "ROCE_PG_CHUNK_BYTES": ("int", 4096, 1 << 30, False),
-    "ROCE_PG_NCHANNELS": ("int", 0, 8, False),
-    "ROCE_PG_WORKERS": ("int", 0, 64, False),
-    "ROCE_PG_SHM_SLOT_BYTES": ("int", 4096, 1 << 30, False),
-    "ROCE_PG_SHM_RING_BYTES": ("int", 4096, 1 << 30, False),
-    "ROCE_PG_SHM_ONESHOT_MAX_BYTES": ("int", 0, 1 << 30, False),
-    "ROCE_PG_INLINE_MAX_BYTES": ("int", 0, _SIZE, False),
-    "ROCE_PG_SYNC_INLINE_MAX_BYTES": ("int", 0, _SIZE, False),
-    "ROCE_PG_DEVICE_PIECE_BYTES": ("int", 4096, _SIZE, False),
-    "ROCE_PG_DEVICE_REDUCE": ("choice", ("auto", "host", "device")),
-    "ROCE_PG_GPUDIRECT": ("choice", ("auto", "off")),
-    "ROCE_PG_DEVICE_STAGING_CACHE_BYTES": ("int", 0, 1 << 50, False),
-    "ROCE_PG_SPIN_US": ("int", 0, 1000000, False),
-    "ROCE_PG_SHM_CHUNK_BYTES": ("int", 4096, 1 << 30, True),
-    "ROCE_PG_SHUTDOWN_GRACE_MS": ("int", 0, 3600000, False),
-    "ROCE_PG_TRACE_ENTRIES": ("int", 0, 1 << 24, False),
-    "ROCE_PG_TORCH_FR": ("choice", ("native", "hook")),
-    "ROCE_PG_TRACE_DUMP": ("text",),
-    "ROCE_PG_TRACE_SIGNAL": ("choice", ("off", "SIGUSR1", "SIGUSR2")),
-    "ROCE_PG_HEARTBEAT_TIMEOUT_MS": ("int", 1000, 86400000, True),
-    "ROCE_PG_TEST_FAULT": ("choice", ("garbage_frames", "no_doorbell", "shm_full", "fail_forming", "slow_teardown",
-                                     "next_protocol")),
-}
+try:
+    from ._settings_table import DECLARATIONS, SETTINGS
+except ImportError as e:  # a checkout that was never built
+    raise ImportError("roce_pg/_settings_table.py is missing: the build writes it beside the extension "
+                      "(bash scripts/setup.sh, or pip install --no-build-isolation -e .)") from e
 
-# The settings every rank of a group must set alike, or creating it fails or
-# hangs: those joining a group compares (Config::algorithmSettings(), which
-# tests/test_doctor.py checks this against), ROCE_PG_ALGO (read for
-# ROCE_PG_ALGO_ALLREDUCE), the queue pairs per peer (the verbs handshake
-# expects the same count) and the transport (each rank picks it itself).
-SAME_EVERYWHERE = (
-    "ROCE_PG_ALGO", "ROCE_PG_ALGO_ALLREDUCE", "ROCE_PG_ALGO_ALLREDUCE_ACROSS", "ROCE_PG_ALGO_ALLGATHER",
-    "ROCE_PG_ALGO_REDUCE_SCATTER", "ROCE_PG_ALGO_BROADCAST", "ROCE_PG_ALGO_RD_MAX_BYTES", "ROCE_PG_ALGO_RING_MIN_BYTES",
-    "ROCE_PG_ALGO_HIER_MIN_BYTES", "ROCE_PG_ALGO_BRUCK_MAX_BYTES", "ROCE_PG_ALGO_NET_ALPHA_US",
-    "ROCE_PG_ALGO_NET_GBPS", "ROCE_PG_ALGO_NIC_GBPS", "ROCE_PG_ALGO_SHM_ALPHA_US", "ROCE_PG_ALGO_SHM_GBPS",
-    "ROCE_PG_ALGO_REDUCE_GBPS", "ROCE_PG_CHUNK_BYTES", "ROCE_PG_NCHANNELS", "ROCE_PG_FORCE_NETWORK",
-    "ROCE_PG_DEVICE_PIECE_BYTES", "ROCE_PG_DEVICE_REDUCE", "ROCE_PG_GPUDIRECT", "ROCE_PG_IB_DEVICE_REG_BYTES",
-    "ROCE_PG_IB_QPS_PER_CONNECTION", "ROCE_PG_NET_TRANSPORT", "ROCE_PG_SUBGROUPS", "ROCE_PG_IB_SLOTS",
-    "ROCE_PG_HEARTBEAT_TIMEOUT_MS",
-)
+# The settings every rank of a group must set alike, or creating it fails:
+# those formation compares (scope "group") and those whose difference fails
+# with an error of its own ("advised": the transport, ROCE_PG_ALGO).
+SAME_EVERYWHERE = tuple(name for name, (_, scope, _) in DECLARATIONS.items() if scope in ("group", "advised"))
 
 
 def table() -> dict:

@@ -253,7 +253,7 @@ def _check_settings_mismatch(ck, rank, members):
     error = _mismatched_group_error(rank, members, "ROCE_PG_NCHANNELS", "2", "0")
     if rank in members:
         ck.checks += 1
-        if not error or "ROCE_PG_NCHANNELS=2" not in error or "ROCE_PG_NCHANNELS=auto" not in error:
+        if not error or "ROCE_PG_NCHANNELS=2" not in error or "ROCE_PG_NCHANNELS=0" not in error:
             ck.failures.append(f"rank {rank}: mismatched ROCE_PG_NCHANNELS: {error!r}")
 
 

@@ -5,6 +5,7 @@ check of the torch a build was made for. The Soft-RoCE VM run is
 tests/test_softroce_doctor.py."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -307,17 +308,40 @@ def test_settings_are_validated_like_the_extension(tmp_path):
 
 
 def test_settings_table_is_the_extensions():
-    """The doctor's copy of the settings table (it runs without the extension)
-    must be the table the extension's parser builds: a setting, a name or a
-    range added to csrc/common/config.cpp and not to _doctor_settings.py fails
-    here."""
+    """The doctor's table (it runs without the extension) is what the build
+    wrote from the extension: a setting, a name, a range or a declaration
+    changed in csrc/common/config.cpp reaches it with the next build."""
     import roce_pg
 
     ext = roce_pg._C.settings()
-    assert list(ext) == list(settings.SETTINGS), "settings added, removed or reordered"
+    assert list(ext) == list(settings.SETTINGS), "settings added, removed or reordered since the last build"
     for name, form in ext.items():
         assert settings.SETTINGS[name] == form, (name, form, settings.SETTINGS[name])
+    assert roce_pg._C.setting_declarations() == settings.DECLARATIONS
     assert settings.table() == ext   # with the extension loaded the doctor uses its table
+
+
+README_SCOPES = {"own": "rank", "same, compared": "group", "same": "advised"}
+
+
+def test_readme_configuration_table_is_the_declarations():
+    """README's configuration table lists every setting the extension reads
+    (and ROCE_PG_DEBUG, which the logger reads), each once, with what the
+    ranks must agree on as Config::read declares it."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme[readme.index("## Configuration"):]
+    rows = {}
+    for line in table.splitlines():
+        if not line.startswith("| `ROCE_PG_"):
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        for name in re.findall(r"`(ROCE_PG_[A-Z0-9_]+)`", cells[0]):
+            assert name not in rows, f"{name} has two rows"
+            rows[name] = cells[2]
+    assert set(rows) == set(settings.SETTINGS) | {"ROCE_PG_DEBUG"}, set(rows) ^ set(settings.SETTINGS)
+    for name, (_, scope, _) in settings.DECLARATIONS.items():
+        assert README_SCOPES.get(rows[name]) == scope, (name, rows[name], scope)
+    assert rows["ROCE_PG_DEBUG"] == "own"
 
 
 def _samples(form):
@@ -381,8 +405,9 @@ def test_same_everywhere_is_what_joining_a_group_compares():
     from roce_pg._doctor_cluster import _agreement_rows
 
     compared = {kv.split("=")[0] for kv in roce_pg._C.testing.algorithm_settings().split()}
-    assert set(settings.SAME_EVERYWHERE) - compared == {"ROCE_PG_ALGO", "ROCE_PG_IB_QPS_PER_CONNECTION",
-                                                        "ROCE_PG_NET_TRANSPORT"}
+    advised = {name for name, (_, scope, _) in settings.DECLARATIONS.items() if scope == "advised"}
+    assert advised == {"ROCE_PG_ALGO", "ROCE_PG_NET_TRANSPORT", "ROCE_PG_IB_SLOT_BYTES"}
+    assert set(settings.SAME_EVERYWHERE) - compared == advised
     assert compared <= set(settings.SAME_EVERYWHERE)
     for env, status in (({"ROCE_PG_NCHANNELS": "2"}, doctor.FAIL), ({"ROCE_PG_SPIN_US": "5"}, doctor.WARN)):
         infos = [{"rank": 0, "env": env}, {"rank": 1, "env": {}}]

@@ -62,3 +62,19 @@ def test_a_folder_missing_from_the_layers_block_fails(tree):
     (tree / "csrc" / "newlayer" / "x.hpp").write_text('#pragma once\n#include "../common/error.hpp"\n')
     p = _check(tree)
     assert p.returncode == 1 and "csrc/newlayer is not in the layers block" in p.stdout, p.stdout
+
+
+def test_each_setting_is_declared_in_a_layer_of_the_block():
+    """Config::read declares the layer that reads each setting: a folder of
+    the layers block (a misspelt or moved folder fails here)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from check_layers import read_layers
+    finally:
+        sys.path.pop(0)
+    from roce_pg._settings_table import DECLARATIONS
+
+    levels, _ = read_layers(ROOT / "docs" / "ARCHITECTURE.md")
+    assert len(DECLARATIONS) > 50
+    for name, (layer, _, _) in DECLARATIONS.items():
+        assert layer in levels, (name, layer)

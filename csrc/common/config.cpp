@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -18,26 +17,21 @@
 namespace roce {
 namespace {
 
-// The shortest text that reads back as exactly `x`: two ranks whose values
-// differ in the last bit must not print the same settings.
-std::string exact(double x) {
-  char buf[32];
-  const auto r = std::to_chars(buf, buf + sizeof(buf), x);
-  return std::string(buf, r.ptr);
-}
-
 size_t floorPow2(size_t x) { return x ? std::bit_floor(x) : 0; }
 
 std::string readTestFault(EnvReader& r) {
-  return r.oneOf("ROCE_PG_TEST_FAULT", "", {"garbage_frames", "no_doorbell", "shm_full", "fail_forming", "slow_teardown",
+  return r.oneOf(perRank("ROCE_PG_TEST_FAULT", "common"), "", {"garbage_frames", "no_doorbell", "shm_full", "fail_forming", "slow_teardown",
                                           "next_protocol"});
 }
 
 }  // namespace
 
 Config Config::fromEnv() {
-  EnvReader environment;
-  return read(environment);
+  std::vector<SettingValue> values;
+  EnvReader environment(&values);
+  Config c = read(environment);
+  c.values_ = std::move(values);
+  return c;
 }
 
 std::vector<Setting> Config::settings() {
@@ -48,81 +42,112 @@ std::vector<Setting> Config::settings() {
 }
 
 Config Config::read(EnvReader& r) {
+  // Layers by their csrc/ folders; the scope says what the ranks of a group
+  // must agree on (env_reader.hpp), and Scope::Group settings are what
+  // formation compares (algorithmSettings()).
+  constexpr const char* kAlgorithms = "algorithms";
+  constexpr const char* kVerbs = "transport/verbs";
+  constexpr const char* kTorch = "torch";
   Config c;
-  c.forceNetwork = r.flag("ROCE_PG_FORCE_NETWORK");
-  c.simRanksPerNode = static_cast<int>(r.integer("ROCE_PG_SIM_RANKS_PER_NODE", 0, 0, 1 << 20));
-  c.simNode = r.token("ROCE_PG_SIM_NODE", 64);
+  c.forceNetwork = r.flag(sameInGroup("ROCE_PG_FORCE_NETWORK", "membership").alsoPlacement());
+  c.simRanksPerNode =
+      static_cast<int>(r.integer(perRank("ROCE_PG_SIM_RANKS_PER_NODE", "group").alsoPlacement(), 0, 0, 1 << 20));
+  c.simNode = r.token(perRank("ROCE_PG_SIM_NODE", "group").alsoPlacement(), 64);
   // The algorithm names are the allreduce registry's (setting_choices.hpp).
-  c.algoAllreduce = r.oneOf("ROCE_PG_ALGO_ALLREDUCE",
-                            r.oneOf("ROCE_PG_ALGO", "auto", settingChoices("ROCE_PG_ALGO", {"auto"})),
-                            settingChoices("ROCE_PG_ALGO_ALLREDUCE", {"auto"}));
-  c.algoAllreduceAcross = r.oneOf("ROCE_PG_ALGO_ALLREDUCE_ACROSS", "auto",
+  // ROCE_PG_ALGO is compared through ROCE_PG_ALGO_ALLREDUCE, which it defaults.
+  c.algoAllreduce =
+      r.oneOf(sameInGroup("ROCE_PG_ALGO_ALLREDUCE", kAlgorithms),
+              r.oneOf(advised("ROCE_PG_ALGO", kAlgorithms), "auto", settingChoices("ROCE_PG_ALGO", {"auto"})),
+              settingChoices("ROCE_PG_ALGO_ALLREDUCE", {"auto"}));
+  c.algoAllreduceAcross = r.oneOf(sameInGroup("ROCE_PG_ALGO_ALLREDUCE_ACROSS", kAlgorithms), "auto",
                                   settingChoices("ROCE_PG_ALGO_ALLREDUCE_ACROSS", {"auto"}));
-  c.connect = r.choice("ROCE_PG_CONNECT", c.connect);
-  c.subgroups = r.choice("ROCE_PG_SUBGROUPS", c.subgroups);
-  c.algoAllgather = r.oneOf("ROCE_PG_ALGO_ALLGATHER", "auto", {"auto", "shm", "ring", "bruck", "hier"});
-  c.algoReduceScatter = r.oneOf("ROCE_PG_ALGO_REDUCE_SCATTER", "auto", {"auto", "shm", "ring", "hier"});
-  c.algoBroadcast = r.oneOf("ROCE_PG_ALGO_BROADCAST", "auto", {"auto", "shm", "binomial", "chain"});
-  c.rdMaxBytes = r.integer("ROCE_PG_ALGO_RD_MAX_BYTES", c.rdMaxBytes, 0, 1ll << 40);
-  c.ringMinBytes = r.integer("ROCE_PG_ALGO_RING_MIN_BYTES", c.ringMinBytes, 0, 1ll << 40);
-  c.hierMinBytes = r.integer("ROCE_PG_ALGO_HIER_MIN_BYTES", c.hierMinBytes, 0, 1ll << 40);
-  c.rdMaxBytesSet = r.isSet("ROCE_PG_ALGO_RD_MAX_BYTES");
-  c.ringMinBytesSet = r.isSet("ROCE_PG_ALGO_RING_MIN_BYTES");
-  c.hierMinBytesSet = r.isSet("ROCE_PG_ALGO_HIER_MIN_BYTES");
-  c.netAlphaUs = r.number("ROCE_PG_ALGO_NET_ALPHA_US", c.netAlphaUs, 0, 1e6);
-  c.netGBps = r.number("ROCE_PG_ALGO_NET_GBPS", c.netGBps, 1e-6, 1e6);
-  c.nicGBps = r.number("ROCE_PG_ALGO_NIC_GBPS", c.nicGBps, 1e-6, 1e6);
-  c.shmAlphaUs = r.number("ROCE_PG_ALGO_SHM_ALPHA_US", c.shmAlphaUs, 0, 1e6);
-  c.shmGBps = r.number("ROCE_PG_ALGO_SHM_GBPS", c.shmGBps, 1e-6, 1e6);
-  c.reduceGBps = r.number("ROCE_PG_ALGO_REDUCE_GBPS", c.reduceGBps, 1e-6, 1e6);
-  c.bruckMaxBytes = r.integer("ROCE_PG_ALGO_BRUCK_MAX_BYTES", c.bruckMaxBytes, 0, 1ll << 40);
-  c.netTransport = r.choice("ROCE_PG_NET_TRANSPORT", c.netTransport);
-  c.ibHca = r.text("ROCE_PG_IB_HCA");
-  c.ibGidIndex = static_cast<int>(r.integer("ROCE_PG_IB_GID_INDEX", -1, -1, 1 << 16));
-  c.ibTc = static_cast<int>(r.integer("ROCE_PG_IB_TC", 0, 0, 255));
-  c.ibSl = static_cast<int>(r.integer("ROCE_PG_IB_SL", 0, 0, 15));
-  c.ibTimeout = static_cast<int>(r.integer("ROCE_PG_IB_TIMEOUT", 18, 1, 31));
-  c.ibRetryCnt = static_cast<int>(r.integer("ROCE_PG_IB_RETRY_CNT", 7, 0, 7));
-  c.ibQpsPerConnection = static_cast<int>(r.integer("ROCE_PG_IB_QPS_PER_CONNECTION", 1, 1, 16));
-  c.ibSlots = static_cast<int>(r.integer("ROCE_PG_IB_SLOTS", 8, 2, 256));
-  c.ibPoolBytes = r.integer("ROCE_PG_IB_POOL_BYTES", c.ibPoolBytes, 64 << 10, 1ll << 36);
-  c.ibSlotBytes = r.integer("ROCE_PG_IB_SLOT_BYTES", c.ibSlotBytes, 256, 1ll << 30);
-  c.ibEagerMaxBytes = r.integer("ROCE_PG_IB_EAGER_MAX_BYTES", c.ibEagerMaxBytes, 0, 1ll << 30);
-  c.ibZeroCopyMinBytes = r.integer("ROCE_PG_IB_ZERO_COPY_MIN_BYTES", c.ibZeroCopyMinBytes, 0, 1ll << 40);
-  c.ibRegCacheBytes = r.integer("ROCE_PG_IB_REG_CACHE_BYTES", 0, 0, 1ll << 50);
-  c.ibDeviceRegBytes = r.integer("ROCE_PG_IB_DEVICE_REG_BYTES", c.ibDeviceRegBytes, 0, 1ll << 50);
-  c.socketIfname = r.text("ROCE_PG_SOCKET_IFNAME");
-  c.chunkBytes = r.integer("ROCE_PG_CHUNK_BYTES", c.chunkBytes, 4096, 1ll << 30);
-  c.nChannels = static_cast<int>(r.integer("ROCE_PG_NCHANNELS", 0, 0, kMaxChannels));
-  c.workers = static_cast<int>(r.integer("ROCE_PG_WORKERS", 0, 0, kMaxWorkers));
-  c.shmSlotBytes = r.integer("ROCE_PG_SHM_SLOT_BYTES", c.shmSlotBytes, 4096, 1ll << 30);
-  c.shmRingBytes = r.integer("ROCE_PG_SHM_RING_BYTES", c.shmRingBytes, 4096, 1ll << 30);
-  c.shmOneShotMaxBytes = r.integer("ROCE_PG_SHM_ONESHOT_MAX_BYTES", c.shmOneShotMaxBytes, 0, 1ll << 30);
-  c.inlineMaxBytes = r.integer("ROCE_PG_INLINE_MAX_BYTES", c.inlineMaxBytes, 0, 1ll << 40);
-  c.syncInlineMaxBytes = r.integer("ROCE_PG_SYNC_INLINE_MAX_BYTES", c.syncInlineMaxBytes, 0, 1ll << 40);
-  c.devicePieceBytes = r.integer("ROCE_PG_DEVICE_PIECE_BYTES", c.devicePieceBytes, 4096, 1ll << 40);
-  c.deviceReduce = r.choice("ROCE_PG_DEVICE_REDUCE", c.deviceReduce);
-  c.gpudirect = r.choice("ROCE_PG_GPUDIRECT", c.gpudirect);
+  c.connect = r.choice(perRank("ROCE_PG_CONNECT", "comm"), c.connect);
+  c.subgroups = r.choice(sameInGroup("ROCE_PG_SUBGROUPS", kTorch), c.subgroups);
+  c.algoAllgather = r.oneOf(sameInGroup("ROCE_PG_ALGO_ALLGATHER", kAlgorithms), "auto",
+                            {"auto", "shm", "ring", "bruck", "hier"});
+  c.algoReduceScatter =
+      r.oneOf(sameInGroup("ROCE_PG_ALGO_REDUCE_SCATTER", kAlgorithms), "auto", {"auto", "shm", "ring", "hier"});
+  c.algoBroadcast =
+      r.oneOf(sameInGroup("ROCE_PG_ALGO_BROADCAST", kAlgorithms), "auto", {"auto", "shm", "binomial", "chain"});
+  // A threshold left unset leaves its rows to the cost model, which one set to
+  // the default value does not: ranks compare "auto" and the value as different.
+  const Key rdMax = sameInGroup("ROCE_PG_ALGO_RD_MAX_BYTES", kAlgorithms).unsetMeansAuto();
+  const Key ringMin = sameInGroup("ROCE_PG_ALGO_RING_MIN_BYTES", kAlgorithms).unsetMeansAuto();
+  const Key hierMin = sameInGroup("ROCE_PG_ALGO_HIER_MIN_BYTES", kAlgorithms).unsetMeansAuto();
+  c.rdMaxBytes = r.integer(rdMax, c.rdMaxBytes, 0, 1ll << 40);
+  c.ringMinBytes = r.integer(ringMin, c.ringMinBytes, 0, 1ll << 40);
+  c.hierMinBytes = r.integer(hierMin, c.hierMinBytes, 0, 1ll << 40);
+  c.rdMaxBytesSet = r.isSet(rdMax.name);
+  c.ringMinBytesSet = r.isSet(ringMin.name);
+  c.hierMinBytesSet = r.isSet(hierMin.name);
+  c.netAlphaUs = r.number(sameInGroup("ROCE_PG_ALGO_NET_ALPHA_US", kAlgorithms), c.netAlphaUs, 0, 1e6);
+  c.netGBps = r.number(sameInGroup("ROCE_PG_ALGO_NET_GBPS", kAlgorithms), c.netGBps, 1e-6, 1e6);
+  c.nicGBps = r.number(sameInGroup("ROCE_PG_ALGO_NIC_GBPS", kAlgorithms), c.nicGBps, 1e-6, 1e6);
+  c.shmAlphaUs = r.number(sameInGroup("ROCE_PG_ALGO_SHM_ALPHA_US", kAlgorithms), c.shmAlphaUs, 0, 1e6);
+  c.shmGBps = r.number(sameInGroup("ROCE_PG_ALGO_SHM_GBPS", kAlgorithms), c.shmGBps, 1e-6, 1e6);
+  c.reduceGBps = r.number(sameInGroup("ROCE_PG_ALGO_REDUCE_GBPS", kAlgorithms), c.reduceGBps, 1e-6, 1e6);
+  c.bruckMaxBytes = r.integer(sameInGroup("ROCE_PG_ALGO_BRUCK_MAX_BYTES", kAlgorithms), c.bruckMaxBytes, 0, 1ll << 40);
+  // Each rank finds its own transport; a rank without the one the group
+  // needs fails formation naming itself (so this is not compared).
+  c.netTransport = r.choice(advised("ROCE_PG_NET_TRANSPORT", "group").alsoPlacement(), c.netTransport);
+  c.ibHca = r.text(perRank("ROCE_PG_IB_HCA", kVerbs));
+  c.ibGidIndex = static_cast<int>(r.integer(perRank("ROCE_PG_IB_GID_INDEX", kVerbs), -1, -1, 1 << 16));
+  c.ibTc = static_cast<int>(r.integer(perRank("ROCE_PG_IB_TC", kVerbs), 0, 0, 255));
+  c.ibSl = static_cast<int>(r.integer(perRank("ROCE_PG_IB_SL", kVerbs), 0, 0, 15));
+  c.ibTimeout = static_cast<int>(r.integer(perRank("ROCE_PG_IB_TIMEOUT", kVerbs), 18, 1, 31));
+  c.ibRetryCnt = static_cast<int>(r.integer(perRank("ROCE_PG_IB_RETRY_CNT", kVerbs), 7, 0, 7));
+  // A peer's queue pairs are made in pairs: both ends must make as many.
+  c.ibQpsPerConnection = static_cast<int>(r.integer(sameInGroup("ROCE_PG_IB_QPS_PER_CONNECTION", kVerbs), 1, 1, 16));
+  // Sizes the queues for what peers post.
+  c.ibSlots = static_cast<int>(r.integer(sameInGroup("ROCE_PG_IB_SLOTS", kVerbs), 8, 2, 256));
+  c.ibPoolBytes = r.integer(perRank("ROCE_PG_IB_POOL_BYTES", kVerbs), c.ibPoolBytes, 64 << 10, 1ll << 36);
+  // Checked in the verbs handshake, which names both values.
+  c.ibSlotBytes = r.integer(advised("ROCE_PG_IB_SLOT_BYTES", kVerbs), c.ibSlotBytes, 256, 1ll << 30);
+  c.ibEagerMaxBytes = r.integer(perRank("ROCE_PG_IB_EAGER_MAX_BYTES", kVerbs), c.ibEagerMaxBytes, 0, 1ll << 30);
+  c.ibZeroCopyMinBytes =
+      r.integer(perRank("ROCE_PG_IB_ZERO_COPY_MIN_BYTES", kVerbs), c.ibZeroCopyMinBytes, 0, 1ll << 40);
+  c.ibRegCacheBytes = r.integer(perRank("ROCE_PG_IB_REG_CACHE_BYTES", kVerbs), 0, 0, 1ll << 50);
+  // Decides which calls go by GPUDirect, which changes their messages.
+  c.ibDeviceRegBytes =
+      r.integer(sameInGroup("ROCE_PG_IB_DEVICE_REG_BYTES", kVerbs), c.ibDeviceRegBytes, 0, 1ll << 50);
+  c.socketIfname = r.text(perRank("ROCE_PG_SOCKET_IFNAME", "runtime"));
+  c.chunkBytes = r.integer(sameInGroup("ROCE_PG_CHUNK_BYTES", kAlgorithms), c.chunkBytes, 4096, 1ll << 30);
+  c.nChannels = static_cast<int>(r.integer(sameInGroup("ROCE_PG_NCHANNELS", kAlgorithms), 0, 0, kMaxChannels));
+  c.workers = static_cast<int>(r.integer(perRank("ROCE_PG_WORKERS", "group"), 0, 0, kMaxWorkers));
+  c.shmSlotBytes = r.integer(perRank("ROCE_PG_SHM_SLOT_BYTES", "membership"), c.shmSlotBytes, 4096, 1ll << 30);
+  c.shmRingBytes = r.integer(perRank("ROCE_PG_SHM_RING_BYTES", "membership"), c.shmRingBytes, 4096, 1ll << 30);
+  c.shmOneShotMaxBytes =
+      r.integer(perRank("ROCE_PG_SHM_ONESHOT_MAX_BYTES", kAlgorithms), c.shmOneShotMaxBytes, 0, 1ll << 30);
+  c.inlineMaxBytes = r.integer(perRank("ROCE_PG_INLINE_MAX_BYTES", kTorch), c.inlineMaxBytes, 0, 1ll << 40);
+  c.syncInlineMaxBytes =
+      r.integer(perRank("ROCE_PG_SYNC_INLINE_MAX_BYTES", kTorch), c.syncInlineMaxBytes, 0, 1ll << 40);
+  c.devicePieceBytes =
+      r.integer(sameInGroup("ROCE_PG_DEVICE_PIECE_BYTES", kTorch), c.devicePieceBytes, 4096, 1ll << 40);
+  c.deviceReduce = r.choice(sameInGroup("ROCE_PG_DEVICE_REDUCE", kTorch), c.deviceReduce);
+  c.gpudirect = r.choice(sameInGroup("ROCE_PG_GPUDIRECT", kTorch), c.gpudirect);
   c.deviceStagingCacheBytes =
-      r.integer("ROCE_PG_DEVICE_STAGING_CACHE_BYTES", c.deviceStagingCacheBytes, 0, 1ll << 50);
-  c.spinUs = static_cast<int>(r.integer("ROCE_PG_SPIN_US", c.spinUs, 0, 1000000));
+      r.integer(perRank("ROCE_PG_DEVICE_STAGING_CACHE_BYTES", kTorch), c.deviceStagingCacheBytes, 0, 1ll << 50);
+  c.spinUs = static_cast<int>(r.integer(perRank("ROCE_PG_SPIN_US", "comm"), c.spinUs, 0, 1000000));
   // Rings index with a mask: round up to a power of two.
   size_t ring = 4096;
   while (ring < c.shmRingBytes) ring <<= 1;
   c.shmRingBytes = ring;
   c.shmSlotBytes = (c.shmSlotBytes + 63) & ~size_t(63);
-  c.shmChunkBytes = r.integerOrZero("ROCE_PG_SHM_CHUNK_BYTES", 0, 4096, 1ll << 30,
+  c.shmChunkBytes = r.integerOrZero(perRank("ROCE_PG_SHM_CHUNK_BYTES", kAlgorithms), 0, 4096, 1ll << 30,
                                     "use at least 4096, or 0 for the cache-sized default");
   if (c.shmChunkBytes == 0) c.shmChunkBytes = shmChunkAuto();
   c.shmChunkBytes = floorPow2(c.shmChunkBytes);
-  c.shutdownGraceMs = static_cast<int>(r.integer("ROCE_PG_SHUTDOWN_GRACE_MS", c.shutdownGraceMs, 0, 3600000));
-  c.traceEntries = r.integer("ROCE_PG_TRACE_ENTRIES", c.traceEntries, 0, 1ll << 24);
-  c.torchFlightRecorder = r.choice("ROCE_PG_TORCH_FR", c.torchFlightRecorder);
-  c.traceDump = r.text("ROCE_PG_TRACE_DUMP");
-  const std::string signal = r.oneOf("ROCE_PG_TRACE_SIGNAL", "off", {"off", "SIGUSR1", "SIGUSR2"});
+  c.shutdownGraceMs =
+      static_cast<int>(r.integer(perRank("ROCE_PG_SHUTDOWN_GRACE_MS", kTorch), c.shutdownGraceMs, 0, 3600000));
+  c.traceEntries = r.integer(perRank("ROCE_PG_TRACE_ENTRIES", "engine"), c.traceEntries, 0, 1ll << 24);
+  c.torchFlightRecorder = r.choice(perRank("ROCE_PG_TORCH_FR", kTorch), c.torchFlightRecorder);
+  c.traceDump = r.text(perRank("ROCE_PG_TRACE_DUMP", kTorch));
+  const std::string signal =
+      r.oneOf(perRank("ROCE_PG_TRACE_SIGNAL", kTorch), "off", {"off", "SIGUSR1", "SIGUSR2"});
   c.traceSignal = signal == "SIGUSR1" ? SIGUSR1 : signal == "SIGUSR2" ? SIGUSR2 : 0;
+  // Also how often heartbeats are sent: neighbours must agree when silence means death.
   c.heartbeatTimeoutMs = static_cast<int>(r.integerOrZero(
-      "ROCE_PG_HEARTBEAT_TIMEOUT_MS", c.heartbeatTimeoutMs, 1000, 86400000,
+      sameInGroup("ROCE_PG_HEARTBEAT_TIMEOUT_MS", "liveness"), c.heartbeatTimeoutMs, 1000, 86400000,
       "heartbeats are sent every few hundred ms and a busy machine would declare live peers "
       "dead; use >= 1000 or 0 (off)"));
   const std::string fault = readTestFault(r);  // validated with the rest of the configuration
@@ -184,49 +209,25 @@ const std::string& testFault() {
   return fault;
 }
 
+std::string Config::joinValues(bool (*wanted)(const SettingValue&)) const {
+  std::string out;
+  for (const SettingValue& v : values_)
+    if (wanted(v)) out += str(out.empty() ? "" : " ", v.name, "=", v.text);
+  return out;
+}
+
 std::string Config::placementSettings() const {
-  return str("ROCE_PG_NET_TRANSPORT=", settingName(netTransport), " ROCE_PG_FORCE_NETWORK=", forceNetwork ? 1 : 0,
-             " ROCE_PG_SIM_RANKS_PER_NODE=", simRanksPerNode, " ROCE_PG_SIM_NODE=", simNode);
+  return joinValues([](const SettingValue& v) { return v.placement; });
 }
 
 std::string Config::algorithmSettings() const {
-  // A threshold left unset leaves its rows to the cost model, which one set to
-  // the default value does not: "auto" and the value differ here too.
-  auto threshold = [](bool set, size_t v) { return set ? std::to_string(v) : std::string("auto"); };
-  return str("ROCE_PG_ALGO_ALLREDUCE=", algoAllreduce, " ROCE_PG_ALGO_ALLREDUCE_ACROSS=", algoAllreduceAcross,
-             " ROCE_PG_ALGO_ALLGATHER=", algoAllgather,
-             " ROCE_PG_ALGO_REDUCE_SCATTER=", algoReduceScatter, " ROCE_PG_ALGO_BROADCAST=", algoBroadcast,
-             " ROCE_PG_ALGO_RD_MAX_BYTES=", threshold(rdMaxBytesSet, rdMaxBytes),
-             " ROCE_PG_ALGO_RING_MIN_BYTES=", threshold(ringMinBytesSet, ringMinBytes),
-             " ROCE_PG_ALGO_HIER_MIN_BYTES=", threshold(hierMinBytesSet, hierMinBytes),
-             " ROCE_PG_ALGO_BRUCK_MAX_BYTES=", bruckMaxBytes, " ROCE_PG_ALGO_NET_ALPHA_US=", exact(netAlphaUs),
-             " ROCE_PG_ALGO_NET_GBPS=", exact(netGBps), " ROCE_PG_ALGO_NIC_GBPS=", exact(nicGBps),
-             " ROCE_PG_ALGO_SHM_ALPHA_US=", exact(shmAlphaUs), " ROCE_PG_ALGO_SHM_GBPS=", exact(shmGBps),
-             " ROCE_PG_ALGO_REDUCE_GBPS=", exact(reduceGBps), " ROCE_PG_CHUNK_BYTES=", chunkBytes,
-             " ROCE_PG_NCHANNELS=", nChannels == 0 ? std::string("auto") : std::to_string(nChannels),
-             " ROCE_PG_FORCE_NETWORK=", forceNetwork ? 1 : 0, " ROCE_PG_DEVICE_PIECE_BYTES=", devicePieceBytes,
-             " ROCE_PG_DEVICE_REDUCE=", settingName(deviceReduce), " ROCE_PG_GPUDIRECT=", settingName(gpudirect),
-             " ROCE_PG_IB_DEVICE_REG_BYTES=", ibDeviceRegBytes, " ROCE_PG_SUBGROUPS=", settingName(subgroups),
-             " ROCE_PG_IB_SLOTS=", ibSlots, " ROCE_PG_HEARTBEAT_TIMEOUT_MS=", heartbeatTimeoutMs);
+  return joinValues([](const SettingValue& v) { return v.scope == Scope::Group; });
 }
 
 std::string Config::describe() const {
-  return str("force_network=", forceNetwork, " sim_ranks_per_node=", simRanksPerNode,
-             simNode.empty() ? "" : str(" sim_node=", simNode), " algo_allreduce=", algoAllreduce,
-             " algo_allreduce_across=", algoAllreduceAcross,
-             " algo_allgather=", algoAllgather, " algo_reduce_scatter=", algoReduceScatter, " algo_broadcast=", algoBroadcast, " rd_max_bytes=", rdMaxBytes, " ring_min_bytes=", ringMinBytes,
-             " hier_min_bytes=", hierMinBytes, " bruck_max_bytes=", bruckMaxBytes, " net_alpha_us=", netAlphaUs,
-             " net_gbps=", netGBps, " nic_gbps=", nicGBps, " shm_alpha_us=", shmAlphaUs, " shm_gbps=", shmGBps,
-             " reduce_gbps=", reduceGBps,
-             " net_transport=", settingName(netTransport), " connect=", settingName(connect), " subgroups=", settingName(subgroups), " chunk_bytes=", chunkBytes, " nchannels=", nChannels, " workers=", workers,
-             " shm_slot_bytes=", shmSlotBytes, " shm_chunk_bytes=", shmChunkBytes, " shm_oneshot_max_bytes=", shmOneShotMaxBytes,
-             " inline_max_bytes=", inlineMaxBytes, " sync_inline_max_bytes=", syncInlineMaxBytes, " spin_us=", spinUs, " shm_ring_bytes=", shmRingBytes, " ib_hca=", ibHca.empty() ? "<auto>" : ibHca,
-             " ib_gid_index=", ibGidIndex, " ib_tc=", ibTc, " ib_sl=", ibSl, " ib_timeout=", ibTimeout,
-             " ib_retry_cnt=", ibRetryCnt, " ib_qps_per_connection=", ibQpsPerConnection, " ib_slots=", ibSlots, " ib_pool_bytes=", ibPoolBytes, " ib_slot_bytes=", ibSlotBytes, " ib_eager_max_bytes=", ibEagerMaxBytes, " ib_zero_copy_min_bytes=", ibZeroCopyMinBytes,
-             " ib_reg_cache_bytes=", ibRegCacheBytes, " ib_device_reg_bytes=", ibDeviceRegBytes, " gpudirect=", settingName(gpudirect), " device_piece_bytes=", devicePieceBytes, " device_reduce=", settingName(deviceReduce),
-             " device_staging_cache_bytes=", deviceStagingCacheBytes,
-             " heartbeat_timeout_ms=", heartbeatTimeoutMs, " trace_entries=", traceEntries,
-             " trace_dump=", traceDump.empty() ? "<off>" : traceDump);
+  return str(joinValues([](const SettingValue&) { return true; }), "; resolved: nchannels=", nChannels,
+             " workers=", workers, " shm_chunk_bytes=", shmChunkBytes, " shm_ring_bytes=", shmRingBytes,
+             " shm_slot_bytes=", shmSlotBytes);
 }
 
 }  // namespace roce

@@ -1,7 +1,9 @@
 // Every ROCE_PG_* environment variable is read here, once per process group
-// (but ROCE_PG_DEBUG, which log.cpp reads at the first log line), so the
-// README's configuration table has a single source of truth, and so has the
-// doctor's table of accepted values (Config::settings()).
+// (but ROCE_PG_DEBUG, which log.cpp reads at the first log line). Config::read
+// declares each setting once (env_reader.hpp: name, layer, what ranks must
+// agree on, kind, default, range): the parser, the table the doctor and the
+// README's check use (Config::settings()) and the settings ranks compare
+// (algorithmSettings()) all come from those calls.
 #pragma once
 #include <cstddef>
 #include <string>
@@ -199,15 +201,15 @@ struct Config {
   // ranks on its machine: its share of the CPUs, 1 to 8 (beyond 8, the memory
   // bandwidth of a socket is saturated long before the threads are busy).
   static int workersAuto(int cpus, int localRanks);
+  // Every setting as read ("NAME=value ..."), then the values resolved at
+  // group creation.
   std::string describe() const;
-  // The settings every rank of a group must share for the algorithms to pair
-  // up their messages (ROCE_PG_ALGO*, thresholds, cost model constants,
-  // ROCE_PG_CHUNK_BYTES, ROCE_PG_NCHANNELS, ROCE_PG_FORCE_NETWORK), for the
-  // verbs queues to fit what peers post (ROCE_PG_IB_SLOTS sizes both), and
-  // for neighbours to agree when silence means death
-  // (ROCE_PG_HEARTBEAT_TIMEOUT_MS also sets how often heartbeats are sent).
+  // "NAME=value ..." of the settings every rank of a group must share
+  // (Scope::Group in read(): the algorithms pair up their messages, the verbs
+  // queues fit what peers post, neighbours agree when silence means death),
+  // as read, before group creation resolves auto values. Formation compares it.
   std::string algorithmSettings() const;
-  // What decides where ranks are and which transport joins them
+  // The same for what decides where ranks are and which transport joins them
   // (ROCE_PG_NET_TRANSPORT, ROCE_PG_FORCE_NETWORK, ROCE_PG_SIM_*): a subgroup
   // whose creation sees other values than its parent's joins instead of
   // deriving the parent's placement (roce_pg/__init__.py).
@@ -215,6 +217,8 @@ struct Config {
 
  private:
   static Config read(EnvReader& r);
+  std::string joinValues(bool (*wanted)(const SettingValue&)) const;
+  std::vector<SettingValue> values_;  // what fromEnv() read, in reading order
 };
 
 // ROCE_PG_TEST_FAULT: fault injection for the test suite only ("" when unset).

@@ -2,11 +2,21 @@
 
 #include <cctype>
 #include <climits>
+#include <charconv>
 #include <cstdlib>
 
 #include "error.hpp"
 
 namespace roce {
+
+const char* scopeName(Scope s) {
+  switch (s) {
+    case Scope::Rank: return "rank";
+    case Scope::Group: return "group";
+    case Scope::Advised: return "advised";
+  }
+  return "?";
+}
 
 const char* EnvReader::get(const char* name) const {
   if (table_) return nullptr;
@@ -16,10 +26,18 @@ const char* EnvReader::get(const char* name) const {
 
 bool EnvReader::isSet(const char* name) const { return get(name) != nullptr; }
 
-Setting& EnvReader::record(const char* name, Setting::Kind kind) {
+Setting& EnvReader::record(const Key& key, Setting::Kind kind) {
   if (!table_) return dummy_;
-  table_->push_back(Setting{name, kind});
+  Setting s{key.name, kind};
+  s.layer = key.layer, s.scope = key.scope, s.placement = key.placement;
+  table_->push_back(std::move(s));
   return table_->back();
+}
+
+void EnvReader::keep(const Key& key, std::string text) {
+  if (!values_) return;
+  if (key.unsetIsAuto && !isSet(key.name)) text = "auto";
+  values_->push_back(SettingValue{key.name, key.scope, key.placement, std::move(text)});
 }
 
 namespace {
@@ -42,72 +60,88 @@ long long parseInteger(const char* name, const char* v, long long lo, long long 
 
 }  // namespace
 
-long long EnvReader::integer(const char* name, long long def, long long lo, long long hi) {
-  Setting& s = record(name, Setting::Kind::Integer);
+long long EnvReader::integer(const Key& key, long long def, long long lo, long long hi) {
+  Setting& s = record(key, Setting::Kind::Integer);
   s.lo = lo, s.hi = hi;
-  const char* v = get(name);
-  return v ? parseInteger(name, v, lo, hi) : def;
+  const char* v = get(key.name);
+  const long long x = v ? parseInteger(key.name, v, lo, hi) : def;
+  keep(key, std::to_string(x));
+  return x;
 }
 
-long long EnvReader::integerOrZero(const char* name, long long def, long long lo, long long hi, const char* why) {
-  Setting& s = record(name, Setting::Kind::Integer);
+long long EnvReader::integerOrZero(const Key& key, long long def, long long lo, long long hi, const char* why) {
+  Setting& s = record(key, Setting::Kind::Integer);
   s.lo = lo, s.hi = hi, s.zeroOk = true;
-  const char* v = get(name);
-  if (!v) return def;
-  const long long x = parseInteger(name, v, 0, hi);
-  if (x != 0 && x < lo) throwInvalid(str(name, "=", x, ": ", why));
+  const char* v = get(key.name);
+  const long long x = v ? parseInteger(key.name, v, 0, hi) : def;
+  if (x != 0 && x < lo) throwInvalid(str(key.name, "=", x, ": ", why));
+  keep(key, std::to_string(x));
   return x;
 }
 
-double EnvReader::number(const char* name, double def, double lo, double hi) {
-  Setting& s = record(name, Setting::Kind::Number);
+double EnvReader::number(const Key& key, double def, double lo, double hi) {
+  Setting& s = record(key, Setting::Kind::Number);
   s.numberLo = lo, s.numberHi = hi;
-  const char* v = get(name);
-  if (!v) return def;
-  char* end = nullptr;
-  const double x = std::strtod(v, &end);
-  if (!end || *end != '\0' || !(x >= lo && x <= hi))
-    throwInvalid(str(name, "='", v, "' is not a number in [", lo, ", ", hi, "]"));
+  const char* v = get(key.name);
+  double x = def;
+  if (v) {
+    char* end = nullptr;
+    x = std::strtod(v, &end);
+    if (!end || *end != '\0' || !(x >= lo && x <= hi))
+      throwInvalid(str(key.name, "='", v, "' is not a number in [", lo, ", ", hi, "]"));
+  }
+  char buf[32];  // the shortest text that reads back as exactly x
+  keep(key, std::string(buf, std::to_chars(buf, buf + sizeof(buf), x).ptr));
   return x;
 }
 
-std::string EnvReader::oneOf(const char* name, const std::string& def, const std::vector<const char*>& allowed) {
-  Setting& s = record(name, Setting::Kind::Choice);
+std::string EnvReader::oneOf(const Key& key, const std::string& def, const std::vector<const char*>& allowed) {
+  Setting& s = record(key, Setting::Kind::Choice);
   s.choices.assign(allowed.begin(), allowed.end());
-  const char* v = get(name);
-  if (!v) return def;
+  const char* v = get(key.name);
+  if (!v) {
+    keep(key, def);
+    return def;
+  }
   std::string list;
   for (const char* a : allowed) {
-    if (v == std::string(a)) return v;
+    if (v == std::string(a)) {
+      keep(key, v);
+      return v;
+    }
     list += str(list.empty() ? "" : ", ", a);
   }
-  throwInvalid(str(name, "='", v, "': expected one of ", list));
+  throwInvalid(str(key.name, "='", v, "': expected one of ", list));
 }
 
-bool EnvReader::flag(const char* name) {
-  record(name, Setting::Kind::Flag);
-  const char* v = get(name);
-  if (!v) return false;
-  std::string s(v);
-  if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
-  if (s == "0" || s == "false" || s == "no" || s == "off") return false;
-  throwInvalid(str(name, "='", v, "': use 1 or 0"));
+bool EnvReader::flag(const Key& key) {
+  record(key, Setting::Kind::Flag);
+  const char* v = get(key.name);
+  bool on = false;
+  if (v) {
+    const std::string s(v);
+    if (s == "1" || s == "true" || s == "yes" || s == "on") on = true;
+    else if (!(s == "0" || s == "false" || s == "no" || s == "off")) throwInvalid(str(key.name, "='", v, "': use 1 or 0"));
+  }
+  keep(key, on ? "1" : "0");
+  return on;
 }
 
-std::string EnvReader::text(const char* name) {
-  record(name, Setting::Kind::Text);
-  const char* v = get(name);
+std::string EnvReader::text(const Key& key) {
+  record(key, Setting::Kind::Text);
+  const char* v = get(key.name);
+  keep(key, v ? v : "");
   return v ? v : "";
 }
 
-std::string EnvReader::token(const char* name, size_t maxLen) {
-  record(name, Setting::Kind::Token).hi = static_cast<long long>(maxLen);
-  const char* v = get(name);
-  if (!v) return "";
-  const std::string t = v;
+std::string EnvReader::token(const Key& key, size_t maxLen) {
+  record(key, Setting::Kind::Token).hi = static_cast<long long>(maxLen);
+  const char* v = get(key.name);
+  const std::string t = v ? v : "";
   bool ok = t.size() <= maxLen;
   for (char ch : t) ok &= std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_';
-  if (!ok) throwInvalid(str(name, "='", t, "': use up to ", maxLen, " letters, digits, '-' or '_'"));
+  if (!ok) throwInvalid(str(key.name, "='", t, "': use up to ", maxLen, " letters, digits, '-' or '_'"));
+  keep(key, t);
   return t;
 }
 

@@ -261,8 +261,8 @@ PYBIND11_MODULE(_C, m) {
   // Every ROCE_PG_* setting the extension reads, in reading order, with what
   // it accepts: {name: ("int", lo, hi, zero_ok) | ("number", lo, hi) |
   // ("choice", names) | ("flag",) | ("text",) | ("token", max_len)}. Built by
-  // the parser itself (Config::settings()); the doctor's copy
-  // (roce_pg/_doctor_settings.py) is compared with it by tests/test_doctor.py.
+  // the parser itself (Config::settings()); the build writes it into the
+  // doctor's copy (roce_pg/_settings_table.py, setup.py).
   m.def("settings", [] {
     using Kind = roce::Setting::Kind;
     py::dict out;
@@ -276,6 +276,14 @@ PYBIND11_MODULE(_C, m) {
         case Kind::Token: out[s.name.c_str()] = py::make_tuple("token", s.hi); break;
       }
     }
+    return out;
+  });
+  // The rest of each setting's declaration: {name: (layer, scope, placement)},
+  // scope "rank", "group" (formation compares it) or "advised" (env_reader.hpp).
+  m.def("setting_declarations", [] {
+    py::dict out;
+    for (const roce::Setting& s : roce::Config::settings())
+      out[s.name.c_str()] = py::make_tuple(s.layer, roce::scopeName(s.scope), s.placement);
     return out;
   });
   // The per-process runtime, for tests and the doctor: what every

@@ -234,7 +234,7 @@ TEST(algorithm_settings_tell_unset_thresholds_from_set_ones) {
   Env env;
   const std::string unset = roce::Config::fromEnv().algorithmSettings();
   CHECK(contains(unset, "ROCE_PG_ALGO_RD_MAX_BYTES=auto"));
-  CHECK(contains(unset, "ROCE_PG_NCHANNELS=auto"));
+  CHECK(contains(unset, "ROCE_PG_NCHANNELS=0"));  // 0 is auto, set or not
   env("ROCE_PG_ALGO_RD_MAX_BYTES", "65536");  // the default value, but set
   const std::string set = roce::Config::fromEnv().algorithmSettings();
   CHECK(contains(set, "ROCE_PG_ALGO_RD_MAX_BYTES=65536"));
@@ -252,11 +252,46 @@ TEST(algorithm_settings_tell_unset_thresholds_from_set_ones) {
   CHECK(!contains(perRank, "SPIN"));
 }
 
+TEST(what_ranks_compare_is_every_group_scoped_declaration_in_reading_order) {
+  Env env;
+  std::string expected, placement;
+  for (const roce::Setting& s : roce::Config::settings()) {
+    INFO(s.name);
+    CHECK(!s.layer.empty());
+    if (s.scope == roce::Scope::Group) expected += (expected.empty() ? "" : " ") + s.name + "=";
+    if (s.placement) placement += (placement.empty() ? "" : " ") + s.name + "=";
+  }
+  // Values stripped: the names, in order, are what the declarations say.
+  auto names = [](const std::string& settings) {
+    std::string out;
+    for (size_t at = 0; at < settings.size();) {
+      const size_t eq = settings.find('=', at), space = settings.find(' ', eq);
+      out += settings.substr(at, eq + 1 - at) + (space == std::string::npos ? "" : " ");
+      at = space == std::string::npos ? settings.size() : space + 1;
+    }
+    return out;
+  };
+  const roce::Config c = roce::Config::fromEnv();
+  CHECK_EQ(names(c.algorithmSettings()), expected);
+  CHECK_EQ(names(c.placementSettings()), placement);
+  // Per-rank and advised settings are not compared; queue pairs per peer are.
+  CHECK(contains(expected, "ROCE_PG_IB_QPS_PER_CONNECTION="));
+  CHECK(!contains(expected, "ROCE_PG_NET_TRANSPORT="));
+  CHECK(!contains(expected, "ROCE_PG_ALGO="));
+  // ROCE_PG_ALGO reaches the comparison through the setting it defaults.
+  env("ROCE_PG_ALGO", "ring");
+  CHECK(contains(roce::Config::fromEnv().algorithmSettings(), "ROCE_PG_ALGO_ALLREDUCE=ring"));
+  // describe() names every setting once, with what group creation resolves after it.
+  const std::string all = roce::Config::fromEnv().describe();
+  CHECK(contains(all, "ROCE_PG_ALGO=ring ROCE_PG_ALGO_ALLREDUCE=ring"));
+  CHECK(contains(all, "; resolved: nchannels="));
+}
+
 TEST(placement_settings) {
   Env env;
   env("ROCE_PG_NET_TRANSPORT", "tcp")("ROCE_PG_SIM_RANKS_PER_NODE", "2");
   CHECK_EQ(roce::Config::fromEnv().placementSettings(),
-           "ROCE_PG_NET_TRANSPORT=tcp ROCE_PG_FORCE_NETWORK=0 ROCE_PG_SIM_RANKS_PER_NODE=2 ROCE_PG_SIM_NODE=");
+           "ROCE_PG_FORCE_NETWORK=0 ROCE_PG_SIM_RANKS_PER_NODE=2 ROCE_PG_SIM_NODE= ROCE_PG_NET_TRANSPORT=tcp");
 }
 
 TEST(automatic_channels_and_workers) {
