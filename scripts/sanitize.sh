@@ -36,6 +36,9 @@ export LD_PRELOAD="$ASAN_RT $UBSAN_RT"
 export ASAN_OPTIONS="detect_leaks=0:detect_container_overflow=0:detect_odr_violation=0:abort_on_error=1:log_path=$PWD/$OUT/logs/asan:symbolize=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$PWD/$OUT/logs/ubsan"
 export ROCE_PG_EXPECT_SANITIZED=1  # tests check that the instrumented build is the one imported
+# The doctor's settings table, from this build (the copy above may be missing or older).
+"$PY" scripts/settings_table.py "$(ls "$OUT"/lib/roce_pg/_C*.so)" "$OUT/lib/roce_pg" ||
+  { echo "sanitize.sh: loading the instrumented extension to list its settings failed" >&2; exit 1; }
 set +e
 (cd "$RUN" && "$ROOT/$PY" -m pytest -p no:cacheprovider "$@") 2>&1 | tee "$OUT/pytest.log"
 rc=${PIPESTATUS[0]}

@@ -247,6 +247,9 @@ def network_mismatch(rank, world, port):
 def debug_wrapper(rank, world, port):
     """TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the backend in torch's checking wrapper."""
     assert os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
+    assert dist.get_debug_level() == dist.DebugLevel.DETAIL
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    assert type(backend).__name__ == "_ProcessGroupWrapper", type(backend)
     t = torch.full((100,), float(rank))
     dist.all_reduce(t)
     assert torch.equal(t, torch.full((100,), float(sum(range(world)))))

@@ -406,7 +406,9 @@ def test_same_everywhere_is_what_joining_a_group_compares():
 
     compared = {kv.split("=")[0] for kv in roce_pg._C.testing.algorithm_settings().split()}
     advised = {name for name, (_, scope, _) in settings.DECLARATIONS.items() if scope == "advised"}
-    assert advised == {"ROCE_PG_ALGO", "ROCE_PG_NET_TRANSPORT", "ROCE_PG_IB_SLOT_BYTES"}
+    assert advised == {"ROCE_PG_ALGO", "ROCE_PG_NET_TRANSPORT", "ROCE_PG_IB_SLOT_BYTES", "ROCE_PG_IB_QPS_PER_CONNECTION",
+                       "ROCE_PG_SHM_SLOT_BYTES", "ROCE_PG_SHM_RING_BYTES", "ROCE_PG_SHM_ONESHOT_MAX_BYTES",
+                       "ROCE_PG_SHM_CHUNK_BYTES"}
     assert set(settings.SAME_EVERYWHERE) - compared == advised
     assert compared <= set(settings.SAME_EVERYWHERE)
     for env, status in (({"ROCE_PG_NCHANNELS": "2"}, doctor.FAIL), ({"ROCE_PG_SPIN_US": "5"}, doctor.WARN)):

@@ -96,8 +96,9 @@ Config Config::read(EnvReader& r) {
   c.ibSl = static_cast<int>(r.integer(perRank("ROCE_PG_IB_SL", kVerbs), 0, 0, 15));
   c.ibTimeout = static_cast<int>(r.integer(perRank("ROCE_PG_IB_TIMEOUT", kVerbs), 18, 1, 31));
   c.ibRetryCnt = static_cast<int>(r.integer(perRank("ROCE_PG_IB_RETRY_CNT", kVerbs), 7, 0, 7));
-  // A peer's queue pairs are made in pairs: both ends must make as many.
-  c.ibQpsPerConnection = static_cast<int>(r.integer(sameInGroup("ROCE_PG_IB_QPS_PER_CONNECTION", kVerbs), 1, 1, 16));
+  // Both ends of a peer must make as many queue pairs: the verbs handshake
+  // checks the count it derives from this (and the channels and ports).
+  c.ibQpsPerConnection = static_cast<int>(r.integer(advised("ROCE_PG_IB_QPS_PER_CONNECTION", kVerbs), 1, 1, 16));
   // Sizes the queues for what peers post.
   c.ibSlots = static_cast<int>(r.integer(sameInGroup("ROCE_PG_IB_SLOTS", kVerbs), 8, 2, 256));
   c.ibPoolBytes = r.integer(perRank("ROCE_PG_IB_POOL_BYTES", kVerbs), c.ibPoolBytes, 64 << 10, 1ll << 36);
@@ -114,10 +115,13 @@ Config Config::read(EnvReader& r) {
   c.chunkBytes = r.integer(sameInGroup("ROCE_PG_CHUNK_BYTES", kAlgorithms), c.chunkBytes, 4096, 1ll << 30);
   c.nChannels = static_cast<int>(r.integer(sameInGroup("ROCE_PG_NCHANNELS", kAlgorithms), 0, 0, kMaxChannels));
   c.workers = static_cast<int>(r.integer(perRank("ROCE_PG_WORKERS", "group"), 0, 0, kMaxWorkers));
-  c.shmSlotBytes = r.integer(perRank("ROCE_PG_SHM_SLOT_BYTES", "membership"), c.shmSlotBytes, 4096, 1ll << 30);
-  c.shmRingBytes = r.integer(perRank("ROCE_PG_SHM_RING_BYTES", "membership"), c.shmRingBytes, 4096, 1ll << 30);
+  // The ranks of a machine share the segments these size and the messages
+  // these shape: formation checks the sizes (the roster), the shared-memory
+  // collectives the chunking (each with an error of its own).
+  c.shmSlotBytes = r.integer(advised("ROCE_PG_SHM_SLOT_BYTES", "membership"), c.shmSlotBytes, 4096, 1ll << 30);
+  c.shmRingBytes = r.integer(advised("ROCE_PG_SHM_RING_BYTES", "membership"), c.shmRingBytes, 4096, 1ll << 30);
   c.shmOneShotMaxBytes =
-      r.integer(perRank("ROCE_PG_SHM_ONESHOT_MAX_BYTES", kAlgorithms), c.shmOneShotMaxBytes, 0, 1ll << 30);
+      r.integer(advised("ROCE_PG_SHM_ONESHOT_MAX_BYTES", kAlgorithms), c.shmOneShotMaxBytes, 0, 1ll << 30);
   c.inlineMaxBytes = r.integer(perRank("ROCE_PG_INLINE_MAX_BYTES", kTorch), c.inlineMaxBytes, 0, 1ll << 40);
   c.syncInlineMaxBytes =
       r.integer(perRank("ROCE_PG_SYNC_INLINE_MAX_BYTES", kTorch), c.syncInlineMaxBytes, 0, 1ll << 40);
@@ -133,7 +137,7 @@ Config Config::read(EnvReader& r) {
   while (ring < c.shmRingBytes) ring <<= 1;
   c.shmRingBytes = ring;
   c.shmSlotBytes = (c.shmSlotBytes + 63) & ~size_t(63);
-  c.shmChunkBytes = r.integerOrZero(perRank("ROCE_PG_SHM_CHUNK_BYTES", kAlgorithms), 0, 4096, 1ll << 30,
+  c.shmChunkBytes = r.integerOrZero(advised("ROCE_PG_SHM_CHUNK_BYTES", kAlgorithms), 0, 4096, 1ll << 30,
                                     "use at least 4096, or 0 for the cache-sized default");
   if (c.shmChunkBytes == 0) c.shmChunkBytes = shmChunkAuto();
   c.shmChunkBytes = floorPow2(c.shmChunkBytes);

@@ -207,7 +207,9 @@ struct Config {
   // "NAME=value ..." of the settings every rank of a group must share
   // (Scope::Group in read(): the algorithms pair up their messages, the verbs
   // queues fit what peers post, neighbours agree when silence means death),
-  // as read, before group creation resolves auto values. Formation compares it.
+  // as read by fromEnv(), before group creation resolves auto values (a field
+  // changed afterwards is not in it; a Config not from fromEnv() gives "").
+  // Formation compares it.
   std::string algorithmSettings() const;
   // The same for what decides where ranks are and which transport joins them
   // (ROCE_PG_NET_TRANSPORT, ROCE_PG_FORCE_NETWORK, ROCE_PG_SIM_*): a subgroup

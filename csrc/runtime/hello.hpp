@@ -45,8 +45,10 @@ static_assert(sizeof(Hello) == 32);
 constexpr uint32_t kJoinMagic = 0x4a4f494e;  // "JOIN"
 // Covers the join header, the RankInfo text after it, the leader's address
 // record and its replies. 2: the record and the header name both versions,
-// and the leader answers a join of other versions with them.
-constexpr uint16_t kJoinVersion = 2;
+// and the leader answers a join of other versions with them. 3: the settings
+// members compare are every setting Config::read declares sameInGroup, in
+// reading order (a build of version 2 would only report a settings mismatch).
+constexpr uint16_t kJoinVersion = 3;
 
 struct JoinHeader {
   uint32_t magic;

@@ -9,8 +9,9 @@ server, a clean single-threaded process that has imported torch once for the
 whole test session: a 4-rank group then starts in about 0.7 s instead of the
 6 s four fresh interpreters take to import torch on a 2-core machine. The
 rank starts from the caller's environment as it is at the call (copied over,
-as a spawned process would inherit it) and imports roce_pg itself, after
-`prepare`. "spawn" gives each rank a fresh interpreter. With
+as a spawned process would inherit it; of what torch reads at its import,
+only TORCH_DISTRIBUTED_DEBUG is read again) and imports roce_pg itself,
+after `prepare`. "spawn" gives each rank a fresh interpreter. With
 start_method="fork" the ranks are forked from the caller, which must have
 imported torch already and must not have touched verbs (no ibv_fork_init) nor
 initialized a process group: under CPU emulation (the Soft-RoCE VMs) that
@@ -69,6 +70,12 @@ def _rank_main(rank, world, port, env, target, kwargs, init, queue, host="127.0.
         os.environ.clear()
         os.environ.update(base_env)
     os.environ.update({k: str(v) for k, v in env.items()})
+    if base_env is not None:
+        # What torch reads when it is imported came from the server's
+        # environment: TORCH_DISTRIBUTED_DEBUG is the one these tests set.
+        import torch.distributed as dist
+
+        dist.set_debug_level_from_env()
     alive = world if alive is None else alive  # ranks expected to reach the end
     try:
         if prepare:

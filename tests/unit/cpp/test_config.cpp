@@ -274,8 +274,9 @@ TEST(what_ranks_compare_is_every_group_scoped_declaration_in_reading_order) {
   const roce::Config c = roce::Config::fromEnv();
   CHECK_EQ(names(c.algorithmSettings()), expected);
   CHECK_EQ(names(c.placementSettings()), placement);
-  // Per-rank and advised settings are not compared; queue pairs per peer are.
-  CHECK(contains(expected, "ROCE_PG_IB_QPS_PER_CONNECTION="));
+  // Per-rank and advised settings are not compared.
+  CHECK(contains(expected, "ROCE_PG_IB_SLOTS="));
+  CHECK(!contains(expected, "ROCE_PG_IB_QPS_PER_CONNECTION="));
   CHECK(!contains(expected, "ROCE_PG_NET_TRANSPORT="));
   CHECK(!contains(expected, "ROCE_PG_ALGO="));
   // ROCE_PG_ALGO reaches the comparison through the setting it defaults.
