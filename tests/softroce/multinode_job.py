@@ -44,6 +44,11 @@ import traceback
 os.environ.setdefault("TORCH_LOGS_FORMAT", "%(levelname).1s %(asctime)s %(process)d %(filename)s:%(lineno)d] %(message)s")
 
 import torch  # noqa: E402
+# DDP's constructor imports torch._dynamo (sympy and more): measured at ~600 s
+# of the torchrun phase on a loaded host, where each VM's two ranks imported
+# it at once on a shared vCPU pair. Imported once here, before any rank is
+# forked, it costs one import per VM (it starts no thread, so forking stays safe).
+import torch._dynamo  # noqa: E402,F401
 
 import roce_pg  # noqa: F401
 
