@@ -114,13 +114,16 @@ def _write_build_info(directory):
 def _write_settings_table(so_path, directory):
     """roce_pg/_settings_table.py for the doctor, from the extension just built
     (scripts/settings_table.py). A build host where the extension cannot load
-    (no libibverbs runtime, say) gets a warning: the doctor then says the
-    table is missing."""
+    (no libibverbs runtime, say) gets a warning and no table, never an older
+    one: the doctor then says the table is missing."""
     import subprocess
 
     p = subprocess.run([sys.executable, os.path.join(HERE, "scripts", "settings_table.py"), so_path, directory],
                        capture_output=True, text=True)
     if p.returncode:
+        stale = os.path.join(directory, "_settings_table.py")
+        if os.path.exists(stale):
+            os.remove(stale)
         print(f"setup.py: WARNING: no settings table for the doctor: loading {so_path} failed:\n{p.stderr[-3000:]}",
               file=sys.stderr)
 

@@ -18,7 +18,7 @@ from itertools import combinations
 
 from ._doctor_checks import chosen_port_facts, local_checks
 from ._doctor_rows import FAIL, OK, WARN, Row, fmt_bytes, report
-from ._doctor_settings import SAME_EVERYWHERE, parse_size
+from ._doctor_settings import SAME_EVERYWHERE, SAME_ON_MACHINE, parse_size
 
 # The transports a pair is measured over: (row name, backend, ROCE_PG_NET_TRANSPORT).
 TRANSPORTS = (("roce verbs", "roce", "verbs"), ("roce tcp", "roce", "tcp"), ("gloo", "gloo", None))
@@ -264,6 +264,12 @@ def _agreement_rows(infos, machines, by_rank, leaders):
         variants = "; ".join(f"ranks {v}: {dict(k) or 'none'}" for k, v in envs.items())
         differ = sorted(k for k in {k for e in envs for k, _ in e}
                         if k in SAME_EVERYWHERE and len({dict(e).get(k) for e in envs}) > 1)
+        # The shared-memory layouts must match among the ranks of a machine only.
+        on_machine = {}
+        for i in infos:
+            on_machine.setdefault(by_rank.get(i["rank"], {}).get("machine"), []).append(i["env"])
+        differ += sorted({k for es in on_machine.values() for k in SAME_ON_MACHINE
+                          if len({e.get(k) for e in es}) > 1})
         rows.append(Row("same ROCE_PG_* everywhere", FAIL if differ else WARN, f"ranks differ: {variants}"[:1500],
                         "set the same ROCE_PG_* variables on every rank" +
                         (f" ({', '.join(differ)} must match)" if differ else "")))

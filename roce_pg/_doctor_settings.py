@@ -13,7 +13,8 @@ Forms: ("int", lo, hi, zero_ok): strtoll base 0 with an optional K/M/G
 suffix, in [lo, hi], or 0 when zero_ok; ("number", lo, hi): strtod;
 ("choice", names); ("flag",): 1/true/yes/on or 0/false/no/off; ("text",): any;
 ("token", n): up to n letters, digits, '-' or '_'. Declarations: (layer,
-scope, placement), scope "rank", "group" (formation compares it) or "advised".
+scope, placement), scope "rank", "group" (formation compares it), "advised"
+(must match everywhere, checked elsewhere) or "machine" (within a machine).
 """
 import re
 import sys
@@ -29,6 +30,9 @@ except ImportError as e:  # a checkout that was never built
 # those formation compares (scope "group") and those whose difference fails
 # with an error of its own ("advised": the transport, ROCE_PG_ALGO).
 SAME_EVERYWHERE = tuple(name for name, (_, scope, _) in DECLARATIONS.items() if scope in ("group", "advised"))
+# And those every rank of one machine must set alike (shared-memory layouts);
+# machines may differ.
+SAME_ON_MACHINE = tuple(name for name, (_, scope, _) in DECLARATIONS.items() if scope == "machine")
 
 
 def table() -> dict:

@@ -37,8 +37,10 @@ export ASAN_OPTIONS="detect_leaks=0:detect_container_overflow=0:detect_odr_viola
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$PWD/$OUT/logs/ubsan"
 export ROCE_PG_EXPECT_SANITIZED=1  # tests check that the instrumented build is the one imported
 # The doctor's settings table, from this build (the copy above may be missing or older).
-"$PY" scripts/settings_table.py "$(ls "$OUT"/lib/roce_pg/_C*.so)" "$OUT/lib/roce_pg" ||
-  { echo "sanitize.sh: loading the instrumented extension to list its settings failed" >&2; exit 1; }
+SO="$OUT/lib/roce_pg/_C$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
+"$PY" scripts/settings_table.py "$SO" "$OUT/lib/roce_pg" ||
+  { head -60 "$OUT"/logs/* 2>/dev/null
+    echo "sanitize.sh: loading the instrumented extension ($SO) to list its settings failed" >&2; exit 1; }
 set +e
 (cd "$RUN" && "$ROOT/$PY" -m pytest -p no:cacheprovider "$@") 2>&1 | tee "$OUT/pytest.log"
 rc=${PIPESTATUS[0]}

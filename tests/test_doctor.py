@@ -321,7 +321,7 @@ def test_settings_table_is_the_extensions():
     assert settings.table() == ext   # with the extension loaded the doctor uses its table
 
 
-README_SCOPES = {"own": "rank", "same, compared": "group", "same": "advised"}
+README_SCOPES = {"own": "rank", "same, compared": "group", "same": "advised", "same on a machine": "machine"}
 
 
 def test_readme_configuration_table_is_the_declarations():
@@ -406,15 +406,21 @@ def test_same_everywhere_is_what_joining_a_group_compares():
 
     compared = {kv.split("=")[0] for kv in roce_pg._C.testing.algorithm_settings().split()}
     advised = {name for name, (_, scope, _) in settings.DECLARATIONS.items() if scope == "advised"}
-    assert advised == {"ROCE_PG_ALGO", "ROCE_PG_NET_TRANSPORT", "ROCE_PG_IB_SLOT_BYTES", "ROCE_PG_IB_QPS_PER_CONNECTION",
-                       "ROCE_PG_SHM_SLOT_BYTES", "ROCE_PG_SHM_RING_BYTES", "ROCE_PG_SHM_ONESHOT_MAX_BYTES",
-                       "ROCE_PG_SHM_CHUNK_BYTES"}
+    assert advised == {"ROCE_PG_ALGO", "ROCE_PG_NET_TRANSPORT", "ROCE_PG_IB_SLOT_BYTES", "ROCE_PG_IB_QPS_PER_CONNECTION"}
+    assert set(settings.SAME_ON_MACHINE) == {"ROCE_PG_SHM_SLOT_BYTES", "ROCE_PG_SHM_RING_BYTES",
+                                             "ROCE_PG_SHM_ONESHOT_MAX_BYTES", "ROCE_PG_SHM_CHUNK_BYTES"}
     assert set(settings.SAME_EVERYWHERE) - compared == advised
     assert compared <= set(settings.SAME_EVERYWHERE)
     for env, status in (({"ROCE_PG_NCHANNELS": "2"}, doctor.FAIL), ({"ROCE_PG_SPIN_US": "5"}, doctor.WARN)):
         infos = [{"rank": 0, "env": env}, {"rank": 1, "env": {}}]
         row = _agreement_rows(infos, {}, {}, [0])[0]
         assert row.status == status, row
+    # A shared-memory layout must match on one machine only: machines may differ.
+    infos = [{"rank": r, "env": {"ROCE_PG_SHM_CHUNK_BYTES": "64K"} if r < 2 else {}} for r in range(4)]
+    for machine_of, status in (((0, 0, 1, 1), doctor.WARN), ((0, 1, 0, 1), doctor.FAIL)):
+        by_rank = {r: {"machine": m} for r, m in enumerate(machine_of)}
+        row = _agreement_rows(infos, {}, by_rank, [0])[0]
+        assert row.status == status and ("ROCE_PG_SHM_CHUNK_BYTES must match" in row.fix) == (status == doctor.FAIL), row
 
 
 def test_cli_json_and_exit_codes(tmp_path):

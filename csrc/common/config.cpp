@@ -117,11 +117,12 @@ Config Config::read(EnvReader& r) {
   c.workers = static_cast<int>(r.integer(perRank("ROCE_PG_WORKERS", "group"), 0, 0, kMaxWorkers));
   // The ranks of a machine share the segments these size and the messages
   // these shape: formation checks the sizes (the roster), the shared-memory
-  // collectives the chunking (each with an error of its own).
-  c.shmSlotBytes = r.integer(advised("ROCE_PG_SHM_SLOT_BYTES", "membership"), c.shmSlotBytes, 4096, 1ll << 30);
-  c.shmRingBytes = r.integer(advised("ROCE_PG_SHM_RING_BYTES", "membership"), c.shmRingBytes, 4096, 1ll << 30);
+  // collectives the chunking (each with an error of its own). Machines may
+  // differ (the chunk follows each machine's cache).
+  c.shmSlotBytes = r.integer(sameOnMachine("ROCE_PG_SHM_SLOT_BYTES", "membership"), c.shmSlotBytes, 4096, 1ll << 30);
+  c.shmRingBytes = r.integer(sameOnMachine("ROCE_PG_SHM_RING_BYTES", "membership"), c.shmRingBytes, 4096, 1ll << 30);
   c.shmOneShotMaxBytes =
-      r.integer(advised("ROCE_PG_SHM_ONESHOT_MAX_BYTES", kAlgorithms), c.shmOneShotMaxBytes, 0, 1ll << 30);
+      r.integer(sameOnMachine("ROCE_PG_SHM_ONESHOT_MAX_BYTES", kAlgorithms), c.shmOneShotMaxBytes, 0, 1ll << 30);
   c.inlineMaxBytes = r.integer(perRank("ROCE_PG_INLINE_MAX_BYTES", kTorch), c.inlineMaxBytes, 0, 1ll << 40);
   c.syncInlineMaxBytes =
       r.integer(perRank("ROCE_PG_SYNC_INLINE_MAX_BYTES", kTorch), c.syncInlineMaxBytes, 0, 1ll << 40);
@@ -137,7 +138,7 @@ Config Config::read(EnvReader& r) {
   while (ring < c.shmRingBytes) ring <<= 1;
   c.shmRingBytes = ring;
   c.shmSlotBytes = (c.shmSlotBytes + 63) & ~size_t(63);
-  c.shmChunkBytes = r.integerOrZero(advised("ROCE_PG_SHM_CHUNK_BYTES", kAlgorithms), 0, 4096, 1ll << 30,
+  c.shmChunkBytes = r.integerOrZero(sameOnMachine("ROCE_PG_SHM_CHUNK_BYTES", kAlgorithms), 0, 4096, 1ll << 30,
                                     "use at least 4096, or 0 for the cache-sized default");
   if (c.shmChunkBytes == 0) c.shmChunkBytes = shmChunkAuto();
   c.shmChunkBytes = floorPow2(c.shmChunkBytes);

@@ -14,6 +14,7 @@ const char* scopeName(Scope s) {
     case Scope::Rank: return "rank";
     case Scope::Group: return "group";
     case Scope::Advised: return "advised";
+    case Scope::Machine: return "machine";
   }
   return "?";
 }

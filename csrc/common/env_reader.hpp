@@ -25,11 +25,13 @@ enum class Scope : uint8_t {
   Group,    // the same on every rank of a group: formation compares the values
   Advised,  // should be the same everywhere but is not compared: a difference fails
             // with an error of its own (the doctor's cluster check compares it)
+  Machine,  // the same on every rank of a machine (shared-memory layouts): checked
+            // there with an error of its own; machines may differ
 };
 const char* scopeName(Scope s);
 
 // A setting's declaration apart from its kind: made by perRank / sameInGroup
-// / advised below, so that every read says what the ranks must agree on.
+// / advised / sameOnMachine below, so that every read says what the ranks must agree on.
 struct Key {
   const char* name;
   const char* layer;  // the csrc/ folder that reads it (docs/ARCHITECTURE.md's layers)
@@ -45,6 +47,7 @@ struct Key {
 constexpr Key perRank(const char* name, const char* layer) { return Key{name, layer, Scope::Rank}; }
 constexpr Key sameInGroup(const char* name, const char* layer) { return Key{name, layer, Scope::Group}; }
 constexpr Key advised(const char* name, const char* layer) { return Key{name, layer, Scope::Advised}; }
+constexpr Key sameOnMachine(const char* name, const char* layer) { return Key{name, layer, Scope::Machine}; }
 
 struct Setting {
   enum class Kind { Integer, Number, Choice, Flag, Text, Token };
