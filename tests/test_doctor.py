@@ -406,7 +406,8 @@ def test_same_everywhere_is_what_joining_a_group_compares():
 
     compared = {kv.split("=")[0] for kv in roce_pg._C.testing.algorithm_settings().split()}
     advised = {name for name, (_, scope, _) in settings.DECLARATIONS.items() if scope == "advised"}
-    assert advised == {"ROCE_PG_ALGO", "ROCE_PG_NET_TRANSPORT", "ROCE_PG_IB_SLOT_BYTES", "ROCE_PG_IB_QPS_PER_CONNECTION"}
+    assert advised == {"ROCE_PG_ALGO", "ROCE_PG_NET_TRANSPORT", "ROCE_PG_IB_SLOT_BYTES",
+                       "ROCE_PG_IB_QPS_PER_CONNECTION"}
     assert set(settings.SAME_ON_MACHINE) == {"ROCE_PG_SHM_SLOT_BYTES", "ROCE_PG_SHM_RING_BYTES",
                                              "ROCE_PG_SHM_ONESHOT_MAX_BYTES", "ROCE_PG_SHM_CHUNK_BYTES"}
     assert set(settings.SAME_EVERYWHERE) - compared == advised
@@ -420,7 +421,8 @@ def test_same_everywhere_is_what_joining_a_group_compares():
     for machine_of, status in (((0, 0, 1, 1), doctor.WARN), ((0, 1, 0, 1), doctor.FAIL)):
         by_rank = {r: {"machine": m} for r, m in enumerate(machine_of)}
         row = _agreement_rows(infos, {}, by_rank, [0])[0]
-        assert row.status == status and ("ROCE_PG_SHM_CHUNK_BYTES must match" in row.fix) == (status == doctor.FAIL), row
+        named = "ROCE_PG_SHM_CHUNK_BYTES must match" in row.fix
+        assert row.status == status and named == (status == doctor.FAIL), row
 
 
 def test_cli_json_and_exit_codes(tmp_path):

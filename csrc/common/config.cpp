@@ -20,8 +20,8 @@ namespace {
 size_t floorPow2(size_t x) { return x ? std::bit_floor(x) : 0; }
 
 std::string readTestFault(EnvReader& r) {
-  return r.oneOf(perRank("ROCE_PG_TEST_FAULT", "common"), "", {"garbage_frames", "no_doorbell", "shm_full", "fail_forming", "slow_teardown",
-                                          "next_protocol"});
+  return r.oneOf(perRank("ROCE_PG_TEST_FAULT", "common"), "",
+                 {"garbage_frames", "no_doorbell", "shm_full", "fail_forming", "slow_teardown", "next_protocol"});
 }
 
 }  // namespace

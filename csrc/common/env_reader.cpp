@@ -122,7 +122,8 @@ bool EnvReader::flag(const Key& key) {
   if (v) {
     const std::string s(v);
     if (s == "1" || s == "true" || s == "yes" || s == "on") on = true;
-    else if (!(s == "0" || s == "false" || s == "no" || s == "off")) throwInvalid(str(key.name, "='", v, "': use 1 or 0"));
+    else if (!(s == "0" || s == "false" || s == "no" || s == "off"))
+      throwInvalid(str(key.name, "='", v, "': use 1 or 0"));
   }
   keep(key, on ? "1" : "0");
   return on;

@@ -70,18 +70,16 @@ def _rank_main(rank, world, port, env, target, kwargs, init, queue, host="127.0.
         os.environ.clear()
         os.environ.update(base_env)
     os.environ.update({k: str(v) for k, v in env.items()})
-    if base_env is not None:
-        # What torch reads when it is imported came from the server's
-        # environment: TORCH_DISTRIBUTED_DEBUG is the one these tests set.
-        import torch.distributed as dist
-
-        dist.set_debug_level_from_env()
     alive = world if alive is None else alive  # ranks expected to reach the end
     try:
-        if prepare:
-            _call(prepare)  # before roce_pg registers (e.g. loading a test device)
         import torch.distributed as dist
 
+        if base_env is not None:
+            # What torch reads when it is imported came from the server's
+            # environment: TORCH_DISTRIBUTED_DEBUG is the one these tests set.
+            dist.set_debug_level_from_env()
+        if prepare:
+            _call(prepare)  # before roce_pg registers (e.g. loading a test device)
         import roce_pg  # noqa: F401  (registers "roce")
 
         if init:
