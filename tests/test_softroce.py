@@ -7,7 +7,7 @@ VMs (the host kernel has no RDMA support; see scripts/softroce/README.md).
   batch_isend_irecv, any source, tags, object collectives, messages above the
   chunk size (also with 4 QPs per connection and non-default slot counts),
   subgroups, timeouts, abort, the size-mismatch NACK; kill -9 of a rank during
-  a large allreduce; 10,000 mixed collectives and 50 group re-creations without
+  a large allreduce; 5,000 mixed collectives and 25 group re-creations without
   growth of RSS, fds, MRs or QPs; 8 ranks with a small pool whose connections,
   queue pairs and registered bytes follow the peers their algorithm talks to;
   verbs zero copy (1 MiB chunks): every collective kind exact below and above
@@ -306,7 +306,7 @@ def test_kill_during_large_allreduce_over_verbs(one_vm):
         assert res["dist_backend_error"] and "rank 2" in res["msg"] and res["host"] in res["msg"], (r, res)
 
 
-def test_10000_mixed_collectives_over_verbs_do_not_grow(one_vm):
+def test_5000_mixed_collectives_over_verbs_do_not_grow(one_vm):
     g = _group(one_vm, "mixed/verbs2")
     for r, res in enumerate(g["results"]):
         samples = {int(k): v for k, v in res["samples"].items()}
@@ -316,13 +316,14 @@ def test_10000_mixed_collectives_over_verbs_do_not_grow(one_vm):
               f"rdma {first.get('rdma')}->{last.get('rdma')}")
         for key in ("fds", "threads", "shm_maps"):
             assert last[key] <= first[key], (r, key, first[key], last[key])
-        assert last["rss_kib"] - first["rss_kib"] < 4 << 10, (r, first["rss_kib"], last["rss_kib"])
+        # 4,000 operations after the warm-up: under 0.5 KiB each (~16 KiB in all was seen)
+        assert last["rss_kib"] - first["rss_kib"] < 2 << 10, (r, first["rss_kib"], last["rss_kib"])
         if r == 0:  # the machine's MRs and QPs, sampled with every rank at the same point
             assert first["rdma"]["qp"] > 0 and first["rdma"]["mr"] > 0, first["rdma"]
             assert all(last["rdma"][k] <= first["rdma"][k] for k in RDMA_KINDS), (first["rdma"], last["rdma"])
 
 
-def test_recreating_the_group_50_times_over_verbs_leaks_nothing(one_vm):
+def test_recreating_the_group_25_times_over_verbs_leaks_nothing(one_vm):
     g = _group(one_vm, "recreate/verbs2")
     base = one_vm.report["rdma_before"]
     for r, res in enumerate(g["results"]):
@@ -439,12 +440,12 @@ def test_gpudirect_over_the_device_registration_limit_is_staged(one_vm):
 
 # Private RSS after handing cached free memory back (fault_workers._rss_kib runs
 # malloc_trim): without the trim, glibc's per-thread arenas kept 25-100 KiB more
-# per verbs group cycle in the VM, which looked like a leak; with it, 50 cycles
-# grow ~170 KiB in all (Python's per-group bookkeeping and rank 0's store keys).
-def test_recreating_the_group_50_times_over_verbs_keeps_rss_flat(one_vm):
+# per verbs group cycle in the VM, which looked like a leak; with it, a cycle
+# grows 1-4 KiB (Python's per-group bookkeeping and rank 0's store keys).
+def test_recreating_the_group_25_times_over_verbs_keeps_rss_flat(one_vm):
     for r, res in enumerate(_group(one_vm, "recreate/verbs2")["results"]):
         growth = res["last"]["rss_kib"] - res["second"]["rss_kib"]
-        assert growth < 1 << 10, f"rank {r}: private RSS grew {growth} KiB from group 2 to 50: {res['rss_kib']}"
+        assert growth < 512, f"rank {r}: private RSS grew {growth} KiB from group 2 to 25: {res['rss_kib']}"
 
 
 # ---------------------------------------------------------------- two VMs

@@ -13,7 +13,7 @@ Phases (argv after the report path; default: all of them):
           size-mismatch NACK; subgroups formed from the world group's roster
           sharing the process's one device context (issue 27)
   faults  kill -9 of a rank during a large allreduce (300 s group timeout),
-          10,000 mixed small collectives and 50 group re-creations (2 ranks)
+          5,000 mixed small collectives and 25 group re-creations (2 ranks)
           without growth of RSS, fds, threads, MRs or QPs (`rdma res show`)
   zerocopy  RDMA straight between tensors (1 MiB chunks, 64 KiB threshold):
           every collective kind exact below and above the threshold; no byte
@@ -126,10 +126,10 @@ def groups(phases):
                                             scratch=True, min_packets=2 * (3 - 1) * (8 << 20) // MTU)
         # Two ranks: under emulation a third one (and its progress thread) costs ~5x per operation.
         g["mixed/verbs2"] = _group("verbs2", "tests.fault_workers.mixed_collectives", proof=False,
-                                   kwargs={"total": 10_000, "rdma": True, "progress": True}, min_packets=10_000,
+                                   kwargs={"total": 5_000, "rdma": True, "progress": True}, min_packets=5_000,
                                    deadline_s=900)
         g["recreate/verbs2"] = _group("verbs2", "tests.fault_workers.recreate_group", proof=False, init=False,
-                                      kwargs={"cycles": 50, "rdma": True}, min_packets=50 * 4099 * 4 // MTU,
+                                      kwargs={"cycles": 25, "rdma": True}, min_packets=25 * 4099 * 4 // MTU,
                                       deadline_s=600)
     if "scale" in phases:
         # 8 ranks on verbs with a small pool (256 KiB landing, 4 KiB slots): per-rank
