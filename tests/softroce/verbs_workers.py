@@ -28,13 +28,15 @@ def with_proof(rank, world, port, target, kwargs=None, proof_bytes=PROOF_BYTES):
     return fn(rank=rank, world=world, port=port, **(kwargs or {}))
 
 
-def matrix_and_big(rank, world, port, big_bytes=8 << 20):
-    """The collective matrix, then an allreduce of big_bytes whose result is checked exactly."""
+def matrix_and_big(rank, world, port, big_bytes=8 << 20, thin_large=False):
+    """The collective matrix (thin_large: the largest size in one dtype per
+    element size and kind, as tests/matrix.py explains), then an allreduce of
+    big_bytes whose result is checked exactly."""
     from tests.matrix import run
 
     from tests.softroce.rxe_counters import sent_packets
 
-    res = run(rank, world, port)
+    res = run(rank, world, port, thin_large=thin_large)
     t = torch.full((big_bytes // 4,), float(rank + 1))
     dist.barrier()
     before = sent_packets()  # one machine: every rank sees the same device counters
