@@ -5,8 +5,9 @@ minutes `import torch` costs under emulation. This process never touches verbs
 itself before the forks (no ibv_fork_init needed): the ports are listed last.
 
 Phases (argv after the report path; default: all of them):
-  matrix  the collective matrix on 2, 3 and 4 ranks, then an 8 MiB allreduce
-          whose packets are counted
+  matrix  the collective matrix on 2 and 3 ranks (3: the largest size in one
+          dtype per element size and kind), then an 8 MiB allreduce whose
+          packets are counted
   api     send/recv, batch_isend_irecv, any source, tags, object collectives,
           messages above the 1 MiB chunk (also with ROCE_PG_IB_QPS_PER_CONNECTION=4
           and non-default ROCE_PG_IB_SLOTS), subgroups, timeouts, abort, the
