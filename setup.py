@@ -21,6 +21,7 @@ import fcntl
 import glob
 import os
 import re
+import shlex
 import sys
 
 from setuptools import setup
@@ -128,6 +129,122 @@ def _write_settings_table(so_path, directory):
               file=sys.stderr)
 
 
+PCH_HEADER = "roce_torch_headers.hpp"
+PCH_SOURCE_DIR = os.path.join("csrc", "torch", "pch")
+
+
+def _build_precompiled_header(compiler, cflags, post_cflags, build_dir):
+    """Compiles csrc/torch/pch/roce_torch_headers.hpp with exactly the flags
+    ninja compiles the sources with, into build_dir/pch/, which precedes
+    csrc/torch/pch on the include path: GCC then reads the .gch instead of
+    parsing the torch headers again in every file that includes it first.
+
+    Rebuilt when the flags, the compiler, torch or a header it read changed;
+    a rebuild deletes the objects of csrc/torch/ so that none keeps the older
+    headers' code. A failure leaves no .gch (the header is then parsed as
+    usual) and a warning, never a failed build, and is not retried until the
+    flags change."""
+    import hashlib
+    import subprocess
+
+    out_dir = os.path.join(build_dir, "pch")
+    gch = os.path.join(out_dir, PCH_HEADER + ".gch")
+    unverified = gch + ".unverified"  # set aside by _set_aside_precompiled_header
+    stamp_path, dep_path = gch + ".stamp", gch + ".d"
+    header = os.path.join(HERE, PCH_SOURCE_DIR, PCH_HEADER)
+    # torch hands the flags shell-quoted, for the ninja file.
+    flags, post_flags = shlex.split(" ".join(cflags)), shlex.split(" ".join(post_cflags))
+    cmd = ([compiler] + [f for f in flags if f != "-c"] + ["-x", "c++-header", header, "-o", gch]
+           + post_flags + ["-MD", "-MF", dep_path])
+    # The compiler's version and torch's build too: an upgrade may keep the
+    # headers' modification times (pip can keep a wheel's).
+    facts = cmd + [_compiler_version(compiler), torch.__version__, getattr(torch.version, "git_version", "") or ""]
+    stamp = hashlib.sha256("\0".join(facts).encode()).hexdigest()
+
+    def stamp_matches():
+        try:
+            with open(stamp_path) as f:
+                return f.read() == stamp
+        except OSError:
+            return False
+
+    def headers_unchanged(built):
+        try:
+            with open(dep_path) as f:
+                deps = f.read().replace("\\\n", " ").split(":", 1)[1].split()
+            return all(os.path.getmtime(d) <= built for d in deps)
+        except (OSError, IndexError):
+            return False
+
+    if stamp_matches():
+        if not os.path.exists(unverified):
+            return  # the last attempt failed with these flags: no precompiled header, no retry
+        if headers_unchanged(os.path.getmtime(unverified)):
+            os.replace(unverified, gch)
+            return
+    os.makedirs(out_dir, exist_ok=True)
+    for stale in (unverified, gch, stamp_path):
+        if os.path.exists(stale):
+            os.remove(stale)
+    # Objects compiled with the old precompiled header hold its headers' code.
+    for obj in glob.glob(os.path.join(build_dir, "**", "csrc", "torch", "*.o"), recursive=True):
+        os.remove(obj)
+    print(f"setup.py: precompiling the torch headers ({gch})", file=sys.stderr)
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        if os.path.exists(gch):
+            os.remove(gch)
+        print(f"setup.py: WARNING: no precompiled header (the build goes on without it):\n{p.stderr[-2000:]}",
+              file=sys.stderr)
+    with open(stamp_path, "w") as f:
+        f.write(stamp)
+
+
+def _set_aside_precompiled_header(build_dir):
+    """GCC checks a .gch's flags, not the headers it was made from: one that
+    this build does not confirm (no ninja, a compiler not taken for GCC, a
+    torch whose build step is not the one wrapped) must not be found."""
+    gch = os.path.join(build_dir, "pch", PCH_HEADER + ".gch")
+    if os.path.exists(gch):
+        os.replace(gch, gch + ".unverified")
+
+
+def _with_precompiled_header(write_and_compile):
+    """Wraps torch.utils.cpp_extension's ninja step: the precompiled header
+    first, from the flags it is handed. Only GCC reads .gch files."""
+    import inspect
+
+    from torch.utils import cpp_extension
+
+    def wrapper(*args, **kwargs):
+        compiler = os.environ.get("CXX", "c++")
+        if hasattr(cpp_extension, "get_cxx_compiler"):
+            compiler = cpp_extension.get_cxx_compiler()
+        try:
+            a = inspect.signature(write_and_compile).bind(*args, **kwargs).arguments
+            if _is_gcc(compiler):
+                _build_precompiled_header(compiler, a["cflags"], a["post_cflags"], a["build_directory"])
+        except (TypeError, KeyError) as e:
+            print(f"setup.py: WARNING: no precompiled header ({e!r})", file=sys.stderr)
+        return write_and_compile(*args, **kwargs)
+
+    return wrapper
+
+
+def _compiler_version(compiler):
+    import subprocess
+
+    try:
+        return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return ""
+
+
+def _is_gcc(compiler):
+    out = _compiler_version(compiler)
+    return "Free Software Foundation" in out and "clang" not in out
+
+
 setup_kwargs = {}
 if torch is not None:
 
@@ -153,10 +270,21 @@ if torch is not None:
             with open(os.path.join(self.build_temp, ".lock"), "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 generated = _write_build_info(os.path.join(self.build_temp, "roce_pg_generated"))
+                pch_dir = os.path.abspath(os.path.join(self.build_temp, "pch"))
                 for ext in self.extensions:
                     if ext.name == f"{NAME}._C" and generated not in ext.sources:
                         ext.sources.append(generated)
-                super().build_extensions()
+                    if ext.name == f"{NAME}._C" and pch_dir not in ext.include_dirs:
+                        ext.include_dirs.insert(0, pch_dir)  # before csrc/torch/pch
+                from torch.utils import cpp_extension
+
+                _set_aside_precompiled_header(self.build_temp)
+                ninja_step = cpp_extension._write_ninja_file_and_compile_objects
+                cpp_extension._write_ninja_file_and_compile_objects = _with_precompiled_header(ninja_step)
+                try:
+                    super().build_extensions()
+                finally:
+                    cpp_extension._write_ninja_file_and_compile_objects = ninja_step
             if not os.environ.get("ROCE_PG_SANITIZE", "").strip():  # an instrumented .so loads only under its preload
                 # An editable install copies the extension into the source
                 # package afterwards (the table must be there too); any other
@@ -166,6 +294,9 @@ if torch is not None:
                 _write_settings_table(so_path, os.path.join(HERE, NAME) if in_source else os.path.dirname(so_path))
 
     sanitize = _sanitize_flags()
+    # -fpch-deps: the objects' dependency files list the headers inside the
+    # precompiled one, so ninja rebuilds them when torch's headers change.
+    pch_flags = ["-Winvalid-pch", "-fpch-deps"] if _is_gcc(os.environ.get("CXX", "c++")) else []
     setup_kwargs = dict(
         ext_modules=[
             CppExtension(
@@ -177,7 +308,9 @@ if torch is not None:
                 # -g1 (line tables: stack traces name file and line) overrides the
                 # full -g in Python's CFLAGS: full debug info of the torch headers
                 # makes a build about 40% slower and its objects five times larger.
-                extra_compile_args={"cxx": ["-std=c++20", "-O3", "-g1", "-Wall", "-fno-strict-aliasing"] + sanitize},
+                include_dirs=[os.path.join(HERE, PCH_SOURCE_DIR)],
+                extra_compile_args={"cxx": ["-std=c++20", "-O3", "-g1", "-Wall", "-fno-strict-aliasing"]
+                                    + pch_flags + sanitize},
                 # The shared C++ runtime, by name: where a compiler finds only the
                 # static libstdc++ (seen on the GPU machines' image: g++ 13 without
                 # the libstdc++.so link), the extension got a private copy of it

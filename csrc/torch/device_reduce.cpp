@@ -1,3 +1,4 @@
+#include <roce_torch_headers.hpp>  // first: a precompiled header (setup.py)
 #include "device_reduce.hpp"
 
 #include <ATen/core/grad_mode.h>

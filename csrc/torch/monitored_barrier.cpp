@@ -1,3 +1,4 @@
+#include <roce_torch_headers.hpp>  // first: a precompiled header (setup.py)
 #include "monitored_barrier.hpp"
 
 #include <c10/util/Exception.h>

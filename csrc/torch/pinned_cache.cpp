@@ -1,3 +1,4 @@
+#include <roce_torch_headers.hpp>  // first: a precompiled header (setup.py)
 #include "pinned_cache.hpp"
 
 // Its inline code trips GCC's -Winterference-size; nothing of ours is affected.

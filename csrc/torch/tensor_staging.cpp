@@ -1,3 +1,4 @@
+#include <roce_torch_headers.hpp>  // first: a precompiled header (setup.py)
 #include "tensor_staging.hpp"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>

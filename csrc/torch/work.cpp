@@ -1,3 +1,4 @@
+#include <roce_torch_headers.hpp>  // first: a precompiled header (setup.py)
 #include "work.hpp"
 
 #include <ATen/core/jit_type.h>
