@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 import sys
+import threading
 
 from setuptools import setup
 
@@ -138,12 +139,16 @@ def _build_precompiled_header(compiler, cflags, post_cflags, build_dir):
     ninja compiles the sources with, into build_dir/pch/, which precedes
     csrc/torch/pch on the include path: GCC then reads the .gch instead of
     parsing the torch headers again in every file that includes it first.
+    The compile runs on a thread (returned, or None when there is nothing to
+    do) beside ninja, which takes the sources in sorted order (setuptools
+    sorts them): csrc/torch/ comes after most of the core, by when the
+    header is done; a file compiled before that parses the header itself.
 
     Rebuilt when the flags, the compiler, torch or a header it read changed;
     a rebuild deletes the objects of csrc/torch/ so that none keeps the older
     headers' code. A failure leaves no .gch (the header is then parsed as
     usual) and a warning, never a failed build, and is not retried until the
-    flags change."""
+    flags, the compiler, torch or the header change."""
     import hashlib
     import subprocess
 
@@ -154,11 +159,15 @@ def _build_precompiled_header(compiler, cflags, post_cflags, build_dir):
     header = os.path.join(HERE, PCH_SOURCE_DIR, PCH_HEADER)
     # torch hands the flags shell-quoted, for the ninja file.
     flags, post_flags = shlex.split(" ".join(cflags)), shlex.split(" ".join(post_cflags))
-    cmd = ([compiler] + [f for f in flags if f != "-c"] + ["-x", "c++-header", header, "-o", gch]
+    partial = gch + ".partial"  # renamed when complete: a compile never reads half of it
+    cmd = ([compiler] + [f for f in flags if f != "-c"] + ["-x", "c++-header", header, "-o", partial]
            + post_flags + ["-MD", "-MF", dep_path])
     # The compiler's version and torch's build too: an upgrade may keep the
     # headers' modification times (pip can keep a wheel's).
-    facts = cmd + [_compiler_version(compiler), torch.__version__, getattr(torch.version, "git_version", "") or ""]
+    with open(header) as f:
+        header_text = f.read()
+    facts = cmd + [_compiler_version(compiler), torch.__version__, getattr(torch.version, "git_version", "") or "",
+                   header_text]
     stamp = hashlib.sha256("\0".join(facts).encode()).hexdigest()
 
     def stamp_matches():
@@ -178,26 +187,36 @@ def _build_precompiled_header(compiler, cflags, post_cflags, build_dir):
 
     if stamp_matches():
         if not os.path.exists(unverified):
-            return  # the last attempt failed with these flags: no precompiled header, no retry
+            return None  # the last attempt failed with these flags: no precompiled header, no retry
         if headers_unchanged(os.path.getmtime(unverified)):
             os.replace(unverified, gch)
-            return
+            return None
     os.makedirs(out_dir, exist_ok=True)
-    for stale in (unverified, gch, stamp_path):
+    for stale in (unverified, gch, partial, stamp_path):
         if os.path.exists(stale):
             os.remove(stale)
     # Objects compiled with the old precompiled header hold its headers' code.
     for obj in glob.glob(os.path.join(build_dir, "**", "csrc", "torch", "*.o"), recursive=True):
         os.remove(obj)
+
+    def precompile():
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode == 0:
+            os.replace(partial, gch)
+        else:
+            if os.path.exists(partial):
+                os.remove(partial)
+            print(f"setup.py: WARNING: no precompiled header (the build goes on without it):\n{p.stderr[-2000:]}",
+                  file=sys.stderr)
+            if p.returncode < 0:
+                return  # killed (out of memory, say): the next build tries again
+        with open(stamp_path, "w") as f:
+            f.write(stamp)
+
     print(f"setup.py: precompiling the torch headers ({gch})", file=sys.stderr)
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode:
-        if os.path.exists(gch):
-            os.remove(gch)
-        print(f"setup.py: WARNING: no precompiled header (the build goes on without it):\n{p.stderr[-2000:]}",
-              file=sys.stderr)
-    with open(stamp_path, "w") as f:
-        f.write(stamp)
+    thread = threading.Thread(target=precompile, name="precompiled-header")
+    thread.start()
+    return thread
 
 
 def _set_aside_precompiled_header(build_dir):
@@ -220,13 +239,19 @@ def _with_precompiled_header(write_and_compile):
         compiler = os.environ.get("CXX", "c++")
         if hasattr(cpp_extension, "get_cxx_compiler"):
             compiler = cpp_extension.get_cxx_compiler()
+        precompiling = None
         try:
             a = inspect.signature(write_and_compile).bind(*args, **kwargs).arguments
             if _is_gcc(compiler):
-                _build_precompiled_header(compiler, a["cflags"], a["post_cflags"], a["build_directory"])
+                precompiling = _build_precompiled_header(compiler, a["cflags"], a["post_cflags"],
+                                                         a["build_directory"])
         except (TypeError, KeyError) as e:
             print(f"setup.py: WARNING: no precompiled header ({e!r})", file=sys.stderr)
-        return write_and_compile(*args, **kwargs)
+        try:
+            return write_and_compile(*args, **kwargs)
+        finally:
+            if precompiling is not None:
+                precompiling.join()
 
     return wrapper
 

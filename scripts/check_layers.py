@@ -20,7 +20,8 @@ import re
 import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
-TORCH_HEADERS = ("torch/", "c10/", "ATen/", "pybind11/", "Python.h")
+# roce_torch_headers.hpp: the adapter's precompiled torch headers (csrc/torch/pch/)
+TORCH_HEADERS = ("torch/", "c10/", "ATen/", "pybind11/", "Python.h", "roce_torch_headers.hpp")
 ADAPTER = "torch"
 SOURCES = (".cpp", ".hpp", ".h", ".cc", ".cu")
 

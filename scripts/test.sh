@@ -10,6 +10,7 @@ bash scripts/setup.sh
 mkdir -p build
 .venv/bin/python -c "from tests.testdev import load; load()" > build/testdev-prebuild.log 2>&1 &
 prebuild=$!
+trap 'wait "$prebuild" 2>/dev/null || true' EXIT  # never leave it half-built behind us
 bash scripts/softroce/setup.sh
 wait "$prebuild" ||
   echo "test.sh: building the test device beforehand failed; the tests build it (build/testdev-prebuild.log)" >&2

@@ -112,6 +112,9 @@ def _build():
     # then find the build up to date.
     with open(_BUILD_DIR / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        # torch's own lock file, left by a build that was killed, would make
+        # load() wait forever; under our lock no other build is running.
+        (_BUILD_DIR / "lock").unlink(missing_ok=True)
         return torch.utils.cpp_extension.load(
             name="roce_testdev",
             sources=[str(_HERE / source) for source in _SOURCES],
