@@ -18,6 +18,7 @@ sanitizers: -fsanitize=<value> -fno-omit-frame-pointer -g1 -O1 on compile and li
 (like every build here, line tables only: all a report's stack needs).
 """
 import fcntl
+import functools
 import glob
 import os
 import re
@@ -256,6 +257,7 @@ def _with_precompiled_header(write_and_compile):
     return wrapper
 
 
+@functools.cache  # asked for the module's flags, the precompiled header's stamp and its wrapper
 def _compiler_version(compiler):
     import subprocess
 
