@@ -256,8 +256,44 @@ def _pieces_overlap(acc, world):
     finally:
         acc.copy_delay(0)
     ok = bool(torch.equal(x.cpu(), _expected_sum(world, pieces * 1024)))
-    return {"pieces_s": took, "pieces_serial_s": 2 * pieces * delay_ms / 1000, "pieces_ok": ok,
-            "pieces_copies_at_once": acc.testdev.copy_concurrency()["peak"]}
+    report = {"pieces_s": took, "pieces_serial_s": 2 * pieces * delay_ms / 1000, "pieces_ok": ok,
+              "pieces_copies_at_once": acc.testdev.copy_concurrency()["peak"]}
+    report.update(_block_pieces_overlap(acc, world, delay_ms, pieces))
+    return report
+
+
+def _block_pieces_overlap(acc, world, delay_ms, pieces):
+    """FSDP's two collectives move in pieces too: each piece takes the same
+    part of every rank's block (4096 bytes of each here), so one piece's
+    results travel back while the next is still copied out. Values differ by
+    rank, block and element, so that a block or piece put in the wrong place
+    shows."""
+    rank, m = dist.get_rank(), pieces * 1024
+    mine = torch.arange(m, dtype=torch.float64) + 1000 * rank
+    blocks = torch.arange(world * m, dtype=torch.float64) + 1000 * rank
+    gathered_ref = torch.cat([torch.arange(m, dtype=torch.float64) + 1000 * r for r in range(world)])
+    scattered_ref = world * torch.arange(rank * m, (rank + 1) * m, dtype=torch.float64) + 1000 * sum(range(world))
+    report = {}
+    for name, call, expected in (
+            ("all_gather_into_tensor",
+             lambda out, inp: dist.all_gather_into_tensor(out, inp), gathered_ref),
+            ("reduce_scatter_tensor",
+             lambda out, inp: dist.reduce_scatter_tensor(out, inp), scattered_ref)):
+        gather = name == "all_gather_into_tensor"
+        inp = (mine if gather else blocks).to(torch.float32).to(acc.device)
+        out = torch.empty(world * m if gather else m, device=acc.device)
+        acc.synchronize()
+        dist.barrier()
+        acc.copy_delay(delay_ms)
+        acc.testdev.reset_copy_concurrency()
+        try:
+            call(out, inp)
+            acc.synchronize()
+        finally:
+            acc.copy_delay(0)
+        report[f"{name}_copies_at_once"] = acc.testdev.copy_concurrency()["peak"]
+        report[f"{name}_ok"] = bool(torch.equal(out.cpu().double(), expected))
+    return report
 
 
 def _freed_right_after_issue(ck, acc, world):

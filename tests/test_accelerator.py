@@ -72,6 +72,8 @@ def test_stream_semantics(kind, tmp_path):
         assert r["copy_back_running_after_consumer"], r  # queuing the consumer did not wait
         # Copies back ran beside copies out (pipelined pieces).
         assert r["pieces_ok"] and r["pieces_copies_at_once"] >= 2, r
+        for op in ("all_gather_into_tensor", "reduce_scatter_tensor"):
+            assert r[f"{op}_ok"] and r[f"{op}_copies_at_once"] >= 2, r
         # The lifetime check ran: the freed tensor's memory was released while
         # its copy back was queued (and the new tensor kept its values).
         assert r["freed_before_copy_back"], r

@@ -303,18 +303,34 @@ CollectiveTask::Body RoceBackend::elementwiseOnDevice(CallStaging& st, const at:
   };
 }
 
-std::function<void(Communicator&)> RoceBackend::reduceScatterBody(CallStaging& st, const at::Tensor& in,
-                                                                  const at::Tensor& out, DataType t, CallReduction red) {
-  if (st.device && out.numel() > 0 && reduceStagedOnDevice(engine_->comm(), bytesOf(in))) {
-    const at::Tensor rows = st.device->hostBuffer(in.numel(), in.scalar_type());
+int64_t RoceBackend::blockPieceElems(const CallStaging& st, const at::Tensor& blocks, const at::Tensor& block) const {
+  if (!st.device || st.direct || !blocks.is_contiguous() || !block.is_contiguous()) return 0;
+  // A piece copies each block's part on its own (a copy per rank and
+  // direction, no kernel): below a few hundred KiB per copy, launching them
+  // would cost more than moving the bytes.
+  constexpr int64_t kMinRowPieceBytes = 256 << 10;
+  const int64_t pieceBytes = static_cast<int64_t>(cfg_.devicePieceBytes);
+  const int64_t rowBytes = std::max(pieceBytes / getSize(), std::min(pieceBytes, kMinRowPieceBytes));
+  return std::max<int64_t>(1, rowBytes / static_cast<int64_t>(block.element_size()));
+}
+
+CollectiveTask::Body RoceBackend::reduceScatterBody(CallStaging& st, const at::Tensor& in, const at::Tensor& out,
+                                                    DataType t, CallReduction red, int64_t pieceElems) {
+  const int64_t p = getSize(), m = out.numel();
+  const int64_t piece = pieceElems > 0 ? std::min(pieceElems, m) : m;
+  if (st.device && m > 0 && reduceStagedOnDevice(engine_->comm(), p * piece * in.element_size())) {
+    const at::Tensor rows = st.device->hostBuffer(p * piece, in.scalar_type());
     const c10::Stream stream = st.device->reduceStream();
-    prepareDeviceReduction(stream, in.scalar_type(), red.op(), getSize(), getRank(), out.numel(), 0);
-    return [in, rows, out, stream, red](Communicator& c) {
-      reduceScatterReducingOnDevice(c, stream, in, rows, out, red.get());
+    for (int64_t count : {piece, m % piece})
+      if (count > 0) prepareDeviceReduction(stream, in.scalar_type(), red.op(), p, getRank(), count, 0);
+    return [in, rows, out, stream, red, p](Communicator& c, size_t first, size_t count) {
+      const auto n = static_cast<int64_t>(count);
+      reduceScatterReducingOnDevice(c, stream, in.narrow(0, p * first, p * n), rows.narrow(0, 0, p * n),
+                                    out.narrow(0, first, n), red.get());
     };
   }
-  return [in, out, t, red](Communicator& c) {
-    roce::reduceScatter(c, in.data_ptr(), out.data_ptr(), out.numel(), t, red.get());
+  return [in, out, t, red, p](Communicator& c, size_t first, size_t count) {
+    roce::reduceScatter(c, elementAt(in, p * first), elementAt(out, first), count, t, red.get());
   };
 }
 
@@ -373,9 +389,8 @@ GpudirectChoice RoceBackend::gpudirect(const at::Tensor& t, int peer, size_t lar
 c10::intrusive_ptr<c10d::Work> RoceBackend::submit(OpType type, const char* title, std::vector<at::Tensor> futureValue,
                                                    CallStaging st, std::function<void(Communicator&)> body,
                                                    CallOptions call, size_t bytes) {
-  if (st.device) st.device->start(/*pieceElems=*/0, 0);
-  return enqueue(type, title, std::move(futureValue), std::move(st), 0,
-                 [body = std::move(body)](Communicator& c, size_t, size_t) { body(c); }, call, bytes);
+  return submitInPieces(type, title, std::move(futureValue), std::move(st), /*elems=*/0, /*pieceElems=*/0,
+                        [body = std::move(body)](Communicator& c, size_t, size_t) { body(c); }, call, bytes);
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::submitElementwise(OpType type, const char* title,
@@ -383,8 +398,16 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::submitElementwise(OpType type, const
                                                               const at::Tensor& flat, CollectiveTask::Body body,
                                                               CallOptions call) {
   const size_t n = flat.numel(), elementSize = flat.element_size();
-  if (st.device) st.device->start(devicePieceElems(elementSize), n);
-  return enqueue(type, title, std::move(futureValue), std::move(st), n, std::move(body), call, n * elementSize);
+  return submitInPieces(type, title, std::move(futureValue), std::move(st), n, devicePieceElems(elementSize),
+                        std::move(body), call, n * elementSize);
+}
+
+c10::intrusive_ptr<c10d::Work> RoceBackend::submitInPieces(OpType type, const char* title,
+                                                           std::vector<at::Tensor> futureValue, CallStaging st,
+                                                           size_t elems, int64_t pieceElems, CollectiveTask::Body body,
+                                                           CallOptions call, size_t bytes) {
+  if (st.device) st.device->start(pieceElems, static_cast<int64_t>(elems));
+  return enqueue(type, title, std::move(futureValue), std::move(st), elems, std::move(body), call, bytes);
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* title, std::vector<at::Tensor> futureValue,
@@ -511,10 +534,15 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::_allgather_base(at::Tensor& output, 
   TORCH_CHECK(output.numel() == input.numel() * getSize(), "roce: all_gather_into_tensor: output has ", output.numel(),
               " elements, expected world size (", getSize(), ") x input (", input.numel(), ")");
   CallStaging st = staging(input, /*peer=*/-1, output.nbytes());
-  const at::Tensor in = st.input(input), out = st.output(output);
-  return submit(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, std::move(st),
-                [in, out](Communicator& c) { roce::allgather(c, in.data_ptr(), out.data_ptr(), bytesOf(in)); },
-                callOf(opts), bytesOf(in));
+  const int64_t p = getSize(), pieceElems = blockPieceElems(st, output, input);
+  const at::Tensor in = st.input(input), out = st.rows(output, p, /*read=*/false, /*write=*/true);
+  const size_t elementSize = in.element_size();
+  return submitInPieces(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, std::move(st), in.numel(),
+                        pieceElems,
+                        [in, out, p, elementSize](Communicator& c, size_t first, size_t count) {
+                          roce::allgather(c, elementAt(in, first), elementAt(out, p * first), count * elementSize);
+                        },
+                        callOf(opts), bytesOf(in));
 }
 
 // outputLists[r][i] receives rank r's inputs[i] (torch's all_gather_coalesced).
@@ -635,8 +663,8 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter(std::vector<at::Tenso
   const CallReduction red(opts.reduceOp, t, st);
   const at::Tensor flat = st.inputs(inputs[0]), out = st.output(outputs[0]);
   auto body = reduceScatterBody(st, flat, out, t, red);
-  return submit(OpType::REDUCE_SCATTER, "reduce_scatter", outputs, std::move(st), std::move(body), callOf(opts),
-                bytesOf(flat));
+  return submitInPieces(OpType::REDUCE_SCATTER, "reduce_scatter", outputs, std::move(st), out.numel(),
+                        /*pieceElems=*/0, std::move(body), callOf(opts), bytesOf(flat));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -647,10 +675,11 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::_reduce_scatter_base(at::Tensor& out
   const DataType t = reductionType(output, "reduce_scatter_tensor");
   CallStaging st = staging(input);
   const CallReduction red(opts.reduceOp, t, st);
-  const at::Tensor in = st.input(input), out = st.output(output);
-  auto body = reduceScatterBody(st, in, out, t, red);
-  return submit(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, std::move(st), std::move(body),
-                callOf(opts), bytesOf(in));
+  const int64_t pieceElems = blockPieceElems(st, input, output);
+  const at::Tensor in = st.rows(input, getSize(), /*read=*/true, /*write=*/false), out = st.output(output);
+  auto body = reduceScatterBody(st, in, out, t, red, pieceElems);
+  return submitInPieces(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, std::move(st), out.numel(),
+                        pieceElems, std::move(body), callOf(opts), bytesOf(in));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -671,11 +700,12 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce_scatter_tensor_coalesced(std:
   CallStaging st = staging(inputs[0]);
   const CallReduction red(opts.reduceOp, types[0], st);
   const size_t bytes = stagePairs(st, inputs, outputs, ins, outs);
-  std::vector<std::function<void(Communicator&)>> bodies;
-  for (size_t i = 0; i < ins.size(); ++i) bodies.push_back(reduceScatterBody(st, ins[i], outs[i], types[i], red.forType(types[i])));
+  std::vector<std::pair<CollectiveTask::Body, size_t>> bodies;
+  for (size_t i = 0; i < ins.size(); ++i)
+    bodies.emplace_back(reduceScatterBody(st, ins[i], outs[i], types[i], red.forType(types[i])), outs[i].numel());
   return submit(reduceScatterTensorCoalesced<OpType>(0), "reduce_scatter_tensor_coalesced", outputs, std::move(st),
                 [bodies](Communicator& c) {
-                  for (const auto& body : bodies) body(c);
+                  for (const auto& [body, elems] : bodies) body(c, 0, elems);
                 },
                 callOf(opts), bytes);
 }

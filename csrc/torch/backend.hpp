@@ -207,9 +207,18 @@ class RoceBackend : public c10d::Backend {
   // the piece body of an allreduce (root -1) or reduce of `flat`, or null
   // where the host reduces. Allocates the rows buffer in `st`.
   CollectiveTask::Body elementwiseOnDevice(CallStaging& st, const at::Tensor& flat, CallReduction red, int root);
-  // The body of a reduce-scatter of staged `in` into `out`, on the device or the host.
-  std::function<void(Communicator&)> reduceScatterBody(CallStaging& st, const at::Tensor& in, const at::Tensor& out,
-                                                       DataType t, CallReduction red);
+  // Elements of each rank's block per staged piece of all_gather_into_tensor
+  // and reduce_scatter_tensor (p blocks of m elements on one side): the
+  // blocks' side moves about ROCE_PG_DEVICE_PIECE_BYTES per piece, and each
+  // block's part at least the smaller of that and kMinRowPieceBytes (a piece
+  // copies block by block). 0 (one piece) for CPU tensors, GPUDirect calls
+  // and non-contiguous tensors.
+  int64_t blockPieceElems(const CallStaging& st, const at::Tensor& blocks, const at::Tensor& block) const;
+  // The piece body of a reduce-scatter of staged `in` (p blocks, laid out by
+  // CallStaging::rows) into `out`, on the device or the host; first and count
+  // in elements of `out`. pieceElems as blockPieceElems (0: one piece).
+  CollectiveTask::Body reduceScatterBody(CallStaging& st, const at::Tensor& in, const at::Tensor& out, DataType t,
+                                         CallReduction red, int64_t pieceElems = 0);
   // A collective that runs once on its staged buffers.
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, const char* title, std::vector<at::Tensor> futureValue,
                                         CallStaging st, std::function<void(Communicator&)> body, CallOptions call,
@@ -219,6 +228,12 @@ class RoceBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> submitElementwise(c10d::OpType type, const char* title,
                                                    std::vector<at::Tensor> futureValue, CallStaging st,
                                                    const at::Tensor& flat, CollectiveTask::Body body, CallOptions call);
+  // A collective whose body runs on pieces of [0, elems) (device tensors:
+  // pieces of pieceElems, 0 for one piece; CPU tensors: once, all of it).
+  c10::intrusive_ptr<c10d::Work> submitInPieces(c10d::OpType type, const char* title,
+                                                std::vector<at::Tensor> futureValue, CallStaging st, size_t elems,
+                                                int64_t pieceElems, CollectiveTask::Body body, CallOptions call,
+                                                size_t bytes);
   // allreduce and allreduce_coalesced: the tensors reduced in place as one flat buffer.
   c10::intrusive_ptr<c10d::Work> allreduceInPlace(c10d::OpType type, const char* title, std::vector<at::Tensor>& tensors,
                                                   const c10d::ReduceOp& op, CallOptions call);

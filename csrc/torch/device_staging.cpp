@@ -124,15 +124,18 @@ at::Tensor DeviceStaging::hostBuffer(int64_t numel, at::ScalarType dtype) {
   return t;
 }
 
-void DeviceStaging::add(const at::Tensor& user, const at::Tensor& host, bool read, bool write, int64_t offset) {
+void DeviceStaging::add(const at::Tensor& user, const at::Tensor& host, bool read, bool write, int64_t offset,
+                        int64_t rows) {
   if (user.numel() == 0 || !(read || write)) return;
+  if (rows < 1 || user.numel() % rows != 0)
+    throw std::logic_error(str("roce: staging ", user.numel(), " elements as ", rows, " rows"));
   // The caching allocator must not hand this memory to anyone else before the
   // copy streams are done with it, even if the caller frees the tensor now.
   c10::impl::VirtualGuardImpl impl(lane_.device().type());
   const c10::DataPtr& data = user.storage().data_ptr();
   if (read) impl.recordDataPtrOnStream(data, lane_.toHost);
   if (write) impl.recordDataPtrOnStream(data, lane_.toDevice);
-  segments_.push_back(Segment{user, host, read, write, offset, user.is_contiguous()});
+  segments_.push_back(Segment{user, host, read, write, offset, rows, user.is_contiguous()});
 }
 
 void DeviceStaging::start(int64_t pieceElems, int64_t totalElems) {
@@ -189,27 +192,36 @@ void DeviceStaging::start(int64_t pieceElems, int64_t totalElems) {
 }
 
 bool DeviceStaging::copy(Segment& s, const Piece& p, bool toHost, bool lastPiece) {
-  const int64_t end = s.offset + s.user.numel();
+  const int64_t rowElems = s.user.numel() / s.rows;
+  const int64_t end = s.offset + rowElems;
   const int64_t pieceEnd = p.first + p.count;
   if (!s.divisible || pieces_.size() == 1) {
+    // Piece-major rows are the user's layout only when there is one piece.
+    if (s.rows > 1 && pieces_.size() > 1)
+      throw std::logic_error("roce: a non-contiguous tensor staged as rows cannot be cut into pieces");
     // Whole: in with the first piece it overlaps, back with the one holding
     // its last element (the earlier ones are done by then).
+    const at::Tensor host = s.host.view(s.user.sizes());
     if (toHost) {
       if (s.copiedIn || !(pieces_.size() == 1 || (p.first < end && s.offset < pieceEnd))) return false;
       s.copiedIn = true;
-      s.host.copy_(s.user, /*non_blocking=*/true);
+      host.copy_(s.user, /*non_blocking=*/true);
     } else {
       if (!(pieces_.size() == 1 || lastPiece || (p.first < end && end <= pieceEnd))) return false;
-      s.user.copy_(s.host, /*non_blocking=*/true);
+      s.user.copy_(host, /*non_blocking=*/true);
     }
     return true;
   }
   const int64_t lo = std::max(p.first, s.offset), hi = std::min(pieceEnd, end);
   if (lo >= hi) return false;
-  at::Tensor dev = s.user.view(-1).narrow(0, lo - s.offset, hi - lo);
-  at::Tensor host = s.host.view(-1).narrow(0, lo - s.offset, hi - lo);
-  if (toHost) host.copy_(dev, /*non_blocking=*/true);
-  else dev.copy_(host, /*non_blocking=*/true);
+  const at::Tensor userRows = s.user.view({s.rows, rowElems});
+  const at::Tensor hostRows = s.host.view(-1).narrow(0, s.rows * (lo - s.offset), s.rows * (hi - lo)).view({s.rows, hi - lo});
+  for (int64_t r = 0; r < s.rows; ++r) {
+    at::Tensor dev = userRows[r].narrow(0, lo - s.offset, hi - lo);
+    at::Tensor host = hostRows[r];
+    if (toHost) host.copy_(dev, /*non_blocking=*/true);
+    else dev.copy_(host, /*non_blocking=*/true);
+  }
   return true;
 }
 

@@ -94,7 +94,14 @@ class DeviceStaging {
   // collectives: its position in the flat host buffer). A tensor that is not
   // contiguous is copied whole, with the first piece it overlaps (in) or the
   // last (back).
-  void add(const at::Tensor& user, const at::Tensor& host, bool read, bool write, int64_t offset = 0);
+  // rows > 1 (all_gather_into_tensor's output, reduce_scatter_tensor's
+  // input: one block per rank): `user` (contiguous) is rows x m, pieces cut
+  // every row alike over [offset, offset + m), and `host` (flat) holds the
+  // pieces one after another, each as rows x its count: piece k's host part
+  // sees its rows contiguous, where the algorithms want them. Copied row by
+  // row (copies, no kernel). With one piece that is user's own layout.
+  void add(const at::Tensor& user, const at::Tensor& host, bool read, bool write, int64_t offset = 0,
+           int64_t rows = 1);
   // GPUDirect RDMA: `user` (contiguous) goes to the transport itself, no
   // copy. The call then runs as one piece, which waits for the caller's
   // stream (the NIC must not read before the producers finished); held until
@@ -149,6 +156,7 @@ class DeviceStaging {
     at::Tensor user, host;
     bool read, write;
     int64_t offset;
+    int64_t rows;           // blocks cut alike by the pieces (add())
     bool divisible;        // contiguous: copied piece by piece
     bool copiedIn = false;  // whole copies: done already
   };

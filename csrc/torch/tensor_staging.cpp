@@ -96,6 +96,13 @@ at::Tensor CallStaging::output(const at::Tensor& t) {
   return host;
 }
 
+at::Tensor CallStaging::rows(const at::Tensor& t, int64_t rows, bool read, bool write) {
+  if (!device || direct) return write ? output(t) : input(t);
+  at::Tensor host = device->hostBuffer(t.numel(), t.scalar_type());
+  device->add(t, host, read, write, /*offset=*/0, rows);
+  return host;
+}
+
 at::Tensor CallStaging::inputs(const std::vector<at::Tensor>& ts) {
   TORCH_INTERNAL_ASSERT(!ts.empty());
   return device ? inPlace(ts, true, false) : flatHost(ts);

@@ -52,6 +52,11 @@ class CallStaging {
   at::Tensor output(const at::Tensor& t);
   // Consecutive slices copied into ts when the operation ends.
   at::Tensor outputs(const std::vector<at::Tensor>& ts);
+  // t as `rows` blocks cut alike by the pieces of a staged device call
+  // (DeviceStaging::add): the host buffer holds piece after piece, each as
+  // rows x its count (with one piece, or on the CPU, t's own layout). read:
+  // holds t's contents; write: copied into t.
+  at::Tensor rows(const at::Tensor& t, int64_t rows, bool read, bool write);
   // Element-wise operations on ts in place, as one flat buffer: read: holds
   // their contents; write: copied back. On devices, pieces of it are copied
   // in and back as the operation proceeds (DeviceStaging::start).
