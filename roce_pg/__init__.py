@@ -307,7 +307,10 @@ def counters(group=None):
     tensors: staged rows reduced on their device, ROCE_PG_DEVICE_REDUCE), device_bytes_staged (device tensor
     bytes copied through pinned host buffers), device_bytes_direct (device tensor bytes handed to the verbs
     transport itself: GPUDirect RDMA, ROCE_PG_GPUDIRECT), device_bytes_local (GPUDirect: bytes of a rank's own
-    block that allgather, gather, scatter and all-to-all copied within the rank, on the device), worker_slices (slices of local copies
+    block that allgather, gather, scatter and all-to-all copied within the rank, on the device),
+    device_waits_notified (waits for device copies and reductions that slept until a host function queued
+    behind them woke the progress thread: CUDA, or a device that declared one with declare_device_host_func),
+    device_wait_naps (naps of such waits on devices without host functions, which poll), worker_slices (slices of local copies
     and reductions that worker-pool threads ran, not the calling thread; ROCE_PG_WORKERS). Monotonic until
     reset_counters(), except
     three gauges: cached_mrs (the memory registrations the verbs cache holds now), connections (network peers
@@ -393,6 +396,18 @@ def declare_device_memory(device, path="pointer", buffer_id=0):
     is reused only while the memory behind it is the same allocation."""
     from . import _C
     _C._declare_device_memory(device, path, int(buffer_id))
+
+
+def declare_device_host_func(device, launch):
+    """Declares how roce learns that work queued on a `device` stream has run
+    (a device type such as a renamed PrivateUse1 backend; CUDA needs none):
+    `launch` is the address of the device's C++ function
+    `bool f(const c10::Stream& s, void (*fn)(void*), void* data)` that queues
+    fn(data) to run on a host thread once the work queued on s before it has
+    run (cuLaunchHostFunc's contract). roce's waits for device copies then
+    sleep until woken instead of polling. 0 withdraws it."""
+    from . import _C
+    _C._declare_host_func(device, int(launch))
 
 
 def device_memory_path(device):

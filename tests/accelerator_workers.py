@@ -24,6 +24,10 @@ def load_testdev():
     testdev.load()
     if "roce_pg" in sys.modules:  # imported before the device existed (ranks forked in the VM): add it
         sys.modules["roce_pg"].register()
+    # As CUDA offers cuLaunchHostFunc: roce's waits for the device sleep
+    # until woken. TESTDEV_HOST_FUNCS=0 leaves them polling.
+    if os.environ.get("TESTDEV_HOST_FUNCS", "1") == "1":
+        testdev.host_funcs()
 
 
 class Accel:
@@ -259,6 +263,37 @@ def _pieces_overlap(acc, world):
     report = {"pieces_s": took, "pieces_serial_s": 2 * pieces * delay_ms / 1000, "pieces_ok": ok,
               "pieces_copies_at_once": acc.testdev.copy_concurrency()["peak"]}
     report.update(_block_pieces_overlap(acc, world, delay_ms, pieces))
+    report.update(_device_waits_sleep(acc, world, delay_ms))
+    return report
+
+
+def _device_waits_sleep(acc, world, delay_ms):
+    """With host functions (testdev declares them, as CUDA has them) the
+    progress thread sleeps until woken while the copies run: no naps. Without
+    (declaration withdrawn), it polls the events with naps."""
+    import roce_pg
+
+    from tests import testdev
+
+    report = {}
+    x = torch.ones(4096, device=acc.device)
+    for mode in ("notified", "polled"):
+        if mode == "polled":
+            roce_pg.declare_device_host_func(testdev.NAME, 0)
+        acc.synchronize()
+        dist.barrier()
+        roce_pg.reset_counters()
+        acc.copy_delay(delay_ms)
+        try:
+            dist.all_reduce(x)
+            acc.synchronize()
+        finally:
+            acc.copy_delay(0)
+            if mode == "polled":
+                testdev.host_funcs()
+        c = roce_pg.counters()
+        report[f"{mode}_waits"] = (c["device_waits_notified"], c["device_wait_naps"])
+    report["device_waits_ok"] = bool(torch.equal(x.cpu(), torch.full((4096,), float(world ** 2))))
     return report
 
 

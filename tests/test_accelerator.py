@@ -74,6 +74,11 @@ def test_stream_semantics(kind, tmp_path):
         assert r["pieces_ok"] and r["pieces_copies_at_once"] >= 2, r
         for op in ("all_gather_into_tensor", "reduce_scatter_tensor"):
             assert r[f"{op}_ok"] and r[f"{op}_copies_at_once"] >= 2, r
+        # Waits for slow copies slept until a host function woke them (no
+        # naps); with the host functions withdrawn they polled.
+        assert r["device_waits_ok"], r
+        assert r["notified_waits"][0] > 0 and r["notified_waits"][1] == 0, r
+        assert r["polled_waits"][0] == 0 and r["polled_waits"][1] > 0, r
         # The lifetime check ran: the freed tensor's memory was released while
         # its copy back was queued (and the new tensor kept its values).
         assert r["freed_before_copy_back"], r

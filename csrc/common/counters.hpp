@@ -27,6 +27,8 @@ struct Counters {
   std::atomic<uint64_t> deviceBytesDirect{0};  // device tensor bytes handed to the transport itself (GPUDirect)
   std::atomic<uint64_t> deviceBytesLocal{0};   // GPUDirect: own blocks an algorithm copied within the rank, on the device
   std::atomic<uint64_t> workerSlices{0};  // slices of local copies/reductions run by worker-pool threads
+  std::atomic<uint64_t> deviceWaitsNotified{0};  // waits for device work woken by a host function (no polling)
+  std::atomic<uint64_t> deviceWaitNaps{0};  // naps of waits for device work polling its event (no host functions)
   // Time inside collectives (start to end on the thread that ran them) and
   // their count: a rank that keeps the others waiting spends little time
   // inside, the ones it keeps waiting much (roce_pg.straggler_report()).
@@ -49,7 +51,7 @@ struct Counters {
   void reset() {
     for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends, &blockedWaits, &inlineOps,
                     &bytesZeroCopy, &registrations, &eagerSends, &stagingWaits, &landingWaits, &bytesReducedOnDevice, &deviceBytesStaged,
-                    &deviceBytesDirect, &deviceBytesLocal, &workerSlices})
+                    &deviceBytesDirect, &deviceBytesLocal, &workerSlices, &deviceWaitsNotified, &deviceWaitNaps})
       c->store(0, std::memory_order_relaxed);
     resetWindow();
   }

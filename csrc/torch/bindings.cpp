@@ -25,6 +25,7 @@
 #include "../transport/verbs/verbs_transport.hpp"
 #include "backend.hpp"
 #include "device_memory.hpp"
+#include "device_notify.hpp"
 #include "process_group.hpp"
 #include "test_hooks.hpp"
 
@@ -86,6 +87,8 @@ PYBIND11_MODULE(_C, m) {
              d["device_bytes_staged"] = get(c.deviceBytesStaged);
              d["device_bytes_direct"] = get(c.deviceBytesDirect);
              d["device_bytes_local"] = get(c.deviceBytesLocal);
+             d["device_waits_notified"] = get(c.deviceWaitsNotified);
+             d["device_wait_naps"] = get(c.deviceWaitNaps);
              d["collective_ns"] = get(c.collectiveNs);
              d["collectives_timed"] = get(c.collectivesTimed);
              d["window_ns"] = roce::Counters::steadyNs() - c.resetAtNs.load(std::memory_order_relaxed);
@@ -198,6 +201,11 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("ranks"), py::arg("machines"), py::arg("shared_memory"), py::arg("bytes"));
   // How memory of a device type reaches the NIC (device_memory.hpp): the
   // declaration roce_pg.declare_device_memory() makes, and the answer.
+  // A device type's host functions: the address of its C++ function
+  // `bool f(const c10::Stream&, void (*)(void*), void*)` (roce::LaunchHostFunc), 0 to withdraw.
+  m.def("_declare_host_func", [](const std::string& device, uintptr_t launch) {
+    roce::declareHostFunc(c10::Device(device).type(), reinterpret_cast<roce::LaunchHostFunc>(launch));
+  }, py::arg("device"), py::arg("launch"));
   m.def("_declare_device_memory", [](const std::string& device, const std::string& path, uintptr_t bufferId) {
     if (path != "pointer" && path != "staged")
       throw std::invalid_argument("declare_device_memory: path must be \"pointer\" or \"staged\", not \"" + path + "\"");

@@ -34,6 +34,7 @@ struct Driver {
   CUresult (*isCapturing)(void* stream, int* status) = nullptr;  // optional: null answers "not capturing"
   CUresult (*pointerAttribute)(void* data, int attribute, CUdeviceptr ptr) = nullptr;  // optional: null, no buffer ids
   CUresult (*captureMode)(int* mode) = nullptr;  // optional
+  CUresult (*launchHostFunc)(void* stream, void (*fn)(void*), void* data) = nullptr;  // optional: null, waits poll
   std::string missing;  // why the driver cannot be used; empty when it can
 };
 
@@ -64,6 +65,7 @@ const Driver& driver() {
     d.isCapturing = reinterpret_cast<decltype(d.isCapturing)>(dlsym(lib, "cuStreamIsCapturing"));
     d.pointerAttribute = reinterpret_cast<decltype(d.pointerAttribute)>(dlsym(lib, "cuPointerGetAttribute"));
     d.captureMode = reinterpret_cast<decltype(d.captureMode)>(dlsym(lib, "cuThreadExchangeStreamCaptureMode"));
+    d.launchHostFunc = reinterpret_cast<decltype(d.launchHostFunc)>(dlsym(lib, "cuLaunchHostFunc"));
     if (d.missing.empty() && d.init(0) != 0) d.missing = "cuInit failed";
     return d;
   }();
@@ -153,6 +155,18 @@ uint64_t cudaBufferId(const void* ptr, int index) {
     if (d.pointerAttribute(&id, kPointerBufferId, reinterpret_cast<CUdeviceptr>(ptr)) != 0) id = 0;
   });
   return id;
+}
+
+bool cudaHostFnSupported() {
+  const Driver& d = driver();
+  return d.missing.empty() && d.launchHostFunc;
+}
+
+bool cudaLaunchHostFn(void* stream, int index, void (*fn)(void*), void* data) {
+  const Driver& d = driver();
+  if (!d.missing.empty() || !d.launchHostFunc) return false;
+  CUresult r = -1;
+  return inPrimaryContext(d, index, [&] { r = d.launchHostFunc(stream, fn, data); }) && r == 0;
 }
 
 void cudaThreadLocalCaptureMode() {

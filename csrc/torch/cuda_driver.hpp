@@ -42,6 +42,13 @@ bool cudaStreamCapturing(void* stream);
 // driver cannot tell.
 uint64_t cudaBufferId(const void* ptr, int index);
 
+// Whether the driver offers cuLaunchHostFunc (CUDA 10+).
+bool cudaHostFnSupported();
+// cuLaunchHostFunc(stream, fn, data) under device `index`'s primary
+// context: fn(data) runs on a driver thread once the work queued on the
+// CUDA stream `stream` before it has run. False if it was not queued.
+bool cudaLaunchHostFn(void* stream, int index, void (*fn)(void*), void* data);
+
 // Puts the calling thread in thread-local stream-capture mode
 // (cuThreadExchangeStreamCaptureMode): under a capture another thread began
 // in the default, global mode, this thread's event queries would otherwise

@@ -57,7 +57,7 @@ void reduceRowsThroughDevice(Communicator& c, c10::Stream stream, const at::Tens
     out.copy_(reduceRowsOnDevice(onDevice, red), /*non_blocking=*/true);
     done.record(stream);
   }
-  awaitDeviceEvent(done, c, [&] {
+  awaitDeviceEvent(done, stream, c, [&] {
     return str("the reduction of ", rows.size(0), " rows of ", out.numel(), " elements on ", stream.device().str());
   });
   Counters::add(c.counters().bytesReducedOnDevice, rows.numel() * rows.element_size());

@@ -14,6 +14,7 @@
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
 #include "../common/log.hpp"
+#include "device_notify.hpp"
 
 namespace roce {
 
@@ -26,7 +27,7 @@ DeviceLane DeviceLanes::of(c10::Device device) {
   c10::impl::VirtualGuardImpl impl(device.type());
   lanes_.push_back(DeviceLane{impl.getStreamFromGlobalPool(device), impl.getStreamFromGlobalPool(device),
                               impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true),
-                              impl.getStreamFromGlobalPool(device)});
+                              impl.getStreamFromGlobalPool(device), impl.getStreamFromGlobalPool(device)});
   return lanes_.back();
 }
 
@@ -101,7 +102,7 @@ void DeviceStaging::copyOnDevice(void* dst, const void* src, size_t bytes, Commu
   usedLocal_ = true;
   c10::Event copied(lane_.device().type());
   copied.record(lane_.local);
-  awaitDeviceEvent(copied, c, [&] {
+  awaitDeviceEvent(copied, lane_.local, c, [&] {
     return str("the copy of this rank's own block (", bytes, " bytes) on ", lane_.device().str());
   });
 }
@@ -227,14 +228,24 @@ bool DeviceStaging::copy(Segment& s, const Piece& p, bool toHost, bool lastPiece
 
 bool DeviceStaging::ready(size_t k) const { return !pieces_[k].ready || pieces_[k].ready->query(); }
 
-void awaitDeviceEvent(const c10::Event& event, Communicator& c, const std::function<std::string()>& waitingFor) {
+void awaitDeviceEvent(const c10::Event& event, const c10::Stream& notifyOn, Communicator& c,
+                      const std::function<std::string()>& waitingFor) {
   if (event.query()) return;
-  // Device events give no descriptor to block on: poll, sleeping a little
-  // longer each time (20 us to 0.5 ms), which costs no core that another rank
-  // on this machine needs and adds at most 0.5 ms to a long copy.
+  if (auto notice = DeviceNotice::arm(event, notifyOn)) {
+    // Each sleep is bounded so that the wait loop still looks at its
+    // deadline, an abort and failed peers while the device works.
+    constexpr std::chrono::milliseconds kLookAgain{10};
+    Counters::add(c.counters().deviceWaitsNotified, 1);
+    c.waitUntil([&] { return notice->fired() || event.query(); }, waitingFor, [&] { notice->block(kLookAgain); });
+    return;
+  }
+  // No host functions: poll, sleeping a little longer each time (20 us to
+  // 0.5 ms), which costs no core that another rank on this machine needs and
+  // adds at most 0.5 ms to a long copy.
   auto nap = std::chrono::microseconds(20);
   c.waitUntil([&] { return event.query(); }, waitingFor,
               [&] {
+                Counters::add(c.counters().deviceWaitNaps, 1);
                 std::this_thread::sleep_for(nap);
                 nap = std::min(nap * 2, std::chrono::microseconds(500));
               });
@@ -242,7 +253,7 @@ void awaitDeviceEvent(const c10::Event& event, Communicator& c, const std::funct
 
 void DeviceStaging::awaitPiece(size_t k, Communicator& c) {
   if (!pieces_[k].ready) return;
-  awaitDeviceEvent(*pieces_[k].ready, c, [&] {
+  awaitDeviceEvent(*pieces_[k].ready, lane_.notify, c, [&] {
     return str("the copy of piece ", k + 1, " of ", pieces_.size(), " from ", lane_.device().str(),
                " to host memory, which follows the kernels queued on the caller's stream before the collective");
   });

@@ -45,9 +45,14 @@ namespace roce {
 class Communicator;
 
 // Returns once `event` has completed, waiting through the Communicator's wait
-// loop (deadline, abort, peer failures), sleeping briefly between polls.
-// `waitingFor` names what the event stands for, for a timeout's message.
-void awaitDeviceEvent(const c10::Event& event, Communicator& c, const std::function<std::string()>& waitingFor);
+// loop (deadline, abort, peer failures): asleep until a host function queued
+// on `notifyOn` behind the event wakes it (device_notify.hpp), or, on devices
+// without host functions, polling with naps. `notifyOn`: a stream with
+// nothing queued that must not be held up (the lane's `notify`), or the
+// stream the event was just recorded on. `waitingFor` names what the event
+// stands for, for a timeout's message.
+void awaitDeviceEvent(const c10::Event& event, const c10::Stream& notifyOn, Communicator& c,
+                      const std::function<std::string()>& waitingFor);
 
 // The streams a group copies on for one device: `toHost` carries the copies
 // into host memory, `toDevice` the results back. Two streams, so that piece
@@ -58,11 +63,14 @@ void awaitDeviceEvent(const c10::Event& event, Communicator& c, const std::funct
 // pieces (device_reduce.hpp): neither waits for anything (what they read is
 // ready when the host runs the algorithm), so neither can be held back by a
 // caller's work, nor by the copies of other calls queued on the other two.
+// `notify` carries the host functions that wake the progress thread when a
+// copy it waits for is done (awaitDeviceEvent).
 struct DeviceLane {
   c10::Stream toHost;
   c10::Stream toDevice;
   c10::Stream local;
   c10::Stream reduce;
+  c10::Stream notify;
   c10::Device device() const { return toHost.device(); }
 };
 

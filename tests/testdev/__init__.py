@@ -42,6 +42,9 @@ What it models:
   or more are mapped and unmapped by empty_cache(), and a new one of a
   released size is mapped at the released address: new pages at an old
   address, as CUDA's allocator can give after empty_cache();
+- host functions (host_funcs() declares them to roce): a task queued on a
+  stream that calls back once the work before it has run, as
+  cuLaunchHostFunc;
 - a peer-memory mode (peer_memory(), or TESTDEV_PEER_MEMORY=1 at load()):
   its memory declared registrable by pointer, as a GPU's is with
   nvidia-peermem loaded, so roce hands testdev tensors of data-movement calls
@@ -104,6 +107,15 @@ def peer_memory():
     import roce_pg
 
     roce_pg.declare_device_memory(NAME, "pointer", buffer_id=_ext.buffer_id_function())
+
+
+def host_funcs():
+    """Declares testdev's host functions to roce (launch_host_func: a task on
+    the stream that calls back, as cuLaunchHostFunc), so that roce's waits for
+    testdev work are woken, not polled, as on CUDA."""
+    import roce_pg
+
+    roce_pg.declare_device_host_func(NAME, _ext.host_func_function())
 
 
 def _build():

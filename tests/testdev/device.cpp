@@ -396,6 +396,15 @@ bool is_capturing(const c10::Stream& stream) {
   return queue_of(stream).capture() != nullptr;
 }
 
+bool launch_host_func(const c10::Stream& stream, void (*fn)(void*), void* data) {
+  Queue& queue = queue_of(stream);
+  if (queue.capture()) {
+    return false;
+  }
+  queue.enqueue([fn, data] { fn(data); });
+  return true;
+}
+
 void synchronize_device(c10::DeviceIndex device) {
   auto& streams = streams_of(checked(device));
   std::vector<Queue*> queues;

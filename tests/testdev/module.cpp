@@ -35,6 +35,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("buffer_id", [](uintptr_t ptr) {
     return testdev::device_buffer_id(reinterpret_cast<const void*>(ptr), 0);
   });
+  m.def("host_func_function", [] {
+    return reinterpret_cast<uintptr_t>(&testdev::launch_host_func);
+  });
   m.def("buffer_id_function", [] {
     return reinterpret_cast<uintptr_t>(&testdev::device_buffer_id);
   });

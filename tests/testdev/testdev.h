@@ -99,6 +99,11 @@ class Queue {
   std::shared_ptr<Capture> capture_;
 };
 
+// Queues fn(data) on `stream`, run by its worker once the work queued before
+// it has run: CUDA's cuLaunchHostFunc, for roce_pg.declare_device_host_func.
+// False while the stream captures (as CUDA, it would be recorded, not run).
+bool launch_host_func(const c10::Stream& stream, void (*fn)(void*), void* data);
+
 // --- devices and streams (device.cpp)
 c10::DeviceIndex device_count();
 c10::DeviceIndex current_device();
