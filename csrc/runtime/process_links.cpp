@@ -32,10 +32,18 @@ constexpr uint16_t kIdentity = 0x100;
 // late has timed out its peers anyway (front_desk.cpp parks hellos as long).
 constexpr auto kParkLimit = std::chrono::minutes(30);
 constexpr size_t kMaxParkedHeartbeats = 64;  // one says the peer is there; the rest add nothing
-// State records beyond this are dropped for a group not created yet; BYE,
-// FAIL and SETTINGS (one each per neighbour) always kept.
+// Records beyond this are dropped for a group not created yet. BYE, FAIL and
+// SETTINGS come once per neighbour: kept once per sender, so that a flood of
+// heartbeats and state records cannot push them out.
 constexpr size_t kMaxParkedRecords = 4096;
 constexpr size_t kMaxParkedGroups = 4096;
+// All parked records of the process together, text and bookkeeping: anyone
+// who can reach the listener can send records for groups that do not exist
+// (nonces are not checked before the group opens), and nothing else bounds
+// what they cost. Legitimately parked records are a few per neighbour
+// (~150 bytes each): this holds those of ~50,000 ranks.
+constexpr size_t kMaxParkedBytes = 16 << 20;
+constexpr size_t kParkedRecordOverhead = sizeof(LinkRecord) + 32;  // vector slot, string header, allocator
 // A pending link dials the peer itself after this long: the peer may have
 // failed or died before its dial, or create the group much later.
 constexpr auto kPendingGrace = std::chrono::seconds(2);
@@ -242,15 +250,26 @@ void ProcessLinks::open(uint64_t nonce) {
   auto& box = inbox_[nonce];
   if (auto it = parked_.find(nonce); it != parked_.end()) {
     for (auto& r : it->second.records) box.push_back(std::move(r));
-    parked_.erase(it);
+    unpark(it);
   }
 }
 
 void ProcessLinks::close(uint64_t nonce) {
   std::lock_guard<std::mutex> g(mu_);
   inbox_.erase(nonce);
-  parked_.erase(nonce);
+  if (auto it = parked_.find(nonce); it != parked_.end()) unpark(it);
   closed_.insert(nonce);
+}
+
+std::unordered_map<uint64_t, ProcessLinks::Parked>::iterator ProcessLinks::unpark(
+    std::unordered_map<uint64_t, Parked>::iterator it) {
+  parkedBytes_ -= it->second.bytes;
+  return parked_.erase(it);
+}
+
+ProcessLinks::ParkedStats ProcessLinks::parkedStats() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return {parked_.size(), parkedBytes_, parkedDropped_};
 }
 
 std::vector<LinkRecord> ProcessLinks::take(uint64_t nonce) {
@@ -305,14 +324,24 @@ void ProcessLinks::adoptArrivals() {
 }
 
 void ProcessLinks::readLink(Link& l) {
+  // Records are taken out of the buffer as it fills, and one call reads at
+  // most kReadBudget (the poll reports the rest): a peer that writes faster
+  // than this thread parses would otherwise grow the buffer without limit
+  // and keep the thread from every other link.
+  constexpr size_t kParseEvery = 64 << 10, kReadBudget = 1 << 20;
   char buf[4096];
   bool closed = false;
   int err = 0;
-  for (;;) {
+  for (size_t taken = 0; taken < kReadBudget;) {
     const ssize_t n = recv(l.fd, buf, sizeof(buf), MSG_DONTWAIT);
     if (n > 0) {
       l.inbuf.append(buf, static_cast<size_t>(n));
       l.lastRead = Clock::now();
+      taken += static_cast<size_t>(n);
+      if (l.inbuf.size() >= kParseEvery) {
+        parse(l);
+        if (!l.open || l.fd < 0) return;  // corrupted, or handed to the link it completes
+      }
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
@@ -373,15 +402,25 @@ void ProcessLinks::keep(Link& from, uint64_t nonce, LinkRecord r) {
     answerGone(from, r, nonce);
     return;
   }
+  const size_t cost = kParkedRecordOverhead + r.text.size();
   auto it = parked_.find(nonce);
-  if (it == parked_.end()) {
-    if (parked_.size() >= kMaxParkedGroups) return;
-    it = parked_.emplace(nonce, Parked{Clock::now(), {}, 0}).first;
+  if (it == parked_.end() && (parked_.size() >= kMaxParkedGroups || parkedBytes_ + cost > kMaxParkedBytes)) {
+    ++parkedDropped_;
+    return;
   }
+  if (it == parked_.end()) it = parked_.emplace(nonce, Parked{Clock::now()}).first;
   Parked& p = it->second;
-  if (r.type == record::kHeartbeat && p.beats >= kMaxParkedHeartbeats) return;
-  if ((r.type == record::kHeartbeat || r.type == record::kState) && p.records.size() >= kMaxParkedRecords) return;
+  const bool oncePerSender = r.type == record::kBye || r.type == record::kFail || r.type == record::kSettings;
+  const bool fits = parkedBytes_ + cost <= kMaxParkedBytes &&
+                    (r.type == record::kHeartbeat ? p.beats < kMaxParkedHeartbeats
+                                                  : oncePerSender || p.records.size() < kMaxParkedRecords);
+  if (!fits || (oncePerSender && !p.lastWords.insert({r.type, r.srcRank, r.srcNonce}).second)) {
+    ++parkedDropped_;
+    return;
+  }
   p.beats += r.type == record::kHeartbeat;
+  p.bytes += cost;
+  parkedBytes_ += cost;
   p.records.push_back(std::move(r));
 }
 
@@ -433,7 +472,7 @@ Clock::time_point ProcessLinks::tick(Clock::time_point now) {
   if (now >= nextParkCheck_) {
     nextParkCheck_ = now + std::chrono::seconds(1);
     for (auto it = parked_.begin(); it != parked_.end();)
-      it = now - it->second.since > kParkLimit ? parked_.erase(it) : std::next(it);
+      it = now - it->second.since > kParkLimit ? unpark(it) : std::next(it);
   }
   Clock::time_point next = nextParkCheck_;
   for (auto& [id, l] : links_) {

@@ -45,6 +45,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -122,6 +123,14 @@ class ProcessLinks : public RuntimeService {
   // Bumped whenever a link closes: a lifeline looks at its links only then.
   uint64_t closures() const;
   size_t openLinks() const;
+  // Records kept for groups not created here yet, within the process's
+  // budget (process_links.cpp), and those dropped over it (a flood from
+  // someone who can reach the listener, or a group created very late).
+  struct ParkedStats {
+    size_t groups = 0, bytes = 0;
+    uint64_t dropped = 0;
+  };
+  ParkedStats parkedStats() const;
 
   Clock::time_point tick(Clock::time_point now) override;
   void addPollFds(std::vector<pollfd>& fds) override;
@@ -133,7 +142,11 @@ class ProcessLinks : public RuntimeService {
     Clock::time_point since;
     std::vector<LinkRecord> records;
     size_t beats = 0;  // heartbeats among them
+    size_t bytes = 0;  // what they cost against kMaxParkedBytes
+    std::set<std::tuple<uint16_t, int32_t, uint64_t>> lastWords;  // BYE, FAIL, SETTINGS kept: (type, rank, nonce)
   };
+  // Erases a parked group, giving its bytes back to the budget.
+  std::unordered_map<uint64_t, Parked>::iterator unpark(std::unordered_map<uint64_t, Parked>::iterator it);  // under mu_
   void adoptArrivals();                         // under mu_
   int addPending(const std::string& peerKey, const std::string& selfKey, const TcpEndpoint& ep, int peerRank,
                  Clock::time_point since);      // under mu_
@@ -159,6 +172,8 @@ class ProcessLinks : public RuntimeService {
   uint64_t closures_ = 0;
   std::unordered_map<uint64_t, std::vector<LinkRecord>> inbox_;  // open nonces
   std::unordered_map<uint64_t, Parked> parked_;                  // nonces not open yet
+  size_t parkedBytes_ = 0;
+  uint64_t parkedDropped_ = 0;
   std::unordered_set<uint64_t> closed_;
   std::set<std::pair<uint64_t, uint64_t>> goneAnswered_;  // (gone group's nonce, asker's nonce)
   std::vector<int> polledLinks_;  // the links addPollFds() listed, in order (runtime thread)

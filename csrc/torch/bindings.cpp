@@ -302,6 +302,10 @@ PYBIND11_MODULE(_C, m) {
     d["listen_port"] = rt.desk().port();
     d["mailboxes"] = rt.desk().openMailboxes();  // every group's, and the process links' own
     d["process_links"] = rt.links().openLinks();
+    const auto parked = rt.links().parkedStats();  // lifeline records for groups not created here yet
+    d["link_parked_groups"] = parked.groups;
+    d["link_parked_bytes"] = parked.bytes;
+    d["link_records_dropped"] = parked.dropped;
     d["parked"] = rt.desk().parked();
     d["tcp_sockets"] = rt.service<roce::TcpMux>().sockets();  // the TCP transport's, one per peer process for every group
     d["tcp_parked_streams"] = rt.service<roce::TcpMux>().parkedStreams();  // streams for groups not created here yet
