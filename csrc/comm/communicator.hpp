@@ -139,6 +139,20 @@ class Communicator {
   Blocked blockUntilActivity(const std::function<bool()>& interrupt = nullptr);
   // Interrupts blockUntilActivity from another thread; cheap when nobody blocks.
   void wake() { wakeup_.wake(); }
+  // While it lives, blockUntilActivity also wakes when `fd` turns readable:
+  // a one-shot notice from outside the transports (a device's work done,
+  // torch/device_notify.hpp) that stays readable once signalled, so no
+  // announcement is needed and none is lost. One at a time.
+  class WakeOnFd {
+   public:
+    WakeOnFd(Communicator& c, int fd) : c_(c) { c_.extraWaitFd_ = fd; }
+    ~WakeOnFd() { c_.extraWaitFd_ = -1; }
+    WakeOnFd(const WakeOnFd&) = delete;
+    WakeOnFd& operator=(const WakeOnFd&) = delete;
+
+   private:
+    Communicator& c_;
+  };
   // --- the engine with nothing to run ---------------------------------------
   // Peers may connect to this rank at any time (connections on demand), so an
   // idle engine keeps answering them instead of sleeping on its condition
@@ -306,6 +320,7 @@ class Communicator {
   OpProgress progress_;  // before lifeline_: the runtime thread reads this until the lifeline detaches
   std::vector<Request*> anySource_;
   std::vector<pollfd> waitFds_;  // reused by blockUntilActivity
+  int extraWaitFd_ = -1;          // WakeOnFd
   std::vector<pollfd> idleFds_;  // reused by waitIdle
   std::deque<Request> owned_;  // requests created by post(kind, ...); see there
   std::string broken_;

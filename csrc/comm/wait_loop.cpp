@@ -138,6 +138,7 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
   if (!wakeup_.valid()) return Blocked::Cannot;
   waitFds_.clear();
   waitFds_.push_back(pollfd{wakeup_.fd(), POLLIN, 0});
+  if (extraWaitFd_ >= 0) waitFds_.push_back(pollfd{extraWaitFd_, POLLIN, 0});
   // Announced before the transports prepare: a waker that acts while they do
   // (the runtime thread forwarding a verbs completion event, which a CQ
   // armed just before may raise at once) must find the announcement and

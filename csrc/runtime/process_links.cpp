@@ -43,7 +43,21 @@ constexpr size_t kMaxParkedGroups = 4096;
 // what they cost. Legitimately parked records are a few per neighbour
 // (~150 bytes each): this holds those of ~50,000 ranks.
 constexpr size_t kMaxParkedBytes = 16 << 20;
-constexpr size_t kParkedRecordOverhead = sizeof(LinkRecord) + 32;  // vector slot, string header, allocator
+// What a parked record costs besides its text: its vector slot, twice (the
+// vector doubles), the text's allocation, and a node of the set of senders'
+// last words.
+constexpr size_t kParkedRecordOverhead = 2 * sizeof(LinkRecord) + 96;
+// An accepted link must name its process (its first record) within this
+// long, and at most this many may be waiting to: a peer's dial sends the
+// name with the hello, so only someone who is not a roce process waits.
+constexpr auto kIdentifyWithin = std::chrono::seconds(10);
+constexpr size_t kMaxUnidentified = 64;
+// A closed link is kept this long for the lifelines that were heard on it
+// (they read its reason right after closures() moves), then erased.
+constexpr auto kClosedKeep = std::chrono::seconds(60);
+// (gone group, asker) pairs answered: forgotten when this many, so that GONE
+// may be answered twice but the set cannot grow without limit.
+constexpr size_t kMaxGoneAnswered = 1 << 16;
 // A pending link dials the peer itself after this long: the peer may have
 // failed or died before its dial, or create the group much later.
 constexpr auto kPendingGrace = std::chrono::seconds(2);
@@ -85,6 +99,8 @@ struct ProcessLinks::Link {
   Clock::time_point pendingSince{};
   int dialFd = -1;  // the pending link's own dial, in progress
   Clock::time_point dialStart{};
+  Clock::time_point openedAt = Clock::now();
+  Clock::time_point closedAt{};
 };
 
 ProcessLinks::ProcessLinks(ProcessRuntime& runtime, FrontDesk& desk)
@@ -269,7 +285,7 @@ std::unordered_map<uint64_t, ProcessLinks::Parked>::iterator ProcessLinks::unpar
 
 ProcessLinks::ParkedStats ProcessLinks::parkedStats() const {
   std::lock_guard<std::mutex> g(mu_);
-  return {parked_.size(), parkedBytes_, parkedDropped_};
+  return {parked_.size(), parkedBytes_, parkedDropped_, links_.size(), linksRefused_};
 }
 
 std::vector<LinkRecord> ProcessLinks::take(uint64_t nonce) {
@@ -289,7 +305,11 @@ void ProcessLinks::readNow() {
 bool ProcessLinks::isOpen(int link, int* err, bool* corrupted) const {
   std::lock_guard<std::mutex> g(mu_);
   auto it = links_.find(link);
-  if (it == links_.end()) return false;
+  if (it == links_.end()) {  // closed long ago, and erased
+    *err = 0;
+    *corrupted = false;
+    return false;
+  }
   *err = it->second->err;
   *corrupted = it->second->corrupted;
   return it->second->open;
@@ -314,6 +334,13 @@ size_t ProcessLinks::openLinks() const {
 void ProcessLinks::adoptArrivals() {
   for (Arrival& a : mailbox_->takeAll()) {
     if (a.kind != LinkKind::Process) continue;  // closed as `a` goes
+    const auto unidentified = std::count_if(links_.begin(), links_.end(), [](const auto& e) {
+      return e.second->open && e.second->key.empty();
+    });
+    if (static_cast<size_t>(unidentified) >= kMaxUnidentified) {
+      ++linksRefused_;
+      continue;  // closed as `a` goes
+    }
     auto l = std::make_unique<Link>();
     l->id = nextId_++;
     tuneSocket(a.fd.get());
@@ -386,6 +413,11 @@ void ProcessLinks::parse(Link& l) {
         parse(p);
         return;
       }
+    } else if (l.key.empty()) {
+      // Every roce process names itself first on the links it dials.
+      ++linksRefused_;
+      closeLink(l, 0, true);
+      return;
     } else {
       keep(l, h.dstNonce, LinkRecord{h.type, h.srcRank, h.srcNonce, l.id, std::move(text)});
     }
@@ -426,6 +458,7 @@ void ProcessLinks::keep(Link& from, uint64_t nonce, LinkRecord r) {
 
 void ProcessLinks::answerGone(Link& from, const LinkRecord& r, uint64_t nonce) {
   if (r.type == record::kGroupGone) return;  // never an answer to an answer
+  if (goneAnswered_.size() >= kMaxGoneAnswered) goneAnswered_.clear();
   if (!goneAnswered_.insert({nonce, r.srcNonce}).second) return;  // once per neighbour: it stops at the first
   // On the link this side sends on to that process, where the group's own
   // last records (a BYE) went before: the neighbour reads those first.
@@ -444,8 +477,9 @@ void ProcessLinks::closeLink(Link& l, int err, bool corrupted) {
   if (l.dialFd >= 0) ::close(l.dialFd);
   l.fd = l.dialFd = -1;
   l.pending = false;
-  l.inbuf.clear();
-  l.outbuf.clear();
+  l.closedAt = Clock::now();
+  std::string().swap(l.inbuf);  // its memory too: a closed link may stay a minute
+  std::string().swap(l.outbuf);
   if (auto it = sendOn_.find(l.key); it != sendOn_.end() && it->second == l.id) {
     sendOn_.erase(it);
     // Another open link to that process (both dialed at once) carries on.
@@ -473,6 +507,16 @@ Clock::time_point ProcessLinks::tick(Clock::time_point now) {
     nextParkCheck_ = now + std::chrono::seconds(1);
     for (auto it = parked_.begin(); it != parked_.end();)
       it = now - it->second.since > kParkLimit ? unpark(it) : std::next(it);
+    for (auto it = links_.begin(); it != links_.end();) {
+      Link& l = *it->second;
+      if (l.open && l.key.empty() && !l.pending && now - l.openedAt > kIdentifyWithin) {
+        ++linksRefused_;
+        closeLink(l, 0, true);
+      }
+      // A husk (its socket moved into the pending link it completed) is erased at once.
+      const bool husk = !l.open && l.closedAt == Clock::time_point{};
+      it = !l.open && (husk || now - l.closedAt > kClosedKeep) ? links_.erase(it) : std::next(it);
+    }
   }
   Clock::time_point next = nextParkCheck_;
   for (auto& [id, l] : links_) {

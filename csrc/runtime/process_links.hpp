@@ -126,9 +126,14 @@ class ProcessLinks : public RuntimeService {
   // Records kept for groups not created here yet, within the process's
   // budget (process_links.cpp), and those dropped over it (a flood from
   // someone who can reach the listener, or a group created very late).
+  // Also the links held (open, and closed ones kept a while) and those
+  // refused: over the unidentified limit, records before the process's
+  // name, or no name in time.
   struct ParkedStats {
     size_t groups = 0, bytes = 0;
     uint64_t dropped = 0;
+    size_t links = 0;
+    uint64_t linksRefused = 0;
   };
   ParkedStats parkedStats() const;
 
@@ -174,6 +179,7 @@ class ProcessLinks : public RuntimeService {
   std::unordered_map<uint64_t, Parked> parked_;                  // nonces not open yet
   size_t parkedBytes_ = 0;
   uint64_t parkedDropped_ = 0;
+  uint64_t linksRefused_ = 0;
   std::unordered_set<uint64_t> closed_;
   std::set<std::pair<uint64_t, uint64_t>> goneAnswered_;  // (gone group's nonce, asker's nonce)
   std::vector<int> polledLinks_;  // the links addPollFds() listed, in order (runtime thread)

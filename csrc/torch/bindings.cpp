@@ -306,6 +306,8 @@ PYBIND11_MODULE(_C, m) {
     d["link_parked_groups"] = parked.groups;
     d["link_parked_bytes"] = parked.bytes;
     d["link_records_dropped"] = parked.dropped;
+    d["links_held"] = parked.links;  // open, and closed ones kept a minute
+    d["links_refused"] = parked.linksRefused;
     d["parked"] = rt.desk().parked();
     d["tcp_sockets"] = rt.service<roce::TcpMux>().sockets();  // the TCP transport's, one per peer process for every group
     d["tcp_parked_streams"] = rt.service<roce::TcpMux>().parkedStreams();  // streams for groups not created here yet

@@ -3,6 +3,9 @@
 #include <cstdint>
 #include <dlfcn.h>
 
+#include <map>
+#include <mutex>
+
 namespace roce {
 namespace {
 
@@ -35,6 +38,8 @@ struct Driver {
   CUresult (*pointerAttribute)(void* data, int attribute, CUdeviceptr ptr) = nullptr;  // optional: null, no buffer ids
   CUresult (*captureMode)(int* mode) = nullptr;  // optional
   CUresult (*launchHostFunc)(void* stream, void (*fn)(void*), void* data) = nullptr;  // optional: null, waits poll
+  CUresult (*streamCreate)(void** stream, unsigned flags) = nullptr;                  // with launchHostFunc
+  CUresult (*streamWaitEvent)(void* stream, void* event, unsigned flags) = nullptr;   // with launchHostFunc
   std::string missing;  // why the driver cannot be used; empty when it can
 };
 
@@ -66,6 +71,8 @@ const Driver& driver() {
     d.pointerAttribute = reinterpret_cast<decltype(d.pointerAttribute)>(dlsym(lib, "cuPointerGetAttribute"));
     d.captureMode = reinterpret_cast<decltype(d.captureMode)>(dlsym(lib, "cuThreadExchangeStreamCaptureMode"));
     d.launchHostFunc = reinterpret_cast<decltype(d.launchHostFunc)>(dlsym(lib, "cuLaunchHostFunc"));
+    d.streamCreate = reinterpret_cast<decltype(d.streamCreate)>(dlsym(lib, "cuStreamCreate"));
+    d.streamWaitEvent = reinterpret_cast<decltype(d.streamWaitEvent)>(dlsym(lib, "cuStreamWaitEvent"));
     if (d.missing.empty() && d.init(0) != 0) d.missing = "cuInit failed";
     return d;
   }();
@@ -159,14 +166,23 @@ uint64_t cudaBufferId(const void* ptr, int index) {
 
 bool cudaHostFnSupported() {
   const Driver& d = driver();
-  return d.missing.empty() && d.launchHostFunc;
+  return d.missing.empty() && d.launchHostFunc && d.streamCreate && d.streamWaitEvent;
 }
 
-bool cudaLaunchHostFn(void* stream, int index, void (*fn)(void*), void* data) {
+bool cudaHostFnAfterEvent(void* event, int index, void (*fn)(void*), void* data) {
+  if (!cudaHostFnSupported() || !event) return false;
   const Driver& d = driver();
-  if (!d.missing.empty() || !d.launchHostFunc) return false;
+  constexpr unsigned kNonBlocking = 0x1;  // CU_STREAM_NON_BLOCKING: no implicit sync with the legacy default stream
+  static std::mutex mu;
+  static std::map<int, void*> streams;  // by device; kept for the process's life, as torch keeps its pools
   CUresult r = -1;
-  return inPrimaryContext(d, index, [&] { r = d.launchHostFunc(stream, fn, data); }) && r == 0;
+  const bool inContext = inPrimaryContext(d, index, [&] {
+    std::lock_guard<std::mutex> g(mu);
+    void*& stream = streams[index];
+    if (!stream && d.streamCreate(&stream, kNonBlocking) != 0) stream = nullptr;
+    if (stream && d.streamWaitEvent(stream, event, 0) == 0) r = d.launchHostFunc(stream, fn, data);
+  });
+  return inContext && r == 0;
 }
 
 void cudaThreadLocalCaptureMode() {

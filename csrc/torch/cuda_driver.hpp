@@ -42,12 +42,15 @@ bool cudaStreamCapturing(void* stream);
 // driver cannot tell.
 uint64_t cudaBufferId(const void* ptr, int index);
 
-// Whether the driver offers cuLaunchHostFunc (CUDA 10+).
+// Whether the driver offers cuLaunchHostFunc and what it needs (CUDA 10+).
 bool cudaHostFnSupported();
-// cuLaunchHostFunc(stream, fn, data) under device `index`'s primary
-// context: fn(data) runs on a driver thread once the work queued on the
-// CUDA stream `stream` before it has run. False if it was not queued.
-bool cudaLaunchHostFn(void* stream, int index, void (*fn)(void*), void* data);
+// fn(data) on a driver thread once the CUDA event `event` (a CUevent:
+// c10::Event::eventId()) of device `index` has completed: a stream of
+// roce's own for the device (created once per process, non-blocking, never
+// handed to anyone, so nothing queued there by others can delay the call or
+// capture it) waits for the event, then runs cuLaunchHostFunc. False if it
+// was not queued.
+bool cudaHostFnAfterEvent(void* event, int index, void (*fn)(void*), void* data);
 
 // Puts the calling thread in thread-local stream-capture mode
 // (cuThreadExchangeStreamCaptureMode): under a capture another thread began

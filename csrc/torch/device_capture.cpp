@@ -7,9 +7,8 @@
 #include "cuda_driver.hpp"
 
 namespace roce {
-namespace {
 
-bool capturing(const c10::Stream& stream) {
+bool streamCapturing(const c10::Stream& stream) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
   // Every device type through c10's interface (ROCm's tensors say CUDA but
   // have no libcuda); one that does not implement it has no capture to be in.
@@ -22,11 +21,9 @@ bool capturing(const c10::Stream& stream) {
   return stream.device_type() == c10::DeviceType::CUDA && cudaStreamCapturing(stream.native_handle());
 }
 
-}  // namespace
-
 void refuseCapture(c10::Device device, int rank, const char* what) {
   const c10::Stream stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
-  TORCH_CHECK(!capturing(stream), "roce: rank ", rank, ": ", what, " on ", device.str(),
+  TORCH_CHECK(!streamCapturing(stream), "roce: rank ", rank, ": ", what, " on ", device.str(),
               " while the current stream (", device.str(), " stream ", stream.id(),
               ") is capturing a graph. roce moves device tensors through host memory on its own threads, which "
               "a graph cannot replay: issue the collective and wait for it outside the capture (e.g. before or "

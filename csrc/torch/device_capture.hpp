@@ -9,8 +9,13 @@
 // fix; the group stays usable for calls made outside the capture.
 #pragma once
 #include <c10/core/Device.h>
+#include <c10/core/Stream.h>
 
 namespace roce {
+
+// Whether `stream` is capturing a graph (any device type c10 can ask; CUDA
+// also through the driver).
+bool streamCapturing(const c10::Stream& stream);
 
 // Throws c10::Error if the current stream of `device` is capturing.
 // `rank` and `what` ("a collective ... was issued") name the call in the message.

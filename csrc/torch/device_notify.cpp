@@ -1,7 +1,6 @@
 #include <roce_torch_headers.hpp>  // first: a precompiled header (setup.py)
 #include "device_notify.hpp"
 
-#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -10,6 +9,7 @@
 #include <mutex>
 
 #include "cuda_driver.hpp"
+#include "device_capture.hpp"
 
 namespace roce {
 namespace {
@@ -20,8 +20,10 @@ std::map<c10::DeviceType, LaunchHostFunc>& declared() {
   return m;
 }
 
-bool launchCuda(const c10::Stream& stream, void (*fn)(void*), void* data) {
-  return cudaLaunchHostFn(reinterpret_cast<void*>(stream.native_handle()), stream.device_index(), fn, data);
+LaunchHostFunc declaredFor(c10::DeviceType type) {
+  std::lock_guard<std::mutex> g(mu);
+  auto it = declared().find(type);
+  return it == declared().end() ? nullptr : it->second;
 }
 
 }  // namespace
@@ -32,30 +34,30 @@ void declareHostFunc(c10::DeviceType type, LaunchHostFunc launch) {
   else declared().erase(type);
 }
 
-LaunchHostFunc hostFuncOf(c10::DeviceType type) {
-  {
-    std::lock_guard<std::mutex> g(mu);
-    auto it = declared().find(type);
-    if (it != declared().end()) return it->second;
-  }
-  if (type == c10::DeviceType::CUDA && cudaHostFnSupported()) return launchCuda;
-  return nullptr;
-}
-
 std::shared_ptr<DeviceNotice> DeviceNotice::arm(const c10::Event& event, const c10::Stream& stream) {
-  const LaunchHostFunc launch = hostFuncOf(stream.device_type());
-  if (!launch) return nullptr;
+  const LaunchHostFunc declared = declaredFor(stream.device_type());
+  const bool cuda = !declared && stream.device_type() == c10::DeviceType::CUDA && cudaHostFnSupported();
+  if (!declared && !cuda) return nullptr;
+  if (declared && streamCapturing(stream)) return nullptr;
   std::shared_ptr<DeviceNotice> notice(new DeviceNotice());
   notice->fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (notice->fd_ < 0) return nullptr;
-  event.block(stream);
   // The host function owns a reference until it ran: the waiter may be gone by then.
   auto* held = new std::shared_ptr<DeviceNotice>(notice);
-  if (!launch(stream, &DeviceNotice::onDevice, held)) {
-    delete held;
-    return nullptr;
+  try {
+    bool queued = false;
+    if (cuda) {
+      queued = cudaHostFnAfterEvent(event.eventId(), event.device_index(), &DeviceNotice::onDevice, held);
+    } else {
+      event.block(stream);
+      queued = declared(stream, &DeviceNotice::onDevice, held);
+    }
+    if (queued) return notice;
+  } catch (const std::exception&) {
+    // A device error here shows again where the caller polls the event.
   }
-  return notice;
+  delete held;
+  return nullptr;
 }
 
 void DeviceNotice::onDevice(void* data) {
@@ -71,10 +73,5 @@ DeviceNotice::~DeviceNotice() {
   if (fd_ >= 0) close(fd_);
 }
 
-void DeviceNotice::block(std::chrono::milliseconds limit) const {
-  if (fired()) return;
-  pollfd p{fd_, POLLIN, 0};
-  poll(&p, 1, static_cast<int>(limit.count()));
-}
 
 }  // namespace roce

@@ -128,8 +128,8 @@ at::Tensor DeviceStaging::hostBuffer(int64_t numel, at::ScalarType dtype) {
 void DeviceStaging::add(const at::Tensor& user, const at::Tensor& host, bool read, bool write, int64_t offset,
                         int64_t rows) {
   if (user.numel() == 0 || !(read || write)) return;
-  if (rows < 1 || user.numel() % rows != 0)
-    throw std::logic_error(str("roce: staging ", user.numel(), " elements as ", rows, " rows"));
+  if (rows < 1 || user.numel() % rows != 0 || (rows > 1 && offset != 0))
+    throw std::logic_error(str("roce: staging ", user.numel(), " elements as ", rows, " rows at offset ", offset));
   // The caching allocator must not hand this memory to anyone else before the
   // copy streams are done with it, even if the caller frees the tensor now.
   c10::impl::VirtualGuardImpl impl(lane_.device().type());
@@ -232,11 +232,11 @@ void awaitDeviceEvent(const c10::Event& event, const c10::Stream& notifyOn, Comm
                       const std::function<std::string()>& waitingFor) {
   if (event.query()) return;
   if (auto notice = DeviceNotice::arm(event, notifyOn)) {
-    // Each sleep is bounded so that the wait loop still looks at its
-    // deadline, an abort and failed peers while the device works.
-    constexpr std::chrono::milliseconds kLookAgain{10};
+    // The wait loop's own blocking wait (transports, abort, deadline) also
+    // wakes on the notice.
     Counters::add(c.counters().deviceWaitsNotified, 1);
-    c.waitUntil([&] { return notice->fired() || event.query(); }, waitingFor, [&] { notice->block(kLookAgain); });
+    const Communicator::WakeOnFd wakeOn(c, notice->fd());
+    c.waitUntil([&] { return notice->fired() || event.query(); }, waitingFor);
     return;
   }
   // No host functions: poll, sleeping a little longer each time (20 us to
