@@ -5,7 +5,8 @@ runs alone: `pytest tests -m unit` (seconds), `pytest tests -m "not softroce"`
 import pytest
 
 DESCRIPTIONS = {
-    "unit": "no spawned ranks: the C++ unit tests of the torch-free core, the layer check, the test device",
+    "unit": "no spawned ranks: the C++ unit tests of the torch-free core, the parsers' fuzz runs, the layer check, "
+            "the test device",
     "integration": "ranks spawned on this machine (shared memory, TCP, simulated machines), the doctor, "
                    "the examples and benchmarks as users launch them",
     "sanitizers": "the extension rebuilt under ASan/UBSan and TSan, one workload each",
@@ -13,7 +14,7 @@ DESCRIPTIONS = {
     "softroce": "the verbs transport over rxe in emulated VMs",
 }
 KINDS = {
-    "unit": {"test_unit_cpp", "test_layers", "test_testdev"},
+    "unit": {"test_unit_cpp", "test_layers", "test_testdev", "test_fuzz"},
     "sanitizers": {"test_sanitizers"},
     "scale": {"test_scale"},
     "softroce": {"test_softroce", "test_softroce_doctor"},

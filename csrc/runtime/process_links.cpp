@@ -13,12 +13,11 @@
 #include "../common/sockets.hpp"
 #include "connect.hpp"
 #include "front_desk.hpp"
+#include "link_record.hpp"
 
 namespace roce {
 namespace {
 
-constexpr uint32_t kLinkMagic = 0x4c494e4b;  // "LINK"
-constexpr size_t kMaxText = 4096;
 // A peer process this far behind in reading is hung; its lifelines say so.
 // Room for every rank's state record (~150 bytes each) of many thousand
 // ranks passing through, in several groups at once.
@@ -26,8 +25,6 @@ constexpr size_t kMaxQueued = 16 << 20;
 // A heartbeat is skipped only behind this much unsent data: one group's
 // burst (a verdict's state records) must not silence the others.
 constexpr size_t kHeartbeatBacklog = 256 << 10;
-// The first record on a dialed link: the dialer's process key.
-constexpr uint16_t kIdentity = 0x100;
 // Records kept for a group this process has not created yet: a member that
 // late has timed out its peers anyway (front_desk.cpp parks hellos as long).
 constexpr auto kParkLimit = std::chrono::minutes(30);
@@ -62,17 +59,6 @@ constexpr size_t kMaxGoneAnswered = 1 << 16;
 // failed or died before its dial, or create the group much later.
 constexpr auto kPendingGrace = std::chrono::seconds(2);
 constexpr auto kDialAttempt = std::chrono::seconds(5);
-
-struct RecordHead {
-  uint32_t magic;
-  uint16_t type;
-  uint16_t len;  // text bytes that follow
-  int32_t srcRank;
-  uint32_t reserved;
-  uint64_t dstNonce;
-  uint64_t srcNonce;
-};
-static_assert(sizeof(RecordHead) == 32);
 
 }  // namespace
 
@@ -199,8 +185,7 @@ void ProcessLinks::send(int link, uint64_t dstNonce, uint64_t srcNonce, int srcR
 }
 
 std::string ProcessLinks::identityRecord(const std::string& selfKey) {
-  RecordHead h{kLinkMagic, kIdentity, static_cast<uint16_t>(selfKey.size()), -1, 0, 0, 0};
-  return std::string(reinterpret_cast<const char*>(&h), sizeof(h)) + selfKey;
+  return encodeRecord(kIdentityRecord, -1, 0, 0, selfKey);
 }
 
 void ProcessLinks::startPendingDial(Link& l, Clock::time_point now) {
@@ -235,11 +220,9 @@ void ProcessLinks::finishPendingDial(Link& l, Clock::time_point now) {
 
 void ProcessLinks::enqueue(Link& l, uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t type,
                            const std::string& text) {
-  const std::string body = text.substr(0, kMaxText);
-  if (l.outbuf.size() + sizeof(RecordHead) + body.size() > kMaxQueued) return;
-  RecordHead h{kLinkMagic, type, static_cast<uint16_t>(body.size()), srcRank, 0, dstNonce, srcNonce};
-  l.outbuf.append(reinterpret_cast<const char*>(&h), sizeof(h));
-  l.outbuf += body;
+  const std::string record = encodeRecord(type, srcRank, dstNonce, srcNonce, text);
+  if (l.outbuf.size() + record.size() > kMaxQueued) return;
+  l.outbuf += record;
   sendQueued(l);
 }
 
@@ -384,17 +367,17 @@ void ProcessLinks::readLink(Link& l) {
 
 void ProcessLinks::parse(Link& l) {
   size_t at = 0;
-  while (l.open && l.inbuf.size() - at >= sizeof(RecordHead)) {
-    RecordHead h;
-    std::memcpy(&h, l.inbuf.data() + at, sizeof(h));
-    if (h.magic != kLinkMagic || h.len > kMaxText) {
+  RecordHead h;
+  std::string_view view;
+  while (l.open) {
+    const RecordParse got = nextRecord(l.inbuf, at, h, view);
+    if (got == RecordParse::Corrupt) {
       closeLink(l, 0, true);
       return;
     }
-    if (l.inbuf.size() - at < sizeof(h) + h.len) break;  // the rest is still on its way
-    std::string text = l.inbuf.substr(at + sizeof(h), h.len);
-    at += sizeof(h) + h.len;
-    if (h.type == kIdentity) {
+    if (got == RecordParse::Partial) break;  // the rest is still on its way
+    std::string text(view);
+    if (h.type == kIdentityRecord) {
       l.key = text;
       auto it = sendOn_.find(text);
       if (it == sendOn_.end()) {

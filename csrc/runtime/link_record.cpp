@@ -1,0 +1,26 @@
+#include "link_record.hpp"
+
+#include <cstring>
+
+namespace roce {
+
+std::string encodeRecord(uint16_t type, int32_t srcRank, uint64_t dstNonce, uint64_t srcNonce,
+                         std::string_view text) {
+  const std::string_view body = text.substr(0, kMaxRecordText);
+  RecordHead h{kLinkMagic, type, static_cast<uint16_t>(body.size()), srcRank, 0, dstNonce, srcNonce};
+  std::string out(reinterpret_cast<const char*>(&h), sizeof(h));
+  out.append(body);
+  return out;
+}
+
+RecordParse nextRecord(std::string_view buf, size_t& at, RecordHead& head, std::string_view& text) {
+  if (at > buf.size() || buf.size() - at < sizeof(RecordHead)) return RecordParse::Partial;
+  std::memcpy(&head, buf.data() + at, sizeof(head));
+  if (head.magic != kLinkMagic || head.len > kMaxRecordText) return RecordParse::Corrupt;
+  if (buf.size() - at - sizeof(head) < head.len) return RecordParse::Partial;
+  text = buf.substr(at + sizeof(head), head.len);
+  at += sizeof(head) + head.len;
+  return RecordParse::Complete;
+}
+
+}  // namespace roce

@@ -1,0 +1,39 @@
+// The records a process link carries (process_links.hpp): a 32-byte head,
+// then up to kMaxText bytes of text. Apart from the links so that the parser
+// is a pure function on a buffer, which a fuzzer can drive
+// (tests/fuzz/fuzz_link_records.cpp).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace roce {
+
+constexpr uint32_t kLinkMagic = 0x4c494e4b;  // "LINK"
+constexpr size_t kMaxRecordText = 4096;
+// The first record on a dialed link: the dialer's process key.
+constexpr uint16_t kIdentityRecord = 0x100;
+
+struct RecordHead {
+  uint32_t magic;
+  uint16_t type;
+  uint16_t len;  // text bytes that follow
+  int32_t srcRank;
+  uint32_t reserved;
+  uint64_t dstNonce;
+  uint64_t srcNonce;
+};
+static_assert(sizeof(RecordHead) == 32);
+
+// Head and text as bytes to send; the text is cut at kMaxRecordText.
+std::string encodeRecord(uint16_t type, int32_t srcRank, uint64_t dstNonce, uint64_t srcNonce, std::string_view text);
+
+// The record at `at` in `buf`: Complete (head and text filled, `at` moved
+// past it; text views buf), Partial (its bytes are still on their way: `at`
+// unchanged), or Corrupt (not a record: a wrong magic or a text longer than
+// kMaxRecordText; the stream cannot be trusted after it).
+enum class RecordParse { Complete, Partial, Corrupt };
+RecordParse nextRecord(std::string_view buf, size_t& at, RecordHead& head, std::string_view& text);
+
+}  // namespace roce
