@@ -37,6 +37,7 @@ TARGETS = {
     "link_records": ["runtime/link_record.cpp"],
     "rank_info": ["membership/rank_info.cpp"],
     "roster": ["membership/roster.cpp", "membership/rank_info.cpp", "membership/topology.cpp"] + CONFIG,
+    "verdict": ["liveness/verdict.cpp"],
 }
 FLAGS = ["-std=c++20", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
          "-fno-omit-frame-pointer", "-ffunction-sections", "-fdata-sections", "-Wl,--gc-sections", "-I", CSRC]
@@ -73,7 +74,7 @@ def run(name, binary, seconds, libfuzzer):
     start = time.monotonic()
     p = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env, timeout=seconds * 3 + 120)
     if p.returncode == 0:
-        last = (p.stdout.strip().splitlines() or [""])[-1]
+        last = ((p.stdout + p.stderr).strip().splitlines() or [""])[-1]  # libFuzzer reports on stderr
     else:
         crashes = [os.path.join(work, f) for f in os.listdir(work) if f.startswith("crash-")]
         last = f"input: {', '.join(crashes) or '(none written)'}\n{p.stderr[-3000:]}"
