@@ -62,7 +62,7 @@ def run(name, binary, seconds, libfuzzer):
         if old.startswith("crash-"):
             os.remove(os.path.join(work, old))
     env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1",
-           "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
+           "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1:abort_on_error=1"}
     if libfuzzer:
         grown = os.path.join(BUILD, "corpus", name)
         os.makedirs(grown, exist_ok=True)
@@ -72,7 +72,10 @@ def run(name, binary, seconds, libfuzzer):
     else:
         cmd = [binary, corpus, f"-max_total_time={seconds}"]
     start = time.monotonic()
-    p = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env, timeout=seconds * 3 + 120)
+    try:
+        p = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env, timeout=seconds * 3 + 120)
+    except subprocess.TimeoutExpired:
+        return 1, time.monotonic() - start, f"hung: no end after {seconds * 3 + 120:.0f} s (an input that never returns)"
     if p.returncode == 0:
         last = ((p.stdout + p.stderr).strip().splitlines() or [""])[-1]  # libFuzzer reports on stderr
     else:

@@ -97,8 +97,9 @@ def parked_record_flood(rank, world, port, text_bytes=MAX_TEXT):
 def unnamed_links(rank, world, port):
     """Rank 0 is dialed 200 times on its process-link key by someone who
     never names a process, then once by someone who sends records before
-    naming one: at most 64 unnamed links are held at once, the one sending
-    records is closed, and the group's allreduce is exact."""
+    naming one, then once by someone who names two: at most 64 unnamed links
+    are held at once (the oldest go), the one sending records and the one
+    renaming itself are closed, and the group's allreduce is exact."""
     import roce_pg
 
     C = roce_pg._C
@@ -111,11 +112,17 @@ def unnamed_links(rank, world, port):
         with _process_link(listen, name=None) as s:
             s.sendall(RECORD.pack(LINK_MAGIC, BYE, 3, 0, 0, 0x5EED, 1) + b"bye")
             after_records = _settled(("process_links", "links_refused", "link_parked_groups"))
+        # Named twice: a second name would have made the link the one this
+        # process sends on to two processes.
+        with _process_link(listen, name=b"first") as s:
+            s.sendall(RECORD.pack(LINK_MAGIC, IDENTITY, 6, -1, 0, 0, 0) + b"second")
+            after_renaming = _settled(("process_links", "links_refused"))
         for s in socks:
             s.close()
         out = {"before": before["process_links"], "held": held["process_links"],
                "refused": held["links_refused"] - before["links_refused"],
                "refused_after_records": after_records["links_refused"] - held["links_refused"],
+               "refused_after_renaming": after_renaming["links_refused"] - after_records["links_refused"],
                "parked_groups": after_records["link_parked_groups"]}
     dist.barrier()
     x = torch.arange(1000, dtype=torch.float64) + rank

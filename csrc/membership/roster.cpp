@@ -138,6 +138,7 @@ Roster Roster::decode(const std::string& text, int size) {
     if (!std::getline(ps, p.nodeId, '\t') || !std::getline(ps, p.hostId, '\t') || !std::getline(ps, p.tcpHost))
       malformed("place fields");
     if (p.nodeId.empty() || p.hostId.empty()) malformed("machine identity");
+    if (p.tcpHost.find('\t') != std::string::npos) malformed("place fields");  // encode() never writes one
   }
   for (uint64_t i = 0; i < n; ++i) {
     if (!std::getline(in, line)) malformed("missing ranks");

@@ -317,19 +317,24 @@ size_t ProcessLinks::openLinks() const {
 void ProcessLinks::adoptArrivals() {
   for (Arrival& a : mailbox_->takeAll()) {
     if (a.kind != LinkKind::Process) continue;  // closed as `a` goes
-    const auto unidentified = std::count_if(links_.begin(), links_.end(), [](const auto& e) {
-      return e.second->open && e.second->key.empty();
-    });
-    if (static_cast<size_t>(unidentified) >= kMaxUnidentified) {
-      ++linksRefused_;
-      continue;  // closed as `a` goes
-    }
     auto l = std::make_unique<Link>();
     l->id = nextId_++;
     tuneSocket(a.fd.get());
     setNonBlocking(a.fd.get(), true);
     l->fd = a.fd.release();
-    links_.emplace(l->id, std::move(l));
+    Link& added = *links_.emplace(l->id, std::move(l)).first->second;
+    readLink(added);  // a roce process's dial carries its name right behind the hello
+  }
+  // Over the limit, the oldest unnamed links go, not the newest: many peers'
+  // dials may land at once, each named a moment later.
+  std::vector<Link*> unnamed;
+  for (auto& [id, l] : links_)
+    if (l->open && l->key.empty() && !l->pending) unnamed.push_back(l.get());
+  if (unnamed.size() <= kMaxUnidentified) return;
+  std::sort(unnamed.begin(), unnamed.end(), [](const Link* a, const Link* b) { return a->openedAt < b->openedAt; });
+  for (size_t i = 0; i + kMaxUnidentified < unnamed.size(); ++i) {
+    ++linksRefused_;
+    closeLink(*unnamed[i], 0, true);
   }
 }
 
@@ -378,11 +383,17 @@ void ProcessLinks::parse(Link& l) {
     if (got == RecordParse::Partial) break;  // the rest is still on its way
     std::string text(view);
     if (h.type == kIdentityRecord) {
+      if (!l.key.empty() || text.empty()) {  // a link is named once, by its dialer, and never with nothing
+        ++linksRefused_;
+        closeLink(l, 0, true);
+        return;
+      }
       l.key = text;
       auto it = sendOn_.find(text);
-      if (it == sendOn_.end()) {
-        sendOn_.emplace(text, l.id);  // this side's records go on it too
-      } else if (Link& p = *links_.at(it->second); p.pending) {
+      auto named = it == sendOn_.end() ? links_.end() : links_.find(it->second);
+      if (named == links_.end()) {
+        sendOn_[text] = l.id;  // this side's records go on it too
+      } else if (Link& p = *named->second; p.pending) {
         // The dial this side's groups waited for: the socket moves into the
         // link they hold; what follows the identity is read there.
         if (p.dialFd >= 0) ::close(std::exchange(p.dialFd, -1));  // its own dial is not needed
@@ -493,8 +504,11 @@ Clock::time_point ProcessLinks::tick(Clock::time_point now) {
     for (auto it = links_.begin(); it != links_.end();) {
       Link& l = *it->second;
       if (l.open && l.key.empty() && !l.pending && now - l.openedAt > kIdentifyWithin) {
-        ++linksRefused_;
-        closeLink(l, 0, true);
+        readLink(l);  // this thread may have been held up: the name may be waiting
+        if (l.open && l.key.empty()) {
+          ++linksRefused_;
+          closeLink(l, 0, true);
+        }
       }
       // A husk (its socket moved into the pending link it completed) is erased at once.
       const bool husk = !l.open && l.closedAt == Clock::time_point{};

@@ -4,7 +4,6 @@
 #include <dlfcn.h>
 
 #include <map>
-#include <mutex>
 
 namespace roce {
 namespace {
@@ -40,6 +39,7 @@ struct Driver {
   CUresult (*launchHostFunc)(void* stream, void (*fn)(void*), void* data) = nullptr;  // optional: null, waits poll
   CUresult (*streamCreate)(void** stream, unsigned flags) = nullptr;                  // with launchHostFunc
   CUresult (*streamWaitEvent)(void* stream, void* event, unsigned flags) = nullptr;   // with launchHostFunc
+  CUresult (*streamDestroy)(void* stream) = nullptr;                                  // optional
   std::string missing;  // why the driver cannot be used; empty when it can
 };
 
@@ -73,6 +73,7 @@ const Driver& driver() {
     d.launchHostFunc = reinterpret_cast<decltype(d.launchHostFunc)>(dlsym(lib, "cuLaunchHostFunc"));
     d.streamCreate = reinterpret_cast<decltype(d.streamCreate)>(dlsym(lib, "cuStreamCreate"));
     d.streamWaitEvent = reinterpret_cast<decltype(d.streamWaitEvent)>(dlsym(lib, "cuStreamWaitEvent"));
+    d.streamDestroy = reinterpret_cast<decltype(d.streamDestroy)>(dlsym(lib, "cuStreamDestroy_v2"));
     if (d.missing.empty() && d.init(0) != 0) d.missing = "cuInit failed";
     return d;
   }();
@@ -169,17 +170,39 @@ bool cudaHostFnSupported() {
   return d.missing.empty() && d.launchHostFunc && d.streamCreate && d.streamWaitEvent;
 }
 
+namespace {
+// The calling thread's notice streams, by device: each progress thread (one
+// per group) waits for one event at a time, so a group's notice never
+// queues behind another group's, nor behind an event of another thread that
+// will never complete. Destroyed with the thread (cuStreamDestroy returns at
+// once; work still queued completes first).
+class NoticeStreams {
+ public:
+  ~NoticeStreams() {
+    const Driver& d = driver();
+    for (auto [index, stream] : streams_)
+      if (d.streamDestroy) inPrimaryContext(d, index, [&, stream = stream] { d.streamDestroy(stream); });
+  }
+  // Under device `index`'s primary context.
+  void* of(int index) {
+    constexpr unsigned kNonBlocking = 0x1;  // CU_STREAM_NON_BLOCKING: no implicit sync with the legacy default stream
+    void*& stream = streams_[index];
+    if (!stream && driver().streamCreate(&stream, kNonBlocking) != 0) stream = nullptr;
+    return stream;
+  }
+
+ private:
+  std::map<int, void*> streams_;
+};
+}  // namespace
+
 bool cudaHostFnAfterEvent(void* event, int index, void (*fn)(void*), void* data) {
   if (!cudaHostFnSupported() || !event) return false;
   const Driver& d = driver();
-  constexpr unsigned kNonBlocking = 0x1;  // CU_STREAM_NON_BLOCKING: no implicit sync with the legacy default stream
-  static std::mutex mu;
-  static std::map<int, void*> streams;  // by device; kept for the process's life, as torch keeps its pools
+  thread_local NoticeStreams streams;
   CUresult r = -1;
   const bool inContext = inPrimaryContext(d, index, [&] {
-    std::lock_guard<std::mutex> g(mu);
-    void*& stream = streams[index];
-    if (!stream && d.streamCreate(&stream, kNonBlocking) != 0) stream = nullptr;
+    void* stream = streams.of(index);
     if (stream && d.streamWaitEvent(stream, event, 0) == 0) r = d.launchHostFunc(stream, fn, data);
   });
   return inContext && r == 0;

@@ -46,10 +46,10 @@ uint64_t cudaBufferId(const void* ptr, int index);
 bool cudaHostFnSupported();
 // fn(data) on a driver thread once the CUDA event `event` (a CUevent:
 // c10::Event::eventId()) of device `index` has completed: a stream of
-// roce's own for the device (created once per process, non-blocking, never
-// handed to anyone, so nothing queued there by others can delay the call or
-// capture it) waits for the event, then runs cuLaunchHostFunc. False if it
-// was not queued.
+// roce's own (one per calling thread and device, non-blocking, never handed
+// to anyone, so nothing queued there by others, or by another group's
+// thread, can delay the call or capture it) waits for the event, then runs
+// cuLaunchHostFunc. False if it was not queued.
 bool cudaHostFnAfterEvent(void* event, int index, void (*fn)(void*), void* data);
 
 // Puts the calling thread in thread-local stream-capture mode

@@ -3,7 +3,7 @@
 // byte changes, insertions, deletions, truncations, splices of two inputs)
 // for the seconds given, from a fixed seed, so a run is repeatable. A
 // crash, a sanitizer report or an abort in the target ends the process with
-// the input that caused it written to crash-<target>. With clang,
+// the input that caused it written to crash-input. With clang,
 // scripts/fuzz.py builds the same targets with -fsanitize=fuzzer instead.
 #include <chrono>
 #include <csignal>
