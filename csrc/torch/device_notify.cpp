@@ -73,5 +73,4 @@ DeviceNotice::~DeviceNotice() {
   if (fd_ >= 0) close(fd_);
 }
 
-
 }  // namespace roce
