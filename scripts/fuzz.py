@@ -93,7 +93,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=2.0, help="mutation time per target (default 2)")
     ap.add_argument("--libfuzzer", action="store_true", help="clang++ -fsanitize=fuzzer instead of the g++ driver")
     args = ap.parse_args()
-    names = args.targets or list(TARGETS)
+    names = list(dict.fromkeys(args.targets)) or list(TARGETS)
     unknown = [n for n in names if n not in TARGETS]
     if unknown:
         sys.exit(f"fuzz.py: unknown target(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}")

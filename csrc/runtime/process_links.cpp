@@ -332,9 +332,15 @@ void ProcessLinks::adoptArrivals() {
     if (l->open && l->key.empty() && !l->pending) unnamed.push_back(l.get());
   if (unnamed.size() <= kMaxUnidentified) return;
   std::sort(unnamed.begin(), unnamed.end(), [](const Link* a, const Link* b) { return a->openedAt < b->openedAt; });
-  for (size_t i = 0; i + kMaxUnidentified < unnamed.size(); ++i) {
-    ++linksRefused_;
-    closeLink(*unnamed[i], 0, true);
+  size_t over = unnamed.size() - kMaxUnidentified;
+  for (Link* l : unnamed) {
+    if (over == 0) break;
+    readLink(*l);  // its name may have come since it was adopted
+    if (l->open && l->key.empty()) {
+      ++linksRefused_;
+      closeLink(*l, 0, true);
+    }
+    if (!l->open || !l->key.empty()) --over;
   }
 }
 

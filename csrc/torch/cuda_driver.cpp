@@ -181,7 +181,7 @@ class NoticeStreams {
   ~NoticeStreams() {
     const Driver& d = driver();
     for (auto [index, stream] : streams_)
-      if (d.streamDestroy) inPrimaryContext(d, index, [&, stream = stream] { d.streamDestroy(stream); });
+      if (stream && d.streamDestroy) inPrimaryContext(d, index, [&, stream = stream] { d.streamDestroy(stream); });
   }
   // Under device `index`'s primary context.
   void* of(int index) {
