@@ -7,14 +7,15 @@
 #include <sstream>
 
 #include "cuda_driver.hpp"
+#include "device_declarations.hpp"
 
 namespace roce {
 namespace {
 
-std::mutex mu;
-std::map<c10::DeviceType, DeviceMemoryAnswer>& declared() {
-  static std::map<c10::DeviceType, DeviceMemoryAnswer> m;
-  return m;
+std::mutex mu;  // the CUDA answers below
+DeviceDeclarations<DeviceMemoryAnswer>& declared() {
+  static DeviceDeclarations<DeviceMemoryAnswer> d;
+  return d;
 }
 
 std::string procModules() {
@@ -41,8 +42,7 @@ void declareDeviceMemory(c10::DeviceType type, bool pointer, std::string why,
   a.dmabufWhy = c10::DeviceTypeName(type, true) + " has no dma-buf export hook (unsupported)";
   a.pointer = pointer;
   a.pointerWhy = std::move(why);
-  std::lock_guard<std::mutex> g(mu);
-  declared()[type] = std::move(a);
+  declared().set(type, std::move(a));
 }
 
 bool peerMemoryModuleLoaded(const std::string& modulesText) {
@@ -56,11 +56,7 @@ bool peerMemoryModuleLoaded(const std::string& modulesText) {
 }
 
 DeviceMemoryAnswer deviceMemoryPath(c10::Device device) {
-  {
-    std::lock_guard<std::mutex> g(mu);
-    auto it = declared().find(device.type());
-    if (it != declared().end()) return it->second;
-  }
+  if (auto declaration = declared().find(device.type())) return *declaration;
   DeviceMemoryAnswer a;
   const std::string type = c10::DeviceTypeName(device.type(), true);
   if (device.type() != c10::DeviceType::CUDA) {

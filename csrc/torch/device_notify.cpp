@@ -5,32 +5,25 @@
 #include <unistd.h>
 
 #include <cstdint>
-#include <map>
-#include <mutex>
 
 #include "cuda_driver.hpp"
 #include "device_capture.hpp"
+#include "device_declarations.hpp"
 
 namespace roce {
 namespace {
 
-std::mutex mu;
-std::map<c10::DeviceType, LaunchHostFunc>& declared() {
-  static std::map<c10::DeviceType, LaunchHostFunc> m;
-  return m;
+DeviceDeclarations<LaunchHostFunc>& declared() {
+  static DeviceDeclarations<LaunchHostFunc> d;
+  return d;
 }
 
-LaunchHostFunc declaredFor(c10::DeviceType type) {
-  std::lock_guard<std::mutex> g(mu);
-  auto it = declared().find(type);
-  return it == declared().end() ? nullptr : it->second;
-}
+LaunchHostFunc declaredFor(c10::DeviceType type) { return declared().find(type).value_or(nullptr); }
 
 }  // namespace
 
 void declareHostFunc(c10::DeviceType type, LaunchHostFunc launch) {
-  std::lock_guard<std::mutex> g(mu);
-  if (launch) declared()[type] = launch;
+  if (launch) declared().set(type, launch);
   else declared().erase(type);
 }
 
