@@ -632,11 +632,45 @@ def gpudirect(rank, world, port, kind, sizes=(1, 5000, 300_000)):
             ck.same(f"send/recv n={n} {dtype}", got, _pattern(n, dtype, prev + 1) * 2)
             ck.same(f"tensor allocated after isend's was dropped n={n} {dtype}", fresh, torch.full((n,), 3, dtype=dtype))
     same_address = _new_memory_at_the_old_address(ck, acc, rank)
+    dropped = _dropped_tensor_is_not_held(acc)
     acc.synchronize()
     counters = roce_pg.counters()
     return {**ck.result(), "counters": counters, "device_memory": roce_pg.device_memory_path(acc.kind),
             "log": roce_pg._roce_backend(None)._gpudirect_log(), "nic_dmabuf": roce_pg._C.testing.probe_dmabuf(),
-            "new_memory_same_address": same_address}
+            "new_memory_same_address": same_address, "dropped": dropped}
+
+
+def _dropped_tensor_is_not_held(acc, n=1 << 17):
+    """A device tensor registered for the NIC and then dropped by the user:
+    its memory goes back to the allocator at once (a registration must not
+    keep it allocated), and its registration goes at the group's next
+    device transfer. Returns the test device's bytes in use and roce's
+    registration count at each step (testdev only)."""
+    import roce_pg
+
+    if acc.kind != "testdev":
+        return None
+    keep = torch.ones(16, device=acc.device)  # registered now: the later transfer registers nothing new
+    dist.broadcast(keep, 0)
+    acc.synchronize()
+
+    def in_use():
+        return acc.testdev.counters()["device"]["bytes_in_use"]
+
+    base = {"bytes": in_use(), "mrs": roce_pg.counters()["cached_mrs"]}
+    t = torch.full((n,), 1.0, device=acc.device)  # 512 KiB: a block of its own
+    dist.broadcast(t, 0)
+    acc.synchronize()
+    registered = {"bytes": in_use(), "mrs": roce_pg.counters()["cached_mrs"]}
+    del t
+    deadline = time.monotonic() + 5  # the progress thread lets go of the finished call's task soon after
+    while in_use() > base["bytes"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    dropped = {"bytes": in_use(), "mrs": roce_pg.counters()["cached_mrs"]}
+    dist.broadcast(keep, 0)
+    acc.synchronize()
+    after_next = {"bytes": in_use(), "mrs": roce_pg.counters()["cached_mrs"]}
+    return {"base": base, "registered": registered, "dropped": dropped, "after_next": after_next, "nbytes": 4 * n}
 
 
 def _new_memory_at_the_old_address(ck, acc, rank, n=1 << 16):

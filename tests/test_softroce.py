@@ -413,6 +413,13 @@ def test_gpudirect_testdev_peer_memory_crosses_verbs_with_no_staging(one_vm):
         # The memory resized to 0 and back came at its old address with new
         # pages (its values checked above): the stale registration case ran.
         assert res["new_memory_same_address"], res
+        # A registered tensor the user dropped: its memory is back at once,
+        # its registration goes with the next device transfer.
+        d = res["dropped"]
+        assert d["registered"]["bytes"] >= d["base"]["bytes"] + d["nbytes"], d
+        assert d["registered"]["mrs"] == d["base"]["mrs"] + 1, d
+        assert d["dropped"]["bytes"] == d["base"]["bytes"], d
+        assert d["after_next"]["mrs"] == d["base"]["mrs"], d
 
 
 def test_gpudirect_allgather_gather_scatter_all_to_all_cross_verbs_with_no_host_copy(one_vm):

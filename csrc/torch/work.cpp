@@ -27,32 +27,48 @@ std::vector<c10::Device> devicesOf(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
-// The allocation a staged host tensor lives in, for zero-copy transports: a
+// The allocation a tensor lives in, for zero-copy transports. Host memory: a
 // reference to its c10::Storage keeps the memory from being freed (and its
-// address reused) while a transport holds a registration of it.
-// Only for buffers large enough for zero copy (minBytes; 0: zero copy off):
-// small operations, the latency-bound ones, allocate nothing for it.
+// address reused) while a transport holds a registration of it. Device
+// memory is held weakly (directOwner says why).
 BufferOwner storageOwner(const at::Tensor& t) {
   const c10::Storage& st = t.storage();
   if (!st.data() || st.nbytes() == 0) return {};
-  auto keep = std::make_shared<c10::Storage>(st);
   BufferOwner o;
   o.id = st.unsafeGetStorageImpl();
   o.base = static_cast<char*>(const_cast<void*>(st.data()));
   o.len = st.nbytes();
-  o.keep = std::move(keep);
-  o.released = [](const void* k) { return static_cast<const c10::Storage*>(k)->use_count() == 1; };
   o.device = !t.is_cpu();
+  if (o.device) {  // see directOwner
+    using Weak = c10::weak_intrusive_ptr<c10::StorageImpl>;
+    o.keep = std::make_shared<Weak>(st.getWeakStorageImpl());
+    o.released = [](const void* k) { return static_cast<const Weak*>(k)->expired(); };
+  } else {
+    o.keep = std::make_shared<c10::Storage>(st);
+    o.released = [](const void* k) { return static_cast<const c10::Storage*>(k)->use_count() == 1; };
+  }
   return o;
 }
 
+// A staged host tensor's, only for buffers large enough for zero copy
+// (minBytes; 0: zero copy off): small operations, the latency-bound ones,
+// allocate nothing for it.
 BufferOwner ownerOf(const at::Tensor& host, size_t minBytes) {
   if (minBytes == 0 || !host.defined() || !host.has_storage() || !host.is_cpu() || host.nbytes() < minBytes) return {};
   return storageOwner(host);
 }
 
 // A device tensor handed to the transport itself (GPUDirect): always owned,
-// whatever its size (the transport must register it), and counted.
+// whatever its size (the transport must register it), and counted. Unlike a
+// host buffer, its registration holds the storage weakly: the call's task
+// keeps the tensor alive while the transfer runs, and once the user drops it
+// the memory goes back to the device's caching allocator at once, instead of
+// staying allocated (up to ROCE_PG_IB_DEVICE_REG_BYTES per group) until the
+// cache next looks. That is safe where a host buffer's would not be: a
+// registration is reused only for the same live storage with the same
+// memory (base, length and the allocation's buffer id), and the allocator
+// frees a segment to the driver only when none of its blocks is in use, so
+// an entry whose storage died is never used again, only deregistered.
 BufferOwner directOwner(const at::Tensor& t, const CallStaging& st, Communicator& c) {
   Counters::add(c.counters().deviceBytesDirect, t.nbytes());
   BufferOwner o = storageOwner(t);

@@ -35,9 +35,12 @@ namespace roce {
 // (a tensor's c10::Storage, a Communicator scratch block); while a transport's
 // registration cache holds it, the memory cannot be freed and reused at the
 // same address, so a cached registration can never point at someone else's
-// data. `id` names the allocation (StorageImpl*, block address) and stays the
-// same across operations; [base, base + len) is all of it. Empty (keep null):
-// the transport copies through its own registered buffers.
+// data. Device memory is the exception: `keep` holds it weakly (the torch
+// adapter's directOwner says why that is safe there), so that a tensor the
+// user dropped goes back to its allocator at once. `id` names the allocation
+// (StorageImpl*, block address) and stays the same across operations;
+// [base, base + len) is all of it. Empty (keep null): the transport copies
+// through its own registered buffers.
 struct BufferOwner {
   std::shared_ptr<void> keep;
   const void* id = nullptr;

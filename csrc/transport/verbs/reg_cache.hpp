@@ -10,6 +10,9 @@
 // be freed; an entry is dropped by deregistering first, then letting go of the
 // reference. DDP buckets, FSDP flat parameters and the Communicator's scratch
 // buffers persist across steps, so in steady state nothing is registered.
+// Device memory's owners hold it weakly (transport.hpp): an entry whose
+// tensor died keeps no memory allocated, only its registration, which goes at
+// the cache's next registration (dropReleased).
 //
 // Bounded: at most `limitBytes` registered (ROCE_PG_IB_REG_CACHE_BYTES),
 // summed over the rails (each rail's registration pins the pages again).

@@ -168,9 +168,9 @@ void VerbsTransport::deliverEager(int p, uint32_t id, const char* data, uint64_t
 RegCache::Entry* VerbsTransport::registerUserBuffer(const Request& r) {
   if (r.owner.device) {  // zero copy at every size: the CPU must not touch it
     deviceRegCache_->setCounters(counters());
-    // A cached registration keeps its tensor's storage alive: let go of the
-    // ones whose tensors the user freed now, not when room runs out, or up to
-    // ROCE_PG_IB_DEVICE_REG_BYTES of freed device memory stays allocated.
+    // Registrations of tensors the user dropped (their memory went back to
+    // the allocator then) go now, not when room runs out: a freed segment
+    // stays pinned by its dma-buf until then.
     deviceRegCache_->dropReleased();
     return deviceRegCache_->acquire(r.owner, r.buf, r.len);
   }
