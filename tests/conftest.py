@@ -1,6 +1,8 @@
 """Marks every test with its kind, from the module it is in, so that one kind
 runs alone: `pytest tests -m unit` (seconds), `pytest tests -m "not softroce"`
 (no VMs). A module not listed in KINDS is integration: most tests spawn ranks.
+The Soft-RoCE VMs boot in the background as the session starts, and their
+tests run last (tests/test_softroce.py says why).
 """
 import pytest
 
@@ -34,3 +36,22 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(getattr(pytest.mark, kind_of(item.module.__name__)))
+    # The VM suites last: their boots run in the background from the start
+    # (pytest_collection_finish), and every host test runs meanwhile.
+    items.sort(key=lambda item: kind_of(item.module.__name__) == "softroce")
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
+    if any(kind_of(item.module.__name__) == "softroce" for item in session.items):
+        from tests import test_softroce
+
+        test_softroce.start_boots()
+
+
+def pytest_sessionfinish(session):
+    import sys
+
+    if "tests.test_softroce" in sys.modules:
+        sys.modules["tests.test_softroce"].stop_boots()

@@ -33,16 +33,24 @@ One boot per fixture: the VM runs once and the tests below read its report.
 Each VM run has a hard wall-clock limit (VM_TIMEOUT_S) and its full log is kept
 in .softroce-out/<name>/vm.log, also when the limit hits.
 
+The boots start with the session (conftest.py calls start_boots() when these
+tests are selected) and run one after the other in the background, while the
+host tests run; conftest.py puts these tests last. Under emulation the VMs are
+CPU-bound, and the host tests leave about half of the machine's CPU idle
+(ranks waiting on timeouts, sockets and each other): in the background the
+VMs' time mostly hides behind theirs instead of adding to it.
+
 These tests fail (never skip) when the VM tooling is missing, unless
 ROCE_PG_SKIP_SOFTROCE=1 is set explicitly.
 """
-import functools
+import concurrent.futures
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -56,19 +64,20 @@ TOOLS = ROOT / "scripts" / "softroce"
 # the pipelined ring are exercised on every large case, not only by one transfer.
 VM_LARGE_SIZE = int(os.environ.get("ROCE_PG_VM_LARGE_SIZE", 16387))
 VM_CHUNK_BYTES = 16384
-# Hard limits per VM run (boot, one `import torch` of a few minutes, the work):
-# both hanging adds at most ~15 minutes to the suite, well inside CI's 90.
-# Raise them on a loaded machine (the guest's speed falls with the host's load).
-ONE_VM_TIMEOUT_S = int(os.environ.get("SOFTROCE_ONE_VM_TIMEOUT", 1200))
-TWO_VM_TIMEOUT_S = int(os.environ.get("SOFTROCE_TWO_VM_TIMEOUT", 1200))
+# Hard limits per VM run (boot, one `import torch` of a few minutes, the
+# work), which shares the machine with the host tests (start_boots): ~13 and
+# ~10 minutes alone on 2 cores, about half as fast again beside the host
+# tests. Both hanging, one after the other from the session's start, end
+# ~63 minutes into pytest, inside CI's 90 with the setup. Raise them on a
+# loaded machine (the guest's speed falls with the host's load).
+ONE_VM_TIMEOUT_S = int(os.environ.get("SOFTROCE_ONE_VM_TIMEOUT", 1800))
+TWO_VM_TIMEOUT_S = int(os.environ.get("SOFTROCE_TWO_VM_TIMEOUT", 1800))
 DETECT_LIMIT_S = 10.0
 # rdma res show counts that must come back to where they were
 RDMA_KINDS = ("pd", "cq", "qp", "mr")
 
 
-def _require_tooling():
-    if os.environ.get("ROCE_PG_SKIP_SOFTROCE") == "1":
-        pytest.skip("ROCE_PG_SKIP_SOFTROCE=1")
+def _missing_tooling():
     missing = []
     if not (TOOLS / ".venv-vng" / "bin" / "vng").exists():
         missing.append("virtme-ng")
@@ -76,7 +85,13 @@ def _require_tooling():
         missing.append("a Debian kernel image")
     if not shutil.which("qemu-system-x86_64"):
         missing.append("qemu-system-x86")
-    if missing:
+    return missing
+
+
+def _require_tooling():
+    if os.environ.get("ROCE_PG_SKIP_SOFTROCE") == "1":
+        pytest.skip("ROCE_PG_SKIP_SOFTROCE=1")
+    if missing := _missing_tooling():
         pytest.fail(f"Soft-RoCE tooling missing ({', '.join(missing)}): run scripts/softroce/setup.sh")
 
 
@@ -98,6 +113,7 @@ def _run(script, cmd, timeout_s, out):
         # The scripts put pipes between QEMU and this file (QEMU truncates files it opens).
         p = subprocess.Popen(["bash", str(TOOLS / script), cmd], stdin=subprocess.DEVNULL, stdout=f,
                              stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        _running.add(p)
         try:
             rc = p.wait(timeout=timeout_s + 90)  # the script's own limit ends it first
         except subprocess.TimeoutExpired:
@@ -108,11 +124,12 @@ def _run(script, cmd, timeout_s, out):
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
             rc = 124
+        finally:
+            _running.discard(p)
     seconds = time.monotonic() - t0
     with open(log, "a") as f:
         f.write(f"\n---- host: {script} exit {rc} after {seconds:.0f} s (limit {timeout_s} s) ----\n")
     text = log.read_text(errors="replace")
-    sys.stdout.write(text[-6000:])
     return subprocess.CompletedProcess([script, cmd], rc, stdout=text, stderr="")
 
 
@@ -120,13 +137,71 @@ def _tail(p):
     return f"(exit {p.returncode}; full log in .softroce-out):\n{p.stdout[-4000:]}"
 
 
+# ---------------------------------------------------------------- the boots
+
+_boots = {}  # name -> Future of its run, made once per session
+_running = set()  # the VM scripts running now (stop_boots)
+_boots_lock = threading.Lock()
+_booter = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="softroce-boot")
+
+
+def _boot(name):
+    """The named boot's future: submitted on first use (start_boots() submits
+    both at the session's start); one worker, so boots never overlap."""
+    with _boots_lock:
+        if name not in _boots:
+            _boots[name] = _booter.submit(BOOTS[name])
+        return _boots[name]
+
+
+def start_boots():
+    """Starts both VM runs in the background, the one VM first (conftest.py,
+    at the session's start). Nothing starts without the tooling: the
+    fixtures then fail with what is missing."""
+    if os.environ.get("ROCE_PG_SKIP_SOFTROCE") == "1" or _missing_tooling():
+        return
+    for name in BOOTS:
+        _boot(name)
+
+
+def stop_boots():
+    """At the session's end (an interrupted or -x run leaves boots behind):
+    drops the boots not started and stops the running one's VMs (its script
+    stops them on SIGTERM)."""
+    for future in list(_boots.values()):
+        future.cancel()
+    for p in list(_running):
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def _collect(name):
+    """Waits for the named boot and shows the tail of its log (here, in the
+    test's output, not from the background thread)."""
+    _require_tooling()
+    run = _boot(name).result()
+    sys.stdout.write(run.p.stdout[-6000:] + run.summary + "\n")
+    return run
+
+
+_SESSION_T0 = time.monotonic()
+
+
+def _since_start(t):
+    return f"{t - _SESSION_T0:.0f} s into the session"
+
+
 # ---------------------------------------------------------------- one VM
 
-@functools.cache
 def one_vm_boot():
     """The one VM's run, shared by this module and tests/test_softroce_doctor.py
-    (the doctor's cases run in the same boot, beside the suite's `import torch`):
-    cached, so that the two modules' fixtures boot it once per pytest session."""
+    (the doctor's cases run in the same boot, beside the suite's `import torch`)."""
+    return _collect("one_vm")
+
+
+def _run_one_vm():
     out = _outdir("one_vm")
     cmd = (f"cd {ROOT} && ROCE_TEST_LARGE_SIZE={VM_LARGE_SIZE} ROCE_PG_CHUNK_BYTES={VM_CHUNK_BYTES} "
            f".venv/bin/python -m tests.softroce.guest_one_vm {out}/doctor {out}/report.json")
@@ -135,15 +210,13 @@ def one_vm_boot():
     seconds = time.monotonic() - t0
     report_file = out / "report.json"
     report = json.loads(report_file.read_text()) if report_file.exists() else None
-    if report:
-        print(f"\none VM: {seconds:.0f} s host wall clock; guest groups: "
-              + ", ".join(f"{n} {g['seconds']} s" for n, g in report["groups"].items()))
-    return SimpleNamespace(p=p, report=report, seconds=seconds, out=out)
+    summary = f"\none VM: {seconds:.0f} s host wall clock (from {_since_start(t0)}); guest groups: " + (
+        ", ".join(f"{n} {g['seconds']} s" for n, g in report["groups"].items()) if report else "no report")
+    return SimpleNamespace(p=p, report=report, seconds=seconds, out=out, summary=summary)
 
 
 @pytest.fixture(scope="module")
 def one_vm():
-    _require_tooling()
     return one_vm_boot()
 
 
@@ -461,7 +534,10 @@ def test_recreating_the_group_25_times_over_verbs_keeps_rss_flat(one_vm):
 
 @pytest.fixture(scope="module")
 def two_vms():
-    _require_tooling()
+    return _collect("two_vms")
+
+
+def _run_two_vms():
     out = _outdir("two_vms")
     # Gloo (the DDP reference) picks its interface by hostname, which does not resolve here.
     cmd = (f"cd {ROOT} && GLOO_SOCKET_IFNAME=$SOFTROCE_NETDEV ROCE_PG_SOCKET_IFNAME=$SOFTROCE_NETDEV "
@@ -475,10 +551,10 @@ def two_vms():
         f = out / f"node{node}.json"
         if f.exists():
             reports[node] = json.loads(f.read_text())
-    print(f"\ntwo VMs: {seconds:.0f} s host wall clock; phases: "
-          + "; ".join(f"node{n} " + ", ".join(f"{k} {v.get('seconds')} s" for k, v in r.get("phases", {}).items())
-                      for n, r in reports.items()))
-    return SimpleNamespace(p=p, reports=reports, seconds=seconds)
+    summary = (f"\ntwo VMs: {seconds:.0f} s host wall clock (from {_since_start(t0)}); phases: "
+               + "; ".join(f"node{n} " + ", ".join(f"{k} {v.get('seconds')} s" for k, v in r.get("phases", {}).items())
+                           for n, r in reports.items()))
+    return SimpleNamespace(p=p, reports=reports, seconds=seconds, summary=summary)
 
 
 def _phase(two_vms, name):
@@ -595,3 +671,6 @@ def test_two_vms_port_down_gives_errors_not_a_hang(two_vms):
             assert res["remains_released_s"] is not None, (r, res)
     # The ranks beside the downed port always find their group broken.
     assert ranks[2]["remains_after_destroy"] and ranks[3]["remains_after_destroy"], ranks
+
+
+BOOTS = {"one_vm": _run_one_vm, "two_vms": _run_two_vms}
