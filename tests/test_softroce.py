@@ -36,9 +36,10 @@ in .softroce-out/<name>/vm.log, also when the limit hits.
 The boots start with the session (conftest.py calls start_boots() when these
 tests are selected) and run one after the other in the background, while the
 host tests run; conftest.py puts these tests last. Under emulation the VMs are
-CPU-bound, and the host tests leave about half of the machine's CPU idle
-(ranks waiting on timeouts, sockets and each other): in the background the
-VMs' time mostly hides behind theirs instead of adding to it.
+CPU-bound, and the host tests leave about a third of the machine's CPU idle
+(ranks waiting on timeouts, sockets and each other; 70% busy on average over
+a host-only run on 2 cores): in the background the VMs use it instead of
+adding their whole time to the host tests'.
 
 These tests fail (never skip) when the VM tooling is missing, unless
 ROCE_PG_SKIP_SOFTROCE=1 is set explicitly.
