@@ -3,6 +3,7 @@ tensors (the test device "testdev", or CUDA on a GPU machine), run inside
 spawned groups. Values are checked against host references (tests/reference.py)
 and collected, not asserted, so that a wrong value on one rank never leaves
 the others waiting in a collective; timings come back to the test."""
+import gc
 import os
 import time
 
@@ -150,6 +151,8 @@ def streams(rank, world, port, kind, tmp):
     report.update(_premul_factor_on_the_device(ck, acc, rank, world))
     report.update(_side_streams(ck, acc, rank, world))
     _non_contiguous(ck, acc, rank, world)
+    if kind == "cuda":  # torch has no sparse tensors on the test device
+        _sparse_on_a_side_stream(ck, acc, rank, world)
     if kind == "testdev":
         report.update(_wait_does_not_wait_for_the_copy_back(ck, acc, world))
         report.update(_pieces_overlap(acc, world))
@@ -389,6 +392,27 @@ def _side_streams(ck, acc, rank, world):
         if acc.kind == "testdev":
             acc.copy_delay(0)
     return {"side_issue_s": issue_s, "side_producer_running_after_issue": side_producer_running}
+
+
+def _sparse_on_a_side_stream(ck, acc, rank, world):
+    """all_reduce of a sparse tensor whose values a slow kernel on a side
+    stream is still producing at the call: the sum follows that kernel, and
+    a consumer on the same stream queued after wait() reads it."""
+    side = acc.stream()
+    with side:
+        idx = torch.tensor([[rank, world], [0, 1]], device=acc.device)  # rows rank and world, columns 0 and 1
+        vals = torch.empty(2, device=acc.device)
+        acc.slow_fill_(vals, float(rank + 1))
+        t = torch.sparse_coo_tensor(idx, vals, (world + 1, 2))
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        got = t.to_dense() * 1  # a consumer on the side stream
+    acc.synchronize()
+    want = torch.zeros(world + 1, 2)
+    for r in range(world):
+        want[r, 0] += r + 1
+        want[world, 1] += r + 1
+    ck.same("sparse all_reduce after a slow producer on a side stream", got, want)
 
 
 def _non_contiguous(ck, acc, rank, world):
@@ -651,6 +675,12 @@ def _dropped_tensor_is_not_held(acc, n=1 << 17):
     if acc.kind != "testdev":
         return None
     keep = torch.ones(16, device=acc.device)  # registered now: the later transfer registers nothing new
+    dist.broadcast(keep, 0)
+    acc.synchronize()
+    # Tensors of earlier calls that die late would have their registrations
+    # dropped at the next one: let them go first, then one more transfer.
+    gc.collect()
+    time.sleep(0.5)
     dist.broadcast(keep, 0)
     acc.synchronize()
 

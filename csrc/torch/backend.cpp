@@ -1,6 +1,7 @@
 #include <roce_torch_headers.hpp>  // first: a precompiled header (setup.py)
 #include "backend.hpp"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <cstdint>
 #include <numeric>
 #include <string_view>
@@ -486,10 +487,33 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_sparse(std::vector<at::Ten
                                                              const c10d::AllreduceOptions& opts) {
   checkSparseAllreduce(tensors, opts);
   const at::Tensor t = tensors[0];
-  if (!t.is_cpu()) refuseCapture(t.device(), getRank(), "an allreduce of a sparse tensor was issued");
-  return submit(OpType::ALLREDUCE, "allreduce (sparse)", tensors, CallStaging(),
-                [t](Communicator& c) { sparseAllreduceSum(c, t); }, callOf(opts),
-                static_cast<size_t>(t._values().numel()) * t._values().element_size());
+  const size_t bytes = static_cast<size_t>(t._values().numel()) * t._values().element_size();
+  if (t.is_cpu())
+    return submit(OpType::ALLREDUCE, "allreduce (sparse)", tensors, CallStaging(),
+                  [t](Communicator& c) { t.copy_(sparseAllreduceSum(c, t)); }, callOf(opts), bytes);
+  // A device tensor is ordered like a dense call: its indices and values
+  // are copied to the host after the caller's work before the call, and the
+  // sum goes back on the results stream, where the Work completes. The
+  // caller's stream is recorded on the sum's new memory, which the results
+  // stream allocated and the caller's kernels read after wait().
+  CallStaging st = staging(t);  // refuses a capture
+  const at::Tensor indices = st.input(t._indices()).view(t._indices().sizes());
+  const at::Tensor values = st.input(t._values()).view(t._values().sizes());
+  const std::vector<int64_t> sizes = t.sizes().vec();
+  const c10::Stream caller = c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device());
+  std::shared_ptr<DeviceStaging> device = st.device;
+  return submit(OpType::ALLREDUCE, "allreduce (sparse)", tensors, std::move(st),
+                [t, indices, values, sizes, caller, device](Communicator& c) {
+                  const at::Tensor sum =
+                      sparseAllreduceSum(c, at::_sparse_coo_tensor_unsafe(indices, values, sizes));
+                  device->queueOnResults([&] {
+                    t.copy_(sum.to(t.device()));
+                    c10::impl::VirtualGuardImpl impl(t.device().type());
+                    impl.recordDataPtrOnStream(t._indices().storage().data_ptr(), caller);
+                    impl.recordDataPtrOnStream(t._values().storage().data_ptr(), caller);
+                  });
+                },
+                callOf(opts), bytes);
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,

@@ -57,8 +57,8 @@ void DeviceStaging::addDirect(const at::Tensor& user) {
 at::Tensor DeviceStaging::deviceBuffer(int64_t numel, at::ScalarType dtype) {
   // Allocated on the caller's stream by the caching allocator and recorded
   // on the copy streams that fill and drain it, so that its memory is not
-  // reused before their copies ran even once the transport's registration,
-  // which holds it past finish(), lets go of it.
+  // reused before their copies ran once finish() drops it (the transport's
+  // registration holds device memory weakly).
   at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype).device(lane_.device()));
   c10::impl::VirtualGuardImpl impl(lane_.device().type());
   impl.recordDataPtrOnStream(t.storage().data_ptr(), lane_.toHost);
@@ -265,6 +265,13 @@ void DeviceStaging::copyBack(size_t k) {
   c10::StreamGuard guard(lane_.toDevice);
   for (auto& s : segments_)
     if (s.write) copy(s, pieces_[k], /*toHost=*/false, k + 1 == pieces_.size());
+}
+
+void DeviceStaging::queueOnResults(const std::function<void()>& queue) {
+  resultsAfterIssue();
+  at::NoGradGuard noGrad;
+  c10::StreamGuard guard(lane_.toDevice);
+  queue();
 }
 
 std::shared_ptr<c10::Event> DeviceStaging::finish() {

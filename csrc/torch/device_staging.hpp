@@ -113,7 +113,7 @@ class DeviceStaging {
   // GPUDirect RDMA: `user` (contiguous) goes to the transport itself, no
   // copy. The call then runs as one piece, which waits for the caller's
   // stream (the NIC must not read before the producers finished); held until
-  // finish(), and kept alive beyond it by the transport's registration.
+  // finish() (the transport's registration holds device memory weakly).
   void addDirect(const at::Tensor& user);
   const std::vector<at::Tensor>& directTensors() const { return direct_; }
   // GPUDirect RDMA for what cannot go as it is (a list of tensors, a
@@ -137,6 +137,10 @@ class DeviceStaging {
   void awaitPiece(size_t k, Communicator& c);
   // Queues the copies of piece k's results back to the device.
   void copyBack(size_t k);
+  // Runs `queue` with the results stream current, after the call's issue
+  // point, for results whose size only the end of the call tells (a sparse
+  // sum), which copyBack() cannot write; finish() covers what it queued.
+  void queueOnResults(const std::function<void()>& queue);
   // An algorithm's copy within this rank between device buffers of the call
   // (its own block: Communicator::copyLocal): queued on the lane's `local` stream
   // and waited for through the Communicator's wait loop before returning, as

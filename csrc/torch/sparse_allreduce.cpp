@@ -60,9 +60,8 @@ void checkSparseAllreduce(const std::vector<at::Tensor>& tensors, const c10d::Al
   TORCH_CHECK(t.dim() <= kMaxDims, "roce: sparse allreduce supports up to ", kMaxDims, " dimensions, got ", t.dim());
 }
 
-void sparseAllreduceSum(Communicator& c, const at::Tensor& tensor) {
+at::Tensor sparseAllreduceSum(Communicator& c, const at::Tensor& t) {
   at::NoGradGuard noGrad;
-  const at::Tensor t = tensor.to(at::kCPU);
   // _indices()/_values() also accept an uncoalesced tensor; the sum below
   // coalesces anyway.
   const at::Tensor indices = t._indices().contiguous();  // sparseDim x nnz, int64
@@ -118,7 +117,7 @@ void sparseAllreduceSum(Communicator& c, const at::Tensor& tensor) {
     }
     sum = at::sparse_coo_tensor(at::cat(idx, 1), at::cat(val, 0), t.sizes());
   }
-  tensor.copy_(sum.coalesce().to(tensor.device()));
+  return sum.coalesce();
 }
 
 }  // namespace roce

@@ -17,9 +17,9 @@ class Communicator;
 // COO, more dimensions than the metadata exchange carries) before any traffic.
 void checkSparseAllreduce(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
 
-// On the progress thread: replaces `tensor` with the coalesced sum over the
-// group. Ranks whose tensors differ in size, sparse/dense split or dtype all
-// raise, naming the first rank that differs.
-void sparseAllreduceSum(Communicator& c, const at::Tensor& tensor);
+// On the progress thread: the coalesced sum over the group of `mine` (a CPU
+// sparse tensor), on the CPU. Ranks whose tensors differ in size,
+// sparse/dense split or dtype all raise, naming the first rank that differs.
+at::Tensor sparseAllreduceSum(Communicator& c, const at::Tensor& mine);
 
 }  // namespace roce

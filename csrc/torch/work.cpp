@@ -60,15 +60,17 @@ BufferOwner ownerOf(const at::Tensor& host, size_t minBytes) {
 
 // A device tensor handed to the transport itself (GPUDirect): always owned,
 // whatever its size (the transport must register it), and counted. Unlike a
-// host buffer, its registration holds the storage weakly: the call's task
-// keeps the tensor alive while the transfer runs, and once the user drops it
-// the memory goes back to the device's caching allocator at once, instead of
-// staying allocated (up to ROCE_PG_IB_DEVICE_REG_BYTES per group) until the
-// cache next looks. That is safe where a host buffer's would not be: a
-// registration is reused only for the same live storage with the same
-// memory (base, length and the allocation's buffer id), and the allocator
-// frees a segment to the driver only when none of its blocks is in use, so
-// an entry whose storage died is never used again, only deregistered.
+// host buffer, its registration holds the storage weakly: once the user (and
+// the Work) drop the tensor, its memory goes back to the device's caching
+// allocator at once, instead of staying allocated (up to
+// ROCE_PG_IB_DEVICE_REG_BYTES per group) until the cache next looks. Why that
+// is safe: the weak reference keeps the StorageImpl object, the cache's key,
+// from being reused, so an entry whose storage died never matches a lookup
+// again and is only deregistered; a live entry is reused only with the same
+// memory (base, length and the allocation's buffer id); and the call's task
+// holds its tensors until every transfer is done, or until a failure has put
+// the peers' queue pairs in the error state (the group breaks first), so the
+// NIC never reaches memory the tensor gave up.
 BufferOwner directOwner(const at::Tensor& t, const CallStaging& st, Communicator& c) {
   Counters::add(c.counters().deviceBytesDirect, t.nbytes());
   BufferOwner o = storageOwner(t);

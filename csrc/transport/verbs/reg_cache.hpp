@@ -5,14 +5,16 @@
 // pages it was made on. If the memory were freed and the address reused (glibc
 // unmaps and remaps large tensors, often at the same address), a cache keyed
 // by address would hand out an MR that still points at the old pages, and data
-// would silently go to or come from the wrong place. Here every entry keeps its
-// allocation alive (BufferOwner::keep), so while an MR exists its memory cannot
-// be freed; an entry is dropped by deregistering first, then letting go of the
-// reference. DDP buckets, FSDP flat parameters and the Communicator's scratch
-// buffers persist across steps, so in steady state nothing is registered.
-// Device memory's owners hold it weakly (transport.hpp): an entry whose
-// tensor died keeps no memory allocated, only its registration, which goes at
-// the cache's next registration (dropReleased).
+// would silently go to or come from the wrong place. Here every entry of host
+// memory keeps its allocation alive (BufferOwner::keep), so while an MR exists
+// its memory cannot be freed; an entry is dropped by deregistering first, then
+// letting go of the reference. DDP buckets, FSDP flat parameters and the
+// Communicator's scratch buffers persist across steps, so in steady state
+// nothing is registered. Device memory's owners hold it weakly (transport.hpp):
+// the allocation object, the key, cannot be reused while an entry exists, so
+// an entry whose tensor died is never handed out again; it keeps no memory
+// allocated, only its registration, which goes at the cache's next
+// registration (dropReleased).
 //
 // Bounded: at most `limitBytes` registered (ROCE_PG_IB_REG_CACHE_BYTES),
 // summed over the rails (each rail's registration pins the pages again).
@@ -59,8 +61,9 @@ class RegCache {
   // everything in use, or ibv_reg_mr failed): the caller copies instead.
   Entry* acquire(const BufferOwner& o, const void* p, size_t n);
   void release(Entry* e);
-  // Deregisters entries not in use whose buffers only the cache still holds
-  // (their tensors were freed): the cache's reference keeps them allocated.
+  // Deregisters entries not in use whose buffers only the cache still refers
+  // to (their tensors were freed): the cache's reference keeps host memory
+  // allocated; device memory went back to its allocator already.
   void dropReleased();
 
   void setCounters(Counters* c) { counters_ = c; }
