@@ -128,12 +128,13 @@ Algo chooseAcross(Communicator& c, size_t bytes, bool overlapped) {
 namespace {
 
 // Hierarchical or flat ring, for the collectives that have both forms:
-// forced by `setting` ("ring" / "hier", hier falling back to the ring where it
+// forced by `setting` (Ring / Hier, hier falling back to the ring where it
 // does not apply), or by layout and size.
-Algo hierOrRing(Communicator& c, Kind kind, const std::string& setting, size_t bytes, const char* forcedWhy,
+template <class Shape>
+Algo hierOrRing(Communicator& c, Kind kind, Shape setting, size_t bytes, const char* forcedWhy,
                 const char* fallbackWhy) {
-  if (setting == "ring") return announce(c, kind, Algo::Ring, bytes, forcedWhy);
-  if (setting == "hier")
+  if (setting == Shape::Ring) return announce(c, kind, Algo::Ring, bytes, forcedWhy);
+  if (setting == Shape::Hier)
     return hierApplies(c) ? announce(c, kind, Algo::Hier, bytes, forcedWhy)
                           : announce(c, kind, Algo::Ring, bytes, fallbackWhy);
   if (hierApplies(c) && bytes >= c.config().hierMinBytes)
@@ -145,14 +146,16 @@ Algo hierOrRing(Communicator& c, Kind kind, const std::string& setting, size_t b
 // The shared-memory route of allgather, broadcast and reduce_scatter
 // (shm_copies.cpp, shm_reduce_scatter.cpp): where the whole group shares one
 // machine's memory (as for the shm allreduce), unless `setting` forces a
-// point-to-point algorithm. Forced "shm" elsewhere falls back to auto.
-bool shmRoute(const Communicator& c, const std::string& setting) {
-  return c.nodeShm() && c.size() > 1 && (setting == "auto" || setting == "shm");
+// point-to-point algorithm. Forced Shm elsewhere falls back to auto.
+template <class Shape>
+bool shmRoute(const Communicator& c, Shape setting) {
+  return c.nodeShm() && c.size() > 1 && (setting == Shape::Auto || setting == Shape::Shm);
 }
 
-Algo announceShm(Communicator& c, Kind kind, const std::string& setting, size_t bytes, const char* forcedWhy) {
+template <class Shape>
+Algo announceShm(Communicator& c, Kind kind, Shape setting, size_t bytes, const char* forcedWhy) {
   return announce(c, kind, Algo::Shm, bytes,
-                  setting == "shm" ? forcedWhy : "auto: the whole group shares one machine's memory");
+                  setting == Shape::Shm ? forcedWhy : "auto: the whole group shares one machine's memory");
 }
 
 }  // namespace
@@ -166,9 +169,9 @@ Algo chooseAllgather(Communicator& c, size_t totalBytes) {
     return announce(c, kAllgather, Algo::Ring, totalBytes, "device memory (GPUDirect): the ring, which copies no block");
   if (shmRoute(c, cfg.algoAllgather))
     return announceShm(c, kAllgather, cfg.algoAllgather, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER");
-  if (cfg.algoAllgather == "bruck")
+  if (cfg.algoAllgather == AllgatherShape::Bruck)
     return announce(c, kAllgather, Algo::Bruck, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER");
-  const bool automatic = cfg.algoAllgather == "auto" || cfg.algoAllgather == "shm";
+  const bool automatic = cfg.algoAllgather == AllgatherShape::Auto || cfg.algoAllgather == AllgatherShape::Shm;
   if (automatic && c.size() > 2 && totalBytes <= cfg.bruckMaxBytes)
     return announce(c, kAllgather, Algo::Bruck, totalBytes, "auto: at most ROCE_PG_ALGO_BRUCK_MAX_BYTES");
   return hierOrRing(c, kAllgather, cfg.algoAllgather, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER",
@@ -177,10 +180,10 @@ Algo chooseAllgather(Communicator& c, size_t totalBytes) {
 }
 
 Algo chooseReduceScatter(Communicator& c, size_t totalBytes) {
-  const std::string& setting = c.config().algoReduceScatter;
+  const ReduceScatterShape setting = c.config().algoReduceScatter;
   if (shmRoute(c, setting))
     return announceShm(c, kReduceScatter, setting, totalBytes, "forced by ROCE_PG_ALGO_REDUCE_SCATTER");
-  return hierOrRing(c, kReduceScatter, c.config().algoReduceScatter, totalBytes,
+  return hierOrRing(c, kReduceScatter, setting, totalBytes,
                     "forced by ROCE_PG_ALGO_REDUCE_SCATTER",
                     "ROCE_PG_ALGO_REDUCE_SCATTER=hier does not apply (one machine, one rank per machine, or machines "
                     "with different numbers of ranks), fallback to ring");
@@ -197,11 +200,11 @@ Algo chooseReduce(Communicator& c, size_t bytes) {
 }
 
 Algo chooseBroadcast(Communicator& c, size_t bytes) {
-  const std::string& setting = c.config().algoBroadcast;
+  const BroadcastShape setting = c.config().algoBroadcast;
   if (shmRoute(c, setting))
     return announceShm(c, kBroadcast, setting, bytes, "forced by ROCE_PG_ALGO_BROADCAST");
-  if (setting == "binomial" || setting == "chain")
-    return announce(c, kBroadcast, setting == "chain" ? Algo::Chain : Algo::Binomial, bytes,
+  if (setting == BroadcastShape::Binomial || setting == BroadcastShape::Chain)
+    return announce(c, kBroadcast, setting == BroadcastShape::Chain ? Algo::Chain : Algo::Binomial, bytes,
                     "forced by ROCE_PG_ALGO_BROADCAST");
   if (c.size() > 2 && bytes >= c.config().ringMinBytes)
     return announce(c, kBroadcast, Algo::Chain, bytes, "at least ROCE_PG_ALGO_RING_MIN_BYTES");

@@ -63,12 +63,9 @@ Config Config::read(EnvReader& r) {
                                   settingChoices("ROCE_PG_ALGO_ALLREDUCE_ACROSS", {"auto"}));
   c.connect = r.choice(perRank("ROCE_PG_CONNECT", "comm"), c.connect);
   c.subgroups = r.choice(sameInGroup("ROCE_PG_SUBGROUPS", kTorch), c.subgroups);
-  c.algoAllgather = r.oneOf(sameInGroup("ROCE_PG_ALGO_ALLGATHER", kAlgorithms), "auto",
-                            {"auto", "shm", "ring", "bruck", "hier"});
-  c.algoReduceScatter =
-      r.oneOf(sameInGroup("ROCE_PG_ALGO_REDUCE_SCATTER", kAlgorithms), "auto", {"auto", "shm", "ring", "hier"});
-  c.algoBroadcast =
-      r.oneOf(sameInGroup("ROCE_PG_ALGO_BROADCAST", kAlgorithms), "auto", {"auto", "shm", "binomial", "chain"});
+  c.algoAllgather = r.choice(sameInGroup("ROCE_PG_ALGO_ALLGATHER", kAlgorithms), c.algoAllgather);
+  c.algoReduceScatter = r.choice(sameInGroup("ROCE_PG_ALGO_REDUCE_SCATTER", kAlgorithms), c.algoReduceScatter);
+  c.algoBroadcast = r.choice(sameInGroup("ROCE_PG_ALGO_BROADCAST", kAlgorithms), c.algoBroadcast);
   // A threshold left unset leaves its rows to the cost model, which one set to
   // the default value does not: ranks compare "auto" and the value as different.
   const Key rdMax = sameInGroup("ROCE_PG_ALGO_RD_MAX_BYTES", kAlgorithms).unsetMeansAuto();

@@ -28,9 +28,9 @@ struct Config {
   std::string algoAllreduceAcross = "auto";  // ROCE_PG_ALGO_ALLREDUCE_ACROSS: auto|rd|rabenseifner|ring|tree
   // "shm" (the auto choice where the whole group is on one machine): through
   // the node's shared-memory slots; the others force the point-to-point route.
-  std::string algoAllgather = "auto";    // ROCE_PG_ALGO_ALLGATHER: auto|shm|ring|bruck|hier
-  std::string algoReduceScatter = "auto";  // ROCE_PG_ALGO_REDUCE_SCATTER: auto|shm|ring|hier
-  std::string algoBroadcast = "auto";    // ROCE_PG_ALGO_BROADCAST: auto|shm|binomial|chain
+  AllgatherShape algoAllgather = AllgatherShape::Auto;  // ROCE_PG_ALGO_ALLGATHER: auto|shm|ring|bruck|hier
+  ReduceScatterShape algoReduceScatter = ReduceScatterShape::Auto;  // ROCE_PG_ALGO_REDUCE_SCATTER: auto|shm|ring|hier
+  BroadcastShape algoBroadcast = BroadcastShape::Auto;  // ROCE_PG_ALGO_BROADCAST: auto|shm|binomial|chain
   // Thresholds, in bytes per rank (allgather: output bytes). The allreduce
   // ones override the cost model below where set (*Set; docs/ALGORITHMS.md,
   // "Precedence"); the values also size the ring's channels and hier's pieces,

@@ -16,6 +16,12 @@ enum class SubgroupMode : uint8_t { Join, Parent };      // ROCE_PG_SUBGROUPS
 enum class DeviceReduce : uint8_t { Auto, Host, Device };  // ROCE_PG_DEVICE_REDUCE
 enum class GpudirectMode : uint8_t { Auto, Off };        // ROCE_PG_GPUDIRECT
 enum class TorchRecorder : uint8_t { Native, Hook };     // ROCE_PG_TORCH_FR
+// The shapes of the collectives other than allreduce (whose algorithms are
+// the allreduce registry's names): auto, the shared-memory route, or one
+// point-to-point algorithm forced.
+enum class AllgatherShape : uint8_t { Auto, Shm, Ring, Bruck, Hier };  // ROCE_PG_ALGO_ALLGATHER
+enum class ReduceScatterShape : uint8_t { Auto, Shm, Ring, Hier };     // ROCE_PG_ALGO_REDUCE_SCATTER
+enum class BroadcastShape : uint8_t { Auto, Shm, Binomial, Chain };    // ROCE_PG_ALGO_BROADCAST
 
 template <class E>
 struct SettingNames;
@@ -48,6 +54,32 @@ template <>
 struct SettingNames<TorchRecorder> {
   static constexpr std::array<std::pair<const char*, TorchRecorder>, 2> table{
       {{"native", TorchRecorder::Native}, {"hook", TorchRecorder::Hook}}};
+};
+
+template <>
+struct SettingNames<AllgatherShape> {
+  static constexpr std::array<std::pair<const char*, AllgatherShape>, 5> table{
+      {{"auto", AllgatherShape::Auto},
+       {"shm", AllgatherShape::Shm},
+       {"ring", AllgatherShape::Ring},
+       {"bruck", AllgatherShape::Bruck},
+       {"hier", AllgatherShape::Hier}}};
+};
+template <>
+struct SettingNames<ReduceScatterShape> {
+  static constexpr std::array<std::pair<const char*, ReduceScatterShape>, 4> table{
+      {{"auto", ReduceScatterShape::Auto},
+       {"shm", ReduceScatterShape::Shm},
+       {"ring", ReduceScatterShape::Ring},
+       {"hier", ReduceScatterShape::Hier}}};
+};
+template <>
+struct SettingNames<BroadcastShape> {
+  static constexpr std::array<std::pair<const char*, BroadcastShape>, 4> table{
+      {{"auto", BroadcastShape::Auto},
+       {"shm", BroadcastShape::Shm},
+       {"binomial", BroadcastShape::Binomial},
+       {"chain", BroadcastShape::Chain}}};
 };
 
 template <class E>

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <stdexcept>
 
 #include "../../csrc/comm/communicator.hpp"
 #include "../../csrc/common/error.hpp"
@@ -160,8 +161,8 @@ class RankRun {
   // exists for allgather only: its reduce_scatter stays automatic).
   void gatherGroup(const std::string& algo) {
     roce::Config cfg = cfg_;
-    cfg.algoAllgather = algo;
-    if (algo != "bruck") cfg.algoReduceScatter = algo;
+    if (!roce::settingValue(algo, cfg.algoAllgather)) throw std::invalid_argument("no allgather algorithm " + algo);
+    if (algo != "bruck") roce::settingValue(algo, cfg.algoReduceScatter);
     auto c = reform(cfg, "allgather " + algo);
     Checker k(*c, store_, "allgather/reduce_scatter " + algo, timeout_);
     stage("allgather/reduce_scatter " + algo + ": checks");

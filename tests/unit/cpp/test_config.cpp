@@ -64,7 +64,7 @@ TEST(defaults_with_nothing_set) {
   const roce::Config c = roce::Config::fromEnv();
   CHECK(!c.forceNetwork);
   CHECK_EQ(c.algoAllreduce, "auto");
-  CHECK_EQ(c.algoBroadcast, "auto");
+  CHECK(c.algoBroadcast == roce::BroadcastShape::Auto);
   CHECK(c.netTransport == roce::NetTransport::Auto);
   CHECK(c.connect == roce::ConnectMode::Lazy);
   CHECK(c.subgroups == roce::SubgroupMode::Parent);
