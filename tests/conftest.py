@@ -44,10 +44,12 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     if session.config.option.collectonly:
         return
-    if any(kind_of(item.module.__name__) == "softroce" for item in session.items):
+    fixtures = {name for item in session.items if kind_of(item.module.__name__) == "softroce"
+                for name in getattr(item, "fixturenames", ())}
+    if fixtures:
         from tests import test_softroce
 
-        test_softroce.start_boots()
+        test_softroce.start_boots(fixtures)
 
 
 def pytest_sessionfinish(session):

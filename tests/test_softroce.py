@@ -112,9 +112,12 @@ def _run(script, cmd, timeout_s, out):
     t0 = time.monotonic()
     with open(log, "w") as f:
         # The scripts put pipes between QEMU and this file (QEMU truncates files it opens).
-        p = subprocess.Popen(["bash", str(TOOLS / script), cmd], stdin=subprocess.DEVNULL, stdout=f,
-                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        _running.add(p)
+        with _boots_lock:  # stop_boots either sees it running or keeps it from starting
+            if _stopping.is_set():
+                raise RuntimeError(f"{script}: the session ended before the VM started")
+            p = subprocess.Popen(["bash", str(TOOLS / script), cmd], stdin=subprocess.DEVNULL, stdout=f,
+                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            _running.add(p)
         try:
             rc = p.wait(timeout=timeout_s + 90)  # the script's own limit ends it first
         except subprocess.TimeoutExpired:
@@ -142,6 +145,7 @@ def _tail(p):
 
 _boots = {}  # name -> Future of its run, made once per session
 _running = set()  # the VM scripts running now (stop_boots)
+_stopping = threading.Event()  # set by stop_boots: no VM starts any more
 _boots_lock = threading.Lock()
 _booter = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="softroce-boot")
 
@@ -155,23 +159,28 @@ def _boot(name):
         return _boots[name]
 
 
-def start_boots():
-    """Starts both VM runs in the background, the one VM first (conftest.py,
-    at the session's start). Nothing starts without the tooling: the
-    fixtures then fail with what is missing."""
+def start_boots(fixtures):
+    """Starts the VM runs that the selected tests' `fixtures` name in the
+    background, the one VM first (conftest.py, at the session's start).
+    Nothing starts without the tooling: the fixtures then fail with what is
+    missing."""
     if os.environ.get("ROCE_PG_SKIP_SOFTROCE") == "1" or _missing_tooling():
         return
     for name in BOOTS:
-        _boot(name)
+        if name in fixtures:
+            _boot(name)
 
 
 def stop_boots():
     """At the session's end (an interrupted or -x run leaves boots behind):
     drops the boots not started and stops the running one's VMs (its script
     stops them on SIGTERM)."""
-    for future in list(_boots.values()):
-        future.cancel()
-    for p in list(_running):
+    with _boots_lock:
+        _stopping.set()
+        for future in _boots.values():
+            future.cancel()
+        running = list(_running)
+    for p in running:
         try:
             os.killpg(p.pid, signal.SIGTERM)
         except ProcessLookupError:
