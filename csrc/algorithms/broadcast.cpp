@@ -58,7 +58,7 @@ void broadcast(Communicator& c, void* data, size_t bytes, int root) {
   if (n == 1) return;
   const Links links = algo == Algo::Chain ? chain(c.topology().ringOrder, c.rank(), root)
                                           : binomial(c.rank(), n, root);
-  const size_t chunk = c.config().chunkBytes;
+  const size_t chunk = c.config().algo.chunkBytes;
   const size_t numChunks = bytes == 0 ? 1 : (bytes + chunk - 1) / chunk;
   char* base = static_cast<char*>(data);
   std::vector<Request*> recvs, sends;

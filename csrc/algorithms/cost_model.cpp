@@ -136,16 +136,16 @@ double costAmongMachines(const CostConstants& k, const Shape& s, double bytes, A
 // ROCE_PG_ALGO_HIER_MIN_BYTES is set and said no, so a ring threshold never
 // takes a size from hier that the model may still give it).
 int thresholdRow(const Config& cfg, const bool allowed[], size_t bytes, const char*& name) {
-  if (allowed[kRd] && cfg.rdMaxBytesSet && bytes <= cfg.rdMaxBytes) {
+  if (allowed[kRd] && cfg.algo.rdMaxBytesSet && bytes <= cfg.algo.rdMaxBytes) {
     name = "ROCE_PG_ALGO_RD_MAX_BYTES";
     return kRd;
   }
-  if (allowed[kHier] && cfg.hierMinBytesSet && bytes >= cfg.hierMinBytes) {
+  if (allowed[kHier] && cfg.algo.hierMinBytesSet && bytes >= cfg.algo.hierMinBytes) {
     name = "ROCE_PG_ALGO_HIER_MIN_BYTES";
     return kHier;
   }
-  const bool modelMayPickHier = allowed[kHier] && !cfg.hierMinBytesSet;
-  if (allowed[kRing] && !modelMayPickHier && cfg.ringMinBytesSet && bytes >= cfg.ringMinBytes) {
+  const bool modelMayPickHier = allowed[kHier] && !cfg.algo.hierMinBytesSet;
+  if (allowed[kRing] && !modelMayPickHier && cfg.algo.ringMinBytesSet && bytes >= cfg.algo.ringMinBytes) {
     name = "ROCE_PG_ALGO_RING_MIN_BYTES";
     return kRing;
   }
@@ -156,9 +156,9 @@ int thresholdRow(const Config& cfg, const bool allowed[], size_t bytes, const ch
 // other side of it: ROCE_PG_ALGO_RD_MAX_BYTES=8K means "rd up to 8 KiB, never
 // above".
 void dropThresholded(const Config& cfg, bool allowed[]) {
-  if (cfg.rdMaxBytesSet) allowed[kRd] = false;
-  if (cfg.hierMinBytesSet) allowed[kHier] = false;
-  if (cfg.ringMinBytesSet) allowed[kRing] = false;
+  if (cfg.algo.rdMaxBytesSet) allowed[kRd] = false;
+  if (cfg.algo.hierMinBytesSet) allowed[kHier] = false;
+  if (cfg.algo.ringMinBytesSet) allowed[kRing] = false;
 }
 
 // Threshold rows first, then the cheapest estimate (ties: the earlier candidate).
@@ -201,10 +201,10 @@ Shape Shape::acrossMachines() const {
 }
 
 CostConstants::CostConstants(const Config& cfg)
-    : netAlpha(cfg.netAlphaUs * 1e-6), netBeta(1 / (cfg.netGBps * 1e9)), nicBeta(1 / (cfg.nicGBps * 1e9)),
-      shmAlpha(cfg.shmAlphaUs * 1e-6), shmBeta(1 / (cfg.shmGBps * 1e9)), gamma(1 / (cfg.reduceGBps * 1e9)),
-      chunkBytes(cfg.chunkBytes), ringMinBytes(cfg.ringMinBytes),
-      acrossMayOverlap(cfg.algoAllreduceAcross == "auto" || pipelinedEntry(cfg.algoAllreduceAcross)) {}
+    : netAlpha(cfg.algo.netAlphaUs * 1e-6), netBeta(1 / (cfg.algo.netGBps * 1e9)), nicBeta(1 / (cfg.algo.nicGBps * 1e9)),
+      shmAlpha(cfg.algo.shmAlphaUs * 1e-6), shmBeta(1 / (cfg.algo.shmGBps * 1e9)), gamma(1 / (cfg.algo.reduceGBps * 1e9)),
+      chunkBytes(cfg.algo.chunkBytes), ringMinBytes(cfg.algo.ringMinBytes),
+      acrossMayOverlap(cfg.algo.allreduceAcross == "auto" || pipelinedEntry(cfg.algo.allreduceAcross)) {}
 
 double costRecursiveDoubling(const CostConstants& k, const Shape& s, double n) {
   const int rounds = floorLog2(s.ranks), inside = insideLevels(s, rounds);
@@ -274,11 +274,11 @@ double Choice::estimateFor(Algo a) const {
 }
 
 Choice planAcross(const Config& cfg, const Shape& group, size_t shardBytes, bool overlapped) {
-  if (cfg.algoAllreduceAcross != "auto") {
+  if (cfg.algo.allreduceAcross != "auto") {
     Choice forced;
     forced.estimate.fill(kNotApplicable);
     forced.decidedBy = "ROCE_PG_ALGO_ALLREDUCE_ACROSS";
-    forced.algo = Registry::idOf(cfg.algoAllreduceAcross);
+    forced.algo = Registry::idOf(cfg.algo.allreduceAcross);
     return forced;
   }
   const CostConstants k(cfg);

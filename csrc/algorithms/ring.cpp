@@ -57,7 +57,7 @@ RingSegments RingSegments::strided(int n, size_t stride, size_t count) {
 RingPass::RingPass(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data, RingSegments segs,
                    DataType t, ReduceOp op, bool reduceScatter, bool allgather, int scratchIndex)
     : c_(c), tag_(tag), base_(static_cast<char*>(data)), segs_(std::move(segs)), t_(t), op_(op),
-      esz_(elementSize(t)), chunkElems_(std::max<size_t>(1, c.config().chunkBytes / esz_)),
+      esz_(elementSize(t)), chunkElems_(std::max<size_t>(1, c.config().algo.chunkBytes / esz_)),
       scratchIndex_(scratchIndex) {
   n_ = static_cast<int>(order.size());
   pos_ = static_cast<int>(std::find(order.begin(), order.end(), c.rank()) - order.begin());

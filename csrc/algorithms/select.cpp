@@ -64,7 +64,7 @@ const char* algoName(Algo a) {
 }
 
 int channelsFor(const Communicator& c, size_t bytes) {
-  const size_t perChannel = std::max<size_t>(1, c.config().ringMinBytes);
+  const size_t perChannel = std::max<size_t>(1, c.config().algo.ringMinBytes);
   return static_cast<int>(std::clamp<size_t>(bytes / perChannel, 1, std::max(1, c.channels())));
 }
 
@@ -78,7 +78,7 @@ Shape groupShape(const Communicator& c) {
   size_t perMachine = t.localRanks.size();  // per call: no loop over the machines where they are even
   if (!t.evenNodes)
     for (const auto& ranks : t.nodeRanks) perMachine = std::max(perMachine, ranks.size());
-  return Shape::group(t.size, t.numNodes, static_cast<int>(perMachine), t.evenNodes, c.config().forceNetwork);
+  return Shape::group(t.size, t.numNodes, static_cast<int>(perMachine), t.evenNodes, c.config().placement.forceNetwork);
 }
 
 int treeChunksFor(const Communicator& c, size_t bytes, bool acrossMachines) {
@@ -92,9 +92,9 @@ int hierPiecesFor(const Communicator& c, size_t shardBytes) {
 
 Algo chooseAllreduce(Communicator& c, size_t bytes) {
   const Config& cfg = c.config();
-  if (cfg.algoAllreduce != "auto") {
+  if (cfg.algo.allreduce != "auto") {
     // The settings accept only the registry's names (allreduce_settings.cpp).
-    const Algo forced = AllreduceAlgorithms::idOf(cfg.algoAllreduce);
+    const Algo forced = AllreduceAlgorithms::idOf(cfg.algo.allreduce);
     // Hier needs the same number of ranks on every machine (the shard of
     // local index i is reduced among the i-th ranks of all machines). The
     // documented fallback is the flat choice, not an error: one variable can
@@ -115,8 +115,8 @@ Algo chooseAllreduce(Communicator& c, size_t bytes) {
 
 bool reduceStagedOnDevice(const Communicator& c, size_t bytes) {
   const Config& cfg = c.config();
-  if (c.size() < 2 || cfg.deviceReduce == DeviceReduce::Host) return false;
-  if (cfg.deviceReduce == DeviceReduce::Device) return true;
+  if (c.size() < 2 || cfg.device.reduce == DeviceReduce::Host) return false;
+  if (cfg.device.reduce == DeviceReduce::Device) return true;
   return stagedReducePrefersDevice(cfg, groupShape(c), bytes, c.nodeShm() != nullptr);
 }
 
@@ -137,7 +137,7 @@ Algo hierOrRing(Communicator& c, Kind kind, Shape setting, size_t bytes, const c
   if (setting == Shape::Hier)
     return hierApplies(c) ? announce(c, kind, Algo::Hier, bytes, forcedWhy)
                           : announce(c, kind, Algo::Ring, bytes, fallbackWhy);
-  if (hierApplies(c) && bytes >= c.config().hierMinBytes)
+  if (hierApplies(c) && bytes >= c.config().algo.hierMinBytes)
     return announce(c, kind, Algo::Hier, bytes,
                     "auto: several machines with the same number of ranks, at least ROCE_PG_ALGO_HIER_MIN_BYTES");
   return announce(c, kind, Algo::Ring, bytes, "auto");
@@ -167,20 +167,20 @@ Algo chooseAllgather(Communicator& c, size_t totalBytes) {
   // Every rank of a collective chose the direct path alike.
   if (c.deviceBuffers())
     return announce(c, kAllgather, Algo::Ring, totalBytes, "device memory (GPUDirect): the ring, which copies no block");
-  if (shmRoute(c, cfg.algoAllgather))
-    return announceShm(c, kAllgather, cfg.algoAllgather, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER");
-  if (cfg.algoAllgather == AllgatherShape::Bruck)
+  if (shmRoute(c, cfg.algo.allgather))
+    return announceShm(c, kAllgather, cfg.algo.allgather, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER");
+  if (cfg.algo.allgather == AllgatherShape::Bruck)
     return announce(c, kAllgather, Algo::Bruck, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER");
-  const bool automatic = cfg.algoAllgather == AllgatherShape::Auto || cfg.algoAllgather == AllgatherShape::Shm;
-  if (automatic && c.size() > 2 && totalBytes <= cfg.bruckMaxBytes)
+  const bool automatic = cfg.algo.allgather == AllgatherShape::Auto || cfg.algo.allgather == AllgatherShape::Shm;
+  if (automatic && c.size() > 2 && totalBytes <= cfg.algo.bruckMaxBytes)
     return announce(c, kAllgather, Algo::Bruck, totalBytes, "auto: at most ROCE_PG_ALGO_BRUCK_MAX_BYTES");
-  return hierOrRing(c, kAllgather, cfg.algoAllgather, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER",
+  return hierOrRing(c, kAllgather, cfg.algo.allgather, totalBytes, "forced by ROCE_PG_ALGO_ALLGATHER",
                     "ROCE_PG_ALGO_ALLGATHER=hier does not apply (one machine, one rank per machine, or machines "
                     "with different numbers of ranks), fallback to ring");
 }
 
 Algo chooseReduceScatter(Communicator& c, size_t totalBytes) {
-  const ReduceScatterShape setting = c.config().algoReduceScatter;
+  const ReduceScatterShape setting = c.config().algo.reduceScatter;
   if (shmRoute(c, setting))
     return announceShm(c, kReduceScatter, setting, totalBytes, "forced by ROCE_PG_ALGO_REDUCE_SCATTER");
   return hierOrRing(c, kReduceScatter, setting, totalBytes,
@@ -193,20 +193,20 @@ Algo chooseReduce(Communicator& c, size_t bytes) {
   // On one machine the shared-memory allreduce is cheaper than any message
   // pattern; two ranks gain nothing (the segment sent to the root is the
   // allreduce's second half).
-  if (c.nodeShm() || c.size() <= 2 || bytes < c.config().ringMinBytes)
+  if (c.nodeShm() || c.size() <= 2 || bytes < c.config().algo.ringMinBytes)
     return announce(c, kReduce, Algo::Allreduce, bytes,
                     "one machine, two ranks, or below ROCE_PG_ALGO_RING_MIN_BYTES: an allreduce on a copy");
   return announce(c, kReduce, Algo::RsGather, bytes, "auto: at least ROCE_PG_ALGO_RING_MIN_BYTES");
 }
 
 Algo chooseBroadcast(Communicator& c, size_t bytes) {
-  const BroadcastShape setting = c.config().algoBroadcast;
+  const BroadcastShape setting = c.config().algo.broadcast;
   if (shmRoute(c, setting))
     return announceShm(c, kBroadcast, setting, bytes, "forced by ROCE_PG_ALGO_BROADCAST");
   if (setting == BroadcastShape::Binomial || setting == BroadcastShape::Chain)
     return announce(c, kBroadcast, setting == BroadcastShape::Chain ? Algo::Chain : Algo::Binomial, bytes,
                     "forced by ROCE_PG_ALGO_BROADCAST");
-  if (c.size() > 2 && bytes >= c.config().ringMinBytes)
+  if (c.size() > 2 && bytes >= c.config().algo.ringMinBytes)
     return announce(c, kBroadcast, Algo::Chain, bytes, "at least ROCE_PG_ALGO_RING_MIN_BYTES");
   return announce(c, kBroadcast, Algo::Binomial, bytes, "below ROCE_PG_ALGO_RING_MIN_BYTES");
 }

@@ -83,12 +83,12 @@ void shmAllreduce(Communicator& c, void* data, size_t count, DataType t, Reducti
   NodeShm& shm = *c.nodeShm();
   const int n = shm.localSize(), me = shm.localIndex();
   const size_t esz = elementSize(t);
-  const size_t chunkElems = std::min(shm.slotBytes(), c.config().shmChunkBytes) / esz;
-  if (count * esz <= std::min(c.config().shmOneShotMaxBytes, shm.slotBytes()))
+  const size_t chunkElems = std::min(shm.slotBytes(), c.config().shm.chunkBytes) / esz;
+  if (count * esz <= std::min(c.config().shm.oneShotMaxBytes, shm.slotBytes()))
     return oneShotAllreduce(c, shm, data, count, t, red);
   const ReduceOp op = kernelOp(red.op);
   char* out = static_cast<char*>(data);
-  const ShmCall call{ShmCollective::Allreduce, count, t, red.op, 0, false, c.config().shmChunkBytes};
+  const ShmCall call{ShmCollective::Allreduce, count, t, red.op, 0, false, c.config().shm.chunkBytes};
   // Slice j of a chunk of m elements: [lo(m, j), lo(m, j + 1)).
   auto lo = [n](size_t m, int j) { return m * j / n; };
   // Calls f(j, a, b) for the part [a, b) of element range [from, to) of a

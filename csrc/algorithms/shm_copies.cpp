@@ -24,7 +24,7 @@ namespace roce::detail {
 namespace {
 
 size_t chunkOf(const Communicator& c, const NodeShm& shm) {
-  return std::min(shm.slotBytes(), c.config().shmChunkBytes);
+  return std::min(shm.slotBytes(), c.config().shm.chunkBytes);
 }
 
 bool overlaps(const char* a, const char* b, size_t n) { return a < b + n && b < a + n; }
@@ -42,7 +42,7 @@ void shmAllgather(Communicator& c, const void* input, void* output, size_t block
     moveBytes(own, src, blockBytes);
     src = own;
   }
-  const ShmCall call{ShmCollective::Allgather, blockBytes, {}, ReduceOp::Sum, 0, false, c.config().shmChunkBytes};
+  const ShmCall call{ShmCollective::Allgather, blockBytes, {}, ReduceOp::Sum, 0, false, c.config().shm.chunkBytes};
   overSlots(
       c, shm, call, blockBytes, chunkOf(c, shm), std::min(blockBytes, chunkOf(c, shm)),
       [&](int buf, size_t off, size_t m) {
@@ -69,7 +69,7 @@ void shmBroadcast(Communicator& c, void* data, size_t bytes, int root) {
   const int me = shm.localIndex();
   const int rootSlot = static_cast<int>(std::find(ranks.begin(), ranks.end(), root) - ranks.begin());
   char* const base = static_cast<char*>(data);
-  const ShmCall call{ShmCollective::Broadcast, bytes, {}, ReduceOp::Sum, root, false, c.config().shmChunkBytes};
+  const ShmCall call{ShmCollective::Broadcast, bytes, {}, ReduceOp::Sum, root, false, c.config().shm.chunkBytes};
   overSlots(
       c, shm, call, bytes, chunkOf(c, shm), me == rootSlot ? std::min(bytes, chunkOf(c, shm)) : 0,
       [&](int buf, size_t off, size_t m) {

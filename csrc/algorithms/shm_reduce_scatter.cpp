@@ -29,13 +29,13 @@ void shmReduceScatter(Communicator& c, const void* input, void* output, size_t b
   const size_t esz = elementSize(t), unit = std::max<size_t>(1, 64 / esz);
   // A slot holds one piece per rank; pieces of whole cache lines where they
   // can be, so no two threads write one line of a slot.
-  size_t per = std::min(shm.slotBytes(), c.config().shmChunkBytes) / esz / n;
+  size_t per = std::min(shm.slotBytes(), c.config().shm.chunkBytes) / esz / n;
   // The same on every rank (slot size, chunk, dtype, local ranks), so every
   // rank refuses alike, before any barrier.
   if (per == 0)
     throwInvalid(str("reduce_scatter through shared memory needs one ", dataTypeName(t), " element per local rank in a "
                      "slot: ", n, " ranks x ", esz, " bytes > ROCE_PG_SHM_SLOT_BYTES/ROCE_PG_SHM_CHUNK_BYTES (",
-                     std::min(shm.slotBytes(), c.config().shmChunkBytes), "); raise them, or set "
+                     std::min(shm.slotBytes(), c.config().shm.chunkBytes), "); raise them, or set "
                      "ROCE_PG_ALGO_REDUCE_SCATTER=ring on every rank"));
   if (per > unit) per -= per % unit;
   const bool scaled = red.op == ReduceOp::PreMulSum;
@@ -44,7 +44,7 @@ void shmReduceScatter(Communicator& c, const void* input, void* output, size_t b
   const char* in = static_cast<const char*>(input);
   char* out = static_cast<char*>(output);
   auto block = [&](int j) { return in + static_cast<size_t>(ranks[j]) * blockCount * esz; };
-  const ShmCall call{ShmCollective::ReduceScatter, blockCount, t, red.op, 0, false, c.config().shmChunkBytes};
+  const ShmCall call{ShmCollective::ReduceScatter, blockCount, t, red.op, 0, false, c.config().shm.chunkBytes};
   overSlots(
       c, shm, call, blockCount, per, static_cast<size_t>(n) * std::min(blockCount, per) * esz,
       [&](int buf, size_t off, size_t m) {

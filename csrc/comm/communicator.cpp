@@ -194,7 +194,7 @@ void Communicator::attachOwner(Request& r) const {
   if (r.len == 0) return;
   // Below the zero-copy threshold no transport registers host buffers; device
   // memory (GPUDirect) always goes with its owner: the CPU must not touch it.
-  const bool small = cfg_.ibZeroCopyMinBytes == 0 || r.len < cfg_.ibZeroCopyMinBytes;
+  const bool small = cfg_.verbs.zeroCopyMinBytes == 0 || r.len < cfg_.verbs.zeroCopyMinBytes;
   for (const BufferOwner& o : taskOwners_)
     if ((o.device || !small) && o.covers(r.buf, r.len)) { r.owner = o; return; }
   if (small) return;

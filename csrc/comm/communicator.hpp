@@ -206,7 +206,7 @@ class Communicator {
   std::function<void()> idleHook;
 
   // Channels of large collectives (ROCE_PG_NCHANNELS, resolved for the group).
-  int channels() const { return cfg_.nChannels; }
+  int channels() const { return cfg_.algo.nChannels; }
   // The RDMA ports this rank drives, "rxe0:1 (NUMA 0), rxe1:1" (empty without
   // verbs): the doctor's and the init log's rank -> NIC mapping.
   std::string nicsText() const;

@@ -49,104 +49,104 @@ Config Config::read(EnvReader& r) {
   constexpr const char* kVerbs = "transport/verbs";
   constexpr const char* kTorch = "torch";
   Config c;
-  c.forceNetwork = r.flag(sameInGroup("ROCE_PG_FORCE_NETWORK", "membership").alsoPlacement());
-  c.simRanksPerNode =
+  c.placement.forceNetwork = r.flag(sameInGroup("ROCE_PG_FORCE_NETWORK", "membership").alsoPlacement());
+  c.placement.simRanksPerNode =
       static_cast<int>(r.integer(perRank("ROCE_PG_SIM_RANKS_PER_NODE", "group").alsoPlacement(), 0, 0, 1 << 20));
-  c.simNode = r.token(perRank("ROCE_PG_SIM_NODE", "group").alsoPlacement(), 64);
+  c.placement.simNode = r.token(perRank("ROCE_PG_SIM_NODE", "group").alsoPlacement(), 64);
   // The algorithm names are the allreduce registry's (setting_choices.hpp).
   // ROCE_PG_ALGO is compared through ROCE_PG_ALGO_ALLREDUCE, which it defaults.
-  c.algoAllreduce =
+  c.algo.allreduce =
       r.oneOf(sameInGroup("ROCE_PG_ALGO_ALLREDUCE", kAlgorithms),
               r.oneOf(advised("ROCE_PG_ALGO", kAlgorithms), "auto", settingChoices("ROCE_PG_ALGO", {"auto"})),
               settingChoices("ROCE_PG_ALGO_ALLREDUCE", {"auto"}));
-  c.algoAllreduceAcross = r.oneOf(sameInGroup("ROCE_PG_ALGO_ALLREDUCE_ACROSS", kAlgorithms), "auto",
+  c.algo.allreduceAcross = r.oneOf(sameInGroup("ROCE_PG_ALGO_ALLREDUCE_ACROSS", kAlgorithms), "auto",
                                   settingChoices("ROCE_PG_ALGO_ALLREDUCE_ACROSS", {"auto"}));
   c.connect = r.choice(perRank("ROCE_PG_CONNECT", "comm"), c.connect);
   c.subgroups = r.choice(sameInGroup("ROCE_PG_SUBGROUPS", kTorch), c.subgroups);
-  c.algoAllgather = r.choice(sameInGroup("ROCE_PG_ALGO_ALLGATHER", kAlgorithms), c.algoAllgather);
-  c.algoReduceScatter = r.choice(sameInGroup("ROCE_PG_ALGO_REDUCE_SCATTER", kAlgorithms), c.algoReduceScatter);
-  c.algoBroadcast = r.choice(sameInGroup("ROCE_PG_ALGO_BROADCAST", kAlgorithms), c.algoBroadcast);
+  c.algo.allgather = r.choice(sameInGroup("ROCE_PG_ALGO_ALLGATHER", kAlgorithms), c.algo.allgather);
+  c.algo.reduceScatter = r.choice(sameInGroup("ROCE_PG_ALGO_REDUCE_SCATTER", kAlgorithms), c.algo.reduceScatter);
+  c.algo.broadcast = r.choice(sameInGroup("ROCE_PG_ALGO_BROADCAST", kAlgorithms), c.algo.broadcast);
   // A threshold left unset leaves its rows to the cost model, which one set to
   // the default value does not: ranks compare "auto" and the value as different.
   const Key rdMax = sameInGroup("ROCE_PG_ALGO_RD_MAX_BYTES", kAlgorithms).unsetMeansAuto();
   const Key ringMin = sameInGroup("ROCE_PG_ALGO_RING_MIN_BYTES", kAlgorithms).unsetMeansAuto();
   const Key hierMin = sameInGroup("ROCE_PG_ALGO_HIER_MIN_BYTES", kAlgorithms).unsetMeansAuto();
-  c.rdMaxBytes = r.integer(rdMax, c.rdMaxBytes, 0, 1ll << 40);
-  c.ringMinBytes = r.integer(ringMin, c.ringMinBytes, 0, 1ll << 40);
-  c.hierMinBytes = r.integer(hierMin, c.hierMinBytes, 0, 1ll << 40);
-  c.rdMaxBytesSet = r.isSet(rdMax.name);
-  c.ringMinBytesSet = r.isSet(ringMin.name);
-  c.hierMinBytesSet = r.isSet(hierMin.name);
-  c.netAlphaUs = r.number(sameInGroup("ROCE_PG_ALGO_NET_ALPHA_US", kAlgorithms), c.netAlphaUs, 0, 1e6);
-  c.netGBps = r.number(sameInGroup("ROCE_PG_ALGO_NET_GBPS", kAlgorithms), c.netGBps, 1e-6, 1e6);
-  c.nicGBps = r.number(sameInGroup("ROCE_PG_ALGO_NIC_GBPS", kAlgorithms), c.nicGBps, 1e-6, 1e6);
-  c.shmAlphaUs = r.number(sameInGroup("ROCE_PG_ALGO_SHM_ALPHA_US", kAlgorithms), c.shmAlphaUs, 0, 1e6);
-  c.shmGBps = r.number(sameInGroup("ROCE_PG_ALGO_SHM_GBPS", kAlgorithms), c.shmGBps, 1e-6, 1e6);
-  c.reduceGBps = r.number(sameInGroup("ROCE_PG_ALGO_REDUCE_GBPS", kAlgorithms), c.reduceGBps, 1e-6, 1e6);
-  c.bruckMaxBytes = r.integer(sameInGroup("ROCE_PG_ALGO_BRUCK_MAX_BYTES", kAlgorithms), c.bruckMaxBytes, 0, 1ll << 40);
+  c.algo.rdMaxBytes = r.integer(rdMax, c.algo.rdMaxBytes, 0, 1ll << 40);
+  c.algo.ringMinBytes = r.integer(ringMin, c.algo.ringMinBytes, 0, 1ll << 40);
+  c.algo.hierMinBytes = r.integer(hierMin, c.algo.hierMinBytes, 0, 1ll << 40);
+  c.algo.rdMaxBytesSet = r.isSet(rdMax.name);
+  c.algo.ringMinBytesSet = r.isSet(ringMin.name);
+  c.algo.hierMinBytesSet = r.isSet(hierMin.name);
+  c.algo.netAlphaUs = r.number(sameInGroup("ROCE_PG_ALGO_NET_ALPHA_US", kAlgorithms), c.algo.netAlphaUs, 0, 1e6);
+  c.algo.netGBps = r.number(sameInGroup("ROCE_PG_ALGO_NET_GBPS", kAlgorithms), c.algo.netGBps, 1e-6, 1e6);
+  c.algo.nicGBps = r.number(sameInGroup("ROCE_PG_ALGO_NIC_GBPS", kAlgorithms), c.algo.nicGBps, 1e-6, 1e6);
+  c.algo.shmAlphaUs = r.number(sameInGroup("ROCE_PG_ALGO_SHM_ALPHA_US", kAlgorithms), c.algo.shmAlphaUs, 0, 1e6);
+  c.algo.shmGBps = r.number(sameInGroup("ROCE_PG_ALGO_SHM_GBPS", kAlgorithms), c.algo.shmGBps, 1e-6, 1e6);
+  c.algo.reduceGBps = r.number(sameInGroup("ROCE_PG_ALGO_REDUCE_GBPS", kAlgorithms), c.algo.reduceGBps, 1e-6, 1e6);
+  c.algo.bruckMaxBytes = r.integer(sameInGroup("ROCE_PG_ALGO_BRUCK_MAX_BYTES", kAlgorithms), c.algo.bruckMaxBytes, 0, 1ll << 40);
   // Each rank finds its own transport; a rank without the one the group
   // needs fails formation naming itself (so this is not compared).
-  c.netTransport = r.choice(advised("ROCE_PG_NET_TRANSPORT", "group").alsoPlacement(), c.netTransport);
-  c.ibHca = r.text(perRank("ROCE_PG_IB_HCA", kVerbs));
-  c.ibGidIndex = static_cast<int>(r.integer(perRank("ROCE_PG_IB_GID_INDEX", kVerbs), -1, -1, 1 << 16));
-  c.ibTc = static_cast<int>(r.integer(perRank("ROCE_PG_IB_TC", kVerbs), 0, 0, 255));
-  c.ibSl = static_cast<int>(r.integer(perRank("ROCE_PG_IB_SL", kVerbs), 0, 0, 15));
-  c.ibTimeout = static_cast<int>(r.integer(perRank("ROCE_PG_IB_TIMEOUT", kVerbs), 18, 1, 31));
-  c.ibRetryCnt = static_cast<int>(r.integer(perRank("ROCE_PG_IB_RETRY_CNT", kVerbs), 7, 0, 7));
+  c.placement.netTransport = r.choice(advised("ROCE_PG_NET_TRANSPORT", "group").alsoPlacement(), c.placement.netTransport);
+  c.verbs.hca = r.text(perRank("ROCE_PG_IB_HCA", kVerbs));
+  c.verbs.gidIndex = static_cast<int>(r.integer(perRank("ROCE_PG_IB_GID_INDEX", kVerbs), -1, -1, 1 << 16));
+  c.verbs.tc = static_cast<int>(r.integer(perRank("ROCE_PG_IB_TC", kVerbs), 0, 0, 255));
+  c.verbs.sl = static_cast<int>(r.integer(perRank("ROCE_PG_IB_SL", kVerbs), 0, 0, 15));
+  c.verbs.timeout = static_cast<int>(r.integer(perRank("ROCE_PG_IB_TIMEOUT", kVerbs), 18, 1, 31));
+  c.verbs.retryCnt = static_cast<int>(r.integer(perRank("ROCE_PG_IB_RETRY_CNT", kVerbs), 7, 0, 7));
   // Both ends of a peer must make as many queue pairs: the verbs handshake
   // checks the count it derives from this (and the channels and ports).
-  c.ibQpsPerConnection = static_cast<int>(r.integer(advised("ROCE_PG_IB_QPS_PER_CONNECTION", kVerbs), 1, 1, 16));
+  c.verbs.qpsPerConnection = static_cast<int>(r.integer(advised("ROCE_PG_IB_QPS_PER_CONNECTION", kVerbs), 1, 1, 16));
   // Sizes the queues for what peers post.
-  c.ibSlots = static_cast<int>(r.integer(sameInGroup("ROCE_PG_IB_SLOTS", kVerbs), 8, 2, 256));
-  c.ibPoolBytes = r.integer(perRank("ROCE_PG_IB_POOL_BYTES", kVerbs), c.ibPoolBytes, 64 << 10, 1ll << 36);
+  c.verbs.slots = static_cast<int>(r.integer(sameInGroup("ROCE_PG_IB_SLOTS", kVerbs), 8, 2, 256));
+  c.verbs.poolBytes = r.integer(perRank("ROCE_PG_IB_POOL_BYTES", kVerbs), c.verbs.poolBytes, 64 << 10, 1ll << 36);
   // Checked in the verbs handshake, which names both values.
-  c.ibSlotBytes = r.integer(advised("ROCE_PG_IB_SLOT_BYTES", kVerbs), c.ibSlotBytes, 256, 1ll << 30);
-  c.ibEagerMaxBytes = r.integer(perRank("ROCE_PG_IB_EAGER_MAX_BYTES", kVerbs), c.ibEagerMaxBytes, 0, 1ll << 30);
-  c.ibZeroCopyMinBytes =
-      r.integer(perRank("ROCE_PG_IB_ZERO_COPY_MIN_BYTES", kVerbs), c.ibZeroCopyMinBytes, 0, 1ll << 40);
-  c.ibRegCacheBytes = r.integer(perRank("ROCE_PG_IB_REG_CACHE_BYTES", kVerbs), 0, 0, 1ll << 50);
+  c.verbs.slotBytes = r.integer(advised("ROCE_PG_IB_SLOT_BYTES", kVerbs), c.verbs.slotBytes, 256, 1ll << 30);
+  c.verbs.eagerMaxBytes = r.integer(perRank("ROCE_PG_IB_EAGER_MAX_BYTES", kVerbs), c.verbs.eagerMaxBytes, 0, 1ll << 30);
+  c.verbs.zeroCopyMinBytes =
+      r.integer(perRank("ROCE_PG_IB_ZERO_COPY_MIN_BYTES", kVerbs), c.verbs.zeroCopyMinBytes, 0, 1ll << 40);
+  c.verbs.regCacheBytes = r.integer(perRank("ROCE_PG_IB_REG_CACHE_BYTES", kVerbs), 0, 0, 1ll << 50);
   // Decides which calls go by GPUDirect, which changes their messages.
-  c.ibDeviceRegBytes =
-      r.integer(sameInGroup("ROCE_PG_IB_DEVICE_REG_BYTES", kVerbs), c.ibDeviceRegBytes, 0, 1ll << 50);
+  c.verbs.deviceRegBytes =
+      r.integer(sameInGroup("ROCE_PG_IB_DEVICE_REG_BYTES", kVerbs), c.verbs.deviceRegBytes, 0, 1ll << 50);
   c.socketIfname = r.text(perRank("ROCE_PG_SOCKET_IFNAME", "runtime"));
-  c.chunkBytes = r.integer(sameInGroup("ROCE_PG_CHUNK_BYTES", kAlgorithms), c.chunkBytes, 4096, 1ll << 30);
-  c.nChannels = static_cast<int>(r.integer(sameInGroup("ROCE_PG_NCHANNELS", kAlgorithms), 0, 0, kMaxChannels));
+  c.algo.chunkBytes = r.integer(sameInGroup("ROCE_PG_CHUNK_BYTES", kAlgorithms), c.algo.chunkBytes, 4096, 1ll << 30);
+  c.algo.nChannels = static_cast<int>(r.integer(sameInGroup("ROCE_PG_NCHANNELS", kAlgorithms), 0, 0, Algorithms::kMaxChannels));
   c.workers = static_cast<int>(r.integer(perRank("ROCE_PG_WORKERS", "group"), 0, 0, kMaxWorkers));
   // The ranks of a machine share the segments these size and the messages
   // these shape: formation checks the sizes (the roster), the shared-memory
   // collectives the chunking (each with an error of its own). Machines may
   // differ (the chunk follows each machine's cache).
-  c.shmSlotBytes = r.integer(sameOnMachine("ROCE_PG_SHM_SLOT_BYTES", "membership"), c.shmSlotBytes, 4096, 1ll << 30);
-  c.shmRingBytes = r.integer(sameOnMachine("ROCE_PG_SHM_RING_BYTES", "membership"), c.shmRingBytes, 4096, 1ll << 30);
-  c.shmOneShotMaxBytes =
-      r.integer(sameOnMachine("ROCE_PG_SHM_ONESHOT_MAX_BYTES", kAlgorithms), c.shmOneShotMaxBytes, 0, 1ll << 30);
+  c.shm.slotBytes = r.integer(sameOnMachine("ROCE_PG_SHM_SLOT_BYTES", "membership"), c.shm.slotBytes, 4096, 1ll << 30);
+  c.shm.ringBytes = r.integer(sameOnMachine("ROCE_PG_SHM_RING_BYTES", "membership"), c.shm.ringBytes, 4096, 1ll << 30);
+  c.shm.oneShotMaxBytes =
+      r.integer(sameOnMachine("ROCE_PG_SHM_ONESHOT_MAX_BYTES", kAlgorithms), c.shm.oneShotMaxBytes, 0, 1ll << 30);
   c.inlineMaxBytes = r.integer(perRank("ROCE_PG_INLINE_MAX_BYTES", kTorch), c.inlineMaxBytes, 0, 1ll << 40);
   c.syncInlineMaxBytes =
       r.integer(perRank("ROCE_PG_SYNC_INLINE_MAX_BYTES", kTorch), c.syncInlineMaxBytes, 0, 1ll << 40);
-  c.devicePieceBytes =
-      r.integer(sameInGroup("ROCE_PG_DEVICE_PIECE_BYTES", kTorch), c.devicePieceBytes, 4096, 1ll << 40);
-  c.deviceReduce = r.choice(sameInGroup("ROCE_PG_DEVICE_REDUCE", kTorch), c.deviceReduce);
-  c.gpudirect = r.choice(sameInGroup("ROCE_PG_GPUDIRECT", kTorch), c.gpudirect);
-  c.deviceStagingCacheBytes =
-      r.integer(perRank("ROCE_PG_DEVICE_STAGING_CACHE_BYTES", kTorch), c.deviceStagingCacheBytes, 0, 1ll << 50);
+  c.device.pieceBytes =
+      r.integer(sameInGroup("ROCE_PG_DEVICE_PIECE_BYTES", kTorch), c.device.pieceBytes, 4096, 1ll << 40);
+  c.device.reduce = r.choice(sameInGroup("ROCE_PG_DEVICE_REDUCE", kTorch), c.device.reduce);
+  c.device.gpudirect = r.choice(sameInGroup("ROCE_PG_GPUDIRECT", kTorch), c.device.gpudirect);
+  c.device.stagingCacheBytes =
+      r.integer(perRank("ROCE_PG_DEVICE_STAGING_CACHE_BYTES", kTorch), c.device.stagingCacheBytes, 0, 1ll << 50);
   c.spinUs = static_cast<int>(r.integer(perRank("ROCE_PG_SPIN_US", "comm"), c.spinUs, 0, 1000000));
   // Rings index with a mask: round up to a power of two.
   size_t ring = 4096;
-  while (ring < c.shmRingBytes) ring <<= 1;
-  c.shmRingBytes = ring;
-  c.shmSlotBytes = (c.shmSlotBytes + 63) & ~size_t(63);
-  c.shmChunkBytes = r.integerOrZero(sameOnMachine("ROCE_PG_SHM_CHUNK_BYTES", kAlgorithms), 0, 4096, 1ll << 30,
+  while (ring < c.shm.ringBytes) ring <<= 1;
+  c.shm.ringBytes = ring;
+  c.shm.slotBytes = (c.shm.slotBytes + 63) & ~size_t(63);
+  c.shm.chunkBytes = r.integerOrZero(sameOnMachine("ROCE_PG_SHM_CHUNK_BYTES", kAlgorithms), 0, 4096, 1ll << 30,
                                     "use at least 4096, or 0 for the cache-sized default");
-  if (c.shmChunkBytes == 0) c.shmChunkBytes = shmChunkAuto();
-  c.shmChunkBytes = floorPow2(c.shmChunkBytes);
+  if (c.shm.chunkBytes == 0) c.shm.chunkBytes = shmChunkAuto();
+  c.shm.chunkBytes = floorPow2(c.shm.chunkBytes);
   c.shutdownGraceMs =
       static_cast<int>(r.integer(perRank("ROCE_PG_SHUTDOWN_GRACE_MS", kTorch), c.shutdownGraceMs, 0, 3600000));
-  c.traceEntries = r.integer(perRank("ROCE_PG_TRACE_ENTRIES", "engine"), c.traceEntries, 0, 1ll << 24);
-  c.torchFlightRecorder = r.choice(perRank("ROCE_PG_TORCH_FR", kTorch), c.torchFlightRecorder);
-  c.traceDump = r.text(perRank("ROCE_PG_TRACE_DUMP", kTorch));
+  c.trace.entries = r.integer(perRank("ROCE_PG_TRACE_ENTRIES", "engine"), c.trace.entries, 0, 1ll << 24);
+  c.trace.torchFlightRecorder = r.choice(perRank("ROCE_PG_TORCH_FR", kTorch), c.trace.torchFlightRecorder);
+  c.trace.dump = r.text(perRank("ROCE_PG_TRACE_DUMP", kTorch));
   const std::string signal =
       r.oneOf(perRank("ROCE_PG_TRACE_SIGNAL", kTorch), "off", {"off", "SIGUSR1", "SIGUSR2"});
-  c.traceSignal = signal == "SIGUSR1" ? SIGUSR1 : signal == "SIGUSR2" ? SIGUSR2 : 0;
+  c.trace.signal = signal == "SIGUSR1" ? SIGUSR1 : signal == "SIGUSR2" ? SIGUSR2 : 0;
   // Also how often heartbeats are sent: neighbours must agree when silence means death.
   c.heartbeatTimeoutMs = static_cast<int>(r.integerOrZero(
       sameInGroup("ROCE_PG_HEARTBEAT_TIMEOUT_MS", "liveness"), c.heartbeatTimeoutMs, 1000, 86400000,
@@ -227,9 +227,9 @@ std::string Config::algorithmSettings() const {
 }
 
 std::string Config::describe() const {
-  return str(joinValues([](const SettingValue&) { return true; }), "; resolved: nchannels=", nChannels,
-             " workers=", workers, " shm_chunk_bytes=", shmChunkBytes, " shm_ring_bytes=", shmRingBytes,
-             " shm_slot_bytes=", shmSlotBytes);
+  return str(joinValues([](const SettingValue&) { return true; }), "; resolved: nchannels=", algo.nChannels,
+             " workers=", workers, " shm_chunk_bytes=", shm.chunkBytes, " shm_ring_bytes=", shm.ringBytes,
+             " shm_slot_bytes=", shm.slotBytes);
 }
 
 }  // namespace roce

@@ -26,7 +26,7 @@ std::string reasonOf(std::exception_ptr e) {
 }  // namespace
 
 Engine::Engine(std::unique_ptr<Communicator> comm)
-    : comm_(std::move(comm)), trace_(comm_->config().traceEntries) {
+    : comm_(std::move(comm)), trace_(comm_->config().trace.entries) {
   comm_->idleHook = [this] { pollInflight(); };
   thread_ = std::thread([this] {
     progressThread = true;

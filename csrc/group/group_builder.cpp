@@ -90,13 +90,13 @@ std::unique_ptr<Communicator> GroupBuilder::join(Bootstrap& outerStore, const Co
   raiseDescriptorLimit();
   RankInfo me;
   me.hostId = localHostId();
-  me.nodeId = !c.cfg_.simNode.empty()       ? str("sim-node-", c.cfg_.simNode, "@", me.hostId)
-              : c.cfg_.simRanksPerNode > 0 ? str("sim-node-", globalRank / c.cfg_.simRanksPerNode, "@", me.hostId)
+  me.nodeId = !c.cfg_.placement.simNode.empty()       ? str("sim-node-", c.cfg_.placement.simNode, "@", me.hostId)
+              : c.cfg_.placement.simRanksPerNode > 0 ? str("sim-node-", globalRank / c.cfg_.placement.simRanksPerNode, "@", me.hostId)
                                          : me.hostId;
   me.pid = getpid();
   me.nonce = randomNonce();
-  me.shmRingBytes = c.cfg_.shmRingBytes;
-  me.shmSlotBytes = c.cfg_.shmSlotBytes;
+  me.shmRingBytes = c.cfg_.shm.ringBytes;
+  me.shmSlotBytes = c.cfg_.shm.slotBytes;
   me.algorithms = c.cfg_.algorithmSettings();
   me.cpus = Config::usableCpus();
   if (size > 1) {
@@ -106,7 +106,7 @@ std::unique_ptr<Communicator> GroupBuilder::join(Bootstrap& outerStore, const Co
     c.mailbox_ = std::make_unique<MailboxLease>(desk, me.nonce);
     me.tcpHost = tcpAdvertiseAddress(c.cfg_);
     me.tcpPort = desk.port();
-    if (c.cfg_.netTransport != NetTransport::Tcp) {
+    if (c.cfg_.placement.netTransport != NetTransport::Tcp) {
       // Open the RDMA ports now, so the leader can tell whether every rank has one.
       // A port that cannot be opened is left out (said at INFO); none at all is what noVerbsWhy tells.
       std::string failed;
@@ -162,7 +162,7 @@ void GroupBuilder::form(Communicator& c, Bootstrap& store, Roster formed, const 
   const int rank = myRank, size = static_cast<int>(infos.size());
   const RankInfo& me = infos[rank];
   for (const auto& info : infos) c.hostNames_.push_back(info.hostName());
-  c.cfg_.nChannels = roster.channels;
+  c.cfg_.algo.nChannels = roster.channels;
   // This rank's share of the machine's CPUs (the real machine: simulated
   // nodes split one host but not its cores). Peers never depend on it.
   const int onHost = static_cast<int>(
@@ -181,7 +181,7 @@ void GroupBuilder::form(Communicator& c, Bootstrap& store, Roster formed, const 
   // 2 cores, docs/PERFORMANCE.md).
   const bool ownCores = c.cfg_.workers * onHost <= cpus;
   if (c.cfg_.workers > 1 && size > 1) WorkerPool::process().ensureThreads(c.cfg_.workers - 1, ownCores ? c.cfg_.spinUs : 0);
-  c.cfg_.forceNetwork = roster.forceNetwork;
+  c.cfg_.placement.forceNetwork = roster.forceNetwork;
   c.endpoints_.resize(size);
   for (int r = 0; r < size; ++r) {
     c.endpoints_[r] = {infos[r].hostId == me.hostId ? "127.0.0.1" : infos[r].tcpHost, infos[r].tcpPort};
@@ -213,10 +213,10 @@ void GroupBuilder::form(Communicator& c, Bootstrap& store, Roster formed, const 
   }
 
   c.routes_.assign(size, nullptr);
-  const bool useShm = !c.cfg_.forceNetwork && c.topo_.localRanks.size() > 1;
+  const bool useShm = !c.cfg_.placement.forceNetwork && c.topo_.localRanks.size() > 1;
   if (useShm) {
-    c.nodeShm_ = std::make_unique<NodeShm>(bs, c.topo_.localRanks, c.topo_.localIndex, c.cfg_.shmRingBytes,
-                                         c.cfg_.shmSlotBytes, deadline, c.timeout_);
+    c.nodeShm_ = std::make_unique<NodeShm>(bs, c.topo_.localRanks, c.topo_.localIndex, c.cfg_.shm.ringBytes,
+                                         c.cfg_.shm.slotBytes, deadline, c.timeout_);
     c.transports_.push_back(std::make_unique<ShmTransport>(rank, size, *c.nodeShm_, c.topo_.localRanks, &c.wakeup_));
     if (c.topo_.allLocal()) c.collectiveTagWord_ = &c.nodeShm_->control(c.topo_.localIndex)->collectiveTag;
     for (int r : c.topo_.localRanks)

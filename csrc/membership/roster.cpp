@@ -61,7 +61,7 @@ void checkAlgorithmSettings(const std::vector<RankInfo>& infos) {
 // ROCE_PG_NCHANNELS, or with it unset ("auto") the smallest count any rank's
 // CPUs allow.
 int groupChannels(const Config& cfg, const std::vector<RankInfo>& infos, const Topology& topo) {
-  if (cfg.nChannels > 0) return cfg.nChannels;
+  if (cfg.algo.nChannels > 0) return cfg.algo.nChannels;
   std::vector<int> ranksOnNode(topo.numNodes, 0);
   for (int node : topo.nodeOf) ranksOnNode[node]++;
   auto wish = [&](size_t r) { return Config::channelsAuto(infos[r].cpus, ranksOnNode[topo.nodeOf[r]]); };
@@ -74,14 +74,14 @@ int groupChannels(const Config& cfg, const std::vector<RankInfo>& infos, const T
 // needs the network; throws when the group needs it, verbs was not ruled out,
 // and some rank lacks a port.
 std::string chooseNetwork(const Config& cfg, const std::vector<RankInfo>& infos, const Topology& topo) {
-  const bool needsNet = cfg.forceNetwork ? topo.size > 1 : topo.numNodes > 1;
+  const bool needsNet = cfg.placement.forceNetwork ? topo.size > 1 : topo.numNodes > 1;
   if (!needsNet) return "none";
-  if (cfg.netTransport == NetTransport::Tcp) return "tcp";
+  if (cfg.placement.netTransport == NetTransport::Tcp) return "tcp";
   std::string lacking;
   for (size_t r = 0; r < infos.size(); ++r)
     if (!infos[r].verbs()) lacking += str("\n  rank ", r, ": ", infos[r].noVerbsWhy);
   if (lacking.empty()) return "verbs";
-  throwInvalid(str("this group spans ", cfg.forceNetwork ? "the network (ROCE_PG_FORCE_NETWORK=1)" : "several machines",
+  throwInvalid(str("this group spans ", cfg.placement.forceNetwork ? "the network (ROCE_PG_FORCE_NETWORK=1)" : "several machines",
                    " but not every rank has a usable RDMA port:", lacking,
                    "\nFix the RDMA setup (ibv_devinfo should show an ACTIVE port), or set ROCE_PG_NET_TRANSPORT=tcp "
                    "on every rank to use TCP between machines"));
@@ -128,7 +128,7 @@ Roster Roster::decode(const std::string& text, int size) {
   if (r.network != "none" && r.network != "tcp" && r.network != "verbs") malformed("network transport");
   if (head[4] != "0" && head[4] != "1") malformed("force flag");
   r.forceNetwork = head[4] == "1";
-  if (!parseU64(head[5], 1, Config::kMaxChannels, v)) malformed("channel count");
+  if (!parseU64(head[5], 1, Config::Algorithms::kMaxChannels, v)) malformed("channel count");
   r.channels = static_cast<int>(v);
   if (!parseU64(head[6], 1, n, places)) malformed("place count");
   std::vector<RankInfo> table(places);
@@ -168,7 +168,7 @@ Roster planGroup(const Config& leaderCfg, const std::vector<RankInfo>& infos) {
   Roster r;
   r.ranks = infos;
   r.network = chooseNetwork(leaderCfg, infos, topo);
-  r.forceNetwork = leaderCfg.forceNetwork;
+  r.forceNetwork = leaderCfg.placement.forceNetwork;
   r.channels = groupChannels(leaderCfg, infos, topo);
   return r;
 }

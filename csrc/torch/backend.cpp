@@ -86,7 +86,7 @@ RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     : c10d::Backend(rank, size), timeout_(timeout), store_(store) {
   try {
     cfg_ = Config::fromEnv();
-    cfg_.nearDevicePci = nearPci;
+    cfg_.verbs.nearDevicePci = nearPci;
     StoreBootstrap bs(store);
     start(GroupBuilder::join(bs, cfg_, rank, size, globalRank, timeout));
   } catch (const Error& e) {
@@ -173,14 +173,14 @@ int RoceBackend::formationStoreOps() const { return engine_->comm().formationSto
 std::string RoceBackend::nics() const { return engine_->comm().nicsText(); }
 
 void RoceBackend::start(std::unique_ptr<Communicator> comm) {
-  pinned_ = std::make_shared<PinnedCache>(cfg_.deviceStagingCacheBytes);
+  pinned_ = std::make_shared<PinnedCache>(cfg_.device.stagingCacheBytes);
   engine_ = std::make_unique<Engine>(std::move(comm));
   engine_->onFailure = [this](const TraceRing& ring) {
-    if (!cfg_.traceDump.empty()) dumpTrace(ring, "its first failure");
+    if (!cfg_.trace.dump.empty()) dumpTrace(ring, "its first failure");
     if (!stopping_.load()) abortHooks_.run(str("rank ", getRank()));
   };
-  if (cfg_.traceSignal)
-    traceSignalId_ = TraceSignal::add(cfg_.traceSignal, [this] { dumpTrace(engine_->trace(), "a signal"); });
+  if (cfg_.trace.signal)
+    traceSignalId_ = TraceSignal::add(cfg_.trace.signal, [this] { dumpTrace(engine_->trace(), "a signal"); });
 }
 
 RoceBackend::~RoceBackend() {
@@ -230,7 +230,7 @@ std::string RoceBackend::traceDumpJson() const { return roce::traceDumpJson(engi
 void RoceBackend::dumpTrace(const TraceRing& ring, const char* why) {
   const TraceDumpGroup g = dumpGroup();
   const int global = getRank() < static_cast<int>(g.ranks.size()) ? static_cast<int>(g.ranks[getRank()]) : getRank();
-  const std::string prefix = cfg_.traceDump.empty() ? std::string("/tmp/roce_trace_") : cfg_.traceDump;
+  const std::string prefix = cfg_.trace.dump.empty() ? std::string("/tmp/roce_trace_") : cfg_.trace.dump;
   const std::string path = str(prefix, global, "_", g.name, ".json");
   std::string error;
   if (writeTraceDump(path, ring, g, &error))
@@ -286,7 +286,7 @@ uint64_t RoceBackend::traceCollective(OpType type, const OpLabel& what, uint64_t
 }
 
 int64_t RoceBackend::devicePieceElems(size_t elementSize) const {
-  return std::max<int64_t>(1, cfg_.devicePieceBytes / elementSize);
+  return std::max<int64_t>(1, cfg_.device.pieceBytes / elementSize);
 }
 
 CollectiveTask::Body RoceBackend::elementwiseOnDevice(CallStaging& st, const at::Tensor& flat, CallReduction red,
@@ -310,7 +310,7 @@ int64_t RoceBackend::blockPieceElems(const CallStaging& st, const at::Tensor& bl
   // direction, no kernel): below a few hundred KiB per copy, launching them
   // would cost more than moving the bytes.
   constexpr int64_t kMinRowPieceBytes = 256 << 10;
-  const int64_t pieceBytes = static_cast<int64_t>(cfg_.devicePieceBytes);
+  const int64_t pieceBytes = static_cast<int64_t>(cfg_.device.pieceBytes);
   const int64_t rowBytes = std::max(pieceBytes / getSize(), std::min(pieceBytes, kMinRowPieceBytes));
   return std::max<int64_t>(1, rowBytes / static_cast<int64_t>(block.element_size()));
 }
@@ -353,7 +353,7 @@ CallStaging RoceBackend::staging(const at::Tensor& like, int peer, size_t larges
   st.exportDmabuf = choice.exportDmabuf;  // null unless by dma-buf
   st.flushNicWrites = choice.flushNicWrites;
   st.bufferId = choice.bufferId;
-  st.directLimit = cfg_.ibDeviceRegBytes;
+  st.directLimit = cfg_.verbs.deviceRegBytes;
   return st;
 }
 
@@ -375,9 +375,9 @@ GpudirectChoice RoceBackend::gpudirect(const at::Tensor& t, int peer, size_t lar
   // peers: where a machine holds several of the group's ranks (and
   // ROCE_PG_FORCE_NETWORK, the roster's, is off), those have a shared-memory
   // peer, so every rank of a collective stages. The topology is everyone's.
-  const bool sharedMachine = peer < 0 && !c.config().forceNetwork && c.topology().numNodes != c.size();
-  GpudirectChoice choice = chooseGpudirect(cfg_.gpudirect, deviceMemoryPath(t.device()), nicDmabuf, nicWhy, peers,
-                                           sharedMachine, largest, cfg_.ibDeviceRegBytes);
+  const bool sharedMachine = peer < 0 && !c.config().placement.forceNetwork && c.topology().numNodes != c.size();
+  GpudirectChoice choice = chooseGpudirect(cfg_.device.gpudirect, deviceMemoryPath(t.device()), nicDmabuf, nicWhy, peers,
+                                           sharedMachine, largest, cfg_.verbs.deviceRegBytes);
   std::call_once(gpudirectLogged_, [&] {
     gpudirectLog_ = str("rank ", c.rank(), ": ", t.device().str(), " tensors of data-movement calls go ",
                         choice.path == DeviceMemoryPath::Staged ? "through host staging" : "to the NIC directly, by ",

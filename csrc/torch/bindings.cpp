@@ -37,7 +37,7 @@ namespace {
 roce::Shape shapeOf(const roce::Config& cfg, int ranks, int machines, int perMachine) {
   const bool even = perMachine > 0 && perMachine * machines == ranks;
   const int most = even ? perMachine : (ranks + machines - 1) / machines;
-  return roce::Shape::group(ranks, machines, most, even, cfg.forceNetwork);
+  return roce::Shape::group(ranks, machines, most, even, cfg.placement.forceNetwork);
 }
 
 }  // namespace
@@ -254,7 +254,7 @@ PYBIND11_MODULE(_C, m) {
     std::string why;
     py::list out;
     roce::Config cfg = roce::Config::fromEnv();
-    cfg.nearDevicePci = nearPci;
+    cfg.verbs.nearDevicePci = nearPci;
     for (const auto& c : roce::chooseVerbsPorts(cfg, rank, why)) {
       py::dict d;
       d["device"] = c.device;

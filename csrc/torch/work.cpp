@@ -246,7 +246,7 @@ void completeWork(RoceWork& work, Task& task, CallStaging& staging, std::excepti
 bool CollectiveTask::start(Communicator& c) {
   std::vector<BufferOwner> owners;
   auto own = [&](const at::Tensor& host) {
-    if (BufferOwner o = ownerOf(host, c.config().ibZeroCopyMinBytes)) owners.push_back(std::move(o));
+    if (BufferOwner o = ownerOf(host, c.config().verbs.zeroCopyMinBytes)) owners.push_back(std::move(o));
   };
   const DeviceStepGuard onDevice(deviceOf(staging_, *work_));
   DeviceStaging* device = staging_.device.get();
@@ -296,7 +296,7 @@ bool PointToPointTask::start(Communicator& c) {
   if (staging_.direct) {
     if (req_.len > 0) req_.owner = directOwner(host_, staging_, c);  // an empty message touches nothing
   } else {
-    req_.owner = ownerOf(host_, c.config().ibZeroCopyMinBytes);
+    req_.owner = ownerOf(host_, c.config().verbs.zeroCopyMinBytes);
     if (staging_.device) countStaged(*staging_.device, c);
   }
   // A send from a device first waits for its copy to the host, as a

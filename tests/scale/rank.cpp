@@ -138,7 +138,7 @@ class RankRun {
   // A group whose allreduce is forced to `algo`: its checks and timings.
   void allreduceGroup(const std::string& algo) {
     roce::Config cfg = cfg_;
-    cfg.algoAllreduce = algo;
+    cfg.algo.allreduce = algo;
     auto c = reform(cfg, "allreduce " + algo);
     Checker k(*c, store_, "allreduce " + algo, timeout_);
     if (o_.checks != Options::Checks::None) {
@@ -161,8 +161,8 @@ class RankRun {
   // exists for allgather only: its reduce_scatter stays automatic).
   void gatherGroup(const std::string& algo) {
     roce::Config cfg = cfg_;
-    if (!roce::settingValue(algo, cfg.algoAllgather)) throw std::invalid_argument("no allgather algorithm " + algo);
-    if (algo != "bruck") roce::settingValue(algo, cfg.algoReduceScatter);
+    if (!roce::settingValue(algo, cfg.algo.allgather)) throw std::invalid_argument("no allgather algorithm " + algo);
+    if (algo != "bruck") roce::settingValue(algo, cfg.algo.reduceScatter);
     auto c = reform(cfg, "allgather " + algo);
     Checker k(*c, store_, "allgather/reduce_scatter " + algo, timeout_);
     stage("allgather/reduce_scatter " + algo + ": checks");

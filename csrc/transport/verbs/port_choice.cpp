@@ -184,7 +184,7 @@ std::vector<size_t> capRails(const std::vector<size_t>& ports, int rank) {
 }
 
 std::vector<VerbsPortChoice> chooseVerbsPorts(const Config& cfg, int rank, std::string& why) {
-  HcaFilter filter = HcaFilter::parse(cfg.ibHca);
+  HcaFilter filter = HcaFilter::parse(cfg.verbs.hca);
   int n = 0;
   ibv_device** devs = ibv_get_device_list(&n);
   if (!devs || n == 0) {
@@ -218,7 +218,7 @@ std::vector<VerbsPortChoice> chooseVerbsPorts(const Config& cfg, int rank, std::
         }
         int gid = 0;
         if (eth) {
-          gid = cfg.ibGidIndex >= 0 ? cfg.ibGidIndex : autoGidIndex(ctx, p, pa.gid_tbl_len);
+          gid = cfg.verbs.gidIndex >= 0 ? cfg.verbs.gidIndex : autoGidIndex(ctx, p, pa.gid_tbl_len);
           if (gid < 0 || gid >= pa.gid_tbl_len) {
             seen += "[no usable GID: configure an IP address on the NIC's netdev]";
             continue;
@@ -231,15 +231,15 @@ std::vector<VerbsPortChoice> chooseVerbsPorts(const Config& cfg, int rank, std::
   }
   ibv_free_device_list(devs);
   if (usable.empty()) {
-    why = str("no ACTIVE RDMA port", cfg.ibHca.empty() ? "" : str(" matching ROCE_PG_IB_HCA=", cfg.ibHca),
+    why = str("no ACTIVE RDMA port", cfg.verbs.hca.empty() ? "" : str(" matching ROCE_PG_IB_HCA=", cfg.verbs.hca),
               "; ports seen:", seen.empty() ? " none" : seen);
     return {};
   }
   std::vector<size_t> picked;
-  if (cfg.ibHca.empty()) {
+  if (cfg.verbs.hca.empty()) {
     std::vector<std::string> paths;
     for (const auto& c : usable) paths.push_back(c.pciPath);
-    if (!cfg.nearDevicePci.empty()) picked = nearestToDevice(paths, cfg.nearDevicePci);
+    if (!cfg.verbs.nearDevicePci.empty()) picked = nearestToDevice(paths, cfg.verbs.nearDevicePci);
     if (picked.empty()) {  // no GPU, or no NIC on its root complex: by NUMA node
       std::vector<int> nodes;
       for (const auto& c : usable) nodes.push_back(c.numaNode);

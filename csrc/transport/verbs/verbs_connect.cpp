@@ -37,7 +37,7 @@ int recvDepth(int cap, int maxWr) { return std::min(cap + kCtrlRecvs + 4, maxWr)
 }  // namespace
 
 int groupQueuePairs(const Config& cfg, int maxRails) {
-  return std::max({cfg.ibQpsPerConnection, cfg.nChannels, maxRails});
+  return std::max({cfg.verbs.qpsPerConnection, cfg.algo.nChannels, maxRails});
 }
 
 namespace {
@@ -57,11 +57,11 @@ VerbsPoolSizes verbsPoolSizes(const Config& cfg, size_t stride, int routedPeers)
   // defaults, so the world group of a large job registers the full pool); a
   // subgroup of a few machines registers a few MiB.
   const uint64_t peers = static_cast<uint64_t>(std::max(routedPeers, 0));
-  const uint64_t cap = static_cast<uint64_t>(cfg.ibSlots);
-  const uint64_t landingSlots = std::min<uint64_t>(cfg.ibPoolBytes / stride, 2 * cap * (peers + 1));
+  const uint64_t cap = static_cast<uint64_t>(cfg.verbs.slots);
+  const uint64_t landingSlots = std::min<uint64_t>(cfg.verbs.poolBytes / stride, 2 * cap * (peers + 1));
   // Copied chunks in flight, across peers: at most each peer's credits.
   const uint64_t stagingSlots =
-      std::min<uint64_t>(std::max(cfg.ibPoolBytes / 4, 2 * stride) / stride, std::max<uint64_t>(2, peers * cap));
+      std::min<uint64_t>(std::max(cfg.verbs.poolBytes / 4, 2 * stride) / stride, std::max<uint64_t>(2, peers * cap));
   // Of the landing slots, one per peer is reserved for the group in the
   // process's pool (landing_pool.hpp: no group waits for another's); the
   // rest is the open share it asks for.
@@ -76,27 +76,27 @@ VerbsPoolSizes verbsPoolSizes(const Config& cfg, size_t stride, int routedPeers)
 size_t verbsRegisteredBytes(const Config& cfg, int peers, int rails, int routedPeers) {
   const int qps = groupQueuePairs(cfg, rails);
   const size_t perPeer = static_cast<size_t>(qps) *
-                         (recvDepth(cfg.ibSlots, 1 << 30) + sendDepth(cfg.ibSlots, 1 << 30)) * kCtrlBytes;
+                         (recvDepth(cfg.verbs.slots, 1 << 30) + sendDepth(cfg.verbs.slots, 1 << 30)) * kCtrlBytes;
   const int routed = routedPeers < 0 ? peers : routedPeers;
   return static_cast<size_t>(rails) * static_cast<size_t>(peers) * perPeer + verbsLandingBytes(cfg, rails, routed) +
          verbsStagingBytes(cfg, rails, routed);
 }
 
 size_t verbsLandingBytes(const Config& cfg, int rails, int routedPeers) {
-  const size_t stride = strideOf(cfg.ibSlotBytes);
+  const size_t stride = strideOf(cfg.verbs.slotBytes);
   const VerbsPoolSizes pools = verbsPoolSizes(cfg, stride, routedPeers);
   return static_cast<size_t>(rails) * pageRound(pools.landing + pools.reserved * stride);
 }
 
 size_t verbsReservedBytes(const Config& cfg, int rails, int routedPeers) {
-  const size_t stride = strideOf(cfg.ibSlotBytes);
+  const size_t stride = strideOf(cfg.verbs.slotBytes);
   // A region holds at least two slots (SlotPool).
   const uint32_t slots = std::max<uint32_t>(2, verbsPoolSizes(cfg, stride, routedPeers).reserved);
   return static_cast<size_t>(rails) * pageRound(slots * stride);
 }
 
 size_t verbsStagingBytes(const Config& cfg, int rails, int routedPeers) {
-  return static_cast<size_t>(rails) * pageRound(verbsPoolSizes(cfg, strideOf(cfg.ibSlotBytes), routedPeers).staging);
+  return static_cast<size_t>(rails) * pageRound(verbsPoolSizes(cfg, strideOf(cfg.verbs.slotBytes), routedPeers).staging);
 }
 
 VerbsTransport::VerbsTransport(int rank, int size, Rails rails, const Config& cfg, int qpsPerPeer,
@@ -105,7 +105,7 @@ VerbsTransport::VerbsTransport(int rank, int size, Rails rails, const Config& cf
   if (rails_.empty() || rails_.size() > static_cast<size_t>(kMaxRails))
     throwInvalid(str("the verbs transport drives 1 to ", kMaxRails, " ports, not ", rails_.size()));
   qpsPerPeer_ = qpsPerPeer;
-  cap_ = cfg.ibSlots;
+  cap_ = cfg.verbs.slots;
   // The most every rail allows: one queue depth and message size for all queue pairs.
   int maxWr = INT32_MAX;
   maxMsg_ = SIZE_MAX;
@@ -121,23 +121,23 @@ VerbsTransport::VerbsTransport(int rank, int size, Rails rails, const Config& cf
   if (rqDepth_ - cap_ - 4 < kCtrlReserve + 4 || sqDepth_ < 2 * cap_ + 8)
     throwInvalid(str(describeRails(rails_), " allows only ", maxWr, " work requests per queue; with ROCE_PG_IB_SLOTS=", cap_,
                      " too few are left for control messages: lower ROCE_PG_IB_SLOTS"));
-  zeroCopyMin_ = cfg.ibZeroCopyMinBytes;
-  eagerMax_ = cfg.ibEagerMaxBytes;
+  zeroCopyMin_ = cfg.verbs.zeroCopyMinBytes;
+  eagerMax_ = cfg.verbs.eagerMaxBytes;
   slowTeardown_ = testFault() == "slow_teardown";
-  regCache_ = std::make_unique<RegCache>(rails_, defaultRegCacheBytes(cfg.ibRegCacheBytes), rank_);
-  deviceRegCache_ = std::make_unique<RegCache>(rails_, cfg.ibDeviceRegBytes, rank_, /*overcommit=*/true);
+  regCache_ = std::make_unique<RegCache>(rails_, defaultRegCacheBytes(cfg.verbs.regCacheBytes), rank_);
+  deviceRegCache_ = std::make_unique<RegCache>(rails_, cfg.verbs.deviceRegBytes, rank_, /*overcommit=*/true);
   // Asked before any call could hand over a dma-buf (a failed registration
   // costs microseconds): GPUDirect's choice needs the answer at issue time.
   // (The first rail's answer: the rails of one rank are normally NICs of one kind.)
-  if (cfg.gpudirect != GpudirectMode::Off) dmabuf_ = probeDmabuf(rails_[0]->pd(), rails_[0]->describe());
+  if (cfg.device.gpudirect != GpudirectMode::Off) dmabuf_ = probeDmabuf(rails_[0]->pd(), rails_[0]->describe());
   else dmabuf_.why = "ROCE_PG_GPUDIRECT=off";
-  slotBytes_ = std::min<size_t>(cfg.ibSlotBytes, maxMsg_ - sizeof(SlotHeader));
+  slotBytes_ = std::min<size_t>(cfg.verbs.slotBytes, maxMsg_ - sizeof(SlotHeader));
   stride_ = strideOf(slotBytes_);
   pools_ = verbsPoolSizes(cfg, stride_, routedPeers);
-  tc_ = cfg.ibTc;
-  sl_ = cfg.ibSl;
-  timeout_ = cfg.ibTimeout;
-  retryCnt_ = cfg.ibRetryCnt;
+  tc_ = cfg.verbs.tc;
+  sl_ = cfg.verbs.sl;
+  timeout_ = cfg.verbs.timeout;
+  retryCnt_ = cfg.verbs.retryCnt;
   shape_ = {rank_, qpsPerPeer_, sqDepth_, rqDepth_, cap_, slotBytes_, stride_, tc_, sl_, timeout_, retryCnt_};
   peers_.resize(size);
 }

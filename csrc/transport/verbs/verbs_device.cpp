@@ -31,7 +31,7 @@ namespace {
 std::atomic<int> devicesOpen{0};  // VerbsDevice::openCount
 }  // namespace
 
-VerbsDevice::VerbsDevice(const VerbsPortChoice& choice, const Config& cfg) : choice_(choice), tc_(cfg.ibTc) {
+VerbsDevice::VerbsDevice(const VerbsPortChoice& choice, const Config& cfg) : choice_(choice), tc_(cfg.verbs.tc) {
   // Registered pages must not be shared copy-on-write with forked children
   // (DataLoader workers): tell libibverbs before the first registration.
   static const int forkInit = ibv_fork_init();

@@ -62,79 +62,79 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 TEST(defaults_with_nothing_set) {
   Env env;
   const roce::Config c = roce::Config::fromEnv();
-  CHECK(!c.forceNetwork);
-  CHECK_EQ(c.algoAllreduce, "auto");
-  CHECK(c.algoBroadcast == roce::BroadcastShape::Auto);
-  CHECK(c.netTransport == roce::NetTransport::Auto);
+  CHECK(!c.placement.forceNetwork);
+  CHECK_EQ(c.algo.allreduce, "auto");
+  CHECK(c.algo.broadcast == roce::BroadcastShape::Auto);
+  CHECK(c.placement.netTransport == roce::NetTransport::Auto);
   CHECK(c.connect == roce::ConnectMode::Lazy);
   CHECK(c.subgroups == roce::SubgroupMode::Parent);
-  CHECK_EQ(c.chunkBytes, size_t(1) << 20);
-  CHECK_EQ(c.rdMaxBytes, size_t(64) << 10);
-  CHECK(!c.rdMaxBytesSet && !c.ringMinBytesSet && !c.hierMinBytesSet);
-  CHECK_EQ(c.netGBps, 6.25);
-  CHECK_EQ(c.nChannels, 0);
+  CHECK_EQ(c.algo.chunkBytes, size_t(1) << 20);
+  CHECK_EQ(c.algo.rdMaxBytes, size_t(64) << 10);
+  CHECK(!c.algo.rdMaxBytesSet && !c.algo.ringMinBytesSet && !c.algo.hierMinBytesSet);
+  CHECK_EQ(c.algo.netGBps, 6.25);
+  CHECK_EQ(c.algo.nChannels, 0);
   CHECK_EQ(c.workers, 0);
-  CHECK_EQ(c.shmRingBytes, size_t(2) << 20);
-  CHECK_EQ(c.ibSlots, 8);
-  CHECK_EQ(c.ibGidIndex, -1);
+  CHECK_EQ(c.shm.ringBytes, size_t(2) << 20);
+  CHECK_EQ(c.verbs.slots, 8);
+  CHECK_EQ(c.verbs.gidIndex, -1);
   CHECK_EQ(c.spinUs, 20);
   CHECK_EQ(c.heartbeatTimeoutMs, 20000);
-  CHECK_EQ(c.traceSignal, 0);
-  CHECK(c.torchFlightRecorder == roce::TorchRecorder::Native);
+  CHECK_EQ(c.trace.signal, 0);
+  CHECK(c.trace.torchFlightRecorder == roce::TorchRecorder::Native);
   CHECK(c.recordsNatively());
   CHECK(!c.testFailForming);
   // The cache-sized default: a power of two in [64 KiB, 1 MiB].
-  CHECK_GE(c.shmChunkBytes, size_t(64) << 10);
-  CHECK_LE(c.shmChunkBytes, size_t(1) << 20);
-  CHECK_EQ(c.shmChunkBytes & (c.shmChunkBytes - 1), 0u);
-  CHECK_EQ(c.shmChunkBytes, roce::Config::shmChunkAuto());
+  CHECK_GE(c.shm.chunkBytes, size_t(64) << 10);
+  CHECK_LE(c.shm.chunkBytes, size_t(1) << 20);
+  CHECK_EQ(c.shm.chunkBytes & (c.shm.chunkBytes - 1), 0u);
+  CHECK_EQ(c.shm.chunkBytes, roce::Config::shmChunkAuto());
 }
 
 TEST(integers_take_suffixes_and_any_base) {
-  CHECK_EQ(read("ROCE_PG_CHUNK_BYTES", "4M").chunkBytes, size_t(4) << 20);
-  CHECK_EQ(read("ROCE_PG_CHUNK_BYTES", "8k").chunkBytes, size_t(8) << 10);
-  CHECK_EQ(read("ROCE_PG_CHUNK_BYTES", "1G").chunkBytes, size_t(1) << 30);
-  CHECK_EQ(read("ROCE_PG_CHUNK_BYTES", "0x2000").chunkBytes, 8192u);
-  CHECK_EQ(read("ROCE_PG_CHUNK_BYTES", "").chunkBytes, size_t(1) << 20);  // empty: unset
-  CHECK_EQ(read("ROCE_PG_IB_GID_INDEX", "-1").ibGidIndex, -1);
-  CHECK_EQ(read("ROCE_PG_IB_GID_INDEX", "3").ibGidIndex, 3);
+  CHECK_EQ(read("ROCE_PG_CHUNK_BYTES", "4M").algo.chunkBytes, size_t(4) << 20);
+  CHECK_EQ(read("ROCE_PG_CHUNK_BYTES", "8k").algo.chunkBytes, size_t(8) << 10);
+  CHECK_EQ(read("ROCE_PG_CHUNK_BYTES", "1G").algo.chunkBytes, size_t(1) << 30);
+  CHECK_EQ(read("ROCE_PG_CHUNK_BYTES", "0x2000").algo.chunkBytes, 8192u);
+  CHECK_EQ(read("ROCE_PG_CHUNK_BYTES", "").algo.chunkBytes, size_t(1) << 20);  // empty: unset
+  CHECK_EQ(read("ROCE_PG_IB_GID_INDEX", "-1").verbs.gidIndex, -1);
+  CHECK_EQ(read("ROCE_PG_IB_GID_INDEX", "3").verbs.gidIndex, 3);
   CHECK_EQ(read("ROCE_PG_HEARTBEAT_TIMEOUT_MS", "0").heartbeatTimeoutMs, 0);  // off
 }
 
 TEST(sizes_are_normalised) {
-  CHECK_EQ(read("ROCE_PG_SHM_RING_BYTES", "5000").shmRingBytes, 8192u);  // rings index with a mask
-  CHECK_EQ(read("ROCE_PG_SHM_RING_BYTES", "65536").shmRingBytes, 65536u);
-  CHECK_EQ(read("ROCE_PG_SHM_SLOT_BYTES", "4097").shmSlotBytes, 4160u);  // cache lines
-  CHECK_EQ(read("ROCE_PG_SHM_CHUNK_BYTES", "100000").shmChunkBytes, 65536u);  // power of two, down
-  CHECK_EQ(read("ROCE_PG_SHM_CHUNK_BYTES", "4096").shmChunkBytes, 4096u);
+  CHECK_EQ(read("ROCE_PG_SHM_RING_BYTES", "5000").shm.ringBytes, 8192u);  // rings index with a mask
+  CHECK_EQ(read("ROCE_PG_SHM_RING_BYTES", "65536").shm.ringBytes, 65536u);
+  CHECK_EQ(read("ROCE_PG_SHM_SLOT_BYTES", "4097").shm.slotBytes, 4160u);  // cache lines
+  CHECK_EQ(read("ROCE_PG_SHM_CHUNK_BYTES", "100000").shm.chunkBytes, 65536u);  // power of two, down
+  CHECK_EQ(read("ROCE_PG_SHM_CHUNK_BYTES", "4096").shm.chunkBytes, 4096u);
 }
 
 TEST(choices_flags_and_fallbacks) {
-  CHECK_EQ(read("ROCE_PG_ALGO", "ring").algoAllreduce, "ring");
+  CHECK_EQ(read("ROCE_PG_ALGO", "ring").algo.allreduce, "ring");
   // Enum settings: every name maps to its value, and the value prints back.
   CHECK(read("ROCE_PG_CONNECT", "eager").connect == roce::ConnectMode::Eager);
-  CHECK(read("ROCE_PG_NET_TRANSPORT", "tcp").netTransport == roce::NetTransport::Tcp);
-  CHECK(read("ROCE_PG_NET_TRANSPORT", "verbs").netTransport == roce::NetTransport::Verbs);
+  CHECK(read("ROCE_PG_NET_TRANSPORT", "tcp").placement.netTransport == roce::NetTransport::Tcp);
+  CHECK(read("ROCE_PG_NET_TRANSPORT", "verbs").placement.netTransport == roce::NetTransport::Verbs);
   CHECK(read("ROCE_PG_SUBGROUPS", "join").subgroups == roce::SubgroupMode::Join);
-  CHECK(read("ROCE_PG_DEVICE_REDUCE", "device").deviceReduce == roce::DeviceReduce::Device);
-  CHECK(read("ROCE_PG_DEVICE_REDUCE", "host").deviceReduce == roce::DeviceReduce::Host);
-  CHECK(read("ROCE_PG_GPUDIRECT", "off").gpudirect == roce::GpudirectMode::Off);
-  CHECK(read("ROCE_PG_TORCH_FR", "hook").torchFlightRecorder == roce::TorchRecorder::Hook);
+  CHECK(read("ROCE_PG_DEVICE_REDUCE", "device").device.reduce == roce::DeviceReduce::Device);
+  CHECK(read("ROCE_PG_DEVICE_REDUCE", "host").device.reduce == roce::DeviceReduce::Host);
+  CHECK(read("ROCE_PG_GPUDIRECT", "off").device.gpudirect == roce::GpudirectMode::Off);
+  CHECK(read("ROCE_PG_TORCH_FR", "hook").trace.torchFlightRecorder == roce::TorchRecorder::Hook);
   CHECK_EQ(std::string(roce::settingName(roce::DeviceReduce::Device)), "device");
   {
     Env env;
     env("ROCE_PG_ALGO", "ring")("ROCE_PG_ALGO_ALLREDUCE", "tree");
-    CHECK_EQ(roce::Config::fromEnv().algoAllreduce, "tree");  // the specific one wins
+    CHECK_EQ(roce::Config::fromEnv().algo.allreduce, "tree");  // the specific one wins
   }
-  for (const char* yes : {"1", "true", "yes", "on"}) CHECK(read("ROCE_PG_FORCE_NETWORK", yes).forceNetwork);
-  for (const char* no : {"0", "false", "no", "off"}) CHECK(!read("ROCE_PG_FORCE_NETWORK", no).forceNetwork);
-  CHECK_EQ(read("ROCE_PG_TRACE_SIGNAL", "SIGUSR2").traceSignal, SIGUSR2);
-  CHECK_EQ(read("ROCE_PG_TRACE_SIGNAL", "SIGUSR1").traceSignal, SIGUSR1);
-  CHECK_EQ(read("ROCE_PG_SIM_NODE", "rack-1_a").simNode, "rack-1_a");
+  for (const char* yes : {"1", "true", "yes", "on"}) CHECK(read("ROCE_PG_FORCE_NETWORK", yes).placement.forceNetwork);
+  for (const char* no : {"0", "false", "no", "off"}) CHECK(!read("ROCE_PG_FORCE_NETWORK", no).placement.forceNetwork);
+  CHECK_EQ(read("ROCE_PG_TRACE_SIGNAL", "SIGUSR2").trace.signal, SIGUSR2);
+  CHECK_EQ(read("ROCE_PG_TRACE_SIGNAL", "SIGUSR1").trace.signal, SIGUSR1);
+  CHECK_EQ(read("ROCE_PG_SIM_NODE", "rack-1_a").placement.simNode, "rack-1_a");
   CHECK(!read("ROCE_PG_TORCH_FR", "hook").recordsNatively());
   CHECK(!read("ROCE_PG_TRACE_ENTRIES", "0").recordsNatively());
   CHECK(read("ROCE_PG_TEST_FAULT", "fail_forming").testFailForming);
-  CHECK_EQ(read("ROCE_PG_ALGO_NET_ALPHA_US", "2.5e1").netAlphaUs, 25.0);
+  CHECK_EQ(read("ROCE_PG_ALGO_NET_ALPHA_US", "2.5e1").algo.netAlphaUs, 25.0);
 }
 
 TEST(bad_values_name_the_variable_and_what_is_accepted) {

@@ -160,8 +160,8 @@ TEST(shapes) {
 
 TEST(set_thresholds_take_precedence_over_the_model) {
   Config rd;
-  rd.rdMaxBytes = 8 * KiB;
-  rd.rdMaxBytesSet = true;
+  rd.algo.rdMaxBytes = 8 * KiB;
+  rd.algo.rdMaxBytesSet = true;
   const Choice small = roce::planAllreduce(rd, shape(16, 1), 4 * KiB);
   CHECK_EQ(small.algo, Algo::Rd);
   REQUIRE(small.decidedBy);
@@ -174,8 +174,8 @@ TEST(set_thresholds_take_precedence_over_the_model) {
   CHECK(std::isnan(above.estimateFor(Algo::Rd)));
 
   Config hier;
-  hier.hierMinBytes = 1 * KiB;
-  hier.hierMinBytesSet = true;
+  hier.algo.hierMinBytes = 1 * KiB;
+  hier.algo.hierMinBytesSet = true;
   const Choice h = roce::planAllreduce(hier, shape(2, 8), 2 * KiB);  // the model says rd here
   CHECK_EQ(h.algo, Algo::Hier);
   REQUIRE(h.decidedBy);
@@ -185,8 +185,8 @@ TEST(set_thresholds_take_precedence_over_the_model) {
   CHECK(roce::planAllreduce(hier, shape(16, 1), 2 * KiB).decidedBy == nullptr);
 
   Config ring;
-  ring.ringMinBytes = 256 * KiB;
-  ring.ringMinBytesSet = true;
+  ring.algo.ringMinBytes = 256 * KiB;
+  ring.algo.ringMinBytesSet = true;
   const Choice flat = roce::planAllreduce(ring, shape(16, 1), 1 * MiB);  // the model: rabenseifner
   CHECK_EQ(flat.algo, Algo::Ring);
   REQUIRE(flat.decidedBy);
@@ -199,7 +199,7 @@ TEST(set_thresholds_take_precedence_over_the_model) {
 
 TEST(hier_across_the_machines) {
   Config forced;
-  forced.algoAllreduceAcross = "tree";
+  forced.algo.allreduceAcross = "tree";
   const Choice f = roce::planAcross(forced, shape(16, 8), 4 * MiB, false);
   CHECK_EQ(f.algo, Algo::Tree);
   REQUIRE(f.decidedBy);
@@ -215,7 +215,7 @@ TEST(hier_across_the_machines) {
   CHECK(std::isnan(seq.estimateFor(Algo::Hier)));
   // With rd forced across, hier's phases run in sequence (no pieces).
   Config rdAcross;
-  rdAcross.algoAllreduceAcross = "rd";
+  rdAcross.algo.allreduceAcross = "rd";
   CHECK_EQ(roce::hierPieces(roce::CostConstants(rdAcross), 64 * MiB), 1);
   const Choice plan = roce::planAllreduce(rdAcross, shape(2, 8), 32 * MiB);
   if (plan.algo == Algo::Hier) CHECK_EQ(plan.across, Algo::Rd);

@@ -198,21 +198,21 @@ TEST(plan_group_decides_network_and_channels) {
   std::vector<RankInfo> slow = fourRanks();
   slow[3].cpus = 4;  // 4 / (2 * 2) = 1
   CHECK_EQ(roce::planGroup(cfg, slow).channels, 1);
-  cfg.nChannels = 3;  // ROCE_PG_NCHANNELS set: taken as is
+  cfg.algo.nChannels = 3;  // ROCE_PG_NCHANNELS set: taken as is
   CHECK_EQ(roce::planGroup(cfg, slow).channels, 3);
 
   Config plain;
   const std::vector<RankInfo> local = {rankOn("a", 1), rankOn("a", 2, 0)};
   CHECK_EQ(roce::planGroup(plain, local).network, "none");  // one machine: no network, no port needed
   Config forced;
-  forced.forceNetwork = true;
-  forced.netTransport = roce::NetTransport::Tcp;
+  forced.placement.forceNetwork = true;
+  forced.placement.netTransport = roce::NetTransport::Tcp;
   const Roster f = roce::planGroup(forced, local);
   CHECK_EQ(f.network, "tcp");
   CHECK(f.forceNetwork);
   CHECK_EQ(roce::planGroup(forced, {rankOn("a", 1)}).network, "none");  // alone: nobody to reach
   Config tcp;
-  tcp.netTransport = roce::NetTransport::Tcp;
+  tcp.placement.netTransport = roce::NetTransport::Tcp;
   std::vector<RankInfo> noPort = fourRanks();
   noPort[1].verbsRails = 0;
   CHECK_EQ(roce::planGroup(tcp, noPort).network, "tcp");
@@ -240,7 +240,7 @@ TEST(plan_group_refuses_what_ranks_must_agree_on) {
   CHECK_ERROR(Invalid, roce::planGroup(cfg, noPort), "\n  rank 1: mlx5_0 port 1 is DOWN");
   CHECK_ERROR(Invalid, roce::planGroup(cfg, noPort), "set ROCE_PG_NET_TRANSPORT=tcp");
   Config forced;
-  forced.forceNetwork = true;
+  forced.placement.forceNetwork = true;
   CHECK_ERROR(Invalid, roce::planGroup(forced, {rankOn("a", 1), rankOn("a", 2, 0)}),
               "this group spans the network (ROCE_PG_FORCE_NETWORK=1)");
 }
@@ -282,8 +282,8 @@ TEST(derive_roster_for_a_subgroup) {
   CHECK_EQ(roce::deriveRoster(cfg, parent, {0, 1}, "x").channels, 3);  // 6 / 2
   // Forced network: even members on one machine use it.
   Config forced;
-  forced.forceNetwork = true;
-  forced.netTransport = roce::NetTransport::Tcp;
+  forced.placement.forceNetwork = true;
+  forced.placement.netTransport = roce::NetTransport::Tcp;
   const Roster fp = roce::planGroup(forced, fourRanks());
   const Roster fs = roce::deriveRoster(forced, fp, {0, 2}, "same-machine");
   CHECK(fs.forceNetwork);
