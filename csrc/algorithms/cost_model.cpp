@@ -201,8 +201,12 @@ Shape Shape::acrossMachines() const {
 }
 
 CostConstants::CostConstants(const Config& cfg)
-    : netAlpha(cfg.algo.netAlphaUs * 1e-6), netBeta(1 / (cfg.algo.netGBps * 1e9)), nicBeta(1 / (cfg.algo.nicGBps * 1e9)),
-      shmAlpha(cfg.algo.shmAlphaUs * 1e-6), shmBeta(1 / (cfg.algo.shmGBps * 1e9)), gamma(1 / (cfg.algo.reduceGBps * 1e9)),
+    : netAlpha(cfg.algo.netAlphaUs * 1e-6),
+      netBeta(1 / (cfg.algo.netGBps * 1e9)),
+      nicBeta(1 / (cfg.algo.nicGBps * 1e9)),
+      shmAlpha(cfg.algo.shmAlphaUs * 1e-6),
+      shmBeta(1 / (cfg.algo.shmGBps * 1e9)),
+      gamma(1 / (cfg.algo.reduceGBps * 1e9)),
       chunkBytes(cfg.algo.chunkBytes), ringMinBytes(cfg.algo.ringMinBytes),
       acrossMayOverlap(cfg.algo.allreduceAcross == "auto" || pipelinedEntry(cfg.algo.allreduceAcross)) {}
 

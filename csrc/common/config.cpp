@@ -83,10 +83,12 @@ Config Config::read(EnvReader& r) {
   c.algo.shmAlphaUs = r.number(sameInGroup("ROCE_PG_ALGO_SHM_ALPHA_US", kAlgorithms), c.algo.shmAlphaUs, 0, 1e6);
   c.algo.shmGBps = r.number(sameInGroup("ROCE_PG_ALGO_SHM_GBPS", kAlgorithms), c.algo.shmGBps, 1e-6, 1e6);
   c.algo.reduceGBps = r.number(sameInGroup("ROCE_PG_ALGO_REDUCE_GBPS", kAlgorithms), c.algo.reduceGBps, 1e-6, 1e6);
-  c.algo.bruckMaxBytes = r.integer(sameInGroup("ROCE_PG_ALGO_BRUCK_MAX_BYTES", kAlgorithms), c.algo.bruckMaxBytes, 0, 1ll << 40);
+  c.algo.bruckMaxBytes =
+      r.integer(sameInGroup("ROCE_PG_ALGO_BRUCK_MAX_BYTES", kAlgorithms), c.algo.bruckMaxBytes, 0, 1ll << 40);
   // Each rank finds its own transport; a rank without the one the group
   // needs fails formation naming itself (so this is not compared).
-  c.placement.netTransport = r.choice(advised("ROCE_PG_NET_TRANSPORT", "group").alsoPlacement(), c.placement.netTransport);
+  c.placement.netTransport =
+      r.choice(advised("ROCE_PG_NET_TRANSPORT", "group").alsoPlacement(), c.placement.netTransport);
   c.verbs.hca = r.text(perRank("ROCE_PG_IB_HCA", kVerbs));
   c.verbs.gidIndex = static_cast<int>(r.integer(perRank("ROCE_PG_IB_GID_INDEX", kVerbs), -1, -1, 1 << 16));
   c.verbs.tc = static_cast<int>(r.integer(perRank("ROCE_PG_IB_TC", kVerbs), 0, 0, 255));
@@ -110,7 +112,8 @@ Config Config::read(EnvReader& r) {
       r.integer(sameInGroup("ROCE_PG_IB_DEVICE_REG_BYTES", kVerbs), c.verbs.deviceRegBytes, 0, 1ll << 50);
   c.socketIfname = r.text(perRank("ROCE_PG_SOCKET_IFNAME", "runtime"));
   c.algo.chunkBytes = r.integer(sameInGroup("ROCE_PG_CHUNK_BYTES", kAlgorithms), c.algo.chunkBytes, 4096, 1ll << 30);
-  c.algo.nChannels = static_cast<int>(r.integer(sameInGroup("ROCE_PG_NCHANNELS", kAlgorithms), 0, 0, Algorithms::kMaxChannels));
+  c.algo.nChannels =
+      static_cast<int>(r.integer(sameInGroup("ROCE_PG_NCHANNELS", kAlgorithms), 0, 0, Algorithms::kMaxChannels));
   c.workers = static_cast<int>(r.integer(perRank("ROCE_PG_WORKERS", "group"), 0, 0, kMaxWorkers));
   // The ranks of a machine share the segments these size and the messages
   // these shape: formation checks the sizes (the roster), the shared-memory
