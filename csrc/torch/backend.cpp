@@ -499,19 +499,11 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduce_sparse(std::vector<at::Ten
   CallStaging st = staging(t);  // refuses a capture
   const at::Tensor indices = st.input(t._indices()).view(t._indices().sizes());
   const at::Tensor values = st.input(t._values()).view(t._values().sizes());
-  const std::vector<int64_t> sizes = t.sizes().vec();
   const c10::Stream caller = c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device());
   std::shared_ptr<DeviceStaging> device = st.device;
   return submit(OpType::ALLREDUCE, "allreduce (sparse)", tensors, std::move(st),
-                [t, indices, values, sizes, caller, device](Communicator& c) {
-                  const at::Tensor sum =
-                      sparseAllreduceSum(c, at::_sparse_coo_tensor_unsafe(indices, values, sizes));
-                  device->queueOnResults([&] {
-                    t.copy_(sum.to(t.device()));
-                    c10::impl::VirtualGuardImpl impl(t.device().type());
-                    impl.recordDataPtrOnStream(t._indices().storage().data_ptr(), caller);
-                    impl.recordDataPtrOnStream(t._values().storage().data_ptr(), caller);
-                  });
+                [t, indices, values, caller, device](Communicator& c) {
+                  sparseAllreduceSumOnDevice(c, t, indices, values, *device, caller);
                 },
                 callOf(opts), bytes);
 }

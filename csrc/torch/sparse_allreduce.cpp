@@ -1,6 +1,7 @@
 #include <roce_torch_headers.hpp>  // first: a precompiled header (setup.py)
 #include "sparse_allreduce.hpp"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <cstdint>
 
@@ -9,6 +10,7 @@
 #include "../algorithms/algorithms.hpp"
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
+#include "device_staging.hpp"
 
 namespace roce {
 namespace {
@@ -118,6 +120,21 @@ at::Tensor sparseAllreduceSum(Communicator& c, const at::Tensor& t) {
     sum = at::sparse_coo_tensor(at::cat(idx, 1), at::cat(val, 0), t.sizes());
   }
   return sum.coalesce();
+}
+
+void sparseAllreduceSumOnDevice(Communicator& c, const at::Tensor& t, const at::Tensor& indices,
+                                const at::Tensor& values, DeviceStaging& staging, c10::Stream caller) {
+  const at::Tensor sum = sparseAllreduceSum(c, at::_sparse_coo_tensor_unsafe(indices, values, t.sizes()));
+  const at::Tensor sumIndices = sum._indices().pin_memory(), sumValues = sum._values().pin_memory();
+  staging.queueOnResults([&] {
+    at::Tensor onDevice = at::_sparse_coo_tensor_unsafe(sumIndices.to(t.device(), /*non_blocking=*/true),
+                                                        sumValues.to(t.device(), /*non_blocking=*/true), t.sizes());
+    onDevice._coalesced_(true);  // sparseAllreduceSum coalesced it
+    t.copy_(onDevice);
+    c10::impl::VirtualGuardImpl impl(t.device().type());
+    impl.recordDataPtrOnStream(t._indices().storage().data_ptr(), caller);
+    impl.recordDataPtrOnStream(t._values().storage().data_ptr(), caller);
+  });
 }
 
 }  // namespace roce

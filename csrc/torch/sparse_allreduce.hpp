@@ -5,6 +5,7 @@
 // nnz is small next to the dense size.
 #pragma once
 #include <ATen/ATen.h>
+#include <c10/core/Stream.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <vector>
@@ -12,6 +13,7 @@
 namespace roce {
 
 class Communicator;
+class DeviceStaging;
 
 // On the caller's thread: rejects what the reduction cannot do (not SUM, not
 // COO, more dimensions than the metadata exchange carries) before any traffic.
@@ -21,5 +23,13 @@ void checkSparseAllreduce(const std::vector<at::Tensor>& tensors, const c10d::Al
 // sparse tensor), on the CPU. Ranks whose tensors differ in size,
 // sparse/dense split or dtype all raise, naming the first rank that differs.
 at::Tensor sparseAllreduceSum(Communicator& c, const at::Tensor& mine);
+
+// On the progress thread, for a device tensor `t` whose indices and values
+// `staging` copied to the host (`indices`, `values`): the sum over the group,
+// queued back into `t` on the call's results stream from pinned memory (so
+// this thread never waits for the device), with `caller` (the caller's
+// stream at the call) recorded on the memory it gets.
+void sparseAllreduceSumOnDevice(Communicator& c, const at::Tensor& t, const at::Tensor& indices,
+                                const at::Tensor& values, DeviceStaging& staging, c10::Stream caller);
 
 }  // namespace roce

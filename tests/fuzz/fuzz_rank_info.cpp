@@ -20,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const roce::RankInfo again = roce::RankInfo::decode(r.encode(), 3);
   if (again.nodeId != r.nodeId || again.hostId != r.hostId || again.pid != r.pid || again.tcpHost != r.tcpHost ||
       again.tcpPort != r.tcpPort || again.verbsRails != r.verbsRails || again.nonce != r.nonce ||
-      again.shm.ringBytes != r.shm.ringBytes || again.shm.slotBytes != r.shm.slotBytes ||
+      again.shmRingBytes != r.shmRingBytes || again.shmSlotBytes != r.shmSlotBytes ||
       again.algorithms != r.algorithms || again.cpus != r.cpus)
     std::abort();
   return 0;

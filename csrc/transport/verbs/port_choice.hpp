@@ -1,7 +1,7 @@
 // Which RDMA ports a rank drives (docs/ARCHITECTURE.md, "Every NIC"): every
 // ACTIVE port that ROCE_PG_IB_HCA selects (NCCL syntax: "mlx5_0:1,mlx5_1", "^mlx5_2",
 // "=exact"), or by default the ports nearest the rank: with a GPU
-// (Config::nearDevicePci), the NICs fewest PCI hops from it (a NIC under the
+// (Config::verbs.nearDevicePci), the NICs fewest PCI hops from it (a NIC under the
 // GPU's PCIe switch before one behind the CPU's root port); otherwise, or
 // when no NIC shares the GPU's root complex, those on the NUMA nodes its
 // CPUs are on, and all of them when the rank is not pinned to a subset of
