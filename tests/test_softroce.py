@@ -66,11 +66,11 @@ TOOLS = ROOT / "scripts" / "softroce"
 VM_LARGE_SIZE = int(os.environ.get("ROCE_PG_VM_LARGE_SIZE", 16387))
 VM_CHUNK_BYTES = 16384
 # Hard limits per VM run (boot, one `import torch` of a few minutes, the
-# work), which shares the machine with the host tests (start_boots): ~13 and
-# ~10 minutes alone on 2 cores, about half as fast again beside the host
-# tests. Both hanging, one after the other from the session's start, end
-# ~63 minutes into pytest, inside CI's 90 with the setup. Raise them on a
-# loaded machine (the guest's speed falls with the host's load).
+# work), which shares the machine with the host tests (start_boots): ~12.5
+# and ~10 minutes on 2 cores, beside the host tests as alone (it is the host
+# tests that stretch). Both hanging, one after the other from the session's
+# start, end ~63 minutes into pytest, inside CI's 90 with the setup. Raise
+# them on a loaded machine (the guest's speed falls with the host's load).
 ONE_VM_TIMEOUT_S = int(os.environ.get("SOFTROCE_ONE_VM_TIMEOUT", 1800))
 TWO_VM_TIMEOUT_S = int(os.environ.get("SOFTROCE_TWO_VM_TIMEOUT", 1800))
 DETECT_LIMIT_S = 10.0
@@ -152,7 +152,8 @@ _booter = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefi
 
 def _boot(name):
     """The named boot's future: submitted on first use (start_boots() submits
-    both at the session's start); one worker, so boots never overlap."""
+    the selected ones at the session's start); one worker, so boots never
+    overlap."""
     with _boots_lock:
         if name not in _boots:
             _boots[name] = _booter.submit(BOOTS[name])
