@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Fails when an #include in csrc/ goes up the layers or sideways between two
-folders of one layer, or when a file outside the adapter includes torch.
+folders of one layer, when a file outside the adapter includes torch, or when
+a file's code leaves its layer's namespace.
 
 The layers are the `layers` block of docs/ARCHITECTURE.md, top first: one line
 per layer, the folders of that layer separated by spaces (a folder is a
@@ -9,6 +10,12 @@ include files of its own folder and of any folder on a LOWER line; folders on
 one line must not include each other. Since every include goes strictly down,
 no include cycle between folders can form. A folder missing from the block
 fails too: a new folder takes its place in the design before it takes code.
+
+Each folder's code lives in its own namespace (namespace_of): roce for
+common, roce::adapter for the torch adapter, roce::<folder> for the rest
+(roce::transport::verbs for transport/verbs). A file may open another
+layer's namespace only to forward-declare a class in it, and may bring in
+(`using namespace`) only the namespaces of layers below its own.
 
     python3 scripts/check_layers.py [--root DIR]   # DIR holds csrc/ and docs/
 
@@ -20,6 +27,9 @@ import re
 import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
+NAMESPACE_BLOCK = re.compile(r"^namespace (roce(?:::\w+)*) \{\n(.*?)^\}", re.M | re.S)
+USING_DIRECTIVE = re.compile(r"^\s*using namespace (roce(?:::\w+)*);", re.M)
+FORWARD_DECLARATION = re.compile(r"^(?:class|struct) \w+;$")
 # roce_torch_headers.hpp: the adapter's precompiled torch headers (csrc/torch/pch/)
 TORCH_HEADERS = ("torch/", "c10/", "ATen/", "pybind11/", "Python.h", "roce_torch_headers.hpp")
 ADAPTER = "torch"
@@ -54,6 +64,42 @@ def folder_of(csrc, path):
     return parts[0]
 
 
+def namespace_of(folder):
+    if folder == "common":
+        return "roce"
+    if folder == ADAPTER:
+        return "roce::adapter"
+    return "roce::" + folder.replace("/", "::")
+
+
+def check_namespaces(rel, src, text, levels, lines):
+    """The namespace rules of the docstring, for one file of csrc/<src>."""
+    problems = []
+    own = namespace_of(src)
+    folder_by_namespace = {namespace_of(f): f for f in levels}
+    for m in NAMESPACE_BLOCK.finditer(text):
+        name, body = m.group(1), m.group(2)
+        if name == own or name.startswith(own + "::"):
+            continue
+        code = [line.strip() for line in body.splitlines() if line.strip() and not line.strip().startswith("//")]
+        if not all(FORWARD_DECLARATION.match(line) for line in code):
+            lineno = text.count("\n", 0, m.start()) + 1
+            problems.append(f"{rel}:{lineno}: opens namespace {name} with code in it: the code of csrc/{src} "
+                            f"lives in {own} (another layer's namespace takes forward declarations only)")
+    for m in USING_DIRECTIVE.finditer(text):
+        name = m.group(1)
+        lineno = text.count("\n", 0, m.start()) + 1
+        dst = folder_by_namespace.get(name)
+        if dst is None:
+            if not name.startswith(own + "::"):
+                problems.append(f"{rel}:{lineno}: using namespace {name}, which is no layer's namespace")
+        elif levels[dst] <= levels[src] and dst != src:
+            where = "a layer above it" if levels[dst] < levels[src] else "side by side with it"
+            problems.append(f"{rel}:{lineno}: using namespace {name}: csrc/{src} (layer "
+                            f"{' '.join(lines[levels[src]])}) must not bring in csrc/{dst}, {where}")
+    return problems
+
+
 def check(root):
     csrc = os.path.join(root, "csrc")
     levels, lines = read_layers(os.path.join(root, "docs", "ARCHITECTURE.md"))
@@ -69,6 +115,7 @@ def check(root):
                 problems.append(f"{rel}: folder csrc/{src} is not in the layers block of docs/ARCHITECTURE.md")
                 continue
             text = open(path, encoding="utf-8", errors="replace").read()
+            problems.extend(check_namespaces(rel, src, text, levels, lines))
             for m in INCLUDE.finditer(text):
                 lineno = text.count("\n", 0, m.start()) + 1
                 kind, target = m.group(1), m.group(2)
@@ -107,9 +154,10 @@ def main():
     for p in problems:
         print(p)
     if problems:
-        print(f"check_layers: {len(problems)} include(s) break the layers of docs/ARCHITECTURE.md")
+        print(f"check_layers: {len(problems)} include(s) or namespace(s) break the layers of docs/ARCHITECTURE.md")
         return 1
-    print(f"check_layers: {includes} includes in csrc/ follow the {layers} layers of docs/ARCHITECTURE.md")
+    print(f"check_layers: {includes} includes and the namespaces in csrc/ follow the {layers} layers of "
+          "docs/ARCHITECTURE.md")
     return 0
 
 

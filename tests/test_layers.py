@@ -47,6 +47,8 @@ def _append(path, line):
     ("comm/wait_loop.cpp", "#include <torch/torch.h>", "only csrc/torch/"),
     # a path that does not resolve
     ("common/error.hpp", '#include "gone.hpp"', "does not exist"),
+    # a transport bringing in the names of a layer above it
+    ("transport/tcp/tcp_mux.hpp", "using namespace roce::comm;", "must not bring in csrc/comm, a layer above it"),
 ])
 def test_each_kind_of_break_is_reported_with_its_file_and_line(tree, source, include, expect):
     path = tree / "csrc" / source
@@ -55,6 +57,19 @@ def test_each_kind_of_break_is_reported_with_its_file_and_line(tree, source, inc
     assert p.returncode == 1, p.stdout
     line = len(path.read_text().splitlines())
     assert f"csrc/{source}:{line}:" in p.stdout and expect in p.stdout, p.stdout
+
+
+def test_code_outside_its_layers_namespace_is_reported(tree):
+    """A forward declaration may name another layer's namespace; code may not."""
+    path = tree / "csrc" / "comm" / "wait_loop.cpp"
+    _append(path, "namespace roce::transport {\nclass Transport;\n}")
+    assert _check(tree).returncode == 0
+    _append(path, "namespace roce {\nint strayCounter = 0;\n}")
+    p = _check(tree)
+    line = len(path.read_text().splitlines()) - 2
+    assert p.returncode == 1, p.stdout
+    assert f"csrc/comm/wait_loop.cpp:{line}: opens namespace roce with code in it" in p.stdout, p.stdout
+    assert "lives in roce::comm" in p.stdout, p.stdout
 
 
 def test_a_folder_missing_from_the_layers_block_fails(tree):

@@ -1,4 +1,4 @@
-// Collective algorithms. They see only roce::Communicator (csrc/comm/
+// Collective algorithms. They see only roce::comm::Communicator (csrc/comm/
 // communicator.hpp: point-to-point requests routed to whatever transport
 // serves each peer) and, for the single-machine allreduce, allgather,
 // broadcast and reduce-scatter, the node's shared memory. Buffers are
@@ -16,10 +16,16 @@
 
 #include "../common/dtype.hpp"
 
-namespace roce {
-
+namespace roce::comm {
 class Communicator;
+}
+namespace roce::membership {
 struct Topology;
+}
+namespace roce::algorithms {
+using namespace roce::membership;
+using namespace roce::comm;
+
 
 // In place. The algorithm is chosen per call (select.hpp): shared memory when
 // the whole group is on one machine, else recursive doubling, Rabenseifner,
@@ -71,4 +77,4 @@ void hierAllgather(Communicator& c, uint64_t tag, const void* input, void* outpu
 void bruckAllgather(Communicator& c, uint64_t tag, const void* input, void* output, size_t blockBytes);
 }  // namespace detail
 
-}  // namespace roce
+}  // namespace roce::algorithms

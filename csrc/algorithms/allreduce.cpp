@@ -17,7 +17,9 @@
 #include "select.hpp"
 #include "tree.hpp"
 
-namespace roce {
+namespace roce::algorithms {
+using namespace roce::comm;
+using namespace roce::reduce;
 
 namespace detail {
 
@@ -156,4 +158,4 @@ void allgather(Communicator& c, const void* input, void* output, size_t blockByt
   ringAllgather(c, c.topology().ringOrder, tag, out, RingSegments::blocks(c.topology().ringOrder, blockBytes), 1);
 }
 
-}  // namespace roce
+}  // namespace roce::algorithms

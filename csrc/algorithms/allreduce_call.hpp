@@ -6,9 +6,12 @@
 #include "../common/dtype.hpp"
 #include "team.hpp"
 
-namespace roce {
-
+namespace roce::comm {
 class Communicator;
+}
+namespace roce::algorithms {
+using namespace roce::comm;
+
 
 struct AllreduceCall {
   Communicator& c;
@@ -21,4 +24,4 @@ struct AllreduceCall {
   bool amongMachines;  // the team is hier's, one rank per machine (the model's shape differs)
 };
 
-}  // namespace roce
+}  // namespace roce::algorithms

@@ -33,7 +33,7 @@
 #include "select.hpp"
 #include "tree.hpp"
 
-namespace roce {
+namespace roce::algorithms {
 
 template <class... Entries>
 struct AlgorithmList {
@@ -80,4 +80,4 @@ struct AlgorithmList {
 // The order breaks ties between equal estimates (the earlier wins).
 using AllreduceAlgorithms = AlgorithmList<RecursiveDoubling, Rabenseifner, RingAllreduce, TreeAllreduce, HierAllreduce>;
 
-}  // namespace roce
+}  // namespace roce::algorithms

@@ -4,7 +4,7 @@
 #include "../common/setting_choices.hpp"
 #include "allreduce_registry.hpp"
 
-namespace roce {
+namespace roce::algorithms {
 namespace {
 
 const bool registered = [] {
@@ -18,4 +18,4 @@ const bool registered = [] {
 }();
 
 }  // namespace
-}  // namespace roce
+}  // namespace roce::algorithms

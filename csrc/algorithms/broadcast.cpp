@@ -15,7 +15,9 @@
 #include "algorithms.hpp"
 #include "select.hpp"
 
-namespace roce {
+namespace roce::algorithms {
+using namespace roce::comm;
+
 namespace {
 
 struct Links {
@@ -74,4 +76,4 @@ void broadcast(Communicator& c, void* data, size_t bytes, int root) {
   c.waitAll(sends.data(), sends.size());
 }
 
-}  // namespace roce
+}  // namespace roce::algorithms

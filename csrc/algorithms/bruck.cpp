@@ -10,7 +10,8 @@
 #include "../common/bytes.hpp"
 #include "algorithms.hpp"
 
-namespace roce::detail {
+namespace roce::algorithms::detail {
+using namespace roce::comm;
 
 void bruckAllgather(Communicator& c, uint64_t tag, const void* input, void* output, size_t blockBytes) {
   const int n = c.size(), me = c.rank();
@@ -29,4 +30,4 @@ void bruckAllgather(Communicator& c, uint64_t tag, const void* input, void* outp
   copyBytes(out, work + head, static_cast<size_t>(me) * blockBytes);
 }
 
-}  // namespace roce::detail
+}  // namespace roce::algorithms::detail

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-namespace roce {
+namespace roce::algorithms {
 
 double estimateCall(const Config& cfg, const Shape& s, CollectiveKind kind, size_t bytes) {
   const int p = s.ranks;
@@ -31,4 +31,4 @@ double estimateCall(const Config& cfg, const Shape& s, CollectiveKind kind, size
   return 0;
 }
 
-}  // namespace roce
+}  // namespace roce::algorithms

@@ -10,7 +10,7 @@
 #include "../common/config.hpp"
 #include "cost_model.hpp"
 
-namespace roce {
+namespace roce::algorithms {
 
 enum class CollectiveKind {
   Allreduce,      // bytes: each rank's vector
@@ -28,4 +28,4 @@ enum class CollectiveKind {
 // Seconds (never negative; 0 on a group of one rank).
 double estimateCall(const Config& cfg, const Shape& group, CollectiveKind kind, size_t bytes);
 
-}  // namespace roce
+}  // namespace roce::algorithms

@@ -18,7 +18,7 @@
 
 #include "allreduce_registry.hpp"
 
-namespace roce {
+namespace roce::algorithms {
 namespace {
 
 constexpr double kNotApplicable = std::numeric_limits<double>::quiet_NaN();
@@ -344,4 +344,4 @@ double costStagedDeviceReduce(const Config& cfg, const Shape& s, size_t bytes, b
   return 2 * exchange + pcie + kDeviceRoundTripUs * 1e-6;
 }
 
-}  // namespace roce
+}  // namespace roce::algorithms

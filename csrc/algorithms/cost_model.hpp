@@ -11,7 +11,7 @@
 #include "../common/config.hpp"
 #include "select.hpp"
 
-namespace roce {
+namespace roce::algorithms {
 
 // The ranks an algorithm runs among, as the model sees them.
 struct Shape {
@@ -98,4 +98,4 @@ bool stagedReducePrefersDevice(const Config& cfg, const Shape& s, size_t bytes, 
 // advance without blocking).
 Choice planAcross(const Config& cfg, const Shape& group, size_t shardBytes, bool overlapped);
 
-}  // namespace roce
+}  // namespace roce::algorithms

@@ -9,7 +9,9 @@
 #include "algorithms.hpp"
 #include "shm_barrier.hpp"
 
-namespace roce {
+namespace roce::algorithms {
+using namespace roce::comm;
+
 namespace {
 
 // Requests to post together: (kind, peer, buffer, bytes) under one tag.
@@ -87,4 +89,4 @@ void barrier(Communicator& c) {
   }
 }
 
-}  // namespace roce
+}  // namespace roce::algorithms

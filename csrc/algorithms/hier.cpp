@@ -25,7 +25,7 @@
 #include "select.hpp"
 #include "tree.hpp"
 
-namespace roce::detail {
+namespace roce::algorithms::detail {
 
 namespace {
 
@@ -170,10 +170,11 @@ void hierAllgather(Communicator& c, uint64_t tag, const void* input, void* outpu
                 work + static_cast<size_t>(q) * bundle + static_cast<size_t>(m) * blockBytes, blockBytes);
 }
 
-}  // namespace roce::detail
+}  // namespace roce::algorithms::detail
 
-namespace roce {
+namespace roce::algorithms {
+using namespace roce::comm;
 
 void HierAllreduce::run(const AllreduceCall& a) { detail::hierAllreduce(a.c, a.tag, a.data, a.count, a.t, a.op); }
 
-}  // namespace roce
+}  // namespace roce::algorithms

@@ -8,7 +8,7 @@
 #include "cost_model.hpp"
 #include "select.hpp"
 
-namespace roce {
+namespace roce::algorithms {
 
 struct HierAllreduce {
   static constexpr Algo id = Algo::Hier;
@@ -21,4 +21,4 @@ struct HierAllreduce {
   static void run(const AllreduceCall& a);  // the whole group (a.team is not used)
 };
 
-}  // namespace roce
+}  // namespace roce::algorithms

@@ -11,7 +11,9 @@
 #include "../common/worker_pool.hpp"
 #include "../reduce/reduce.hpp"
 
-namespace roce::detail {
+namespace roce::algorithms::detail {
+using namespace roce::comm;
+using namespace roce::reduce;
 
 // A range is only worth another thread above this size: waking a sleeping
 // worker costs microseconds, copying 16 KiB a fraction of one.
@@ -37,4 +39,4 @@ inline void reduceIntoOnWorkers(Communicator& c, DataType t, ReduceOp op, void* 
   });
 }
 
-}  // namespace roce::detail
+}  // namespace roce::algorithms::detail

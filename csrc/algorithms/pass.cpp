@@ -2,7 +2,8 @@
 
 #include "../comm/communicator.hpp"
 
-namespace roce {
+namespace roce::algorithms {
+using namespace roce::comm;
 
 bool finished(Communicator& c, const Request* r) {
   if (!r->done) return false;
@@ -16,4 +17,4 @@ bool finished(Communicator& c, const std::vector<Request*>& reqs) {
   return true;
 }
 
-}  // namespace roce
+}  // namespace roce::algorithms

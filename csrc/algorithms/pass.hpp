@@ -5,10 +5,16 @@
 #pragma once
 #include <vector>
 
-namespace roce {
-
+namespace roce::comm {
 class Communicator;
+}
+namespace roce::transport {
 struct Request;
+}
+namespace roce::algorithms {
+using namespace roce::transport;
+using namespace roce::comm;
+
 
 class Pass {
  public:
@@ -25,4 +31,4 @@ bool finished(Communicator& c, const Request* r);
 // The same for all of `reqs`.
 bool finished(Communicator& c, const std::vector<Request*>& reqs);
 
-}  // namespace roce
+}  // namespace roce::algorithms

@@ -18,7 +18,9 @@
 #include "on_workers.hpp"
 #include "ring.hpp"
 
-namespace roce {
+namespace roce::algorithms {
+using namespace roce::comm;
+using namespace roce::reduce;
 
 void RecursiveDoubling::run(const AllreduceCall& a) {
   recursiveDoublingAllreduce(a.c, a.team, a.tag, a.data, a.count, a.t, a.op);
@@ -135,4 +137,4 @@ void rabenseifnerAllreduce(Communicator& c, const Team& team, uint64_t tag, void
   foldOut(c, team, s, tag, buf, count * esz);
 }
 
-}  // namespace roce
+}  // namespace roce::algorithms

@@ -9,9 +9,12 @@
 #include "select.hpp"
 #include "team.hpp"
 
-namespace roce {
-
+namespace roce::comm {
 class Communicator;
+}
+namespace roce::algorithms {
+using namespace roce::comm;
+
 
 // Kernel-level (op is a kernel operator: no AVG/PREMUL_SUM), in place over
 // `count` elements, among the members of `team`.
@@ -44,4 +47,4 @@ struct Rabenseifner {
   static void run(const AllreduceCall& a);
 };
 
-}  // namespace roce
+}  // namespace roce::algorithms

@@ -9,7 +9,10 @@
 #include "../reduce/reduce.hpp"
 #include "on_workers.hpp"
 
-namespace roce {
+namespace roce::algorithms {
+using namespace roce::comm;
+using namespace roce::reduce;
+
 namespace {
 
 // Splits [0, count) elements into pipeline chunks.
@@ -205,4 +208,4 @@ void ringReduceScatterAllgather(Communicator& c, const std::vector<int>& order, 
   RingPass(c, order, tag, data, segs, t, op, true, true).run();
 }
 
-}  // namespace roce
+}  // namespace roce::algorithms

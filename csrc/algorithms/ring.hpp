@@ -17,9 +17,16 @@
 #include "pass.hpp"
 #include "select.hpp"
 
-namespace roce {
-
+namespace roce::comm {
 class Communicator;
+}
+namespace roce {
+class HelperThread;
+}
+namespace roce::algorithms {
+using namespace roce::comm;
+using namespace roce::transport;
+
 
 // The channelled ring allreduce's entry in the allreduce registry
 // (allreduce_registry.hpp; the code is in allreduce.cpp).
@@ -30,7 +37,6 @@ struct RingAllreduce {
   static double cost(const CostConstants& k, const Shape& s, double bytes, Algo) { return costRing(k, s, bytes); }
   static void run(const AllreduceCall& a);
 };
-class HelperThread;
 
 // Scratch indices of channels 1.. of a channelled ring (channel 0 uses the
 // pass's default, 0): kScratchChannel + k - 1. Below it: reduce/reduce-scatter
@@ -138,4 +144,4 @@ void ringAllgather(Communicator& c, const std::vector<int>& order, uint64_t tag,
 void ringReduceScatterAllgather(Communicator& c, const std::vector<int>& order, uint64_t tag, void* data,
                                 const RingSegments& segs, DataType t, ReduceOp op);
 
-}  // namespace roce
+}  // namespace roce::algorithms

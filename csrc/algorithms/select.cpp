@@ -11,7 +11,9 @@
 #include "allreduce_registry.hpp"
 #include "cost_model.hpp"
 
-namespace roce {
+namespace roce::algorithms {
+using namespace roce::comm;
+
 namespace {
 
 enum Kind { kAllreduce = 0, kAllreduceAcross = 1, kAllgather = 2, kBroadcast = 3, kReduceScatter = 4, kReduce = 5 };
@@ -211,4 +213,4 @@ Algo chooseBroadcast(Communicator& c, size_t bytes) {
   return announce(c, kBroadcast, Algo::Binomial, bytes, "below ROCE_PG_ALGO_RING_MIN_BYTES");
 }
 
-}  // namespace roce
+}  // namespace roce::algorithms

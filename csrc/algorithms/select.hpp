@@ -8,9 +8,12 @@
 
 #include "team.hpp"
 
-namespace roce {
-
+namespace roce::comm {
 class Communicator;
+}
+namespace roce::algorithms {
+using namespace roce::comm;
+
 struct Shape;
 
 // What a collective runs, as selection, logs and traces name it. The
@@ -62,4 +65,4 @@ bool reduceStagedOnDevice(const Communicator& c, size_t bytes);
 // the same number (> 1) of the group's ranks.
 bool hierApplies(const Communicator& c);
 
-}  // namespace roce
+}  // namespace roce::algorithms

@@ -45,7 +45,11 @@
 #include "shm_barrier.hpp"
 #include "shm_call.hpp"
 
-namespace roce::detail {
+namespace roce::algorithms::detail {
+using namespace roce::comm;
+using namespace roce::reduce;
+using namespace roce::transport::shm;
+
 namespace {
 
 void oneShotAllreduce(Communicator& c, NodeShm& shm, void* data, size_t count, DataType t, Reduction red) {
@@ -141,4 +145,4 @@ void shmAllreduce(Communicator& c, void* data, size_t count, DataType t, Reducti
       });
 }
 
-}  // namespace roce::detail
+}  // namespace roce::algorithms::detail

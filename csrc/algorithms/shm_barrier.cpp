@@ -8,7 +8,9 @@
 #include "../transport/shm/node_shm.hpp"
 #include "shm_call.hpp"
 
-namespace roce::detail {
+namespace roce::algorithms::detail {
+using namespace roce::comm;
+using namespace roce::transport::shm;
 
 void shmBarrier(Communicator& c, NodeShm& shm, uint64_t barrierTag) {
   const uint64_t gen = ++c.algorithmState().shmBarrierGeneration;
@@ -59,4 +61,4 @@ void shmBarrierCollective(Communicator& c, uint64_t tag) {
   checkSameCall(c, shm, buf, call);
 }
 
-}  // namespace roce::detail
+}  // namespace roce::algorithms::detail

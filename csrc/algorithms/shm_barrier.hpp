@@ -6,10 +6,16 @@
 #pragma once
 #include <cstdint>
 
-namespace roce {
-
+namespace roce::comm {
 class Communicator;
+}
+namespace roce::transport::shm {
 class NodeShm;
+}
+namespace roce::algorithms {
+using namespace roce::transport::shm;
+using namespace roce::comm;
+
 
 namespace detail {
 // `barrierTag` (non-zero: the barrier collective's) also fails the group
@@ -26,4 +32,4 @@ void shmBarrier(Communicator& c, NodeShm& shm, uint64_t barrierTag = 0);
 void shmBarrierCollective(Communicator& c, uint64_t tag);
 }  // namespace detail
 
-}  // namespace roce
+}  // namespace roce::algorithms

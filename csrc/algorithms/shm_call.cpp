@@ -7,7 +7,9 @@
 #include "../common/error.hpp"
 #include "../reduce/reduce.hpp"
 
-namespace roce::detail {
+namespace roce::algorithms::detail {
+using namespace roce::reduce;
+
 namespace {
 
 // The descriptor word: bits 0-15 the data (dtype << 8 | op; broadcast: the
@@ -125,4 +127,4 @@ void reduceRange(DataType t, ReduceOp op, char* out, const void* const* ins, int
   reduceMany(t, op, out + lo * esz, part.data(), n, hi - lo);
 }
 
-}  // namespace roce::detail
+}  // namespace roce::algorithms::detail

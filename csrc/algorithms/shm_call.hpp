@@ -24,7 +24,9 @@
 #include "../transport/shm/node_shm.hpp"
 #include "shm_barrier.hpp"
 
-namespace roce::detail {
+namespace roce::algorithms::detail {
+using namespace roce::comm;
+using namespace roce::transport::shm;
 
 enum class ShmCollective : uint8_t { Allreduce, Allgather, Broadcast, ReduceScatter, Barrier };
 
@@ -97,4 +99,4 @@ void reduceRange(DataType t, ReduceOp op, char* out, const void* const* ins, int
 // The input pointers of one reduction, per thread and without allocating per call.
 const void** inputsArray(int n);
 
-}  // namespace roce::detail
+}  // namespace roce::algorithms::detail

@@ -20,7 +20,9 @@
 #include "on_workers.hpp"
 #include "shm_call.hpp"
 
-namespace roce::detail {
+namespace roce::algorithms::detail {
+using namespace roce::comm;
+
 namespace {
 
 size_t chunkOf(const Communicator& c, const NodeShm& shm) {
@@ -87,4 +89,4 @@ void shmBroadcast(Communicator& c, void* data, size_t bytes, int root) {
       });
 }
 
-}  // namespace roce::detail
+}  // namespace roce::algorithms::detail

@@ -19,7 +19,9 @@
 #include "on_workers.hpp"
 #include "shm_call.hpp"
 
-namespace roce::detail {
+namespace roce::algorithms::detail {
+using namespace roce::comm;
+using namespace roce::reduce;
 
 void shmReduceScatter(Communicator& c, const void* input, void* output, size_t blockCount, DataType t,
                       Reduction red) {
@@ -73,4 +75,4 @@ void shmReduceScatter(Communicator& c, const void* input, void* output, size_t b
       });
 }
 
-}  // namespace roce::detail
+}  // namespace roce::algorithms::detail

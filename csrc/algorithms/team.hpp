@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <vector>
 
-namespace roce {
+namespace roce::algorithms {
 
 struct Team {
   std::vector<int> ranks;  // group ranks, in the algorithm's order
@@ -21,4 +21,4 @@ struct Team {
   int rankAt(int pos) const { return ranks[pos]; }
 };
 
-}  // namespace roce
+}  // namespace roce::algorithms

@@ -25,7 +25,10 @@
 #include "on_workers.hpp"
 #include "ring.hpp"
 
-namespace roce {
+namespace roce::algorithms {
+using namespace roce::comm;
+using namespace roce::reduce;
+
 namespace {
 
 // Scratch buffer of the children's partial results (shared with recursive.cpp:
@@ -177,4 +180,4 @@ void TreeAllreduce::run(const AllreduceCall& a) {
                 treeChunksFor(a.c, a.count * elementSize(a.t), a.amongMachines));
 }
 
-}  // namespace roce
+}  // namespace roce::algorithms

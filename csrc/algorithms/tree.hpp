@@ -15,7 +15,7 @@
 #include "select.hpp"
 #include "team.hpp"
 
-namespace roce {
+namespace roce::algorithms {
 
 // One node's place in a binary tree over team positions 0..m-1 (-1: none).
 struct TreeNode {
@@ -88,4 +88,4 @@ struct TreeAllreduce {
   static void run(const AllreduceCall& a);
 };
 
-}  // namespace roce
+}  // namespace roce::algorithms

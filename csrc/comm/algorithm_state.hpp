@@ -5,7 +5,7 @@
 #pragma once
 #include <cstdint>
 
-namespace roce {
+namespace roce::comm {
 
 struct AlgorithmState {
   // Shared-memory allreduce and barrier: the barrier's generation, and the
@@ -21,4 +21,4 @@ struct AlgorithmState {
   const char* last = nullptr;
 };
 
-}  // namespace roce
+}  // namespace roce::comm

@@ -17,7 +17,12 @@
 #include "connection_manager.hpp"
 #include "../liveness/lifeline.hpp"
 
-namespace roce {
+namespace roce::comm {
+using namespace roce::runtime;
+using namespace roce::transport::shm;
+using namespace roce::transport::tcp;
+using namespace roce::transport::verbs;
+using namespace roce::liveness;
 
 void Communicator::onPeerFailure(const std::string& why) {
   {
@@ -293,4 +298,4 @@ HelperThread& Communicator::helper(int index) {
   return *helpers_[index];
 }
 
-}  // namespace roce
+}  // namespace roce::comm

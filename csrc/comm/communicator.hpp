@@ -35,14 +35,31 @@
 #include "../membership/topology.hpp"
 #include "../runtime/connect.hpp"
 
-namespace roce {
+namespace roce::group {
+class GroupBuilder;
+}
+namespace roce::liveness {
+class Lifeline;
+}
+namespace roce::runtime {
+class MailboxLease;
+class TcpAcceptor;
+}
+namespace roce::transport::shm {
+class NodeShm;
+}
+namespace roce::transport::verbs {
+class VerbsDevice;
+}
+namespace roce::comm {
+using namespace roce::transport::verbs;
+using namespace roce::transport::shm;
+using namespace roce::transport;
+using namespace roce::liveness;
+using namespace roce::membership;
+using namespace roce::runtime;
 
 class ConnectionManager;
-class Lifeline;
-class NodeShm;
-class TcpAcceptor;
-class VerbsDevice;
-class MailboxLease;
 
 // Made only by GroupBuilder (group/group_builder.hpp), which forms the group
 // and hands it over ready.
@@ -263,7 +280,7 @@ class Communicator {
   AlgorithmState& algorithmState() { return algorithmState_; }
 
  private:
-  friend class GroupBuilder;
+  friend class group::GroupBuilder;
   Communicator(const Config& cfg, std::chrono::milliseconds timeout);
 
   // How often a long wait runs the slow checks (transports' peer checks).
@@ -354,4 +371,4 @@ class Communicator {
   std::unique_ptr<Lifeline> lifeline_;
 };
 
-}  // namespace roce
+}  // namespace roce::comm

@@ -9,7 +9,7 @@
 #include "../common/error.hpp"
 #include "../common/log.hpp"
 
-namespace roce {
+namespace roce::comm {
 namespace {
 // How often a busy wait looks at the sockets (accepts, dials): rarely enough
 // that a spinning small collective pays ~1% for it, often enough that a peer's
@@ -102,7 +102,7 @@ bool ConnectionManager::advanceDeferred(Clock::time_point now) {
 }
 
 void ConnectionManager::startDial(int peer, Dial& d) {
-  d.fd = roce::startDial(endpoints_.at(peer), peer);
+  d.fd = runtime::startDial(endpoints_.at(peer), peer);
   d.phase = Dial::Connecting;
   d.attemptStart = Clock::now();
   d.attempts++;
@@ -262,4 +262,4 @@ std::string ConnectionManager::status(int peer) const {
   return str("rank ", peer, " has not connected to rank ", rank_, " yet");
 }
 
-}  // namespace roce
+}  // namespace roce::comm

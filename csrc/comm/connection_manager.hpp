@@ -40,7 +40,9 @@
 #include "../transport/tcp/first_contact.hpp"
 #include "../runtime/connect.hpp"
 
-namespace roce {
+namespace roce::comm {
+using namespace roce::transport::tcp;
+using namespace roce::runtime;
 
 class ConnectionManager {
  public:
@@ -108,4 +110,4 @@ class ConnectionManager {
   Clock::time_point nextService_{};
 };
 
-}  // namespace roce
+}  // namespace roce::comm

@@ -4,7 +4,7 @@
 
 #include "../common/error.hpp"
 
-namespace roce {
+namespace roce::comm {
 
 void ScratchBuffers::FreeDeleter::operator()(char* p) const { std::free(p); }
 
@@ -34,4 +34,4 @@ bool ScratchBuffers::ownerOf(const void* buf, size_t len, BufferOwner& owner) co
   return false;
 }
 
-}  // namespace roce
+}  // namespace roce::comm

@@ -10,7 +10,8 @@
 
 #include "../transport/transport.hpp"
 
-namespace roce {
+namespace roce::comm {
+using namespace roce::transport;
 
 class ScratchBuffers {
  public:
@@ -29,4 +30,4 @@ class ScratchBuffers {
   std::vector<size_t> bytes_;
 };
 
-}  // namespace roce
+}  // namespace roce::comm

@@ -14,7 +14,8 @@
 #include "../liveness/lifeline.hpp"
 #include "../liveness/verdict.hpp"
 
-namespace roce {
+namespace roce::comm {
+using namespace roce::liveness;
 
 void Communicator::checkDeadline(const std::function<std::string()>& waitingFor) {
   // Watched peers that left or died: their requests fail here, on the thread
@@ -236,4 +237,4 @@ void Communicator::waitAll(Request* const* reqs, size_t n) {
   });
 }
 
-}  // namespace roce
+}  // namespace roce::comm

@@ -6,7 +6,8 @@
 #include "../common/error.hpp"
 #include "../common/log.hpp"
 
-namespace roce {
+namespace roce::engine {
+using namespace roce::comm;
 
 namespace {
 
@@ -364,4 +365,4 @@ void Engine::stopThread(const std::string& why) {
   comm_.reset();
 }
 
-}  // namespace roce
+}  // namespace roce::engine

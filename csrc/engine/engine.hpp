@@ -22,9 +22,12 @@
 #include "timeout_extensions.hpp"
 #include "trace.hpp"
 
-namespace roce {
-
+namespace roce::comm {
 class Communicator;
+}
+namespace roce::engine {
+using namespace roce::comm;
+
 
 class Task : public Describable {
  public:
@@ -136,4 +139,4 @@ class Engine {
   std::thread thread_;
 };
 
-}  // namespace roce
+}  // namespace roce::engine

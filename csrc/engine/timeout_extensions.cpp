@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace roce {
+namespace roce::engine {
 
 void TimeoutExtensions::Claim::release() {
   if (!state_) return;
@@ -39,4 +39,4 @@ std::chrono::milliseconds TimeoutExtensions::active() const {
   return state_->active;
 }
 
-}  // namespace roce
+}  // namespace roce::engine

@@ -9,7 +9,7 @@
 #include <memory>
 #include <mutex>
 
-namespace roce {
+namespace roce::engine {
 
 class TimeoutExtensions {
   struct State {
@@ -46,4 +46,4 @@ class TimeoutExtensions {
   std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
-}  // namespace roce
+}  // namespace roce::engine

@@ -3,7 +3,7 @@
 #include <chrono>
 #include <cstdint>
 
-namespace roce {
+namespace roce::engine {
 
 const char* traceStateName(TraceState s) {
   switch (s) {
@@ -80,4 +80,4 @@ std::vector<TraceEntry> TraceRing::snapshot(std::vector<std::string>* reasons) c
   return out;
 }
 
-}  // namespace roce
+}  // namespace roce::engine

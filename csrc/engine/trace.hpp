@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace roce {
+namespace roce::engine {
 
 enum class TraceState : uint8_t { Scheduled, Started, Completed, Failed };
 const char* traceStateName(TraceState s);
@@ -69,4 +69,4 @@ class TraceRing {
   uint64_t next_ = 0;                 // entries recorded so far
 };
 
-}  // namespace roce
+}  // namespace roce::engine

@@ -32,7 +32,14 @@
 #include "join.hpp"
 #include "../membership/roster.hpp"
 
-namespace roce {
+namespace roce::group {
+using namespace roce::transport::shm;
+using namespace roce::runtime;
+using namespace roce::transport::tcp;
+using namespace roce::transport::verbs;
+using namespace roce::comm;
+using namespace roce::liveness;
+using namespace roce::membership;
 
 namespace {
 
@@ -349,4 +356,4 @@ void GroupBuilder::connectAll(Communicator& c, const std::vector<bool>& viaNet, 
   }
 }
 
-}  // namespace roce
+}  // namespace roce::group

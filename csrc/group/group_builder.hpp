@@ -14,7 +14,8 @@
 
 #include "../comm/communicator.hpp"
 
-namespace roce {
+namespace roce::group {
+using namespace roce::comm;
 
 class GroupBuilder {
  public:
@@ -47,4 +48,4 @@ class GroupBuilder {
   static void connectAll(Communicator& c, const std::vector<bool>& viaNet, Clock::time_point deadline);
 };
 
-}  // namespace roce
+}  // namespace roce::group

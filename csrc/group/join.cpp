@@ -20,7 +20,9 @@
 #include "../runtime/connect.hpp"
 #include "../runtime/front_desk.hpp"
 
-namespace roce {
+namespace roce::group {
+using namespace roce::runtime;
+
 namespace {
 
 constexpr const char* kLeaderKey = "roce/leader";
@@ -352,4 +354,4 @@ Joined joinGroup(Bootstrap& store, Mailbox& mailbox, int rank, int size, const R
   return j;
 }
 
-}  // namespace roce
+}  // namespace roce::group

@@ -29,10 +29,18 @@
 #include "../membership/roster.hpp"
 
 namespace roce {
-
 class Bootstrap;
+}
+namespace roce::runtime {
 class Mailbox;
+}
+namespace roce {
 struct Config;
+}
+namespace roce::group {
+using namespace roce::runtime;
+using namespace roce::membership;
+
 
 struct Joined {
   Roster roster;
@@ -45,4 +53,4 @@ struct Joined {
 Joined joinGroup(Bootstrap& store, Mailbox& mailbox, int rank, int size, const RankInfo& me, const Config& cfg,
                  std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout);
 
-}  // namespace roce
+}  // namespace roce::group

@@ -15,7 +15,9 @@
 #include "../common/log.hpp"
 #include "../runtime/process_links.hpp"
 
-namespace roce {
+namespace roce::liveness {
+using namespace roce::runtime;
+
 namespace {
 
 // kState: "<rank> <OpProgress snapshot>", sent once by every rank when some
@@ -515,4 +517,4 @@ Clock::time_point Lifeline::tick(Clock::time_point now) {
   return nextBeat_;
 }
 
-}  // namespace roce
+}  // namespace roce::liveness

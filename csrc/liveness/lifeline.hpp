@@ -56,7 +56,8 @@
 #include "../runtime/process_links.hpp"
 #include "../runtime/process_runtime.hpp"
 
-namespace roce {
+namespace roce::liveness {
+using namespace roce::runtime;
 
 class Lifeline : public RuntimeService {
  public:
@@ -167,4 +168,4 @@ class Lifeline : public RuntimeService {
   std::function<void()> onGone_;
 };
 
-}  // namespace roce
+}  // namespace roce::liveness

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-namespace roce {
+namespace roce::liveness {
 
 class OpProgress {
  public:
@@ -57,4 +57,4 @@ class OpProgress {
   std::atomic<int64_t> issuedAtMs_{nowMs()};
 };
 
-}  // namespace roce
+}  // namespace roce::liveness

@@ -7,7 +7,7 @@
 
 #include "../common/error.hpp"
 
-namespace roce {
+namespace roce::liveness {
 namespace {
 
 struct RankState {
@@ -135,4 +135,4 @@ std::string formatVerdict(const std::map<int, std::string>& states, int size) {
   return out;
 }
 
-}  // namespace roce
+}  // namespace roce::liveness

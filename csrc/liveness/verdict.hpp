@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace roce {
+namespace roce::liveness {
 
 // `states`: group rank -> OpProgress::snapshot() text; `size`: the group's
 // ranks (those missing from `states` did not answer). Empty when there is
@@ -20,4 +20,4 @@ std::string formatVerdict(const std::map<int, std::string>& states, int size);
 // "0-3, 5, 7-9": ascending ranks, runs collapsed (1,000-rank jobs).
 std::string rankList(const std::vector<int>& ranks);
 
-}  // namespace roce
+}  // namespace roce::liveness

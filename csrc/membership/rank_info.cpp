@@ -10,7 +10,8 @@
 #include "../common/parse.hpp"
 #include "../transport/verbs/port_choice.hpp"  // kMaxRails
 
-namespace roce {
+namespace roce::membership {
+using namespace roce::transport::verbs;
 
 std::string RankInfo::encode() const {
   std::string why = noVerbsWhy;
@@ -62,4 +63,4 @@ std::string localHostId() {
   return str(host, "/", boot);
 }
 
-}  // namespace roce
+}  // namespace roce::membership

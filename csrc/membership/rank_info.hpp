@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-namespace roce {
+namespace roce::membership {
 
 struct RankInfo {
   std::string nodeId;   // machine identity used for placement (may be simulated)
@@ -39,4 +39,4 @@ struct RankInfo {
 // repeat across containers and VMs; boot ids do not).
 std::string localHostId();
 
-}  // namespace roce
+}  // namespace roce::membership

@@ -12,7 +12,9 @@
 #include "../transport/verbs/port_choice.hpp"  // kMaxRails
 #include "topology.hpp"
 
-namespace roce {
+namespace roce::membership {
+using namespace roce::transport::verbs;
+
 namespace {
 
 constexpr const char* kErrorTag = "error";  // see join.cpp's errorRecord
@@ -213,4 +215,4 @@ Roster deriveRoster(const Config& cfg, const Roster& parent, const std::vector<i
   return r;
 }
 
-}  // namespace roce
+}  // namespace roce::membership

@@ -10,8 +10,10 @@
 #include "rank_info.hpp"
 
 namespace roce {
-
 struct Config;
+}
+namespace roce::membership {
+
 
 struct Roster {
   // Per group rank: nodeId, hostId, tcpHost, tcpPort, pid, nonce, cpus and
@@ -46,4 +48,4 @@ Roster deriveRoster(const Config& cfg, const Roster& parent, const std::vector<i
                     const std::string& groupName);
 uint64_t derivedNonce(uint64_t parentNonce, const std::string& groupName);
 
-}  // namespace roce
+}  // namespace roce::membership

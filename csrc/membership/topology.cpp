@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <map>
 
-namespace roce {
+namespace roce::membership {
 
 Topology Topology::build(int rank, const std::vector<RankInfo>& infos) {
   Topology t;
@@ -36,4 +36,4 @@ Topology Topology::build(int rank, const std::vector<RankInfo>& infos) {
   return t;
 }
 
-}  // namespace roce
+}  // namespace roce::membership

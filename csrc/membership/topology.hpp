@@ -7,7 +7,7 @@
 
 #include "rank_info.hpp"
 
-namespace roce {
+namespace roce::membership {
 
 struct Topology {
   int rank = 0;
@@ -29,4 +29,4 @@ struct Topology {
   bool allLocal() const { return numNodes == 1; }
 };
 
-}  // namespace roce
+}  // namespace roce::membership

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace roce {
+namespace roce::reduce {
 
 struct Half { uint16_t bits; };
 struct BFloat16 { uint16_t bits; };
@@ -52,4 +52,4 @@ inline BFloat16 toBFloat16(float f) {
   return BFloat16{static_cast<uint16_t>(u >> 16)};
 }
 
-}  // namespace roce
+}  // namespace roce::reduce

@@ -16,7 +16,7 @@
 #define ROCE_KERNEL __attribute__((flatten))
 #endif
 
-namespace roce {
+namespace roce::reduce {
 namespace {
 
 // How a storage type is loaded into the type arithmetic happens in, and stored back.
@@ -198,4 +198,4 @@ ROCE_KERNEL void divideBy(DataType t, void* x, size_t n, int divisor) {
   });
 }
 
-}  // namespace roce
+}  // namespace roce::reduce

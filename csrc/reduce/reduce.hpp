@@ -6,7 +6,7 @@
 
 #include "../common/dtype.hpp"
 
-namespace roce {
+namespace roce::reduce {
 
 // out[i] = ins[0][i] op ins[1][i] op ... op ins[nin-1][i]. `out` may alias ins[0].
 // float16/bfloat16 accumulate in float32 and round once at the end.
@@ -25,4 +25,4 @@ void divideBy(DataType t, void* x, size_t n, int divisor);
 // SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR: the operator the kernels apply for `op`.
 ReduceOp kernelOp(ReduceOp op);
 
-}  // namespace roce
+}  // namespace roce::reduce

@@ -21,7 +21,7 @@
 #include "../common/error.hpp"
 #include "front_desk.hpp"
 
-namespace roce {
+namespace roce::runtime {
 namespace {
 
 // Bound on one connect() attempt, so an unroutable address cannot eat the
@@ -286,4 +286,4 @@ std::string tcpAdvertiseAddress(const Config& cfg) {
   return chosen.empty() ? "127.0.0.1" : chosen;
 }
 
-}  // namespace roce
+}  // namespace roce::runtime

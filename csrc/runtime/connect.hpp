@@ -29,8 +29,10 @@
 #include "hello.hpp"
 
 namespace roce {
-
 struct Config;
+}
+namespace roce::runtime {
+
 class Mailbox;
 
 // The process's listening socket (FrontDesk owns the one instance).
@@ -124,4 +126,4 @@ class TcpAcceptor {
 };
 
 
-}  // namespace roce
+}  // namespace roce::runtime

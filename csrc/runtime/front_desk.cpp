@@ -14,7 +14,7 @@
 #include "../common/error.hpp"
 #include "connect.hpp"
 
-namespace roce {
+namespace roce::runtime {
 namespace {
 // A dialer sends its first bytes right after connect(); one that has not
 // after this long is not one of ours (or is hopelessly overloaded) and is dropped.
@@ -249,4 +249,4 @@ void FrontDesk::route(uint64_t key, Arrival a) {
   if (parked_.size() < kMaxParked) parked_.push_back({key, std::move(a), Clock::now()});
 }
 
-}  // namespace roce
+}  // namespace roce::runtime

@@ -40,7 +40,7 @@
 #include "process_runtime.hpp"
 #include "../common/unique_fd.hpp"
 
-namespace roce {
+namespace roce::runtime {
 
 class TcpListener;
 
@@ -131,9 +131,9 @@ class FrontDesk : public RuntimeService {
   std::vector<std::unique_ptr<Pending>> pending_;  // the runtime thread's only
 };
 
-}  // namespace roce
+}  // namespace roce::runtime
 
-namespace roce {
+namespace roce::runtime {
 
 // A mailbox open for as long as this lives (a group's, for the group's life).
 class MailboxLease {
@@ -150,4 +150,4 @@ class MailboxLease {
   std::shared_ptr<Mailbox> box_;
 };
 
-}  // namespace roce
+}  // namespace roce::runtime

@@ -15,7 +15,7 @@
 #pragma once
 #include <cstdint>
 
-namespace roce {
+namespace roce::runtime {
 
 constexpr uint32_t kHelloMagic = 0x526f4345;  // "RoCE"
 // 3: data connections are answered (HelloReply); 4: the hello names the
@@ -60,4 +60,4 @@ struct JoinHeader {
 };
 static_assert(sizeof(JoinHeader) == 24);
 
-}  // namespace roce
+}  // namespace roce::runtime

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-namespace roce {
+namespace roce::runtime {
 
 std::string encodeRecord(uint16_t type, int32_t srcRank, uint64_t dstNonce, uint64_t srcNonce,
                          std::string_view text) {
@@ -23,4 +23,4 @@ RecordParse nextRecord(std::string_view buf, size_t& at, RecordHead& head, std::
   return RecordParse::Complete;
 }
 
-}  // namespace roce
+}  // namespace roce::runtime

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-namespace roce {
+namespace roce::runtime {
 
 constexpr uint32_t kLinkMagic = 0x4c494e4b;  // "LINK"
 constexpr size_t kMaxRecordText = 4096;
@@ -36,4 +36,4 @@ std::string encodeRecord(uint16_t type, int32_t srcRank, uint64_t dstNonce, uint
 enum class RecordParse { Complete, Partial, Corrupt };
 RecordParse nextRecord(std::string_view buf, size_t& at, RecordHead& head, std::string_view& text);
 
-}  // namespace roce
+}  // namespace roce::runtime

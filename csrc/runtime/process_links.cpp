@@ -15,7 +15,7 @@
 #include "front_desk.hpp"
 #include "link_record.hpp"
 
-namespace roce {
+namespace roce::runtime {
 namespace {
 
 // A peer process this far behind in reading is hung; its lifelines say so.
@@ -190,7 +190,7 @@ std::string ProcessLinks::identityRecord(const std::string& selfKey) {
 
 void ProcessLinks::startPendingDial(Link& l, Clock::time_point now) {
   try {
-    l.dialFd = roce::startDial(l.ep, l.peerRank).release();
+    l.dialFd = runtime::startDial(l.ep, l.peerRank).release();
     l.dialStart = now;
   } catch (const Error&) {
     l.pendingSince = now;  // no descriptor now: later
@@ -567,4 +567,4 @@ void ProcessLinks::polled(const pollfd* fds, size_t n) {
   }
 }
 
-}  // namespace roce
+}  // namespace roce::runtime

@@ -53,7 +53,7 @@
 #include "../common/backoff.hpp"
 #include "process_runtime.hpp"
 
-namespace roce {
+namespace roce::runtime {
 
 class FrontDesk;
 class Mailbox;
@@ -186,4 +186,4 @@ class ProcessLinks : public RuntimeService {
   Clock::time_point nextParkCheck_{};
 };
 
-}  // namespace roce
+}  // namespace roce::runtime

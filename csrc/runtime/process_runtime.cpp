@@ -14,7 +14,7 @@
 #include "front_desk.hpp"
 #include "process_links.hpp"
 
-namespace roce {
+namespace roce::runtime {
 
 ProcessRuntime& ProcessRuntime::get() {
   // One per process; a forked child builds its own (the parent's thread is
@@ -109,4 +109,4 @@ void ProcessRuntime::loop() {
   }
 }
 
-}  // namespace roce
+}  // namespace roce::runtime

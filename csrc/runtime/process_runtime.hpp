@@ -38,7 +38,7 @@
 
 #include "../common/backoff.hpp"
 
-namespace roce {
+namespace roce::runtime {
 
 class FrontDesk;
 class ProcessLinks;
@@ -107,4 +107,4 @@ class ProcessRuntime {
   uint64_t nextId_ = 1;
 };
 
-}  // namespace roce
+}  // namespace roce::runtime

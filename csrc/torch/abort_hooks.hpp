@@ -15,7 +15,7 @@
 #include "../common/log.hpp"
 #include "hook_list.hpp"
 
-namespace roce {
+namespace roce::adapter {
 
 class AbortHooks {
  public:
@@ -39,4 +39,4 @@ class AbortHooks {
   HookList<Hook> hooks_;
 };
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -21,7 +21,11 @@
 #include "store_bootstrap.hpp"
 #include "trace_signal.hpp"
 
-namespace roce {
+namespace roce::adapter {
+using namespace roce::algorithms;
+using namespace roce::comm;
+using namespace roce::group;
+
 namespace {
 
 using c10d::OpType;
@@ -225,7 +229,7 @@ TraceDumpGroup RoceBackend::dumpGroup() const {
   return g;
 }
 
-std::string RoceBackend::traceDumpJson() const { return roce::traceDumpJson(engine_->trace(), dumpGroup()); }
+std::string RoceBackend::traceDumpJson() const { return roce::adapter::traceDumpJson(engine_->trace(), dumpGroup()); }
 
 void RoceBackend::dumpTrace(const TraceRing& ring, const char* why) {
   const TraceDumpGroup g = dumpGroup();
@@ -331,7 +335,7 @@ CollectiveTask::Body RoceBackend::reduceScatterBody(CallStaging& st, const at::T
     };
   }
   return [in, out, t, red, p](Communicator& c, size_t first, size_t count) {
-    roce::reduceScatter(c, elementAt(in, p * first), elementAt(out, first), count, t, red.get());
+    roce::algorithms::reduceScatter(c, elementAt(in, p * first), elementAt(out, first), count, t, red.get());
   };
 }
 
@@ -453,7 +457,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::broadcast(std::vector<at::Tensor>& t
   const at::Tensor h = st.inPlace(tensors, /*read=*/getRank() == root, /*write=*/getRank() != root);
   return submitElementwise(OpType::BROADCAST, "broadcast", tensors, std::move(st), h,
                            [h, root](Communicator& c, size_t first, size_t count) {
-                             roce::broadcast(c, elementAt(h, first), count * h.element_size(), root);
+                             roce::algorithms::broadcast(c, elementAt(h, first), count * h.element_size(), root);
                            },
                            callOf(opts));
 }
@@ -478,7 +482,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allreduceInPlace(OpType type, const 
     return submitElementwise(type, title, tensors, std::move(st), flat, std::move(body), call);
   return submitElementwise(type, title, tensors, std::move(st), flat,
                            [flat, t, red](Communicator& c, size_t first, size_t count) {
-                             roce::allreduce(c, elementAt(flat, first), count, t, red.get());
+                             roce::algorithms::allreduce(c, elementAt(flat, first), count, t, red.get());
                            },
                            call);
 }
@@ -527,7 +531,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reduce(std::vector<at::Tensor>& tens
     return submitElementwise(OpType::REDUCE, "reduce", tensors, std::move(st), h, std::move(body), callOf(opts));
   return submitElementwise(OpType::REDUCE, "reduce", tensors, std::move(st), h,
                            [h, t, red, root](Communicator& c, size_t first, size_t count) {
-                             roce::reduce(c, elementAt(h, first), count, t, red.get(), root);
+                             roce::algorithms::reduce(c, elementAt(h, first), count, t, red.get(), root);
                            },
                            callOf(opts));
 }
@@ -540,7 +544,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather(std::vector<std::vector<at
   CallStaging st = staging(inputs[0], /*peer=*/-1, getSize() * inputs[0].nbytes());
   const at::Tensor in = st.input(inputs[0]), flat = st.outputs(outputs[0]);
   return submit(OpType::ALLGATHER, "allgather", outputs[0], std::move(st),
-                [in, flat](Communicator& c) { roce::allgather(c, in.data_ptr(), flat.data_ptr(), bytesOf(in)); },
+                [in, flat](Communicator& c) { roce::algorithms::allgather(c, in.data_ptr(), flat.data_ptr(), bytesOf(in)); },
                 callOf(opts), bytesOf(in));
 }
 
@@ -556,7 +560,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::_allgather_base(at::Tensor& output, 
   return submitInPieces(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, std::move(st), in.numel(),
                         pieceElems,
                         [in, out, p, elementSize](Communicator& c, size_t first, size_t count) {
-                          roce::allgather(c, elementAt(in, first), elementAt(out, p * first), count * elementSize);
+                          roce::algorithms::allgather(c, elementAt(in, first), elementAt(out, p * first), count * elementSize);
                         },
                         callOf(opts), bytesOf(in));
 }
@@ -589,7 +593,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_coalesced(std::vector<std:
   const at::Tensor in = st.inputs(inputs), flat = st.outputs(all);
   const size_t bytes = bytesOf(in);
   return submit(OpType::ALLGATHER_COALESCED, op, all, std::move(st),
-                [in, flat, bytes](Communicator& c) { roce::allgather(c, in.data_ptr(), flat.data_ptr(), bytes); },
+                [in, flat, bytes](Communicator& c) { roce::algorithms::allgather(c, in.data_ptr(), flat.data_ptr(), bytes); },
                 callOf(opts), bytes);
 }
 
@@ -613,7 +617,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::allgather_into_tensor_coalesced(std:
   return submit(allgatherIntoTensorCoalesced<OpType>(0), "allgather_into_tensor_coalesced", outputs, std::move(st),
                 [ins, outs](Communicator& c) {
                   for (size_t i = 0; i < ins.size(); ++i)
-                    roce::allgather(c, ins[i].data_ptr(), outs[i].data_ptr(), bytesOf(ins[i]));
+                    roce::algorithms::allgather(c, ins[i].data_ptr(), outs[i].data_ptr(), bytesOf(ins[i]));
                 },
                 callOf(opts), bytes);
 }
@@ -639,7 +643,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::gather(std::vector<std::vector<at::T
   call.dtype = inputs[0].scalar_type();  // non-roots pass no outputs
   return submit(OpType::GATHER, "gather", value, std::move(st),
                 [in, flat, root](Communicator& c) {
-                  roce::gather(c, in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, bytesOf(in), root);
+                  roce::algorithms::gather(c, in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, bytesOf(in), root);
                 },
                 call, bytesOf(in));
 }
@@ -663,7 +667,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::scatter(std::vector<at::Tensor>& out
   const at::Tensor out = st.output(outputs[0]);
   return submit(OpType::SCATTER, "scatter", outputs, std::move(st),
                 [out, flat, root](Communicator& c) {
-                  roce::scatter(c, flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(), bytesOf(out), root);
+                  roce::algorithms::scatter(c, flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(), bytesOf(out), root);
                 },
                 callOf(opts), bytesOf(out));
 }
@@ -768,7 +772,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall_base(at::Tensor& output, at
   const at::Tensor in = st.input(input), out = st.output(output);
   return submit(OpType::ALLTOALL_BASE, "all_to_all_single", {output}, std::move(st),
                 [=](Communicator& c) {
-                  roce::alltoallv(c, in.data_ptr(), sendBytes, sendOff, out.data_ptr(), recvBytes, recvOff);
+                  roce::algorithms::alltoallv(c, in.data_ptr(), sendBytes, sendOff, out.data_ptr(), recvBytes, recvOff);
                 },
                 callOf(opts), bytesOf(in));
 }
@@ -801,13 +805,13 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::alltoall(std::vector<at::Tensor>& ou
   const at::Tensor flatIn = st.inputs(inputs), flatOut = st.outputs(outputs);
   return submit(OpType::ALLTOALL, "all_to_all", outputs, std::move(st),
                 [=](Communicator& c) {
-                  roce::alltoallv(c, flatIn.data_ptr(), sendBytes, sendOff, flatOut.data_ptr(), recvBytes, recvOff);
+                  roce::algorithms::alltoallv(c, flatIn.data_ptr(), sendBytes, sendOff, flatOut.data_ptr(), recvBytes, recvOff);
                 },
                 callOf(opts), bytesOf(flatIn));
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::barrier(const c10d::BarrierOptions& opts) {
-  return submit(OpType::BARRIER, "barrier", {}, CallStaging(), [](Communicator& c) { roce::barrier(c); }, callOf(opts),
+  return submit(OpType::BARRIER, "barrier", {}, CallStaging(), [](Communicator& c) { roce::algorithms::barrier(c); }, callOf(opts),
                 0);
 }
 
@@ -815,7 +819,7 @@ void RoceBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAl
   const auto limit = effective(opts.timeout);
   // Only rank 0 enforces the barrier's timeout; the others wait at least the
   // group's, so that rank 0 is the one to report which rank is missing.
-  roce::monitoredBarrier(*store_, {getRank(), getSize(), ++monitoredBarriers_, limit, std::max(limit, timeout_), waitAllRanks});
+  roce::adapter::monitoredBarrier(*store_, {getRank(), getSize(), ++monitoredBarriers_, limit, std::max(limit, timeout_), waitAllRanks});
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char* title, std::vector<at::Tensor>& tensors,
@@ -952,4 +956,4 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::recvAnysource(std::vector<at::Tensor
   return pointToPoint(OpType::RECVANYSOURCE, "recv", tensors, -1, tag);
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

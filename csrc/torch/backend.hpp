@@ -25,7 +25,8 @@
 #include "trace_dump.hpp"
 #include "work.hpp"
 
-namespace roce {
+namespace roce::adapter {
+using namespace roce::engine;
 
 // What submit() needs of a collective's options.
 struct CallOptions {
@@ -295,4 +296,4 @@ class RoceBackend : public c10d::Backend {
   std::vector<int64_t> traceRanks_;       // set once, before any operation
 };
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -34,10 +34,10 @@ namespace py = pybind11;
 namespace {
 
 // The cost model's view of `ranks` over `machines`, `perMachine` each (0: uneven).
-roce::Shape shapeOf(const roce::Config& cfg, int ranks, int machines, int perMachine) {
+roce::algorithms::Shape shapeOf(const roce::Config& cfg, int ranks, int machines, int perMachine) {
   const bool even = perMachine > 0 && perMachine * machines == ranks;
   const int most = even ? perMachine : (ranks + machines - 1) / machines;
-  return roce::Shape::group(ranks, machines, most, even, cfg.placement.forceNetwork);
+  return roce::algorithms::Shape::group(ranks, machines, most, even, cfg.placement.forceNetwork);
 }
 
 }  // namespace
@@ -46,28 +46,28 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "roce: a torch.distributed backend over RDMA verbs, shared memory and TCP";
   py::object backendBase = py::module_::import("torch.distributed").attr("Backend");
   (void)backendBase;
-  py::class_<roce::RoceBackend, c10d::Backend, c10::intrusive_ptr<roce::RoceBackend>>(m, "RoceBackend")
+  py::class_<roce::adapter::RoceBackend, c10d::Backend, c10::intrusive_ptr<roce::adapter::RoceBackend>>(m, "RoceBackend")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, int globalRank, const std::string& nearPci) {
-             return c10::make_intrusive<roce::RoceBackend>(store, rank, size, timeout, globalRank, nearPci);
+             return c10::make_intrusive<roce::adapter::RoceBackend>(store, rank, size, timeout, globalRank, nearPci);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("global_rank"),
            py::arg("near_pci") = std::string(),
            py::call_guard<py::gil_scoped_release>())
       .def_static(
           "_from_parent",
-          [](const roce::RoceBackend& parent, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+          [](const roce::adapter::RoceBackend& parent, const c10::intrusive_ptr<c10d::Store>& store, int rank,
              const std::vector<int>& parentRanks, const std::string& groupName, std::chrono::milliseconds timeout) {
-            return c10::make_intrusive<roce::RoceBackend>(parent, store, rank, parentRanks, groupName, timeout);
+            return c10::make_intrusive<roce::adapter::RoceBackend>(parent, store, rank, parentRanks, groupName, timeout);
           },
           py::arg("parent"), py::arg("store"), py::arg("rank"), py::arg("parent_ranks"), py::arg("group_name"),
           py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
-      .def("_forms_subgroups", &roce::RoceBackend::formsSubgroups)
-      .def("_formation_store_ops", &roce::RoceBackend::formationStoreOps)
-      .def("_nics", &roce::RoceBackend::nics)
-      .def("_placement_settings", &roce::RoceBackend::placementSettings)
+      .def("_forms_subgroups", &roce::adapter::RoceBackend::formsSubgroups)
+      .def("_formation_store_ops", &roce::adapter::RoceBackend::formationStoreOps)
+      .def("_nics", &roce::adapter::RoceBackend::nics)
+      .def("_placement_settings", &roce::adapter::RoceBackend::placementSettings)
       .def("_counters",
-           [](roce::RoceBackend& b) {
+           [](roce::adapter::RoceBackend& b) {
              auto& c = b.counters();
              auto get = [](const std::atomic<uint64_t>& x) { return x.load(std::memory_order_relaxed); };
              py::dict d;
@@ -98,17 +98,17 @@ PYBIND11_MODULE(_C, m) {
              d["registered_bytes"] = get(c.registeredBytes);
              return d;
            })
-      .def("_gpudirect_log", &roce::RoceBackend::gpudirectLog)
-      .def("_reset_counters", [](roce::RoceBackend& b) { b.counters().reset(); })
-      .def("_reset_straggler_window", [](roce::RoceBackend& b) { b.counters().resetWindow(); })
-      .def("_wait_engine_parked", &roce::RoceBackend::waitEngineParked, py::arg("timeout"),
+      .def("_gpudirect_log", &roce::adapter::RoceBackend::gpudirectLog)
+      .def("_reset_counters", [](roce::adapter::RoceBackend& b) { b.counters().reset(); })
+      .def("_reset_straggler_window", [](roce::adapter::RoceBackend& b) { b.counters().resetWindow(); })
+      .def("_wait_engine_parked", &roce::adapter::RoceBackend::waitEngineParked, py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
-      .def("_trace_capacity", [](const roce::RoceBackend& b) { return b.trace().capacity(); })
-      .def("_records_natively", &roce::RoceBackend::recordsNatively)
-      .def("_trace_dump_json", &roce::RoceBackend::traceDumpJson)
-      .def("_set_trace_ranks", &roce::RoceBackend::setTraceRanks)
+      .def("_trace_capacity", [](const roce::adapter::RoceBackend& b) { return b.trace().capacity(); })
+      .def("_records_natively", &roce::adapter::RoceBackend::recordsNatively)
+      .def("_trace_dump_json", &roce::adapter::RoceBackend::traceDumpJson)
+      .def("_set_trace_ranks", &roce::adapter::RoceBackend::setTraceRanks)
       .def("_trace",
-           [](const roce::RoceBackend& b) {
+           [](const roce::adapter::RoceBackend& b) {
              // The group's flight recorder, oldest entry first (roce_pg.trace()).
              std::vector<std::string> reasons;
              const auto entries = b.trace().snapshot(&reasons);
@@ -140,14 +140,14 @@ PYBIND11_MODULE(_C, m) {
                d["start_ns"] = ns(e.startNs);
                d["end_ns"] = ns(e.endNs);
                d["timeout_ms"] = e.timeoutMs;
-               d["state"] = roce::traceStateName(e.state);
+               d["state"] = roce::engine::traceStateName(e.state);
                d["inline"] = e.inlined;
-               d["error"] = e.state == roce::TraceState::Failed ? py::object(py::str(reasons[i])) : py::none();
+               d["error"] = e.state == roce::engine::TraceState::Failed ? py::object(py::str(reasons[i])) : py::none();
                out.append(d);
              }
              return out;
            })
-      .def("_device_staging_stats", [](const roce::RoceBackend& b) {
+      .def("_device_staging_stats", [](const roce::adapter::RoceBackend& b) {
         // The pinned staging buffers of device collectives (docs/ACCELERATORS.md).
         const auto s = b.deviceStagingStats();
         py::dict d;
@@ -158,10 +158,10 @@ PYBIND11_MODULE(_C, m) {
         d["pinned"] = s.pinned;
         return d;
       });
-  py::class_<roce::RoceProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<roce::RoceProcessGroup>>(
+  py::class_<roce::adapter::RoceProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<roce::adapter::RoceProcessGroup>>(
       m, "RoceProcessGroup")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
-             return c10::make_intrusive<roce::RoceProcessGroup>(store, rank, size);
+             return c10::make_intrusive<roce::adapter::RoceProcessGroup>(store, rank, size);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"));
   // What the auto allreduce would pick for `bytes` per rank on a group of
@@ -173,16 +173,16 @@ PYBIND11_MODULE(_C, m) {
     if (ranks < 1 || machines < 1 || machines > ranks || perMachine < 0 || perMachine * machines > ranks)
       throw std::invalid_argument("_allreduce_plan: need 1 <= machines <= ranks and per_machine * machines <= ranks");
     const roce::Config cfg = roce::Config::fromEnv();
-    const roce::Shape shape = shapeOf(cfg, ranks, machines, perMachine);
-    const roce::Choice ch = roce::planAllreduce(cfg, shape, bytes);
+    const roce::algorithms::Shape shape = shapeOf(cfg, ranks, machines, perMachine);
+    const roce::algorithms::Choice ch = roce::algorithms::planAllreduce(cfg, shape, bytes);
     py::dict d, estimates;
-    d["algo"] = roce::algoName(ch.algo);
-    d["across"] = ch.algo == roce::Algo::Hier ? py::object(py::str(roce::algoName(ch.across))) : py::none();
+    d["algo"] = roce::algorithms::algoName(ch.algo);
+    d["across"] = ch.algo == roce::algorithms::Algo::Hier ? py::object(py::str(roce::algorithms::algoName(ch.across))) : py::none();
     d["decided_by"] = ch.decidedBy ? py::object(py::str(ch.decidedBy)) : py::none();
-    for (int i = 0; i < roce::candidateCount(); ++i)
-      if (!std::isnan(ch.estimate[i])) estimates[roce::candidateName(i)] = ch.estimate[i] * 1e6;
+    for (int i = 0; i < roce::algorithms::candidateCount(); ++i)
+      if (!std::isnan(ch.estimate[i])) estimates[roce::algorithms::candidateName(i)] = ch.estimate[i] * 1e6;
     d["estimates_us"] = estimates;
-    d["tree_chunks"] = roce::treeChunks(roce::CostConstants(cfg), shape, bytes);
+    d["tree_chunks"] = roce::algorithms::treeChunks(roce::algorithms::CostConstants(cfg), shape, bytes);
     return d;
   }, py::arg("ranks"), py::arg("machines"), py::arg("per_machine"), py::arg("bytes"));
   // Where ROCE_PG_DEVICE_REDUCE=auto reduces a staged piece of `bytes` per
@@ -192,29 +192,29 @@ PYBIND11_MODULE(_C, m) {
       throw std::invalid_argument("_staged_reduce_plan: need 2 <= ranks, 1 <= machines <= ranks, and one machine "
                                   "for shared memory");
     const roce::Config cfg = roce::Config::fromEnv();
-    const roce::Shape shape = shapeOf(cfg, ranks, machines, ranks % machines == 0 ? ranks / machines : 0);
+    const roce::algorithms::Shape shape = shapeOf(cfg, ranks, machines, ranks % machines == 0 ? ranks / machines : 0);
     py::dict d;
-    d["host_us"] = roce::costStagedHostReduce(cfg, shape, bytes, sharedMemory) * 1e6;
-    d["device_us"] = roce::costStagedDeviceReduce(cfg, shape, bytes, sharedMemory) * 1e6;
-    d["where"] = roce::stagedReducePrefersDevice(cfg, shape, bytes, sharedMemory) ? "device" : "host";
+    d["host_us"] = roce::algorithms::costStagedHostReduce(cfg, shape, bytes, sharedMemory) * 1e6;
+    d["device_us"] = roce::algorithms::costStagedDeviceReduce(cfg, shape, bytes, sharedMemory) * 1e6;
+    d["where"] = roce::algorithms::stagedReducePrefersDevice(cfg, shape, bytes, sharedMemory) ? "device" : "host";
     return d;
   }, py::arg("ranks"), py::arg("machines"), py::arg("shared_memory"), py::arg("bytes"));
   // How memory of a device type reaches the NIC (device_memory.hpp): the
   // declaration roce_pg.declare_device_memory() makes, and the answer.
   // A device type's host functions: the address of its C++ function
-  // `bool f(const c10::Stream&, void (*)(void*), void*)` (roce::LaunchHostFunc), 0 to withdraw.
+  // `bool f(const c10::Stream&, void (*)(void*), void*)` (roce::adapter::LaunchHostFunc), 0 to withdraw.
   m.def("_declare_host_func", [](const std::string& device, uintptr_t launch) {
-    roce::declareHostFunc(c10::Device(device).type(), reinterpret_cast<roce::LaunchHostFunc>(launch));
+    roce::adapter::declareHostFunc(c10::Device(device).type(), reinterpret_cast<roce::adapter::LaunchHostFunc>(launch));
   }, py::arg("device"), py::arg("launch"));
   m.def("_declare_device_memory", [](const std::string& device, const std::string& path, uintptr_t bufferId) {
     if (path != "pointer" && path != "staged")
       throw std::invalid_argument("declare_device_memory: path must be \"pointer\" or \"staged\", not \"" + path + "\"");
-    roce::declareDeviceMemory(c10::Device(device).type(), path == "pointer",
+    roce::adapter::declareDeviceMemory(c10::Device(device).type(), path == "pointer",
                               "declared " + path + " (roce_pg.declare_device_memory)",
                               reinterpret_cast<uint64_t (*)(const void*, int)>(bufferId));
   }, py::arg("device"), py::arg("path"), py::arg("buffer_id") = 0);
   m.def("_device_memory_path", [](const std::string& device) {
-    const roce::DeviceMemoryAnswer a = roce::deviceMemoryPath(c10::Device(device));
+    const roce::adapter::DeviceMemoryAnswer a = roce::adapter::deviceMemoryPath(c10::Device(device));
     py::dict d;
     d["dmabuf"] = a.dmabuf;
     d["dmabuf_why"] = a.dmabufWhy;
@@ -230,7 +230,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "verbs_registered_bytes",
       [](int peers, int rails, int routed) {
-        return roce::verbsRegisteredBytes(roce::Config::fromEnv(), peers, rails, routed);
+        return roce::transport::verbs::verbsRegisteredBytes(roce::Config::fromEnv(), peers, rails, routed);
       },
       py::arg("peers"), py::arg("rails") = 1, py::arg("routed") = -1);
   // Of those, the staging pool's, which the process's groups share (so a
@@ -238,14 +238,14 @@ PYBIND11_MODULE(_C, m) {
   // _runtime_stats()["verbs_staging_bytes"]).
   m.def(
       "verbs_staging_bytes",
-      [](int routed, int rails) { return roce::verbsStagingBytes(roce::Config::fromEnv(), rails, routed); },
+      [](int routed, int rails) { return roce::transport::verbs::verbsStagingBytes(roce::Config::fromEnv(), rails, routed); },
       py::arg("routed"), py::arg("rails") = 1);
   // And the landing pool's (also the process's): as the first group
   // registers it, and what a further group of the same shape adds (its
   // reserved slots); _runtime_stats()["verbs_landing_bytes"] has the total.
   m.def(
       "verbs_landing_bytes",
-      [](int routed, int rails) { return roce::verbsLandingBytes(roce::Config::fromEnv(), rails, routed); },
+      [](int routed, int rails) { return roce::transport::verbs::verbsLandingBytes(roce::Config::fromEnv(), rails, routed); },
       py::arg("routed"), py::arg("rails") = 1);
   // The ports this process would drive with its ROCE_PG_* settings, as
   // [{"device", "port", "gid_index", "numa_node", "pci"}], and why none when empty
@@ -255,7 +255,7 @@ PYBIND11_MODULE(_C, m) {
     py::list out;
     roce::Config cfg = roce::Config::fromEnv();
     cfg.verbs.nearDevicePci = nearPci;
-    for (const auto& c : roce::chooseVerbsPorts(cfg, rank, why)) {
+    for (const auto& c : roce::transport::verbs::chooseVerbsPorts(cfg, rank, why)) {
       py::dict d;
       d["device"] = c.device;
       d["port"] = c.port;
@@ -297,7 +297,7 @@ PYBIND11_MODULE(_C, m) {
   // The per-process runtime, for tests and the doctor: what every
   // group of this process shares.
   m.def("_runtime_stats", [] {
-    auto& rt = roce::ProcessRuntime::get();
+    auto& rt = roce::runtime::ProcessRuntime::get();
     py::dict d;
     d["listen_port"] = rt.desk().port();
     d["mailboxes"] = rt.desk().openMailboxes();  // every group's, and the process links' own
@@ -309,21 +309,21 @@ PYBIND11_MODULE(_C, m) {
     d["links_held"] = parked.links;  // open, and closed ones kept a minute
     d["links_refused"] = parked.linksRefused;
     d["parked"] = rt.desk().parked();
-    d["tcp_sockets"] = rt.service<roce::TcpMux>().sockets();  // the TCP transport's, one per peer process for every group
-    d["tcp_parked_streams"] = rt.service<roce::TcpMux>().parkedStreams();  // streams for groups not created here yet
-    d["shm_doorbell_groups"] = rt.service<roce::ShmDoorbells>().groups();  // local groups enrolled in the process's one doorbell
+    d["tcp_sockets"] = rt.service<roce::transport::tcp::TcpMux>().sockets();  // the TCP transport's, one per peer process for every group
+    d["tcp_parked_streams"] = rt.service<roce::transport::tcp::TcpMux>().parkedStreams();  // streams for groups not created here yet
+    d["shm_doorbell_groups"] = rt.service<roce::transport::shm::ShmDoorbells>().groups();  // local groups enrolled in the process's one doorbell
     d["services"] = rt.services();
-    d["verbs_devices"] = roce::VerbsDevice::openCount();
-    d["verbs_staging_bytes"] = roce::StagingPool::processBytes();  // shared by the process's groups
-    d["verbs_landing_bytes"] = roce::LandingPool::processBytes();  // likewise
-    d["verbs_remains_pending"] = roce::remainsPending();  // broken groups' objects the reaper has yet to release
+    d["verbs_devices"] = roce::transport::verbs::VerbsDevice::openCount();
+    d["verbs_staging_bytes"] = roce::transport::verbs::StagingPool::processBytes();  // shared by the process's groups
+    d["verbs_landing_bytes"] = roce::transport::verbs::LandingPool::processBytes();  // likewise
+    d["verbs_remains_pending"] = roce::transport::verbs::remainsPending();  // broken groups' objects the reaper has yet to release
     return d;
   });
   m.def("_placement_settings", [] { return roce::Config::fromEnv().placementSettings(); });
-  roce::defineTestHooks(m);
+  roce::adapter::defineTestHooks(m);
   m.def("rdma_ports", [] {
     py::list out;
-    for (const auto& p : roce::probeRdmaPorts()) {
+    for (const auto& p : roce::transport::verbs::probeRdmaPorts()) {
       py::dict d;
       d["device"] = p.device;
       d["port"] = p.port;

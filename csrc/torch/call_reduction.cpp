@@ -5,7 +5,7 @@
 
 #include "../common/error.hpp"
 
-namespace roce {
+namespace roce::adapter {
 namespace {
 
 // As c10::Error, which torch turns into the Python exception users expect.
@@ -76,4 +76,4 @@ Reduction CallReduction::get() const {
   return r;
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -13,7 +13,7 @@
 #include "../common/dtype.hpp"
 #include "tensor_staging.hpp"
 
-namespace roce {
+namespace roce::adapter {
 
 class CallReduction {
  public:
@@ -38,4 +38,4 @@ class CallReduction {
   at::Tensor hostFactor_;  // defined: the staged device factor, read by get()
 };
 
-}  // namespace roce
+}  // namespace roce::adapter

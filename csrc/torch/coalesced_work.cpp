@@ -8,7 +8,7 @@
 
 #include "../common/log.hpp"
 
-namespace roce {
+namespace roce::adapter {
 namespace {
 
 // What the batch has seen of its operations so far.
@@ -95,4 +95,4 @@ c10::intrusive_ptr<RoceWork> coalescedWork(const std::vector<c10::intrusive_ptr<
   return all;
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

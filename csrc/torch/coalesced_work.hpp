@@ -11,7 +11,7 @@
 
 #include "work.hpp"
 
-namespace roce {
+namespace roce::adapter {
 
 // The operations of one coalescing region of a group. Thread-safe.
 class CoalescingRegion {
@@ -34,4 +34,4 @@ class CoalescingRegion {
 // A Work that completes when all of `works` have (at least one).
 c10::intrusive_ptr<RoceWork> coalescedWork(const std::vector<c10::intrusive_ptr<RoceWork>>& works, int rank);
 
-}  // namespace roce
+}  // namespace roce::adapter

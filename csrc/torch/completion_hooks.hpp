@@ -26,7 +26,7 @@
 #define ROCE_TORCH_BACKEND_SPLIT 1
 #endif
 
-namespace roce {
+namespace roce::adapter {
 
 class CompletionHooks {
  public:
@@ -49,4 +49,4 @@ class CompletionHooks {
   HookList<Hook> hooks_;
 };
 
-}  // namespace roce
+}  // namespace roce::adapter

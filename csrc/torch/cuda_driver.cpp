@@ -5,7 +5,7 @@
 
 #include <map>
 
-namespace roce {
+namespace roce::adapter {
 namespace {
 
 // The few driver API declarations used (cuda.h, CUDA 11.7+); CUresult 0 is CUDA_SUCCESS.
@@ -221,4 +221,4 @@ bool flushCudaRdmaWrites(int index) {
   return inPrimaryContext(d, index, [&] { r = d.flush(kFlushTargetCurrentCtx, kFlushToOwner); }) && r == 0;
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

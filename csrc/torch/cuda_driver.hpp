@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-namespace roce {
+namespace roce::adapter {
 
 // Whether CUDA device `index` can export dma-bufs: the driver loads, and
 // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is set. `why` says what decided.
@@ -58,4 +58,4 @@ bool cudaHostFnAfterEvent(void* event, int index, void (*fn)(void*), void* data)
 // be refused and invalidate that capture. For threads that never capture.
 void cudaThreadLocalCaptureMode();
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -6,7 +6,7 @@
 
 #include "cuda_driver.hpp"
 
-namespace roce {
+namespace roce::adapter {
 
 bool streamCapturing(const c10::Stream& stream) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
@@ -31,4 +31,4 @@ void refuseCapture(c10::Device device, int rank, const char* what) {
               "usable.");
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -11,7 +11,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 
-namespace roce {
+namespace roce::adapter {
 
 // Whether `stream` is capturing a graph (any device type c10 can ask; CUDA
 // also through the driver).
@@ -21,4 +21,4 @@ bool streamCapturing(const c10::Stream& stream);
 // `rank` and `what` ("a collective ... was issued") name the call in the message.
 void refuseCapture(c10::Device device, int rank, const char* what);
 
-}  // namespace roce
+}  // namespace roce::adapter

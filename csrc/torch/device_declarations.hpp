@@ -8,7 +8,7 @@
 #include <mutex>
 #include <optional>
 
-namespace roce {
+namespace roce::adapter {
 
 template <class T>
 class DeviceDeclarations {
@@ -32,4 +32,4 @@ class DeviceDeclarations {
   std::map<c10::DeviceType, T> byType_;
 };
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -5,7 +5,8 @@
 #include "../engine/engine.hpp"
 #include "cuda_driver.hpp"
 
-namespace roce {
+namespace roce::adapter {
+using namespace roce::engine;
 
 DeviceStepGuard::DeviceStepGuard(std::optional<c10::Device> device) {
   if (!device || device->is_cpu()) return;
@@ -23,4 +24,4 @@ DeviceStepGuard::DeviceStepGuard(std::optional<c10::Device> device) {
   guard_.reset_device(*device);
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

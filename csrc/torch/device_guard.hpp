@@ -15,7 +15,7 @@
 
 #include <optional>
 
-namespace roce {
+namespace roce::adapter {
 
 class DeviceStepGuard {
  public:
@@ -26,4 +26,4 @@ class DeviceStepGuard {
   c10::OptionalDeviceGuard guard_;
 };
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -9,7 +9,7 @@
 #include "cuda_driver.hpp"
 #include "device_declarations.hpp"
 
-namespace roce {
+namespace roce::adapter {
 namespace {
 
 std::mutex mu;  // the CUDA answers below
@@ -115,4 +115,4 @@ GpudirectChoice chooseGpudirect(GpudirectMode mode, const DeviceMemoryAnswer& de
   return {DeviceMemoryPath::Staged, noDmabuf + "; no peer memory: " + device.pointerWhy};
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -15,7 +15,7 @@
 
 #include "../common/setting_enums.hpp"
 
-namespace roce {
+namespace roce::adapter {
 
 enum class DeviceMemoryPath { Staged, Pointer, Dmabuf };
 
@@ -75,4 +75,4 @@ GpudirectChoice chooseGpudirect(GpudirectMode mode, const DeviceMemoryAnswer& de
 // True if /proc/modules' text lists a peer-memory module for NVIDIA GPUs.
 bool peerMemoryModuleLoaded(const std::string& modulesText);
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -10,7 +10,7 @@
 #include "device_capture.hpp"
 #include "device_declarations.hpp"
 
-namespace roce {
+namespace roce::adapter {
 namespace {
 
 DeviceDeclarations<LaunchHostFunc>& declared() {
@@ -66,4 +66,4 @@ DeviceNotice::~DeviceNotice() {
   if (fd_ >= 0) close(fd_);
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -18,7 +18,7 @@
 #include <atomic>
 #include <memory>
 
-namespace roce {
+namespace roce::adapter {
 
 // Queues fn(data) on `stream`, to run on a host thread once the work queued
 // there before it has run; false if it could not be queued. fn must not call
@@ -56,4 +56,4 @@ class DeviceNotice {
   int fd_ = -1;  // eventfd
 };
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -18,7 +18,10 @@
 #include "../common/log.hpp"
 #include "device_staging.hpp"
 
-namespace roce {
+namespace roce::adapter {
+using namespace roce::algorithms;
+using namespace roce::comm;
+
 namespace {
 
 bool integral(const at::Tensor& t) { return c10::isIntegralType(t.scalar_type(), /*includeBool=*/false); }
@@ -213,4 +216,4 @@ void reduceScatterReducingOnDevice(Communicator& c, c10::Stream stream, const at
   reduceRowsThroughDevice(c, stream, rows.view({p, out.numel()}), out, red);
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -24,9 +24,12 @@
 
 #include "../common/dtype.hpp"
 
-namespace roce {
-
+namespace roce::comm {
 class Communicator;
+}
+namespace roce::adapter {
+using namespace roce::comm;
+
 
 // The rows of `rows` (a device tensor, p x m) reduced along dimension 0 by
 // `red`, with the host kernels' semantics: integers wrap, AVG and PREMUL_SUM
@@ -64,4 +67,4 @@ void reduceReducingOnDevice(Communicator& c, c10::Stream stream, const at::Tenso
 void reduceScatterReducingOnDevice(Communicator& c, c10::Stream stream, const at::Tensor& input,
                                    const at::Tensor& rows, const at::Tensor& out, Reduction red);
 
-}  // namespace roce
+}  // namespace roce::adapter

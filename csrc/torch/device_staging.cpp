@@ -16,7 +16,8 @@
 #include "../common/log.hpp"
 #include "device_notify.hpp"
 
-namespace roce {
+namespace roce::adapter {
+using namespace roce::comm;
 
 DeviceLane DeviceLanes::of(c10::Device device) {
   std::lock_guard<std::mutex> g(mu_);
@@ -305,4 +306,4 @@ std::shared_ptr<c10::Event> DeviceStaging::finish() {
   return end_;
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -40,9 +40,12 @@
 
 #include "pinned_cache.hpp"
 
-namespace roce {
-
+namespace roce::comm {
 class Communicator;
+}
+namespace roce::adapter {
+using namespace roce::comm;
+
 
 // Returns once `event` has completed, waiting through the Communicator's wait
 // loop (deadline, abort, peer failures): asleep until a host function queued
@@ -199,4 +202,4 @@ class DeviceStaging {
   at::Tensor directSpan(const void* p, size_t bytes) const;
 };
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -13,7 +13,7 @@
 #include <mutex>
 #include <utility>
 
-namespace roce {
+namespace roce::adapter {
 
 template <class Hook>
 class HookList {
@@ -60,4 +60,4 @@ class HookList {
   std::atomic<int> count_{0};
 };
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -11,7 +11,7 @@
 
 #include "../common/error.hpp"
 
-namespace roce {
+namespace roce::adapter {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -126,4 +126,4 @@ void monitoredBarrier(c10d::Store& store, const MonitoredBarrierCall& call) {
                                           ", rank ", call.rank, "): ", failure));
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -12,7 +12,7 @@
 #include <chrono>
 #include <cstdint>
 
-namespace roce {
+namespace roce::adapter {
 
 struct MonitoredBarrierCall {
   int rank;
@@ -27,4 +27,4 @@ struct MonitoredBarrierCall {
 // ranks that did not arrive (rank 0) or rank 0's failure (the others).
 void monitoredBarrier(c10d::Store& store, const MonitoredBarrierCall& call);
 
-}  // namespace roce
+}  // namespace roce::adapter

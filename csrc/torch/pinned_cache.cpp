@@ -15,7 +15,7 @@
 
 #include "../common/log.hpp"
 
-namespace roce {
+namespace roce::adapter {
 
 struct PinnedCache::Block {
   c10::Storage storage;
@@ -156,4 +156,4 @@ PinnedCache::Stats PinnedCache::stats() const {
   return s;
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -34,7 +34,7 @@
 #include <mutex>
 #include <vector>
 
-namespace roce {
+namespace roce::adapter {
 
 class PinnedCache {
  public:
@@ -80,4 +80,4 @@ class PinnedCache {
   Stats stats_;
 };
 
-}  // namespace roce
+}  // namespace roce::adapter

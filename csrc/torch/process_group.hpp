@@ -7,7 +7,7 @@
 #pragma once
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-namespace roce {
+namespace roce::adapter {
 
 class RoceProcessGroup : public c10d::ProcessGroup {
  public:
@@ -17,4 +17,4 @@ class RoceProcessGroup : public c10d::ProcessGroup {
   const std::string getBackendName() const override { return "roce"; }
 };
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -12,7 +12,10 @@
 #include "../common/error.hpp"
 #include "device_staging.hpp"
 
-namespace roce {
+namespace roce::adapter {
+using namespace roce::algorithms;
+using namespace roce::comm;
+
 namespace {
 
 // What every rank tells the others first, as int64: the shape travels padded
@@ -79,7 +82,7 @@ at::Tensor sparseAllreduceSum(Communicator& c, const at::Tensor& t) {
   m[kDims] = t.dim();
   for (int64_t d = 0; d < t.dim(); ++d) m[kSizes + d] = t.size(d);
   at::Tensor all = at::empty({n, kFields}, at::kLong);
-  roce::allgather(c, mine.data_ptr(), all.data_ptr(), kFields * sizeof(int64_t));
+  roce::algorithms::allgather(c, mine.data_ptr(), all.data_ptr(), kFields * sizeof(int64_t));
 
   // Every rank sees the same table, so every rank raises alike (no rank is
   // left waiting in the exchanges below).
@@ -108,8 +111,8 @@ at::Tensor sparseAllreduceSum(Communicator& c, const at::Tensor& t) {
     sendVal.narrow(0, 0, m[kNnz] * rowNumel).copy_(values.reshape({-1}));
     at::Tensor gotIdx = at::empty({n, sparseDim, maxNnz}, at::kLong);
     at::Tensor gotVal = at::empty({n, maxNnz * rowNumel}, values.options());
-    roce::allgather(c, sendIdx.data_ptr(), gotIdx.data_ptr(), sendIdx.numel() * sizeof(int64_t));
-    roce::allgather(c, sendVal.data_ptr(), gotVal.data_ptr(), sendVal.numel() * sendVal.element_size());
+    roce::algorithms::allgather(c, sendIdx.data_ptr(), gotIdx.data_ptr(), sendIdx.numel() * sizeof(int64_t));
+    roce::algorithms::allgather(c, sendVal.data_ptr(), gotVal.data_ptr(), sendVal.numel() * sendVal.element_size());
     std::vector<at::Tensor> idx, val;
     for (int r = 0; r < n; ++r) {
       const int64_t nnz = table[r * kFields + kNnz];
@@ -137,4 +140,4 @@ void sparseAllreduceSumOnDevice(Communicator& c, const at::Tensor& t, const at::
   });
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

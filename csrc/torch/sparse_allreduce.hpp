@@ -10,9 +10,12 @@
 
 #include <vector>
 
-namespace roce {
-
+namespace roce::comm {
 class Communicator;
+}
+namespace roce::adapter {
+using namespace roce::comm;
+
 class DeviceStaging;
 
 // On the caller's thread: rejects what the reduction cannot do (not SUM, not
@@ -32,4 +35,4 @@ at::Tensor sparseAllreduceSum(Communicator& c, const at::Tensor& mine);
 void sparseAllreduceSumOnDevice(Communicator& c, const at::Tensor& t, const at::Tensor& indices,
                                 const at::Tensor& values, DeviceStaging& staging, c10::Stream caller);
 
-}  // namespace roce
+}  // namespace roce::adapter

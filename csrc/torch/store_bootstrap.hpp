@@ -7,7 +7,7 @@
 
 #include "../common/bootstrap.hpp"
 
-namespace roce {
+namespace roce::adapter {
 
 class StoreBootstrap : public Bootstrap {
  public:
@@ -37,4 +37,4 @@ class StoreBootstrap : public Bootstrap {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -7,7 +7,7 @@
 
 #include "../common/error.hpp"
 
-namespace roce {
+namespace roce::adapter {
 namespace {
 
 // Concatenates CPU tensors (any layout) into one contiguous host buffer.
@@ -203,4 +203,4 @@ DataType reductionType(const at::Tensor& t, const char* op) {
               " are not supported (float32/64, float16, bfloat16, int8/16/32/64, uint8, bool, complex64/128 are)");
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -14,7 +14,7 @@
 #include "../common/dtype.hpp"
 #include "device_staging.hpp"
 
-namespace roce {
+namespace roce::adapter {
 
 struct Staged {
   at::Tensor user;  // what the caller passed
@@ -98,4 +98,4 @@ void checkRank(int64_t r, int size, const char* what, const char* op);
 // For reductions: the dtype the kernels know, or an error naming it.
 DataType reductionType(const at::Tensor& t, const char* op);
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -5,9 +5,9 @@
 #pragma once
 #include <pybind11/pybind11.h>
 
-namespace roce {
+namespace roce::adapter {
 
 // Adds the submodule `testing` to `parent` (the extension module).
 void defineTestHooks(pybind11::module_& parent);
 
-}  // namespace roce
+}  // namespace roce::adapter

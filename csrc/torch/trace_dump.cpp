@@ -11,7 +11,7 @@
 #include <string_view>
 #include <unistd.h>
 
-namespace roce {
+namespace roce::adapter {
 namespace {
 
 // roce's operation titles as torch's analyzer spells them (the names torch's
@@ -229,4 +229,4 @@ bool writeTraceDump(const std::string& path, const TraceRing& ring, const TraceD
   return true;
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

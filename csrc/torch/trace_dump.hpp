@@ -17,7 +17,8 @@
 
 #include "../engine/trace.hpp"
 
-namespace roce {
+namespace roce::adapter {
+using namespace roce::engine;
 
 struct TraceDumpGroup {
   std::string name, desc;     // torch's group name (uid) and description
@@ -31,4 +32,4 @@ std::string traceDumpJson(const TraceRing& ring, const TraceDumpGroup& group);
 // reader never sees half a dump); false, with the reason in *why, if it could not.
 bool writeTraceDump(const std::string& path, const TraceRing& ring, const TraceDumpGroup& group, std::string* why);
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -14,7 +14,7 @@
 #include "../common/error.hpp"
 #include "../common/log.hpp"
 
-namespace roce {
+namespace roce::adapter {
 namespace {
 
 struct Registry {
@@ -91,4 +91,4 @@ void TraceSignal::remove(uint64_t id) {
   r.dumps.erase(id);
 }
 
-}  // namespace roce
+}  // namespace roce::adapter

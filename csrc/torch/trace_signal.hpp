@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <functional>
 
-namespace roce {
+namespace roce::adapter {
 
 class TraceSignal {
  public:
@@ -23,4 +23,4 @@ class TraceSignal {
   static void remove(uint64_t id);  // after it returns, `dump` is not running and will not run
 };
 
-}  // namespace roce
+}  // namespace roce::adapter

@@ -15,7 +15,9 @@
 #include "device_capture.hpp"
 #include "device_guard.hpp"
 
-namespace roce {
+namespace roce::adapter {
+using namespace roce::comm;
+
 namespace {
 
 // The devices (not the CPU) the future's value lives on.
@@ -323,4 +325,4 @@ bool PointToPointTask::poll(Communicator&) {
 
 void PointToPointTask::complete(std::exception_ptr error) { completeWork(*work_, *this, staging_, error); }
 
-}  // namespace roce
+}  // namespace roce::adapter

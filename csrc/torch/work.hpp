@@ -16,7 +16,9 @@
 #include "completion_hooks.hpp"
 #include "tensor_staging.hpp"
 
-namespace roce {
+namespace roce::adapter {
+using namespace roce::engine;
+using namespace roce::transport;
 
 class RoceWork : public c10d::Work {
  public:
@@ -153,4 +155,4 @@ void completeWork(RoceWork& work, Task& task, CallStaging& staging, std::excepti
 // Rethrows roce errors as c10::DistBackendError (torch.distributed.DistBackendError).
 std::exception_ptr toTorchError(std::exception_ptr e);
 
-}  // namespace roce
+}  // namespace roce::adapter

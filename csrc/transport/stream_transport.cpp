@@ -6,7 +6,7 @@
 #include "../common/config.hpp"
 #include "../common/error.hpp"
 
-namespace roce {
+namespace roce::transport {
 namespace {
 
 constexpr uint32_t kFrameMagic = 0x52504746;  // "RPGF"
@@ -305,4 +305,4 @@ void StreamTransport::failAll(const std::string& why) {
   for (int i : live_) killPeer(i, *peers_[i], why);
 }
 
-}  // namespace roce
+}  // namespace roce::transport

@@ -14,7 +14,7 @@
 
 #include "transport.hpp"
 
-namespace roce {
+namespace roce::transport {
 
 class BytePipe {
  public:
@@ -122,4 +122,4 @@ class StreamTransport : public Transport {
   bool silentPeers_ = false;  // the last prepareWait left out a live pipe without a descriptor
 };
 
-}  // namespace roce
+}  // namespace roce::transport

@@ -1,6 +1,6 @@
 // The narrow interface every transport implements (shared memory, TCP and RDMA
 // verbs: shm/, tcp/, verbs/ beside this file). Algorithms never see a concrete
-// transport: they post Requests through roce::Communicator (csrc/comm/
+// transport: they post Requests through roce::comm::Communicator (csrc/comm/
 // communicator.hpp), which routes each peer to the transport that serves it.
 //
 // Semantics, identical for every transport:
@@ -28,7 +28,7 @@
 #include "../common/counters.hpp"
 #include "../common/wakeup.hpp"
 
-namespace roce {
+namespace roce::transport {
 
 // What keeps a request's buffer alive, for transports that hand the buffer to
 // the NIC directly (verbs zero copy). `keep` is a reference to the allocation
@@ -188,4 +188,4 @@ class Transport {
   std::function<bool(int)> peerWatch_;
 };
 
-}  // namespace roce
+}  // namespace roce::transport

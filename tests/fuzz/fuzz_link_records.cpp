@@ -12,21 +12,21 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view buf(reinterpret_cast<const char*>(data), size);
   size_t at = 0;
-  roce::RecordHead head{};
+  roce::runtime::RecordHead head{};
   std::string_view text;
   for (;;) {
     const size_t before = at;
-    if (roce::nextRecord(buf, at, head, text) != roce::RecordParse::Complete) {
+    if (roce::runtime::nextRecord(buf, at, head, text) != roce::runtime::RecordParse::Complete) {
       if (at != before) std::abort();
       break;
     }
-    if (at <= before || at > size || text.size() != head.len || text.size() > roce::kMaxRecordText) std::abort();
+    if (at <= before || at > size || text.size() != head.len || text.size() > roce::runtime::kMaxRecordText) std::abort();
     if (text.data() < buf.data() || text.data() + text.size() > buf.data() + size) std::abort();
-    const std::string again = roce::encodeRecord(head.type, head.srcRank, head.dstNonce, head.srcNonce, text);
+    const std::string again = roce::runtime::encodeRecord(head.type, head.srcRank, head.dstNonce, head.srcNonce, text);
     size_t at2 = 0;
-    roce::RecordHead head2{};
+    roce::runtime::RecordHead head2{};
     std::string_view text2;
-    if (roce::nextRecord(again, at2, head2, text2) != roce::RecordParse::Complete || at2 != again.size() ||
+    if (roce::runtime::nextRecord(again, at2, head2, text2) != roce::runtime::RecordParse::Complete || at2 != again.size() ||
         head2.type != head.type || head2.srcRank != head.srcRank || head2.dstNonce != head.dstNonce ||
         head2.srcNonce != head.srcNonce || text2 != text)
       std::abort();

@@ -11,13 +11,13 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
-  roce::RankInfo r;
+  roce::membership::RankInfo r;
   try {
-    r = roce::RankInfo::decode(text, 3);
+    r = roce::membership::RankInfo::decode(text, 3);
   } catch (const roce::Error&) {
     return 0;
   }
-  const roce::RankInfo again = roce::RankInfo::decode(r.encode(), 3);
+  const roce::membership::RankInfo again = roce::membership::RankInfo::decode(r.encode(), 3);
   if (again.nodeId != r.nodeId || again.hostId != r.hostId || again.pid != r.pid || again.tcpHost != r.tcpHost ||
       again.tcpPort != r.tcpPort || again.verbsRails != r.verbsRails || again.nonce != r.nonce ||
       again.shmRingBytes != r.shmRingBytes || again.shmSlotBytes != r.shmSlotBytes ||

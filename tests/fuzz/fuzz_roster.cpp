@@ -14,13 +14,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const int ranks = 1 + data[0] % 64;
   const std::string text(reinterpret_cast<const char*>(data + 1), size - 1);
-  roce::Roster r;
+  roce::membership::Roster r;
   try {
-    r = roce::Roster::decodeOrThrow(text, ranks);
+    r = roce::membership::Roster::decodeOrThrow(text, ranks);
   } catch (const roce::Error&) {
     return 0;
   }
   if (r.ranks.size() != static_cast<size_t>(ranks)) std::abort();
-  if (roce::Roster::decode(r.encode(), ranks).encode() != r.encode()) std::abort();
+  if (roce::membership::Roster::decode(r.encode(), ranks).encode() != r.encode()) std::abort();
   return 0;
 }

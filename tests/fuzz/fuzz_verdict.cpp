@@ -25,6 +25,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       text.push_back(static_cast<char>(data[i]));
     }
   }
-  if (roce::formatVerdict(states, ranks) != roce::formatVerdict(states, ranks)) std::abort();
+  if (roce::liveness::formatVerdict(states, ranks) != roce::liveness::formatVerdict(states, ranks)) std::abort();
   return 0;
 }

@@ -46,7 +46,7 @@ void checkReduce(Checker& k, size_t count) {
   for (int root : rootsOf(n)) {
     auto data = reductionInput(me, count, n);
     const std::string what = str("reduce SUM of ", count, " int64 to root ", root);
-    k.run(what, [&] { roce::reduce(k.comm, data.data(), count, DataType::Int64, Reduction{ReduceOp::Sum}, root); });
+    k.run(what, [&] { roce::algorithms::reduce(k.comm, data.data(), count, DataType::Int64, Reduction{ReduceOp::Sum}, root); });
     if (me == root) k.expect(what, data.data(), count, [&](size_t i) { return expectedSum(i, n); });
     else k.expect(what + " (a non-root's input)", data.data(), count, [&](size_t i) { return reduceInput(me, i, n); });
   }
@@ -59,7 +59,7 @@ void checkBroadcast(Checker& k) {
     for (int root : rootsOf(n)) {
       std::vector<uint8_t> data = me == root ? bytesFrom(root, 0, len) : std::vector<uint8_t>(len, 0);
       const std::string what = str("broadcast of ", len, " bytes from root ", root);
-      k.run(what, [&] { roce::broadcast(k.comm, data.data(), len, root); });
+      k.run(what, [&] { roce::algorithms::broadcast(k.comm, data.data(), len, root); });
       k.expect(what, data.data(), len, [&](size_t j) { return byteOf(root, 0, j); });
     }
 }
@@ -72,7 +72,7 @@ void checkBarrier(Checker& k) {
     const std::string key = str("barrier-check/", k.group(), "/", round);
     k.store.add(key, 1);
     const std::string what = str("barrier ", round);
-    k.run(what, [&] { roce::barrier(k.comm); });
+    k.run(what, [&] { roce::algorithms::barrier(k.comm); });
     const int64_t arrived = k.store.add(key, 0);
     k.expect(what + ": ranks in before anyone left", &arrived, 1, [&](size_t) { return int64_t(n); });
   }
@@ -85,7 +85,7 @@ void checkGatherScatter(Checker& k) {
       const auto mine = bytesFrom(me, root, block);
       std::vector<uint8_t> all(me == root ? block * n : 0);
       std::string what = str("gather of ", block, "-byte blocks to root ", root);
-      k.run(what, [&] { roce::gather(k.comm, mine.data(), all.data(), block, root); });
+      k.run(what, [&] { roce::algorithms::gather(k.comm, mine.data(), all.data(), block, root); });
       if (me == root) k.expect(what, all.data(), all.size(), [&](size_t j) { return byteOf(j / block, root, j % block); });
 
       std::vector<uint8_t> blocks;
@@ -96,7 +96,7 @@ void checkGatherScatter(Checker& k) {
         }
       std::vector<uint8_t> got(block);
       what = str("scatter of ", block, "-byte blocks from root ", root);
-      k.run(what, [&] { roce::scatter(k.comm, blocks.data(), got.data(), block, root); });
+      k.run(what, [&] { roce::algorithms::scatter(k.comm, blocks.data(), got.data(), block, root); });
       k.expect(what, got.data(), block, [&](size_t j) { return byteOf(root, me, j); });
     }
 }
@@ -120,7 +120,7 @@ void checkAlltoallv(Checker& k) {
   }
   std::vector<uint8_t> out(recvTotal);
   k.run("alltoallv with uneven sizes",
-        [&] { roce::alltoallv(k.comm, in.data(), sendBytes, sendOffsets, out.data(), recvBytes, recvOffsets); });
+        [&] { roce::algorithms::alltoallv(k.comm, in.data(), sendBytes, sendOffsets, out.data(), recvBytes, recvOffsets); });
   std::vector<uint8_t> want;
   for (int q = 0; q < n; ++q) {
     const auto b = bytesFrom(q, me, recvBytes[q]);
@@ -142,7 +142,7 @@ void checkAllreduce(Checker& k) {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {
       auto data = reductionInput(me, count, n);
       const std::string what = str("allreduce ", roce::reduceOpName(op), " of ", count, " int64");
-      k.run(what, [&] { roce::allreduce(k.comm, data.data(), count, DataType::Int64, Reduction{op}); });
+      k.run(what, [&] { roce::algorithms::allreduce(k.comm, data.data(), count, DataType::Int64, Reduction{op}); });
       k.expect(what, data.data(), count,
                [&](size_t i) { return op == ReduceOp::Sum ? expectedSum(i, n) : expectedMax(i, n); });
     }
@@ -155,7 +155,7 @@ void checkAllgatherAndReduceScatter(Checker& k) {
     const auto mine = bytesFrom(me, 0, block);
     std::vector<uint8_t> all(block * n);
     const std::string what = str("allgather of ", block, "-byte blocks");
-    k.run(what, [&] { roce::allgather(k.comm, mine.data(), all.data(), block); });
+    k.run(what, [&] { roce::algorithms::allgather(k.comm, mine.data(), all.data(), block); });
     k.expect(what, all.data(), all.size(), [&](size_t j) { return byteOf(j / block, 0, j % block); });
   }
   const size_t maxCount = std::max<size_t>(1, kMaxCheckBytes / sizeof(int64_t) / n);
@@ -165,7 +165,7 @@ void checkAllgatherAndReduceScatter(Checker& k) {
     std::vector<int64_t> out(count);
     const std::string what = str("reduce_scatter SUM of ", count, "-element blocks");
     k.run(what, [&] {
-      roce::reduceScatter(k.comm, in.data(), out.data(), count, DataType::Int64, Reduction{ReduceOp::Sum});
+      roce::algorithms::reduceScatter(k.comm, in.data(), out.data(), count, DataType::Int64, Reduction{ReduceOp::Sum});
     });
     k.expect(what, out.data(), count, [&](size_t i) { return expectedSum(me * count + i, n); });
   }

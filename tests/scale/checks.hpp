@@ -11,8 +11,10 @@
 
 namespace roce {
 class Bootstrap;
+}
+namespace roce::comm {
 class Communicator;
-}  // namespace roce
+}
 
 namespace scale {
 
@@ -20,10 +22,10 @@ class Checker {
  public:
   // `group` names the group in messages (its forced algorithm, say);
   // `store` serves the barrier check.
-  Checker(roce::Communicator& c, roce::Bootstrap& store, std::string group, std::chrono::milliseconds timeout)
+  Checker(roce::comm::Communicator& c, roce::Bootstrap& store, std::string group, std::chrono::milliseconds timeout)
       : comm(c), store(store), group_(std::move(group)), timeout_(timeout) {}
 
-  roce::Communicator& comm;
+  roce::comm::Communicator& comm;
   roce::Bootstrap& store;
   const std::string& group() const { return group_; }
   int passed() const { return passed_; }

@@ -6,7 +6,7 @@
 
 namespace scale {
 
-void runOperation(roce::Communicator& c, const std::string& what, std::chrono::milliseconds timeout,
+void runOperation(roce::comm::Communicator& c, const std::string& what, std::chrono::milliseconds timeout,
                   const std::function<void()>& body) {
   c.beginOperation(what, roce::Clock::now() + timeout);
   try {

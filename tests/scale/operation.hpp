@@ -9,13 +9,13 @@
 #include <functional>
 #include <string>
 
-namespace roce {
+namespace roce::comm {
 class Communicator;
 }
 
 namespace scale {
 
-void runOperation(roce::Communicator& c, const std::string& what, std::chrono::milliseconds timeout,
+void runOperation(roce::comm::Communicator& c, const std::string& what, std::chrono::milliseconds timeout,
                   const std::function<void()>& body);
 
 }  // namespace scale

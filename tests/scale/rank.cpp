@@ -51,13 +51,13 @@ class RankRun {
   // Where this rank is, for the launcher's message if it hangs.
   void stage(const std::string& what) { store_.set(str("stage/", rank_), what); }
 
-  std::unique_ptr<roce::Communicator> form(const roce::Config& cfg) {
-    return roce::GroupBuilder::join(store_, cfg, rank_, o_.ranks, rank_, timeout_);
+  std::unique_ptr<roce::comm::Communicator> form(const roce::Config& cfg) {
+    return roce::group::GroupBuilder::join(store_, cfg, rank_, o_.ranks, rank_, timeout_);
   }
 
   // Another group after the first, noting how long forming it took
   // (repeated formation on one store).
-  std::unique_ptr<roce::Communicator> reform(const roce::Config& cfg, const std::string& name) {
+  std::unique_ptr<roce::comm::Communicator> reform(const roce::Config& cfg, const std::string& name) {
     stage("forming the " + name + " group");
     const auto t0 = roce::Clock::now();
     auto c = form(cfg);
@@ -68,7 +68,7 @@ class RankRun {
 
   // A group's end: its peaks noted, its checks counted, and an orderly exit
   // (the neighbours learn it is no failure).
-  void finish(std::unique_ptr<roce::Communicator>& c, const Checker& k) {
+  void finish(std::unique_ptr<roce::comm::Communicator>& c, const Checker& k) {
     notePeaks(*c);
     report_.checksPassed += k.passed();
     c->leaveGracefully();
@@ -79,14 +79,14 @@ class RankRun {
 
   // What `connections` of `c` would register over verbs, its pools sized by
   // its network peers as the transport sizes them.
-  static double verbsBytes(const roce::Communicator& c, uint64_t connections) {
-    return double(roce::verbsRegisteredBytes(c.config(), static_cast<int>(connections), 1, c.networkPeers()));
+  static double verbsBytes(const roce::comm::Communicator& c, uint64_t connections) {
+    return double(roce::transport::verbs::verbsRegisteredBytes(c.config(), static_cast<int>(connections), 1, c.networkPeers()));
   }
 
   // Descriptors, threads and `c`'s connections (with the verbs memory they
   // would take) at their highest over the run's measuring points; one group
   // exists at a time.
-  void notePeaks(roce::Communicator& c) {
+  void notePeaks(roce::comm::Communicator& c) {
     const ProcStats s = readProcStats();
     const auto connections = c.counters().connections.load();
     for (auto [name, value] : {std::pair{"fds_peak", double(s.fds)}, {"threads_peak", double(s.threads)},

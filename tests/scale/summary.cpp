@@ -114,7 +114,7 @@ void printSummary(const Options& o, const RunResult& r) {
   for (const auto& algo : o.allreduceAlgos) row(r, "connections_allreduce_" + algo, "connections, allreduce " + algo);
   for (const auto& algo : o.gatherAlgos) row(r, "connections_allgather_" + algo, "connections, allgather " + algo);
   std::printf("  (RSS, PSS, descriptors, threads, connections: in the default group %s;\n"
-              "   verbs: projected from the pool sizes, roce::verbsRegisteredBytes; a group's connections:\n"
+              "   verbs: projected from the pool sizes, roce::transport::verbs::verbsRegisteredBytes; a group's connections:\n"
               "   after its checks, or with --checks none after its timings)\n",
               o.checks == Options::Checks::None ? "right after init" : "once its few-peer collectives ran");
   std::printf("\nstore, whole run: %llu requests (%.1f per rank), %.2f MiB received, %.2f MiB sent (%.1f KiB per rank)\n",

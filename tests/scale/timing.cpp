@@ -18,7 +18,7 @@ using Clock = std::chrono::steady_clock;
 int64_t slowestMicros(Checker& k, Clock::duration mine) {
   int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(mine).count();
   k.run("agreeing on the iteration count", [&] {
-    roce::allreduce(k.comm, &us, 1, roce::DataType::Int64, roce::Reduction{roce::ReduceOp::Max});
+    roce::algorithms::allreduce(k.comm, &us, 1, roce::DataType::Int64, roce::Reduction{roce::ReduceOp::Max});
   });
   return std::max<int64_t>(us, 1);
 }
@@ -33,7 +33,7 @@ double timeAllreduce(Checker& k, size_t bytes, int maxIters, std::chrono::millis
   const std::string what = roce::str("allreduce MAX of ", count * sizeof(int64_t), " bytes");
   const auto call = [&] {
     k.run(what, [&] {
-      roce::allreduce(k.comm, data.data(), count, roce::DataType::Int64, roce::Reduction{roce::ReduceOp::Max});
+      roce::algorithms::allreduce(k.comm, data.data(), count, roce::DataType::Int64, roce::Reduction{roce::ReduceOp::Max});
     });
   };
   const auto warm = Clock::now();
@@ -41,7 +41,7 @@ double timeAllreduce(Checker& k, size_t bytes, int maxIters, std::chrono::millis
   const int64_t pace = slowestMicros(k, Clock::now() - warm);
   const int iters = static_cast<int>(std::clamp<int64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(budget).count() / pace, 1, maxIters));
-  k.run("barrier before timing", [&] { roce::barrier(k.comm); });
+  k.run("barrier before timing", [&] { roce::algorithms::barrier(k.comm); });
   const auto start = Clock::now();
   for (int i = 0; i < iters; ++i) call();
   const std::chrono::duration<double> took = Clock::now() - start;

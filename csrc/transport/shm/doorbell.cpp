@@ -10,7 +10,7 @@
 #include "../../common/log.hpp"
 #include "shm_doorbells.hpp"
 
-namespace roce {
+namespace roce::transport::shm {
 
 Doorbell::Doorbell(ShmBellControl* mine)
     : doorbells_(ProcessRuntime::get().service<ShmDoorbells>()), owner_(getpid()), key_(doorbells_.enrol(mine)), mine_(mine) {}
@@ -48,4 +48,4 @@ void Doorbell::send(Peer& peer) {
               err == EBADF ? "no doorbell" : std::strerror(err), "): its waits will poll");
 }
 
-}  // namespace roce
+}  // namespace roce::transport::shm

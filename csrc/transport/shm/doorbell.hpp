@@ -47,9 +47,11 @@
 #include <cstdint>
 
 namespace roce {
+class Wakeup;
+}
+namespace roce::transport::shm {
 
 class ShmDoorbells;
-class Wakeup;
 
 // In each rank's control page (node_shm.hpp).
 struct alignas(64) ShmBellControl {
@@ -108,4 +110,4 @@ class Doorbell {
   ShmBellControl* mine_;
 };
 
-}  // namespace roce
+}  // namespace roce::transport::shm

@@ -8,7 +8,7 @@
 #include "../../common/bootstrap.hpp"
 #include "../../common/error.hpp"
 
-namespace roce {
+namespace roce::transport::shm {
 namespace {
 constexpr size_t kPage = 4096;
 size_t roundUp(size_t x) { return (x + kPage - 1) & ~(kPage - 1); }
@@ -97,4 +97,4 @@ ShmRankControl* NodeShm::control(int local) const {
   return reinterpret_cast<ShmRankControl*>(segs_[local].data());
 }
 
-}  // namespace roce
+}  // namespace roce::transport::shm

@@ -21,8 +21,10 @@
 #include "shm_segment.hpp"
 
 namespace roce {
-
 class Bootstrap;
+}
+namespace roce::transport::shm {
+
 
 struct alignas(64) ShmRankControl {
   std::atomic<uint64_t> arrived;  // barrier generation this rank has reached
@@ -82,4 +84,4 @@ class NodeShm {
   std::unique_ptr<Doorbell> bell_;  // its address and key are in this rank's control page
 };
 
-}  // namespace roce
+}  // namespace roce::transport::shm

@@ -11,7 +11,7 @@
 #include "../../common/wakeup.hpp"
 #include "doorbell.hpp"
 
-namespace roce {
+namespace roce::transport::shm {
 
 ShmDoorbells::~ShmDoorbells() {
   const int fd = fd_.load();
@@ -113,4 +113,4 @@ void ShmDoorbells::polled(const pollfd* fds, size_t n) {
   if (taken == 64) rt_.poke();  // more may be queued: another round at once
 }
 
-}  // namespace roce
+}  // namespace roce::transport::shm

@@ -25,8 +25,11 @@
 #include "../../runtime/process_runtime.hpp"
 
 namespace roce {
-
 class Wakeup;
+}
+namespace roce::transport::shm {
+using namespace roce::runtime;
+
 struct ShmBellControl;
 
 class ShmDoorbells : public RuntimeService {
@@ -64,4 +67,4 @@ class ShmDoorbells : public RuntimeService {
   uint64_t nextKey_ = 1;
 };
 
-}  // namespace roce
+}  // namespace roce::transport::shm

@@ -12,7 +12,7 @@
 #include "../../common/error.hpp"
 #include "shm_segment.hpp"
 
-namespace roce {
+namespace roce::transport::shm {
 
 struct alignas(64) ShmRingControl {
   std::atomic<uint64_t> head;  // bytes ever written (producer)
@@ -82,4 +82,4 @@ class ShmRing {
   size_t cap_ = 0;
 };
 
-}  // namespace roce
+}  // namespace roce::transport::shm

@@ -23,7 +23,7 @@
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack the name
 #endif
 
-namespace roce {
+namespace roce::transport::shm {
 namespace {
 constexpr size_t kPage = 4096;
 // How old a leftover segment must be before a new process removes it.
@@ -174,4 +174,4 @@ void ShmSegment::release() {
 
 ShmSegment::~ShmSegment() { release(); }
 
-}  // namespace roce
+}  // namespace roce::transport::shm

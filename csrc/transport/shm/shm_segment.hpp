@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-namespace roce {
+namespace roce::transport::shm {
 
 class ShmSegment {
  public:
@@ -65,4 +65,4 @@ class ShmSegment {
   bool owner_ = false;
 };
 
-}  // namespace roce
+}  // namespace roce::transport::shm

@@ -2,7 +2,7 @@
 
 #include "../../common/error.hpp"
 
-namespace roce {
+namespace roce::transport::shm {
 namespace {
 
 class ShmPipe : public BytePipe {
@@ -76,4 +76,4 @@ void ShmTransport::afterWait() {
   announced_ = false;
 }
 
-}  // namespace roce
+}  // namespace roce::transport::shm

@@ -10,7 +10,7 @@
 #include "../stream_transport.hpp"
 #include "node_shm.hpp"
 
-namespace roce {
+namespace roce::transport::shm {
 
 class ShmTransport : public StreamTransport {
  public:
@@ -33,4 +33,4 @@ class ShmTransport : public StreamTransport {
   bool announced_ = false;
 };
 
-}  // namespace roce
+}  // namespace roce::transport::shm

@@ -5,7 +5,7 @@
 // (ConnectionManager::SharedDials), a layer above.
 #pragma once
 
-namespace roce {
+namespace roce::transport::tcp {
 
 enum class FirstContact {
   Linked,  // a connection to the peer's process exists: use it
@@ -13,4 +13,4 @@ enum class FirstContact {
   Wait,    // another group is dialing it: look again soon
 };
 
-}  // namespace roce
+}  // namespace roce::transport::tcp

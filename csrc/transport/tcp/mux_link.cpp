@@ -15,7 +15,7 @@
 #include "../../common/wakeup.hpp"
 #include "tcp_mux.hpp"
 
-namespace roce {
+namespace roce::transport::tcp {
 namespace {
 
 // Why a link's process is gone, after "the process of rank N (...)".
@@ -568,4 +568,4 @@ void MuxLink::dropStaleParked(Clock::time_point now) {
     }
 }
 
-}  // namespace roce
+}  // namespace roce::transport::tcp

@@ -20,8 +20,10 @@
 #include "../../common/backoff.hpp"
 
 namespace roce {
-
 class Wakeup;
+}
+namespace roce::transport::tcp {
+
 class TcpMux;
 
 // The bytes of one group's stream from one peer rank that arrived before the
@@ -117,4 +119,4 @@ class MuxLink {
   std::set<std::pair<uint64_t, uint64_t>> goneSent_;  // (gone nonce, asker's nonce): GONE sent once
 };
 
-}  // namespace roce
+}  // namespace roce::transport::tcp

@@ -5,7 +5,7 @@
 
 #include "../../common/wakeup.hpp"
 
-namespace roce {
+namespace roce::transport::tcp {
 
 void TcpMux::adopt(const std::string& peerKey, int fd, std::string addr) {
   {
@@ -174,4 +174,4 @@ void TcpMux::polled(const pollfd* fds, size_t n) {
   polledLinks_.clear();
 }
 
-}  // namespace roce
+}  // namespace roce::transport::tcp

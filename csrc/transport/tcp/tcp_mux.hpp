@@ -66,8 +66,11 @@
 #include "mux_link.hpp"
 
 namespace roce {
-
 class Wakeup;
+}
+namespace roce::transport::tcp {
+using namespace roce::runtime;
+
 
 // The per-process table (ProcessRuntime::get().service<TcpMux>()).
 class TcpMux : public RuntimeService {
@@ -138,4 +141,4 @@ class TcpMux : public RuntimeService {
   std::unordered_map<uint64_t, int> closed_;  // nonce -> the rank it was, for GONE
 };
 
-}  // namespace roce
+}  // namespace roce::transport::tcp

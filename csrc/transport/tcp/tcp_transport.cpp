@@ -8,7 +8,9 @@
 #include "../../runtime/process_runtime.hpp"
 #include "tcp_mux.hpp"
 
-namespace roce {
+namespace roce::transport::tcp {
+using namespace roce::runtime;
+
 namespace {
 
 // How long a destroyed group waits for its last bytes (and its goodbyes) to
@@ -107,4 +109,4 @@ bool TcpTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
   return StreamTransport::prepareWait(fds, anySource);
 }
 
-}  // namespace roce
+}  // namespace roce::transport::tcp

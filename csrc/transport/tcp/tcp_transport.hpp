@@ -18,7 +18,7 @@
 #include "../stream_transport.hpp"
 #include "tcp_mux.hpp"
 
-namespace roce {
+namespace roce::transport::tcp {
 
 
 class TcpTransport : public StreamTransport {
@@ -59,4 +59,4 @@ class TcpTransport : public StreamTransport {
   std::vector<std::shared_ptr<MuxLink>> links_;  // the connections this group's pipes use
 };
 
-}  // namespace roce
+}  // namespace roce::transport::tcp

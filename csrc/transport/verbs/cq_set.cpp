@@ -8,7 +8,7 @@
 #include "../../common/wakeup.hpp"
 #include "verbs_device.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 namespace {
 // Each new CQ is at least this big (a few dozen peers' queue pairs), so a
 // rank with many peers polls a handful of CQs, not one per peer.
@@ -84,5 +84,5 @@ std::string CqSet::errorOn(const VerbsDevice& dev) const {
   return {};
 }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs
 

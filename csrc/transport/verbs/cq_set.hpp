@@ -15,9 +15,11 @@
 #include <vector>
 
 namespace roce {
+class Wakeup;
+}
+namespace roce::transport::verbs {
 
 class VerbsDevice;
-class Wakeup;
 
 class CqSet {
  public:
@@ -70,4 +72,4 @@ class CqSet {
   size_t next_ = 0;  // where polling starts, round robin
 };
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

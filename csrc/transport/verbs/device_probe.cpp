@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <infiniband/verbs.h>
 
-namespace roce {
+namespace roce::transport::verbs {
 namespace {
 
 const char* portStateName(ibv_port_state s) {
@@ -53,4 +53,4 @@ std::vector<RdmaPortInfo> probeRdmaPorts() {
   return out;
 }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

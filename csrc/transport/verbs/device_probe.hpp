@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace roce {
+namespace roce::transport::verbs {
 
 struct RdmaPortInfo {
   std::string device;
@@ -19,4 +19,4 @@ struct RdmaPortInfo {
 // Never throws: a machine without rdma-core devices yields an empty list.
 std::vector<RdmaPortInfo> probeRdmaPorts();
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

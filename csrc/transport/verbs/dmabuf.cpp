@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace roce {
+namespace roce::transport::verbs {
 
 RegDmabufMr regDmabufMr() {
   // The extension links libibverbs, which is loaded by now; RTLD_NOLOAD takes
@@ -59,4 +59,4 @@ DmabufAnswer probeDmabufFirstDevice() {
   return a;
 }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-namespace roce {
+namespace roce::transport::verbs {
 
 using RegDmabufMr = ibv_mr* (*)(ibv_pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd, int access);
 
@@ -32,4 +32,4 @@ DmabufAnswer probeDmabuf(ibv_pd* pd, const std::string& device);
 // ask without a group); `why` says so when there is none.
 DmabufAnswer probeDmabufFirstDevice();
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

@@ -12,7 +12,7 @@
 #include "process_pool.hpp"
 #include "slot_pool.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 namespace {
 std::atomic<size_t> landingBytes{0};  // LandingPool::processBytes
 }  // namespace
@@ -157,4 +157,4 @@ void LandingPool::forget(Wakeup* waiter) {
 
 char* LandingPool::data(uint32_t id) const { return regions_.data(id); }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

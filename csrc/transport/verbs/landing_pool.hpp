@@ -45,8 +45,10 @@
 #include "port_choice.hpp"
 
 namespace roce {
-
 class Wakeup;
+}
+namespace roce::transport::verbs {
+
 
 class LandingPool {
  public:
@@ -136,4 +138,4 @@ class LandingPool {
   std::atomic<uint64_t> wakeupsNow_{0};
 };
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

@@ -2,7 +2,7 @@
 
 #include "verbs_device.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 
 std::string describeRails(const Rails& rails) {
   std::string out;
@@ -31,4 +31,4 @@ void MemoryRegion::deregister() {
   count_ = 0;
 }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

@@ -17,7 +17,7 @@
 
 #include "port_choice.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 
 class VerbsDevice;
 using Rails = std::vector<std::shared_ptr<VerbsDevice>>;
@@ -47,4 +47,4 @@ class MemoryRegion {
   size_t len_ = 0;
 };
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

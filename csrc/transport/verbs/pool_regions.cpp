@@ -5,7 +5,7 @@
 
 #include "slot_pool.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 
 PoolRegions::PoolRegions(Rails rails, size_t stride, int access, const char* what,
                          std::atomic<size_t>& processBytes, int maxRegions)
@@ -47,4 +47,4 @@ bool PoolRegions::give(uint32_t id) { return regions_[id >> kPoolSlotBits]->give
 
 char* PoolRegions::data(uint32_t id) const { return regions_[id >> kPoolSlotBits]->slot(id & kPoolSlotMask); }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

@@ -19,7 +19,7 @@
 #include "memory_region.hpp"
 #include "process_pool.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 
 class SlotPool;
 
@@ -60,4 +60,4 @@ class PoolRegions {
   int count_ = 0;
 };
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

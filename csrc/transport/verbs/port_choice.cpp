@@ -14,7 +14,7 @@
 #include "../../common/config.hpp"
 #include "../../common/log.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 namespace {
 
 struct HcaFilter {
@@ -256,4 +256,4 @@ std::vector<VerbsPortChoice> chooseVerbsPorts(const Config& cfg, int rank, std::
   return out;
 }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

@@ -16,8 +16,10 @@
 #include <vector>
 
 namespace roce {
-
 struct Config;
+}
+namespace roce::transport::verbs {
+
 
 // Ports one rank drives at once ("rails"). Bounded by what a control message
 // can carry: an RTR names the receive buffer's key on each of them (verbs_wire.hpp).
@@ -56,4 +58,4 @@ std::set<int> processNumaNodes();
 // "0-3,8,10-11" -> {0,1,2,3,8,10,11}; malformed parts are skipped.
 std::set<int> parseCpuList(const std::string& text);
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

@@ -12,7 +12,7 @@
 
 #include "memory_region.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 
 // A process pool's slot id: the region in the bits from kPoolSlotBits up,
 // the slot within it below.
@@ -36,4 +36,4 @@ std::shared_ptr<Pool> processPool(const Rails& rails, size_t stride) {
   return pool;
 }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

@@ -14,7 +14,7 @@
 #include "staging_pool.hpp"
 #include "verbs_pair.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 namespace {
 
 struct Reaper {
@@ -110,4 +110,4 @@ size_t remainsPending() {
   return r.pending;
 }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

@@ -22,15 +22,13 @@
 
 #include "memory_region.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 
 class CqSet;
 class LandingPool;
 class RegCache;
 class StagingPool;
-namespace verbs {
 class Pair;
-}
 
 // What a broken group leaves behind: released in this order by the destructor.
 struct VerbsRemains {
@@ -52,4 +50,4 @@ void releaseLater(std::unique_ptr<VerbsRemains> remains, std::chrono::millisecon
 // Remains handed over and not released yet (_runtime_stats()["verbs_remains_pending"]).
 size_t remainsPending();
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

@@ -12,7 +12,7 @@
 #include "dmabuf.hpp"
 #include "verbs_device.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 
 size_t defaultRegCacheBytes(size_t configured) {
   if (configured != 0) return configured;
@@ -170,4 +170,4 @@ void RegCache::release(Entry* e) {
   if (e && e->inUse > 0) e->inUse--;
 }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

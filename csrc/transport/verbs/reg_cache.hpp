@@ -34,7 +34,7 @@
 #include "../transport.hpp"
 #include "memory_region.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 
 class RegCache {
  public:
@@ -100,4 +100,4 @@ class RegCache {
 // locked-memory limit (RLIMIT_MEMLOCK) so the staging pools still fit.
 size_t defaultRegCacheBytes(size_t configured);
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

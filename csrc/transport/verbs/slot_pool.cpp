@@ -8,7 +8,7 @@
 #include "../../common/page_memory.hpp"
 #include "verbs_device.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 
 SlotPool::SlotPool(const Rails& rails, size_t bytes, size_t stride, int access, const char* what, Counters* counters)
     : stride_(stride), counters_(counters) {
@@ -51,4 +51,4 @@ bool SlotPool::give(uint32_t slot) {
   return true;
 }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

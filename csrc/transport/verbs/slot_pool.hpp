@@ -15,7 +15,7 @@
 #include "../../common/counters.hpp"
 #include "memory_region.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 
 class SlotPool {
  public:
@@ -49,4 +49,4 @@ class SlotPool {
   Counters* counters_;
 };
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

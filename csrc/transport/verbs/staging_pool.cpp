@@ -11,7 +11,7 @@
 #include "process_pool.hpp"
 #include "slot_pool.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 namespace {
 std::atomic<size_t> stagingBytes{0};  // StagingPool::processBytes
 }  // namespace
@@ -107,4 +107,4 @@ void StagingPool::forget(Wakeup* group) {
   for (uint32_t id : mine) release(id);
 }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

@@ -41,8 +41,10 @@
 #include "port_choice.hpp"
 
 namespace roce {
-
 class Wakeup;
+}
+namespace roce::transport::verbs {
+
 
 class StagingPool {
  public:
@@ -92,4 +94,4 @@ class StagingPool {
   std::vector<Handed> handed_;   // slots given back to a queued group, not claimed yet
 };
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

@@ -13,9 +13,8 @@
 #include "../../common/error.hpp"
 #include "verbs_transport.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 
-using namespace verbs;
 
 void VerbsTransport::onCompletion(const ibv_wc& wc) {
   const int p = wrPeer(wc.wr_id);
@@ -402,4 +401,4 @@ void VerbsTransport::failAll(const std::string& why) {
   for (int p : live_) killPeer(p, why);
 }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

@@ -21,9 +21,8 @@
 #include "verbs_endpoint.hpp"
 #include "verbs_transport.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 
-using namespace verbs;
 
 namespace {
 // Send WRs per queue pair: control messages (bounded by the peer's credits)
@@ -281,4 +280,4 @@ void VerbsTransport::adoptConnection(int p, int fd) {
   }
 }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

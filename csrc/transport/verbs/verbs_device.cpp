@@ -17,7 +17,7 @@
 #include "../../common/log.hpp"
 #include "cq_set.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 
 std::string gidToString(const ibv_gid& g) {
   char buf[INET6_ADDRSTRLEN];
@@ -213,4 +213,4 @@ ibv_mr* VerbsDevice::registerMemory(void* addr, size_t len, int access, const ch
                 "or LimitMEMLOCK=infinity for systemd services; or lower ROCE_PG_IB_SLOTS / ROCE_PG_CHUNK_BYTES"));
 }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

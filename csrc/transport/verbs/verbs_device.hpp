@@ -26,8 +26,11 @@
 #include "port_choice.hpp"
 
 namespace roce {
-
 struct Config;
+}
+namespace roce::transport::verbs {
+using namespace roce::runtime;
+
 
 class VerbsDevice : public RuntimeService {
  public:
@@ -107,4 +110,4 @@ class VerbsDevice : public RuntimeService {
 std::string gidToString(const ibv_gid& g);
 int mtuToBytes(ibv_mtu m);
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

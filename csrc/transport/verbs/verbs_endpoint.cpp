@@ -8,7 +8,7 @@
 #include "port_choice.hpp"
 #include "verbs_wire.hpp"
 
-namespace roce::verbs {
+namespace roce::transport::verbs {
 namespace {
 
 std::string hex(const void* p, size_t n) {
@@ -106,4 +106,4 @@ Endpoint Endpoint::parse(const std::string& text, int peer, int expectQps, int s
   return e;
 }
 
-}  // namespace roce::verbs
+}  // namespace roce::transport::verbs

@@ -14,7 +14,7 @@
 
 #include "port_choice.hpp"
 
-namespace roce::verbs {
+namespace roce::transport::verbs {
 
 struct Endpoint {
   struct Rail {
@@ -43,4 +43,4 @@ struct Endpoint {
   static Endpoint parse(const std::string& text, int peer, int expectQps, int self);
 };
 
-}  // namespace roce::verbs
+}  // namespace roce::transport::verbs

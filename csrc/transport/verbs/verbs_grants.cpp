@@ -23,9 +23,8 @@
 
 #include "verbs_transport.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 
-using namespace verbs;
 
 // Chunks still to arrive from `peer` beyond the slots it holds (at most what
 // it may hold more of).
@@ -134,4 +133,4 @@ bool VerbsTransport::serveNeedy() {
   return granted;
 }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

@@ -17,7 +17,7 @@
 #include "verbs_device.hpp"
 #include "verbs_endpoint.hpp"
 
-namespace roce::verbs {
+namespace roce::transport::verbs {
 
 void Pair::setUp(std::vector<std::unique_ptr<CqSet>>& cqs) {
   const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
@@ -334,4 +334,4 @@ std::string Pair::failureText(const ibv_wc& wc) const {
              ", remote QPN ", remoteQpn0, ", path MTU ", mtu, ".", hint);
 }
 
-}  // namespace roce::verbs
+}  // namespace roce::transport::verbs

@@ -26,7 +26,7 @@
 #include "reg_cache.hpp"
 #include "verbs_wire.hpp"
 
-namespace roce::verbs {
+namespace roce::transport::verbs {
 
 struct Endpoint;
 
@@ -211,4 +211,4 @@ class Pair {
   Counters* counters_;
 };
 
-}  // namespace roce::verbs
+}  // namespace roce::transport::verbs

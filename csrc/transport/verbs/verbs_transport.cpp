@@ -11,9 +11,8 @@
 
 #include "../../common/error.hpp"
 
-namespace roce {
+namespace roce::transport::verbs {
 
-using namespace verbs;
 
 // An eager send that cannot go eagerly (no landing credit) becomes a
 // rendezvous send: its announcement turns into an RTS (same place in the
@@ -372,4 +371,4 @@ void VerbsTransport::giveStaging(uint32_t id) {
   if (stagingOwner_.erase(id)) staging_->give(id);
 }
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

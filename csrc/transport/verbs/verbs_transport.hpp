@@ -24,11 +24,11 @@
 #include "verbs_pair.hpp"
 
 namespace roce {
-
 struct Config;
-namespace verbs {
-struct Endpoint;
 }
+namespace roce::transport::verbs {
+
+struct Endpoint;
 
 // The pools of a group whose rank reaches `routedPeers` peers over verbs
 // (verbs_connect.cpp says why these sizes): bytes, whole slots of `stride`
@@ -173,4 +173,4 @@ class VerbsTransport : public Transport {
   uint64_t needyTried_ = 0;                   // LandingPool::wakeups() when progress() last served them
 };
 
-}  // namespace roce
+}  // namespace roce::transport::verbs

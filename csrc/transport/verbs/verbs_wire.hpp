@@ -7,7 +7,7 @@
 
 #include "port_choice.hpp"
 
-namespace roce::verbs {
+namespace roce::transport::verbs {
 
 // kAck only returns control credits (when there is nothing else to carry them).
 enum CtrlType : uint32_t { kRts = 1, kRtr = 2, kCredit = 3, kNack = 4, kAck = 5 };
@@ -83,4 +83,4 @@ inline int wrPeer(uint64_t id) { return static_cast<int>((id >> 32) & 0xffffff);
 inline int wrQp(uint64_t id) { return static_cast<int>((id >> 24) & 0xff); }
 inline uint32_t wrIndex(uint64_t id) { return static_cast<uint32_t>(id & 0xffffff); }
 
-}  // namespace roce::verbs
+}  // namespace roce::transport::verbs

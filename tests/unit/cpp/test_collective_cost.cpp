@@ -8,11 +8,11 @@
 #include "common/config.hpp"
 #include "roce_check.hpp"
 
-using roce::CollectiveKind;
+using roce::algorithms::CollectiveKind;
 using roce::Config;
-using roce::CostConstants;
-using roce::Shape;
-using roce::estimateCall;
+using roce::algorithms::CostConstants;
+using roce::algorithms::Shape;
+using roce::algorithms::estimateCall;
 
 namespace {
 constexpr size_t MiB = 1024 * 1024;
@@ -46,7 +46,7 @@ TEST(allreduce_is_the_cost_models_and_rings_follow_alpha_beta) {
   const Config cfg;
   const CostConstants k(cfg);
   const Shape net = machines(4, 1);
-  CHECK_EQ(estimateCall(cfg, net, CollectiveKind::Allreduce, MiB), roce::costStagedHostReduce(cfg, net, MiB, false));
+  CHECK_EQ(estimateCall(cfg, net, CollectiveKind::Allreduce, MiB), roce::algorithms::costStagedHostReduce(cfg, net, MiB, false));
   const double n = 8.0 * MiB;
   // Allgather of 2 MiB blocks among 4: 3 messages, 3/4 of 8 MiB through each rank.
   CHECK(std::abs(estimateCall(cfg, net, CollectiveKind::Allgather, 2 * MiB) - (3 * k.netAlpha + 0.75 * n * k.netBeta)) <

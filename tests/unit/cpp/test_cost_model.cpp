@@ -15,10 +15,10 @@
 #include "common/config.hpp"
 #include "roce_check.hpp"
 
-using roce::Algo;
-using roce::Choice;
+using roce::algorithms::Algo;
+using roce::algorithms::Choice;
 using roce::Config;
-using roce::Shape;
+using roce::algorithms::Shape;
 
 namespace {
 
@@ -74,7 +74,7 @@ const Row kWorked[] = {
 
 // The table prints whole microseconds.
 void checkEstimate(const Choice& ch, Algo a, double docUs) {
-  INFO("estimate of ", roce::algoName(a));
+  INFO("estimate of ", roce::algorithms::algoName(a));
   const double e = ch.estimateFor(a);
   if (docUs < 0) {
     CHECK(std::isnan(e));
@@ -89,9 +89,9 @@ TEST(worked_examples_of_the_algorithms_doc) {
   const Config defaults;
   for (const Row& r : kWorked) {
     INFO(r.machines, " x ", r.perMachine, ", ", r.bytes, " bytes");
-    const Choice ch = roce::planAllreduce(defaults, shape(r.machines, r.perMachine), r.bytes);
-    CHECK_EQ(std::string(roce::algoName(ch.algo)), roce::algoName(r.algo));
-    if (r.algo == Algo::Hier) CHECK_EQ(std::string(roce::algoName(ch.across)), roce::algoName(r.across));
+    const Choice ch = roce::algorithms::planAllreduce(defaults, shape(r.machines, r.perMachine), r.bytes);
+    CHECK_EQ(std::string(roce::algorithms::algoName(ch.algo)), roce::algorithms::algoName(r.algo));
+    if (r.algo == Algo::Hier) CHECK_EQ(std::string(roce::algorithms::algoName(ch.across)), roce::algorithms::algoName(r.across));
     CHECK(ch.decidedBy == nullptr);  // no threshold set: the model decided
     checkEstimate(ch, Algo::Rd, r.rd);
     checkEstimate(ch, Algo::Rabenseifner, r.rabenseifner);
@@ -104,13 +104,13 @@ TEST(worked_examples_of_the_algorithms_doc) {
 TEST(examples_from_the_doc_text) {
   const Config defaults;
   // 1,000 flat ranks at 1 MiB: Rabenseifner folds 976 positions, the tree wins.
-  const Choice flat = roce::planAllreduce(defaults, shape(1000, 1), 1 * MiB);
+  const Choice flat = roce::algorithms::planAllreduce(defaults, shape(1000, 1), 1 * MiB);
   CHECK_EQ(flat.algo, Algo::Tree);
   CHECK_LE(std::fabs(flat.estimateFor(Algo::Tree) * 1e6 - 956), 0.5);
   CHECK_LE(std::fabs(flat.estimateFor(Algo::Rabenseifner) * 1e6 - 1132), 0.5);
   CHECK_LE(std::fabs(flat.estimateFor(Algo::Ring) * 1e6 - 20446), 0.5);
   // 125 x 8 at 4 MiB: the flat tree (2,292 us) beats hier (2,448 us).
-  const Choice big = roce::planAllreduce(defaults, shape(125, 8), 4 * MiB);
+  const Choice big = roce::algorithms::planAllreduce(defaults, shape(125, 8), 4 * MiB);
   CHECK_EQ(big.algo, Algo::Tree);
   CHECK_LE(std::fabs(big.estimateFor(Algo::Tree) * 1e6 - 2292), 0.5);
   CHECK_LE(std::fabs(big.estimateFor(Algo::Hier) * 1e6 - 2448), 0.5);
@@ -119,20 +119,20 @@ TEST(examples_from_the_doc_text) {
 TEST(one_machine_costs_from_the_formulas) {
   // rd over 8 ranks of one machine: 3 rounds of hop_s(n) + n*gamma.
   const Config d;
-  const roce::CostConstants k(d);
+  const roce::algorithms::CostConstants k(d);
   CHECK_LE(std::fabs(k.netAlpha - 10e-6), 1e-20);
   CHECK_LE(std::fabs(k.shmAlpha - 1e-6), 1e-20);
   CHECK_LE(std::fabs(k.gamma - 1 / 8e9), 1e-24);
   const double n = 1e6;
   const double rd = 3 * (1e-6 + n / 10e9 + n / 8e9);
-  CHECK_LE(std::fabs(roce::costRecursiveDoubling(k, shape(1, 8), n) - rd), 1e-15);
+  CHECK_LE(std::fabs(roce::algorithms::costRecursiveDoubling(k, shape(1, 8), n) - rd), 1e-15);
   // The ring over 4 ranks of one machine: segments of n/4 (under one chunk).
   const double seg = n / 4;
   const double ring = 2 * 3 * 1e-6 + 3 * (seg / 8e9 + seg / 10e9) + 3 * seg / 10e9;
-  CHECK_LE(std::fabs(roce::costRing(k, shape(1, 4), n) - ring), 1e-15);
+  CHECK_LE(std::fabs(roce::algorithms::costRing(k, shape(1, 4), n) - ring), 1e-15);
   // A single rank costs nothing to reduce with itself.
-  CHECK_EQ(roce::costRecursiveDoubling(k, shape(1, 1), n), 0.0);
-  CHECK_EQ(roce::costTree(k, shape(1, 1), n), 0.0);
+  CHECK_EQ(roce::algorithms::costRecursiveDoubling(k, shape(1, 1), n), 0.0);
+  CHECK_EQ(roce::algorithms::costTree(k, shape(1, 1), n), 0.0);
 }
 
 TEST(shapes) {
@@ -151,24 +151,24 @@ TEST(shapes) {
   CHECK_EQ(team.perMachine, 1);
   CHECK_EQ(team.nicSharers, 8);  // the machine's 8 teams share its port
   // hier never applies on uneven machines: no estimate, never picked.
-  const Choice ch = roce::planAllreduce(Config{}, uneven, 32 * MiB);
+  const Choice ch = roce::algorithms::planAllreduce(Config{}, uneven, 32 * MiB);
   CHECK(std::isnan(ch.estimateFor(Algo::Hier)));
   CHECK_NE(ch.algo, Algo::Hier);
-  const roce::CostConstants k{Config{}};
-  CHECK(std::isnan(roce::costHier(k, uneven, 1e6, Algo::Ring)));
+  const roce::algorithms::CostConstants k{Config{}};
+  CHECK(std::isnan(roce::algorithms::costHier(k, uneven, 1e6, Algo::Ring)));
 }
 
 TEST(set_thresholds_take_precedence_over_the_model) {
   Config rd;
   rd.algo.rdMaxBytes = 8 * KiB;
   rd.algo.rdMaxBytesSet = true;
-  const Choice small = roce::planAllreduce(rd, shape(16, 1), 4 * KiB);
+  const Choice small = roce::algorithms::planAllreduce(rd, shape(16, 1), 4 * KiB);
   CHECK_EQ(small.algo, Algo::Rd);
   REQUIRE(small.decidedBy);
   CHECK_EQ(std::string(small.decidedBy), "ROCE_PG_ALGO_RD_MAX_BYTES");
   // ... and never above it, even where the model alone picks rd.
-  CHECK_EQ(roce::planAllreduce(Config{}, shape(16, 1), 16 * KiB).algo, Algo::Rd);
-  const Choice above = roce::planAllreduce(rd, shape(16, 1), 16 * KiB);
+  CHECK_EQ(roce::algorithms::planAllreduce(Config{}, shape(16, 1), 16 * KiB).algo, Algo::Rd);
+  const Choice above = roce::algorithms::planAllreduce(rd, shape(16, 1), 16 * KiB);
   CHECK_NE(above.algo, Algo::Rd);
   CHECK(above.decidedBy == nullptr);
   CHECK(std::isnan(above.estimateFor(Algo::Rd)));
@@ -176,23 +176,23 @@ TEST(set_thresholds_take_precedence_over_the_model) {
   Config hier;
   hier.algo.hierMinBytes = 1 * KiB;
   hier.algo.hierMinBytesSet = true;
-  const Choice h = roce::planAllreduce(hier, shape(2, 8), 2 * KiB);  // the model says rd here
+  const Choice h = roce::algorithms::planAllreduce(hier, shape(2, 8), 2 * KiB);  // the model says rd here
   CHECK_EQ(h.algo, Algo::Hier);
   REQUIRE(h.decidedBy);
   CHECK_EQ(std::string(h.decidedBy), "ROCE_PG_ALGO_HIER_MIN_BYTES");
-  CHECK_NE(roce::planAllreduce(hier, shape(2, 8), 512).algo, Algo::Hier);
+  CHECK_NE(roce::algorithms::planAllreduce(hier, shape(2, 8), 512).algo, Algo::Hier);
   // Where hier does not apply its row is skipped.
-  CHECK(roce::planAllreduce(hier, shape(16, 1), 2 * KiB).decidedBy == nullptr);
+  CHECK(roce::algorithms::planAllreduce(hier, shape(16, 1), 2 * KiB).decidedBy == nullptr);
 
   Config ring;
   ring.algo.ringMinBytes = 256 * KiB;
   ring.algo.ringMinBytesSet = true;
-  const Choice flat = roce::planAllreduce(ring, shape(16, 1), 1 * MiB);  // the model: rabenseifner
+  const Choice flat = roce::algorithms::planAllreduce(ring, shape(16, 1), 1 * MiB);  // the model: rabenseifner
   CHECK_EQ(flat.algo, Algo::Ring);
   REQUIRE(flat.decidedBy);
   CHECK_EQ(std::string(flat.decidedBy), "ROCE_PG_ALGO_RING_MIN_BYTES");
   // Where the model may pick hier, the ring row does not hold.
-  const Choice multi = roce::planAllreduce(ring, shape(2, 8), 32 * MiB);
+  const Choice multi = roce::algorithms::planAllreduce(ring, shape(2, 8), 32 * MiB);
   CHECK(multi.decidedBy == nullptr);
   CHECK_EQ(multi.algo, Algo::Hier);
 }
@@ -200,40 +200,40 @@ TEST(set_thresholds_take_precedence_over_the_model) {
 TEST(hier_across_the_machines) {
   Config forced;
   forced.algo.allreduceAcross = "tree";
-  const Choice f = roce::planAcross(forced, shape(16, 8), 4 * MiB, false);
+  const Choice f = roce::algorithms::planAcross(forced, shape(16, 8), 4 * MiB, false);
   CHECK_EQ(f.algo, Algo::Tree);
   REQUIRE(f.decidedBy);
   CHECK_EQ(std::string(f.decidedBy), "ROCE_PG_ALGO_ALLREDUCE_ACROSS");
   for (double e : f.estimate) CHECK(std::isnan(e));
   // Overlapped pieces need passes that do not block: only the ring and the tree.
-  const Choice over = roce::planAcross(Config{}, shape(16, 8), 4 * MiB, true);
+  const Choice over = roce::algorithms::planAcross(Config{}, shape(16, 8), 4 * MiB, true);
   CHECK(std::isnan(over.estimateFor(Algo::Rd)));
   CHECK(std::isnan(over.estimateFor(Algo::Rabenseifner)));
   CHECK(over.algo == Algo::Ring || over.algo == Algo::Tree);
-  const Choice seq = roce::planAcross(Config{}, shape(16, 8), 8, false);
+  const Choice seq = roce::algorithms::planAcross(Config{}, shape(16, 8), 8, false);
   CHECK_EQ(seq.algo, Algo::Rd);
   CHECK(std::isnan(seq.estimateFor(Algo::Hier)));
   // With rd forced across, hier's phases run in sequence (no pieces).
   Config rdAcross;
   rdAcross.algo.allreduceAcross = "rd";
-  CHECK_EQ(roce::hierPieces(roce::CostConstants(rdAcross), 64 * MiB), 1);
-  const Choice plan = roce::planAllreduce(rdAcross, shape(2, 8), 32 * MiB);
+  CHECK_EQ(roce::algorithms::hierPieces(roce::algorithms::CostConstants(rdAcross), 64 * MiB), 1);
+  const Choice plan = roce::algorithms::planAllreduce(rdAcross, shape(2, 8), 32 * MiB);
   if (plan.algo == Algo::Hier) CHECK_EQ(plan.across, Algo::Rd);
 }
 
 TEST(hier_pieces_and_tree_chunks) {
-  const roce::CostConstants k{Config{}};
+  const roce::algorithms::CostConstants k{Config{}};
   // Pieces of at least max(RING_MIN 1 MiB, 2 chunks of 1 MiB) per shard, 2 to 4.
-  CHECK_EQ(roce::hierPieces(k, 3 * MiB), 1);
-  CHECK_EQ(roce::hierPieces(k, 4 * MiB), 2);
-  CHECK_EQ(roce::hierPieces(k, 7 * MiB), 3);
-  CHECK_EQ(roce::hierPieces(k, 100 * MiB), 4);
+  CHECK_EQ(roce::algorithms::hierPieces(k, 3 * MiB), 1);
+  CHECK_EQ(roce::algorithms::hierPieces(k, 4 * MiB), 2);
+  CHECK_EQ(roce::algorithms::hierPieces(k, 7 * MiB), 3);
+  CHECK_EQ(roce::algorithms::hierPieces(k, 100 * MiB), 4);
   // The tree: a power of two of chunks per half, each at most one chunk
   // (1 MiB) unless that would take them under 4 KiB.
   for (size_t bytes : {size_t(8), 64 * KiB, 1 * MiB, 3 * MiB, 32 * MiB, 256 * MiB}) {
     for (int machines : {2, 16, 128}) {
       INFO(bytes, " bytes over ", machines, " machines");
-      const int chunks = roce::treeChunks(k, shape(machines, 1), bytes);
+      const int chunks = roce::algorithms::treeChunks(k, shape(machines, 1), bytes);
       CHECK_GE(chunks, 1);
       CHECK_EQ(chunks & (chunks - 1), 0);
       const double half = std::ceil(bytes / 2.0), c = std::ceil(half / chunks);
@@ -241,7 +241,7 @@ TEST(hier_pieces_and_tree_chunks) {
       if (chunks > 1) CHECK_GT(std::ceil(half / (chunks / 2)), 4096.0);  // half as many would not be under the floor
     }
   }
-  CHECK_GE(roce::treeChunks(k, shape(16, 1), 32 * MiB), 16);  // 16 MiB halves in chunks of <= 1 MiB
+  CHECK_GE(roce::algorithms::treeChunks(k, shape(16, 1), 32 * MiB), 16);  // 16 MiB halves in chunks of <= 1 MiB
 }
 
 TEST(staged_device_reduce_estimates) {
@@ -251,24 +251,24 @@ TEST(staged_device_reduce_estimates) {
   const Shape four = shape(1, 4);
   const double n = 4.0 * MiB, share = 3.0 / 4;
   const double shmDevice = 2 * (3 * 1e-6 + share * n / 10e9) + (n + n / 4) / 25e9 + 20e-6;
-  CHECK_LE(std::fabs(roce::costStagedDeviceReduce(d, four, 4 * MiB, true) - shmDevice), 1e-12);
+  CHECK_LE(std::fabs(roce::algorithms::costStagedDeviceReduce(d, four, 4 * MiB, true) - shmDevice), 1e-12);
   // Host on one machine: the shared-memory two-step.
   const double shmHost = 2 * 1e-6 + share * n * (2 / 10e9 + 1 / 8e9);
-  CHECK_LE(std::fabs(roce::costStagedHostReduce(d, four, 4 * MiB, true) - shmHost), 1e-12);
-  CHECK_EQ(roce::stagedReducePrefersDevice(d, four, 4 * MiB, true), shmDevice < shmHost);
+  CHECK_LE(std::fabs(roce::algorithms::costStagedHostReduce(d, four, 4 * MiB, true) - shmHost), 1e-12);
+  CHECK_EQ(roce::algorithms::stagedReducePrefersDevice(d, four, 4 * MiB, true), shmDevice < shmHost);
   // Over the network the host estimate is the cheapest of the model's.
-  const Choice ch = roce::planAllreduce(d, shape(16, 1), 32 * MiB);
-  CHECK_LE(std::fabs(roce::costStagedHostReduce(d, shape(16, 1), 32 * MiB, false) - ch.estimateFor(Algo::Tree)), 1e-12);
+  const Choice ch = roce::algorithms::planAllreduce(d, shape(16, 1), 32 * MiB);
+  CHECK_LE(std::fabs(roce::algorithms::costStagedHostReduce(d, shape(16, 1), 32 * MiB, false) - ch.estimateFor(Algo::Tree)), 1e-12);
 }
 
 TEST(registry_names_and_flags) {
-  using R = roce::AllreduceAlgorithms;
-  CHECK_EQ(roce::candidateCount(), R::size);
+  using R = roce::algorithms::AllreduceAlgorithms;
+  CHECK_EQ(roce::algorithms::candidateCount(), R::size);
   const char* expected[] = {"rd", "rabenseifner", "ring", "tree", "hier"};
   REQUIRE(R::size == 5);
   for (int i = 0; i < R::size; ++i) {
-    CHECK_EQ(std::string(roce::candidateName(i)), expected[i]);
-    CHECK_EQ(std::string(roce::algoName(R::ids[i])), expected[i]);  // one name per algorithm
+    CHECK_EQ(std::string(roce::algorithms::candidateName(i)), expected[i]);
+    CHECK_EQ(std::string(roce::algorithms::algoName(R::ids[i])), expected[i]);  // one name per algorithm
     CHECK_EQ(R::indexOf(R::ids[i]), i);
     CHECK_EQ(R::indexOf(std::string_view(expected[i])), i);
   }
@@ -280,8 +280,8 @@ TEST(registry_names_and_flags) {
   CHECK(R::amongMachines[R::indexOf(Algo::Rd)] && R::amongMachines[R::indexOf(Algo::Tree)]);
   CHECK(R::pipelines[R::indexOf(Algo::Ring)] && R::pipelines[R::indexOf(Algo::Tree)]);
   CHECK(!R::pipelines[R::indexOf(Algo::Rd)] && !R::pipelines[R::indexOf(Algo::Rabenseifner)]);
-  CHECK_EQ(std::string(roce::algoName(Algo::RsGather)), "reduce_scatter+gather");
-  CHECK_EQ(std::string(roce::algoName(Algo::Shm)), "shm");
+  CHECK_EQ(std::string(roce::algorithms::algoName(Algo::RsGather)), "reduce_scatter+gather");
+  CHECK_EQ(std::string(roce::algorithms::algoName(Algo::Shm)), "shm");
 }
 
 // The settings that force an algorithm accept exactly the registry's names.

@@ -125,7 +125,7 @@ void checkIntegers(DataType t, ReduceOp op, int nin, size_t n, uint64_t seed) {
   std::vector<const void*> ptrs;
   for (auto& v : in) ptrs.push_back(v.data());
   std::vector<T> out(n + 4, static_cast<T>(0x5a));  // the tail must stay untouched
-  roce::reduceMany(t, op, out.data(), ptrs.data(), nin, n);
+  roce::reduce::reduceMany(t, op, out.data(), ptrs.data(), nin, n);
   int wrong = 0;
   for (size_t i = 0; i < n && wrong < 3; ++i) {
     int64_t acc = in[0][i];
@@ -194,13 +194,13 @@ void checkFloats(DataType t, ReduceOp op, int nin, size_t n, uint64_t seed, int 
   std::vector<const void*> ptrs;
   for (auto& v : in) ptrs.push_back(v.data());
   std::vector<S> out(n + 4, C::store(-7.5));
-  roce::reduceMany(t, op, out.data(), ptrs.data(), nin, n);
+  roce::reduce::reduceMany(t, op, out.data(), ptrs.data(), nin, n);
   int wrong = 0;
   for (size_t i = 0; i < n && wrong < 3; ++i) {
     double acc = C::load(in[0][i]);
     for (int j = 1; j < nin; ++j) {
       const double x = C::load(in[j][i]);
-      switch (roce::kernelOp(op)) {
+      switch (roce::reduce::kernelOp(op)) {
         case ReduceOp::Sum: acc += x; break;  // exact: few bits, small magnitudes
         case ReduceOp::Product: acc *= x; break;
         case ReduceOp::Min: acc = std::min(acc, x); break;
@@ -229,12 +229,12 @@ void checkComplex(DataType t, ReduceOp op, int nin, size_t n, uint64_t seed) {
   std::vector<const void*> ptrs;
   for (auto& v : in) ptrs.push_back(v.data());
   std::vector<std::complex<R>> out(n);
-  roce::reduceMany(t, op, out.data(), ptrs.data(), nin, n);
+  roce::reduce::reduceMany(t, op, out.data(), ptrs.data(), nin, n);
   for (size_t i = 0; i < n; ++i) {
     long long re = static_cast<long long>(in[0][i].real()), im = static_cast<long long>(in[0][i].imag());
     for (int j = 1; j < nin; ++j) {
       const long long c = static_cast<long long>(in[j][i].real()), d = static_cast<long long>(in[j][i].imag());
-      if (roce::kernelOp(op) == ReduceOp::Sum) {
+      if (roce::reduce::kernelOp(op) == ReduceOp::Sum) {
         re += c, im += d;
       } else {
         const long long r2 = re * c - im * d, i2 = re * d + im * c;
@@ -257,7 +257,7 @@ void checkBools(ReduceOp op, int nin, size_t n, uint64_t seed) {
   std::vector<const void*> ptrs;
   for (auto& v : in) ptrs.push_back(v.data());
   std::vector<uint8_t> out(n);
-  roce::reduceMany(DataType::Bool, op, out.data(), ptrs.data(), nin, n);
+  roce::reduce::reduceMany(DataType::Bool, op, out.data(), ptrs.data(), nin, n);
   for (size_t i = 0; i < n; ++i) {
     int ones = 0;
     for (int j = 0; j < nin; ++j) ones += in[j][i];
@@ -337,30 +337,30 @@ TEST(half_types_accumulate_in_float32_and_round_once) {
   const uint16_t a[] = {halfBits(1024)}, b[] = {halfBits(0.5)}, c[] = {halfBits(0.25)};
   const void* ins[] = {a, b, c};
   uint16_t out[1] = {};
-  roce::reduceMany(DataType::Float16, ReduceOp::Sum, out, ins, 3, 1);
+  roce::reduce::reduceMany(DataType::Float16, ReduceOp::Sum, out, ins, 3, 1);
   CHECK_EQ(halfValue(out[0]), 1025.0);
   // bfloat16: 256 + 0.75 + 0.75 = 257.5 -> 258; stepwise 256 + 0.75 -> 256 twice.
   const uint16_t x[] = {bf16Bits(256)}, y[] = {bf16Bits(0.75)};
   const void* bins[] = {x, y, y};
-  roce::reduceMany(DataType::BFloat16, ReduceOp::Sum, out, bins, 3, 1);
+  roce::reduce::reduceMany(DataType::BFloat16, ReduceOp::Sum, out, bins, 3, 1);
   CHECK_EQ(bf16Value(out[0]), 258.0);
   // Ties round to even: 2048 + 1 lies between 2048 (even) and 2050; for
   // bfloat16, 256 + 1 between 256 (even) and 258.
   const uint16_t h2048[] = {halfBits(2048)}, h1[] = {halfBits(1)};
   const void* hties[] = {h2048, h1};
-  roce::reduceMany(DataType::Float16, ReduceOp::Sum, out, hties, 2, 1);
+  roce::reduce::reduceMany(DataType::Float16, ReduceOp::Sum, out, hties, 2, 1);
   CHECK_EQ(halfValue(out[0]), 2048.0);
   const uint16_t b256[] = {bf16Bits(256)}, b1[] = {bf16Bits(1)}, b3[] = {bf16Bits(3)};
   const void* bties[] = {b256, b1};
-  roce::reduceMany(DataType::BFloat16, ReduceOp::Sum, out, bties, 2, 1);
+  roce::reduce::reduceMany(DataType::BFloat16, ReduceOp::Sum, out, bties, 2, 1);
   CHECK_EQ(bf16Value(out[0]), 256.0);
   const void* bup[] = {b256, b3};  // 259: between 258 and 260 (even)
-  roce::reduceMany(DataType::BFloat16, ReduceOp::Sum, out, bup, 2, 1);
+  roce::reduce::reduceMany(DataType::BFloat16, ReduceOp::Sum, out, bup, 2, 1);
   CHECK_EQ(bf16Value(out[0]), 260.0);
   // Overflow of the storage type: +inf, not a wrapped or clamped value.
   const uint16_t big[] = {halfBits(60000)};
   const void* two[] = {big, big};
-  roce::reduceMany(DataType::Float16, ReduceOp::Sum, out, two, 2, 1);
+  roce::reduce::reduceMany(DataType::Float16, ReduceOp::Sum, out, two, 2, 1);
   CHECK_EQ(out[0], 0x7c00);
 }
 
@@ -368,21 +368,21 @@ TEST(integer_sum_and_product_wrap_like_tensor_arithmetic) {
   const int8_t a[] = {127, -128, 100}, b[] = {1, -1, 100};
   const void* ins[] = {a, b};
   int8_t out[3];
-  roce::reduceMany(DataType::Int8, ReduceOp::Sum, out, ins, 2, 3);
+  roce::reduce::reduceMany(DataType::Int8, ReduceOp::Sum, out, ins, 2, 3);
   CHECK_EQ(out[0], -128);
   CHECK_EQ(out[1], 127);
   CHECK_EQ(out[2], -56);  // 200 - 256
-  roce::reduceMany(DataType::Int8, ReduceOp::Product, out, ins, 2, 3);
+  roce::reduce::reduceMany(DataType::Int8, ReduceOp::Product, out, ins, 2, 3);
   CHECK_EQ(out[0], 127);
   CHECK_EQ(out[1], -128);  // 128 wraps
   CHECK_EQ(out[2], 16);    // 10000 mod 256
   const uint8_t u[] = {255, 200}, v[] = {255, 100};
   const void* uins[] = {u, v};
   uint8_t uout[2];
-  roce::reduceMany(DataType::UInt8, ReduceOp::Product, uout, uins, 2, 2);
+  roce::reduce::reduceMany(DataType::UInt8, ReduceOp::Product, uout, uins, 2, 2);
   CHECK_EQ(uout[0], 1);    // 65025 mod 256
   CHECK_EQ(uout[1], 32);   // 20000 mod 256
-  roce::reduceMany(DataType::UInt8, ReduceOp::Sum, uout, uins, 2, 2);
+  roce::reduce::reduceMany(DataType::UInt8, ReduceOp::Sum, uout, uins, 2, 2);
   CHECK_EQ(uout[0], 254);  // 510 mod 256
   CHECK_EQ(uout[1], 44);   // 300 mod 256
 }
@@ -390,55 +390,55 @@ TEST(integer_sum_and_product_wrap_like_tensor_arithmetic) {
 TEST(reduce_into_and_aliased_output) {
   int32_t acc[300], in[300], expect[300];
   for (int i = 0; i < 300; ++i) acc[i] = i * 3 - 400, in[i] = 1000 - i * 7, expect[i] = acc[i] + in[i];
-  roce::reduceInto(DataType::Int32, ReduceOp::Sum, acc, in, 300);
+  roce::reduce::reduceInto(DataType::Int32, ReduceOp::Sum, acc, in, 300);
   for (int i = 0; i < 300; ++i)
     if (!CHECK_EQ(acc[i], expect[i])) break;
   // out may alias ins[0]
   double a[3] = {1.5, -2, 8}, b[3] = {4, 4, -9};
   const void* ins[] = {a, b};
-  roce::reduceMany(DataType::Float64, ReduceOp::Max, a, ins, 2, 3);
+  roce::reduce::reduceMany(DataType::Float64, ReduceOp::Max, a, ins, 2, 3);
   CHECK_EQ(a[0], 4.0);
   CHECK_EQ(a[1], 4.0);
   CHECK_EQ(a[2], 8.0);
   // n == 0 touches nothing
   int64_t untouched[1] = {42};
   const void* one[] = {b};
-  roce::reduceMany(DataType::Int64, ReduceOp::Sum, untouched, one, 1, 0);
+  roce::reduce::reduceMany(DataType::Int64, ReduceOp::Sum, untouched, one, 1, 0);
   CHECK_EQ(untouched[0], 42);
 }
 
 TEST(scale_copy_for_premul_sum) {
   const int32_t i32[] = {7, -7, 100, 0};
   int32_t o32[4];
-  roce::scaleCopy(DataType::Int32, o32, i32, 4, 0.5);
+  roce::reduce::scaleCopy(DataType::Int32, o32, i32, 4, 0.5);
   CHECK_EQ(o32[0], 3);  // 3.5 truncated toward zero
   CHECK_EQ(o32[1], -3);
   CHECK_EQ(o32[2], 50);
   CHECK_EQ(o32[3], 0);
   const float f[] = {1.5f, -3.25f};
   float fo[2];
-  roce::scaleCopy(DataType::Float32, fo, f, 2, -4.0);
+  roce::reduce::scaleCopy(DataType::Float32, fo, f, 2, -4.0);
   CHECK_EQ(fo[0], -6.0f);
   CHECK_EQ(fo[1], 13.0f);
   // float16 scales in float32, then rounds once: 1023 * 1.5 = 1534.5 -> 1534 (even).
   const uint16_t h[] = {halfBits(1023), halfBits(-0.125)};
   uint16_t ho[2];
-  roce::scaleCopy(DataType::Float16, ho, h, 2, 1.5);
+  roce::reduce::scaleCopy(DataType::Float16, ho, h, 2, 1.5);
   CHECK_EQ(ho[0], halfBits(1534.5));
   CHECK_EQ(halfValue(ho[0]), 1534.0);
   CHECK_EQ(halfValue(ho[1]), -0.1875);
   const uint16_t bf[] = {bf16Bits(3)};
   uint16_t bfo[1];
-  roce::scaleCopy(DataType::BFloat16, bfo, bf, 1, 0.25);
+  roce::reduce::scaleCopy(DataType::BFloat16, bfo, bf, 1, 0.25);
   CHECK_EQ(bf16Value(bfo[0]), 0.75);
   const std::complex<double> c[] = {{1, -2}};
   std::complex<double> co[1];
-  roce::scaleCopy(DataType::Complex128, co, c, 1, 3.0);
+  roce::reduce::scaleCopy(DataType::Complex128, co, c, 1, 3.0);
   CHECK_EQ(co[0].real(), 3.0);
   CHECK_EQ(co[0].imag(), -6.0);
   const uint8_t u8[] = {3, 101};
   uint8_t uo[2];
-  roce::scaleCopy(DataType::UInt8, uo, u8, 2, 2.5);
+  roce::reduce::scaleCopy(DataType::UInt8, uo, u8, 2, 2.5);
   CHECK_EQ(uo[0], 7);    // 7.5 truncated
   CHECK_EQ(uo[1], 252);  // 252.5 truncated
 }
@@ -447,7 +447,7 @@ TEST(divide_by_for_avg) {
   const int64_t in[] = {7, -7, 9, -9, INT64_MIN, INT64_MAX};
   int64_t x[6];
   std::memcpy(x, in, sizeof(in));
-  roce::divideBy(DataType::Int64, x, 6, 3);
+  roce::reduce::divideBy(DataType::Int64, x, 6, 3);
   for (int i = 0; i < 6; ++i) {
     // Truncation toward zero, from |a| / d and the sign.
     const uint64_t mag = in[i] < 0 ? 0 - static_cast<uint64_t>(in[i]) : static_cast<uint64_t>(in[i]);
@@ -456,26 +456,26 @@ TEST(divide_by_for_avg) {
     CHECK_EQ(x[i], expect);
   }
   int8_t small[] = {-128, 127, -1};
-  roce::divideBy(DataType::Int8, small, 3, 7);
+  roce::reduce::divideBy(DataType::Int8, small, 3, 7);
   CHECK_EQ(small[0], -18);
   CHECK_EQ(small[1], 18);
   CHECK_EQ(small[2], 0);
   float f[] = {1.0f, -10.0f};
-  roce::divideBy(DataType::Float32, f, 2, 3);
+  roce::reduce::divideBy(DataType::Float32, f, 2, 3);
   CHECK_EQ(f[0], static_cast<float>(1.0 / 3));
   CHECK_EQ(f[1], static_cast<float>(-10.0 / 3));
   double d[] = {1.0};
-  roce::divideBy(DataType::Float64, d, 1, 3);
+  roce::reduce::divideBy(DataType::Float64, d, 1, 3);
   CHECK_EQ(d[0], static_cast<double>(1.0L / 3));
   uint16_t h[] = {halfBits(1000), halfBits(-0.5)};
-  roce::divideBy(DataType::Float16, h, 2, 3);
+  roce::reduce::divideBy(DataType::Float16, h, 2, 3);
   CHECK_EQ(h[0], halfBits(1000.0 / 3));
   CHECK_EQ(h[1], halfBits(-0.5 / 3));
   uint16_t b[] = {bf16Bits(100)};
-  roce::divideBy(DataType::BFloat16, b, 1, 7);
+  roce::reduce::divideBy(DataType::BFloat16, b, 1, 7);
   CHECK_EQ(b[0], bf16Bits(100.0 / 7));
   std::complex<float> c[] = {{3, -6}};
-  roce::divideBy(DataType::Complex64, c, 1, 3);
+  roce::reduce::divideBy(DataType::Complex64, c, 1, 3);
   CHECK_EQ(c[0].real(), 1.0f);
   CHECK_EQ(c[0].imag(), -2.0f);
 }
@@ -484,7 +484,7 @@ TEST(kernel_op_maps_avg_and_premul_sum_to_sum) {
   for (ReduceOp op : kAllOps) {
     INFO(roce::reduceOpName(op));
     const bool summed = op == ReduceOp::Avg || op == ReduceOp::PreMulSum;
-    CHECK_EQ(roce::kernelOp(op), summed ? ReduceOp::Sum : op);
+    CHECK_EQ(roce::reduce::kernelOp(op), summed ? ReduceOp::Sum : op);
   }
 }
 
@@ -498,13 +498,13 @@ TEST(undefined_pairs_are_refused_naming_op_and_dtype) {
       const void* ins[] = {buf, buf};
       const std::string both = std::string("reduce op ") + roce::reduceOpName(op) + " is not defined for dtype " +
                                roce::dataTypeName(t);
-      CHECK_ERROR(Invalid, roce::reduceMany(t, op, buf, ins, 2, 1), both.c_str());
-      CHECK_ERROR(Invalid, roce::reduceInto(t, op, buf, buf, 1), both.c_str());
+      CHECK_ERROR(Invalid, roce::reduce::reduceMany(t, op, buf, ins, 2, 1), both.c_str());
+      CHECK_ERROR(Invalid, roce::reduce::reduceInto(t, op, buf, buf, 1), both.c_str());
       CHECK_ERROR(Invalid, roce::checkSupported(op, t), both.c_str());
       ++refused;
     }
   CHECK_EQ(refused, 24);
   uint8_t b[1] = {1};
-  CHECK_ERROR(Invalid, roce::scaleCopy(DataType::Bool, b, b, 1, 2.0), "PREMUL_SUM is not defined for bool");
-  CHECK_ERROR(Invalid, roce::divideBy(DataType::Bool, b, 1, 2), "AVG is not defined for bool");
+  CHECK_ERROR(Invalid, roce::reduce::scaleCopy(DataType::Bool, b, b, 1, 2.0), "PREMUL_SUM is not defined for bool");
+  CHECK_ERROR(Invalid, roce::reduce::divideBy(DataType::Bool, b, 1, 2), "AVG is not defined for bool");
 }

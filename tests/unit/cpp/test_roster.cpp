@@ -14,8 +14,8 @@
 #include "roce_check.hpp"
 
 using roce::Config;
-using roce::RankInfo;
-using roce::Roster;
+using roce::membership::RankInfo;
+using roce::membership::Roster;
 
 namespace {
 
@@ -190,102 +190,102 @@ TEST(leader_verdict_is_rethrown_as_the_error_it_was) {
 
 TEST(plan_group_decides_network_and_channels) {
   Config cfg;
-  const Roster two = roce::planGroup(cfg, fourRanks());
+  const Roster two = roce::membership::planGroup(cfg, fourRanks());
   CHECK_EQ(two.network, "verbs");
   CHECK_EQ(two.ranks.size(), 4u);
   // 16 CPUs, 2 ranks per machine: 16 / (2 * 2) = 4 channels; the smallest wish wins.
   CHECK_EQ(two.channels, 4);
   std::vector<RankInfo> slow = fourRanks();
   slow[3].cpus = 4;  // 4 / (2 * 2) = 1
-  CHECK_EQ(roce::planGroup(cfg, slow).channels, 1);
+  CHECK_EQ(roce::membership::planGroup(cfg, slow).channels, 1);
   cfg.algo.nChannels = 3;  // ROCE_PG_NCHANNELS set: taken as is
-  CHECK_EQ(roce::planGroup(cfg, slow).channels, 3);
+  CHECK_EQ(roce::membership::planGroup(cfg, slow).channels, 3);
 
   Config plain;
   const std::vector<RankInfo> local = {rankOn("a", 1), rankOn("a", 2, 0)};
-  CHECK_EQ(roce::planGroup(plain, local).network, "none");  // one machine: no network, no port needed
+  CHECK_EQ(roce::membership::planGroup(plain, local).network, "none");  // one machine: no network, no port needed
   Config forced;
   forced.placement.forceNetwork = true;
   forced.placement.netTransport = roce::NetTransport::Tcp;
-  const Roster f = roce::planGroup(forced, local);
+  const Roster f = roce::membership::planGroup(forced, local);
   CHECK_EQ(f.network, "tcp");
   CHECK(f.forceNetwork);
-  CHECK_EQ(roce::planGroup(forced, {rankOn("a", 1)}).network, "none");  // alone: nobody to reach
+  CHECK_EQ(roce::membership::planGroup(forced, {rankOn("a", 1)}).network, "none");  // alone: nobody to reach
   Config tcp;
   tcp.placement.netTransport = roce::NetTransport::Tcp;
   std::vector<RankInfo> noPort = fourRanks();
   noPort[1].verbsRails = 0;
-  CHECK_EQ(roce::planGroup(tcp, noPort).network, "tcp");
+  CHECK_EQ(roce::membership::planGroup(tcp, noPort).network, "tcp");
 }
 
 TEST(plan_group_refuses_what_ranks_must_agree_on) {
   Config cfg;
   std::vector<RankInfo> algo = fourRanks();
   algo[2].algorithms = "ROCE_PG_ALGO_ALLREDUCE=ring ROCE_PG_CHUNK_BYTES=1048576";
-  CHECK_ERROR(Invalid, roce::planGroup(cfg, algo), "ranks 0 and 2 use different algorithm settings");
-  CHECK_ERROR(Invalid, roce::planGroup(cfg, algo), "rank 2: ROCE_PG_ALGO_ALLREDUCE=ring");
+  CHECK_ERROR(Invalid, roce::membership::planGroup(cfg, algo), "ranks 0 and 2 use different algorithm settings");
+  CHECK_ERROR(Invalid, roce::membership::planGroup(cfg, algo), "rank 2: ROCE_PG_ALGO_ALLREDUCE=ring");
 
   std::vector<RankInfo> shm = fourRanks();
   shm[3].shmSlotBytes = 4096;  // rank 3 shares machine b with rank 1
-  CHECK_ERROR(Invalid, roce::planGroup(cfg, shm), "ranks 1 and 3 on one machine (b) use different shared-memory layouts");
-  CHECK_ERROR(Invalid, roce::planGroup(cfg, shm), "ROCE_PG_SHM_SLOT_BYTES 1048576 vs 4096");
+  CHECK_ERROR(Invalid, roce::membership::planGroup(cfg, shm), "ranks 1 and 3 on one machine (b) use different shared-memory layouts");
+  CHECK_ERROR(Invalid, roce::membership::planGroup(cfg, shm), "ROCE_PG_SHM_SLOT_BYTES 1048576 vs 4096");
   std::vector<RankInfo> apart = fourRanks();
   apart[1].shmRingBytes = apart[3].shmRingBytes = 1 << 16;  // machine b alike, a differs: allowed
-  CHECK_EQ(roce::planGroup(cfg, apart).ranks.size(), 4u);
+  CHECK_EQ(roce::membership::planGroup(cfg, apart).ranks.size(), 4u);
 
   std::vector<RankInfo> noPort = fourRanks();
   noPort[1].verbsRails = 0;
   noPort[1].noVerbsWhy = "mlx5_0 port 1 is DOWN";
-  CHECK_ERROR(Invalid, roce::planGroup(cfg, noPort), "this group spans several machines but not every rank has a usable RDMA port");
-  CHECK_ERROR(Invalid, roce::planGroup(cfg, noPort), "\n  rank 1: mlx5_0 port 1 is DOWN");
-  CHECK_ERROR(Invalid, roce::planGroup(cfg, noPort), "set ROCE_PG_NET_TRANSPORT=tcp");
+  CHECK_ERROR(Invalid, roce::membership::planGroup(cfg, noPort), "this group spans several machines but not every rank has a usable RDMA port");
+  CHECK_ERROR(Invalid, roce::membership::planGroup(cfg, noPort), "\n  rank 1: mlx5_0 port 1 is DOWN");
+  CHECK_ERROR(Invalid, roce::membership::planGroup(cfg, noPort), "set ROCE_PG_NET_TRANSPORT=tcp");
   Config forced;
   forced.placement.forceNetwork = true;
-  CHECK_ERROR(Invalid, roce::planGroup(forced, {rankOn("a", 1), rankOn("a", 2, 0)}),
+  CHECK_ERROR(Invalid, roce::membership::planGroup(forced, {rankOn("a", 1), rankOn("a", 2, 0)}),
               "this group spans the network (ROCE_PG_FORCE_NETWORK=1)");
 }
 
 TEST(derived_nonce_is_the_same_everywhere_and_differs_per_group) {
   // Pinned values: every rank computes them apart and must agree (also on a
   // platform whose char is signed: the name below has a byte >= 0x80).
-  CHECK_EQ(roce::derivedNonce(0, ""), 6137631918817817679ull);
-  CHECK_EQ(roce::derivedNonce(12345, "pp_dp_0"), 8121978900824724684ull);
-  CHECK_EQ(roce::derivedNonce(0xdeadbeefcafef00dull, "gr\xc3\xbcppe"), 16699161259721589276ull);
-  const uint64_t n = roce::derivedNonce(77, "tp");
-  CHECK_NE(n, roce::derivedNonce(77, "dp"));
-  CHECK_NE(n, roce::derivedNonce(78, "tp"));
+  CHECK_EQ(roce::membership::derivedNonce(0, ""), 6137631918817817679ull);
+  CHECK_EQ(roce::membership::derivedNonce(12345, "pp_dp_0"), 8121978900824724684ull);
+  CHECK_EQ(roce::membership::derivedNonce(0xdeadbeefcafef00dull, "gr\xc3\xbcppe"), 16699161259721589276ull);
+  const uint64_t n = roce::membership::derivedNonce(77, "tp");
+  CHECK_NE(n, roce::membership::derivedNonce(77, "dp"));
+  CHECK_NE(n, roce::membership::derivedNonce(78, "tp"));
   CHECK_NE(n, 77u);
 }
 
 TEST(derive_roster_for_a_subgroup) {
   Config cfg;
-  Roster parent = roce::planGroup(cfg, fourRanks());
+  Roster parent = roce::membership::planGroup(cfg, fourRanks());
   REQUIRE_EQ(parent.network, "verbs");
   // Members 3 and 1: both on machine b, in that order.
-  const Roster sub = roce::deriveRoster(cfg, parent, {3, 1}, "pair");
+  const Roster sub = roce::membership::deriveRoster(cfg, parent, {3, 1}, "pair");
   REQUIRE_EQ(sub.ranks.size(), 2u);
   CHECK_EQ(sub.ranks[0].pid, parent.ranks[3].pid);
   CHECK_EQ(sub.ranks[1].pid, parent.ranks[1].pid);
-  CHECK_EQ(sub.ranks[0].nonce, roce::derivedNonce(parent.ranks[3].nonce, "pair"));
-  CHECK_EQ(sub.ranks[1].nonce, roce::derivedNonce(parent.ranks[1].nonce, "pair"));
+  CHECK_EQ(sub.ranks[0].nonce, roce::membership::derivedNonce(parent.ranks[3].nonce, "pair"));
+  CHECK_EQ(sub.ranks[1].nonce, roce::membership::derivedNonce(parent.ranks[1].nonce, "pair"));
   CHECK_EQ(sub.network, "none");  // one machine
   CHECK_EQ(sub.channels, 4);      // 16 CPUs / (2 * 2 members on b)
   // Across both machines: the parent's transport.
-  const Roster across = roce::deriveRoster(cfg, parent, {0, 1}, "x");
+  const Roster across = roce::membership::deriveRoster(cfg, parent, {0, 1}, "x");
   CHECK_EQ(across.network, "verbs");
   CHECK_EQ(across.channels, 4);  // 16 / (2 * 1)
   // One member per machine gets the channels of a whole machine's CPUs.
   std::vector<RankInfo> few = fourRanks();
   for (RankInfo& r : few) r.cpus = 6;
-  parent = roce::planGroup(cfg, few);
+  parent = roce::membership::planGroup(cfg, few);
   CHECK_EQ(parent.channels, 1);                                       // 6 / 4
-  CHECK_EQ(roce::deriveRoster(cfg, parent, {0, 1}, "x").channels, 3);  // 6 / 2
+  CHECK_EQ(roce::membership::deriveRoster(cfg, parent, {0, 1}, "x").channels, 3);  // 6 / 2
   // Forced network: even members on one machine use it.
   Config forced;
   forced.placement.forceNetwork = true;
   forced.placement.netTransport = roce::NetTransport::Tcp;
-  const Roster fp = roce::planGroup(forced, fourRanks());
-  const Roster fs = roce::deriveRoster(forced, fp, {0, 2}, "same-machine");
+  const Roster fp = roce::membership::planGroup(forced, fourRanks());
+  const Roster fs = roce::membership::deriveRoster(forced, fp, {0, 2}, "same-machine");
   CHECK(fs.forceNetwork);
   CHECK_EQ(fs.network, "tcp");
   // Every member computes the same roster: it survives the text form as is.
@@ -295,8 +295,8 @@ TEST(derive_roster_for_a_subgroup) {
 
 TEST(derive_roster_refuses_ranks_outside_the_parent) {
   Config cfg;
-  const Roster parent = roce::planGroup(cfg, fourRanks());
-  CHECK_ERROR(Invalid, roce::deriveRoster(cfg, parent, {0, 4}, "g"),
+  const Roster parent = roce::membership::planGroup(cfg, fourRanks());
+  CHECK_ERROR(Invalid, roce::membership::deriveRoster(cfg, parent, {0, 4}, "g"),
               "subgroup rank 4 is not a rank of the parent group (4 ranks)");
-  CHECK_ERROR(Invalid, roce::deriveRoster(cfg, parent, {-1}, "g"), "subgroup rank -1 is not a rank");
+  CHECK_ERROR(Invalid, roce::membership::deriveRoster(cfg, parent, {-1}, "g"), "subgroup rank -1 is not a rank");
 }

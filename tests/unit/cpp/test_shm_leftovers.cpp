@@ -56,17 +56,17 @@ TEST(only_old_segments_of_gone_processes_are_removed) {
   makeSegment(oldAlive, 7200);
   makeSegment(notAPid, 7200);
   makeSegment(otherPrefix, 7200);
-  CHECK_EQ(roce::ShmSegment::sweepLeftovers(kPrefix, std::chrono::seconds(3600)), 1);
+  CHECK_EQ(roce::transport::shm::ShmSegment::sweepLeftovers(kPrefix, std::chrono::seconds(3600)), 1);
   CHECK(!exists(oldDead));
   CHECK(exists(youngDead));
   CHECK(exists(oldAlive));
   CHECK(exists(notAPid));
   CHECK(exists(otherPrefix));
   // A second sweep finds nothing more.
-  CHECK_EQ(roce::ShmSegment::sweepLeftovers(kPrefix, std::chrono::seconds(3600)), 0);
+  CHECK_EQ(roce::transport::shm::ShmSegment::sweepLeftovers(kPrefix, std::chrono::seconds(3600)), 0);
   for (const auto& n : {youngDead, oldAlive, notAPid, otherPrefix}) shm_unlink(("/" + n).c_str());
 }
 
 TEST(a_prefix_with_no_segments_removes_nothing) {
-  CHECK_EQ(roce::ShmSegment::sweepLeftovers(kPrefix + "_none", std::chrono::seconds(0)), 0);
+  CHECK_EQ(roce::transport::shm::ShmSegment::sweepLeftovers(kPrefix + "_none", std::chrono::seconds(0)), 0);
 }

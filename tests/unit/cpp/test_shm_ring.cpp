@@ -15,8 +15,8 @@
 #include "roce_check.hpp"
 #include "transport/shm/shm_ring.hpp"
 
-using roce::ShmRing;
-using roce::ShmRingControl;
+using roce::transport::shm::ShmRing;
+using roce::transport::shm::ShmRingControl;
 
 namespace {
 

@@ -17,7 +17,7 @@
 #include "roce_check.hpp"
 #include "transport/stream_transport.hpp"
 
-using roce::Request;
+using roce::transport::Request;
 
 namespace {
 
@@ -28,7 +28,7 @@ struct Channel {
   size_t writes = 0;  // write() calls that moved bytes
 };
 
-class MemPipe : public roce::BytePipe {
+class MemPipe : public roce::transport::BytePipe {
  public:
   MemPipe(std::shared_ptr<Channel> out, std::shared_ptr<Channel> in, size_t maxPerCall)
       : out_(std::move(out)), in_(std::move(in)), maxPerCall_(maxPerCall) {}
@@ -64,7 +64,7 @@ class MemPipe : public roce::BytePipe {
   size_t maxPerCall_;
 };
 
-class Stream : public roce::StreamTransport {
+class Stream : public roce::transport::StreamTransport {
  public:
   using StreamTransport::StreamTransport;
   const char* name() const override { return "test-stream"; }
@@ -79,7 +79,7 @@ struct Pair {
 
   explicit Pair(size_t capacity = 64, size_t maxPerCall = 7, bool copies = false)
       : toOne(std::make_shared<Channel>(Channel{{}, capacity})), toZero(std::make_shared<Channel>(Channel{{}, capacity})) {
-    std::vector<std::unique_ptr<roce::BytePipe>> p0(2), p1(2);
+    std::vector<std::unique_ptr<roce::transport::BytePipe>> p0(2), p1(2);
     auto a = std::make_unique<MemPipe>(toOne, toZero, maxPerCall);
     auto b = std::make_unique<MemPipe>(toZero, toOne, maxPerCall);
     pipe0 = a.get();
@@ -326,8 +326,8 @@ TEST(copies_are_counted_only_for_copying_pipes) {
 
 TEST(pipes_added_later_carry_queued_requests) {
   auto toOne = std::make_shared<Channel>(Channel{{}, 64}), toZero = std::make_shared<Channel>(Channel{{}, 64});
-  Stream t0(0, std::vector<std::unique_ptr<roce::BytePipe>>(2));
-  std::vector<std::unique_ptr<roce::BytePipe>> p1(2);
+  Stream t0(0, std::vector<std::unique_ptr<roce::transport::BytePipe>>(2));
+  std::vector<std::unique_ptr<roce::transport::BytePipe>> p1(2);
   p1[0] = std::make_unique<MemPipe>(toZero, toOne, 64);
   Stream t1(1, std::move(p1));
   CHECK(!t0.hasPipe(1));

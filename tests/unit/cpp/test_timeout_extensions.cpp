@@ -6,7 +6,7 @@
 #include "engine/timeout_extensions.hpp"
 #include "roce_check.hpp"
 
-using roce::TimeoutExtensions;
+using roce::engine::TimeoutExtensions;
 using ms = std::chrono::milliseconds;
 
 TEST(nothing_added_nothing_extended) {

@@ -9,8 +9,8 @@
 #include "membership/topology.hpp"
 #include "roce_check.hpp"
 
-using roce::RankInfo;
-using roce::Topology;
+using roce::membership::RankInfo;
+using roce::membership::Topology;
 
 namespace {
 

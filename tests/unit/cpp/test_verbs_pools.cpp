@@ -21,9 +21,9 @@
 #include "transport/verbs/slot_pool.hpp"
 #include "transport/verbs/staging_pool.hpp"
 
-using roce::LandingPool;
-using roce::Rails;
-using roce::StagingPool;
+using roce::transport::verbs::LandingPool;
+using roce::transport::verbs::Rails;
+using roce::transport::verbs::StagingPool;
 
 namespace {
 
@@ -47,7 +47,7 @@ constexpr size_t kStride = 256;
 }  // namespace
 
 TEST(slot_pool_takes_and_gives_each_slot_once) {
-  roce::SlotPool pool(Rails{}, 1000, kStride, 0, "test pool", nullptr);
+  roce::transport::verbs::SlotPool pool(Rails{}, 1000, kStride, 0, "test pool", nullptr);
   CHECK_EQ(pool.count(), 3u);  // 1000 / 256
   CHECK_EQ(pool.bytes(), 768u);
   CHECK_EQ(pool.registeredBytes(), 0u);  // no rails: nothing registered
@@ -65,14 +65,14 @@ TEST(slot_pool_takes_and_gives_each_slot_once) {
 }
 
 TEST(slot_pool_refuses_fewer_than_two_slots) {
-  CHECK_ERROR(Invalid, roce::SlotPool(Rails{}, 300, kStride, 0, "landing pool", nullptr),
+  CHECK_ERROR(Invalid, roce::transport::verbs::SlotPool(Rails{}, 300, kStride, 0, "landing pool", nullptr),
               "the verbs landing pool of 300 bytes holds fewer than two slots of 256 bytes: raise "
               "ROCE_PG_IB_POOL_BYTES or lower ROCE_PG_IB_SLOT_BYTES");
 }
 
 TEST(pool_regions_name_slots_by_region_and_index) {
   std::atomic<size_t> bytes{0};
-  roce::PoolRegions regions(Rails{}, kStride, 0, "test", bytes, 3);
+  roce::transport::verbs::PoolRegions regions(Rails{}, kStride, 0, "test", bytes, 3);
   CHECK(regions.add(regions.make(1)));  // at least 2 slots
   CHECK(regions.add(regions.make(3)));
   CHECK_EQ(regions.slots(), 5u);
@@ -81,9 +81,9 @@ TEST(pool_regions_name_slots_by_region_and_index) {
   REQUIRE_EQ(ids.size(), 5u);
   std::set<uint32_t> second;
   for (uint32_t id : ids) {
-    CHECK_LE(id >> roce::kPoolSlotBits, 1u);
-    if (id >> roce::kPoolSlotBits) second.insert(id & roce::kPoolSlotMask);
-    CHECK(regions.data(id) == regions.region(id).slot(id & roce::kPoolSlotMask));
+    CHECK_LE(id >> roce::transport::verbs::kPoolSlotBits, 1u);
+    if (id >> roce::transport::verbs::kPoolSlotBits) second.insert(id & roce::transport::verbs::kPoolSlotMask);
+    CHECK(regions.data(id) == regions.region(id).slot(id & roce::transport::verbs::kPoolSlotMask));
   }
   CHECK((second == std::set<uint32_t>{0, 1, 2}));
   CHECK(regions.give(ids[0]));
@@ -175,8 +175,8 @@ TEST(landing_pool_grows_by_each_joining_group) {
   // Both reservations taken: region 0's 12 slots and the 3 b's join added.
   LandingPool::Slot r;
   int inSecond = 0;
-  for (int i = 0; i < 3; ++i) CHECK(pool.takeReserved(b, &r)), inSecond += (r.id >> roce::kPoolSlotBits) == 1;
-  for (int i = 0; i < 4; ++i) CHECK(pool.takeReserved(a, &r)), inSecond += (r.id >> roce::kPoolSlotBits) == 1;
+  for (int i = 0; i < 3; ++i) CHECK(pool.takeReserved(b, &r)), inSecond += (r.id >> roce::transport::verbs::kPoolSlotBits) == 1;
+  for (int i = 0; i < 4; ++i) CHECK(pool.takeReserved(a, &r)), inSecond += (r.id >> roce::transport::verbs::kPoolSlotBits) == 1;
   CHECK_EQ(inSecond, 3);
   CHECK(!pool.takeReserved(a, &r) && !pool.takeReserved(b, &r));
   // c widens the open share: waiters are woken, two more open slots.
@@ -274,7 +274,7 @@ TEST(staging_reserve_grows_and_serves_the_queue) {
   pool.reserve(5);  // a region of 3 more: the queued group is served first
   CHECK(q.woken());
   CHECK(pool.tryTake(&s, &q.w));
-  CHECK_EQ(s.id >> roce::kPoolSlotBits, 1u);
+  CHECK_EQ(s.id >> roce::transport::verbs::kPoolSlotBits, 1u);
   int more = 0;
   while (pool.tryTake(&s, nullptr)) ++more;
   CHECK_EQ(more, 2);
@@ -285,19 +285,19 @@ TEST(staging_reserve_grows_and_serves_the_queue) {
   uint32_t top = 0;
   while (pool.tryTake(&s, nullptr)) top = std::max(top, s.id);
   CHECK_LT(top, 1u << 24);
-  CHECK_EQ(top >> roce::kPoolSlotBits, static_cast<uint32_t>(StagingPool::kMaxRegions - 1));
+  CHECK_EQ(top >> roce::transport::verbs::kPoolSlotBits, static_cast<uint32_t>(StagingPool::kMaxRegions - 1));
 }
 
 TEST(process_pool_is_shared_per_rails_and_stride) {
-  auto a = roce::processPool<StagingPool>(Rails{}, kStride);
-  auto b = roce::processPool<StagingPool>(Rails{}, kStride);
-  auto c = roce::processPool<StagingPool>(Rails{}, 2 * kStride);
+  auto a = roce::transport::verbs::processPool<StagingPool>(Rails{}, kStride);
+  auto b = roce::transport::verbs::processPool<StagingPool>(Rails{}, kStride);
+  auto c = roce::transport::verbs::processPool<StagingPool>(Rails{}, 2 * kStride);
   CHECK(a == b);
   CHECK(a != c);
   const StagingPool* first = a.get();
   a.reset();
   b.reset();  // the last holder gone: the next asks get a new pool
-  auto d = roce::processPool<StagingPool>(Rails{}, kStride);
+  auto d = roce::transport::verbs::processPool<StagingPool>(Rails{}, kStride);
   CHECK(d != nullptr);
   (void)first;
   CHECK_EQ(StagingPool::processBytes(), 0u);  // no rails: nothing registered
