@@ -127,13 +127,16 @@ def _create_backend(dist_backend_opts, backend_options):
     opts = dist_backend_opts
     ranks = list(opts.global_ranks_in_group or [])
     global_rank = ranks[opts.group_rank] if ranks else opts.group_rank
-    parent = _world_backend_to_derive_from(ranks, opts)
+    # torch's enable_reconfigure=True: the group has no members until its
+    # first reconfigure (dist._reconfigure), so it joins nobody now.
+    await_reconfigure = bool(getattr(opts, "enable_reconfigure", False))
+    parent = None if await_reconfigure else _world_backend_to_derive_from(ranks, opts)
     if parent is not None:
         backend = _C.RoceBackend._from_parent(parent, opts.store, opts.group_rank, ranks, str(opts.group_id),
                                               opts.timeout)
     else:
         backend = _C.RoceBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, global_rank,
-                                 near_pci=_rank_gpu_pci())
+                                 near_pci=_rank_gpu_pci(), await_reconfigure=await_reconfigure)
     backend._set_trace_ranks(ranks or list(range(opts.group_size)))  # named in trace dumps
     _tell_torch_who_records(backend)
     devices = _devices_of_group_being_created()

@@ -12,10 +12,10 @@
 
 #include <algorithm>
 #include <mutex>
-#include <random>
 
 #include "../common/error.hpp"
 #include "../common/log.hpp"
+#include "../common/random.hpp"
 #include "../common/worker_pool.hpp"
 #include "../transport/shm/node_shm.hpp"
 #include "../transport/shm/shm_transport.hpp"
@@ -57,14 +57,6 @@ void raiseDescriptorLimit() {
   });
 }
 
-uint64_t randomNonce() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
-}
-
-}  // namespace
-
-namespace {
 // Counts the store operations of a group's formation (tests: a subgroup
 // formed from its parent makes none of its own beyond shared memory).
 class CountingBootstrap : public Bootstrap {

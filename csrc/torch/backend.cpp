@@ -13,6 +13,7 @@
 #include "../comm/communicator.hpp"
 #include "../common/error.hpp"
 #include "../common/log.hpp"
+#include "../common/random.hpp"
 #include "../group/group_builder.hpp"
 #include "device_capture.hpp"
 #include "device_reduce.hpp"
@@ -86,11 +87,18 @@ void checkList(const std::vector<at::Tensor>& list, const at::Tensor& like, size
 }  // namespace
 
 RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                         std::chrono::milliseconds timeout, int globalRank, const std::string& nearPci)
-    : c10d::Backend(rank, size), timeout_(timeout), store_(store) {
+                         std::chrono::milliseconds timeout, int globalRank, const std::string& nearPci,
+                         Formation formation)
+    : c10d::Backend(rank, size), timeout_(timeout), store_(store), globalRank_(globalRank),
+      handleNonce_(randomNonce()) {
   try {
     cfg_ = Config::fromEnv();
     cfg_.verbs.nearDevicePci = nearPci;
+    if (formation == Formation::AwaitReconfigure) {
+      noMembersWhy_ = "it was created with enable_reconfigure=True and has no members until its first "
+                      "reconfigure (dist._reconfigure with the members' handles)";
+      return;
+    }
     StoreBootstrap bs(store);
     start(GroupBuilder::join(bs, cfg_, rank, size, globalRank, timeout));
   } catch (const Error& e) {
@@ -101,7 +109,8 @@ RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
 RoceBackend::RoceBackend(const RoceBackend& parent, const c10::intrusive_ptr<c10d::Store>& store, int rank,
                          const std::vector<int>& parentRanks, const std::string& groupName,
                          std::chrono::milliseconds timeout)
-    : c10d::Backend(rank, static_cast<int>(parentRanks.size())), timeout_(timeout), store_(store) {
+    : c10d::Backend(rank, static_cast<int>(parentRanks.size())), timeout_(timeout), store_(store),
+      globalRank_(parent.globalRank_), handleNonce_(randomNonce()) {
   try {
     cfg_ = Config::fromEnv();
     StoreBootstrap bs(store);
@@ -156,7 +165,7 @@ c10::intrusive_ptr<c10d::Backend> RoceBackend::shrink(const std::vector<int64_t>
   auto child = derived(store_, ranks, name, timeout);
   if (flags & 0x01) {  // torch's SHRINK_ABORT
     stopping_ = true;
-    engine_->abort(str("shrink_group(SHRINK_ABORT) excluding ranks ", excluded, " was called on this group"));
+    engine().abort(str("shrink_group(SHRINK_ABORT) excluding ranks ", excluded, " was called on this group"));
   }
   return child;
 }
@@ -173,18 +182,26 @@ c10::intrusive_ptr<RoceBackend> RoceBackend::derived(const c10::intrusive_ptr<c1
 }
 #endif
 
-int RoceBackend::formationStoreOps() const { return engine_->comm().formationStoreOps(); }
-std::string RoceBackend::nics() const { return engine_->comm().nicsText(); }
+int RoceBackend::formationStoreOps() const { return engine().comm().formationStoreOps(); }
+std::string RoceBackend::nics() const { return engine().comm().nicsText(); }
 
 void RoceBackend::start(std::unique_ptr<Communicator> comm) {
-  pinned_ = std::make_shared<PinnedCache>(cfg_.device.stagingCacheBytes);
+  if (!pinned_) pinned_ = std::make_shared<PinnedCache>(cfg_.device.stagingCacheBytes);
   engine_ = std::make_unique<Engine>(std::move(comm));
   engine_->onFailure = [this](const TraceRing& ring) {
     if (!cfg_.trace.dump.empty()) dumpTrace(ring, "its first failure");
     if (!stopping_.load()) abortHooks_.run(str("rank ", getRank()));
   };
-  if (cfg_.trace.signal)
-    traceSignalId_ = TraceSignal::add(cfg_.trace.signal, [this] { dumpTrace(engine_->trace(), "a signal"); });
+  if (cfg_.trace.signal && !traceSignalId_)
+    traceSignalId_ = TraceSignal::add(cfg_.trace.signal, [this] {
+      if (engine_) dumpTrace(engine_->trace(), "a signal");
+    });
+}
+
+Engine& RoceBackend::engine() const {
+  if (!engine_) C10_THROW_ERROR(DistBackendError, str("roce: rank ", getRank(), ": group ", dumpGroup().name,
+                                                      " has no members: ", noMembersWhy_));
+  return *engine_;
 }
 
 RoceBackend::~RoceBackend() {
@@ -195,16 +212,16 @@ RoceBackend::~RoceBackend() {
 
 void RoceBackend::shutdown() {
   stopping_ = true;
-  engine_->shutdown(std::chrono::milliseconds(cfg_.shutdownGraceMs));
+  if (engine_) engine_->shutdown(std::chrono::milliseconds(cfg_.shutdownGraceMs));
 }
 
-Counters& RoceBackend::counters() { return engine_->comm().counters(); }
+Counters& RoceBackend::counters() { return engine().comm().counters(); }
 
-bool RoceBackend::waitEngineParked(std::chrono::milliseconds timeout) { return engine_->waitParked(timeout); }
+bool RoceBackend::waitEngineParked(std::chrono::milliseconds timeout) { return engine().waitParked(timeout); }
 
 void RoceBackend::abort() {
   stopping_ = true;
-  engine_->abort("abort() was called on this process group");
+  if (engine_) engine_->abort("abort() was called on this process group");
 }
 
 void RoceBackend::addEphemeralTimeout(const std::chrono::milliseconds& timeout) {
@@ -229,7 +246,7 @@ TraceDumpGroup RoceBackend::dumpGroup() const {
   return g;
 }
 
-std::string RoceBackend::traceDumpJson() const { return roce::adapter::traceDumpJson(engine_->trace(), dumpGroup()); }
+std::string RoceBackend::traceDumpJson() const { return roce::adapter::traceDumpJson(engine().trace(), dumpGroup()); }
 
 void RoceBackend::dumpTrace(const TraceRing& ring, const char* why) {
   const TraceDumpGroup g = dumpGroup();
@@ -268,7 +285,7 @@ TraceEntry RoceBackend::traceEntry(OpType type, const OpLabel& what, std::chrono
 
 uint64_t RoceBackend::traceCollective(OpType type, const OpLabel& what, uint64_t collectiveSeq,
                                       const std::vector<at::Tensor>& outputs, const CallOptions& call) {
-  TraceRing& ring = engine_->trace();
+  TraceRing& ring = engine().trace();
   if (!ring.enabled()) return 0;
   TraceEntry e =
       traceEntry(type, what, effective(call.timeout), collectiveSeq, p2ps_.load(std::memory_order_relaxed));
@@ -298,7 +315,7 @@ CollectiveTask::Body RoceBackend::elementwiseOnDevice(CallStaging& st, const at:
   if (!st.device) return nullptr;
   // The largest piece decides for all (every rank cuts the same pieces).
   const int64_t piece = std::min<int64_t>(flat.numel(), devicePieceElems(flat.element_size()));
-  if (piece == 0 || !reduceStagedOnDevice(engine_->comm(), piece * flat.element_size())) return nullptr;
+  if (piece == 0 || !reduceStagedOnDevice(engine().comm(), piece * flat.element_size())) return nullptr;
   const int p = getSize();
   const at::Tensor rows = st.device->hostBuffer(p * ((piece + p - 1) / p), flat.scalar_type());
   const c10::Stream stream = st.device->reduceStream();
@@ -323,7 +340,7 @@ CollectiveTask::Body RoceBackend::reduceScatterBody(CallStaging& st, const at::T
                                                     DataType t, CallReduction red, int64_t pieceElems) {
   const int64_t p = getSize(), m = out.numel();
   const int64_t piece = pieceElems > 0 ? std::min(pieceElems, m) : m;
-  if (st.device && m > 0 && reduceStagedOnDevice(engine_->comm(), p * piece * in.element_size())) {
+  if (st.device && m > 0 && reduceStagedOnDevice(engine().comm(), p * piece * in.element_size())) {
     const at::Tensor rows = st.device->hostBuffer(p * piece, in.scalar_type());
     const c10::Stream stream = st.device->reduceStream();
     for (int64_t count : {piece, m % piece})
@@ -362,17 +379,18 @@ CallStaging RoceBackend::staging(const at::Tensor& like, int peer, size_t larges
 }
 
 GpudirectChoice RoceBackend::gpudirect(const at::Tensor& t, int peer, size_t largest) {
-  Communicator& c = engine_->comm();
+  Communicator& c = engine().comm();
   // The ranks the call talks to and their transports: one for send/recv; every
   // other rank for a collective, listed once per group (routes are fixed at
   // setup), so a call does not walk the group.
-  std::call_once(collectivePeersListed_, [&] {
+  CallPeers& known = *callPeers_;
+  std::call_once(known.listed, [&] {
     for (int p = 0; p < c.size(); ++p)
-      if (p != c.rank()) collectivePeers_.emplace_back(p, c.transportName(p));
+      if (p != c.rank()) known.peers.emplace_back(p, c.transportName(p));
   });
   const std::vector<CallPeer> one = peer >= 0 ? std::vector<CallPeer>{{peer, c.transportName(peer)}}
                                               : std::vector<CallPeer>{};
-  const std::vector<CallPeer>& peers = peer >= 0 ? one : collectivePeers_;
+  const std::vector<CallPeer>& peers = peer >= 0 ? one : known.peers;
   std::string nicWhy = "no peer";
   const bool nicDmabuf = !peers.empty() && c.registersDmabuf(peers.back().first, &nicWhy);
   // A collective's ranks must choose alike, and a rank sees only its own
@@ -382,11 +400,11 @@ GpudirectChoice RoceBackend::gpudirect(const at::Tensor& t, int peer, size_t lar
   const bool sharedMachine = peer < 0 && !c.config().placement.forceNetwork && c.topology().numNodes != c.size();
   GpudirectChoice choice = chooseGpudirect(cfg_.device.gpudirect, deviceMemoryPath(t.device()), nicDmabuf, nicWhy, peers,
                                            sharedMachine, largest, cfg_.verbs.deviceRegBytes);
-  std::call_once(gpudirectLogged_, [&] {
-    gpudirectLog_ = str("rank ", c.rank(), ": ", t.device().str(), " tensors of data-movement calls go ",
+  std::call_once(known.gpudirectLogged, [&] {
+    known.gpudirectLog = str("rank ", c.rank(), ": ", t.device().str(), " tensors of data-movement calls go ",
                         choice.path == DeviceMemoryPath::Staged ? "through host staging" : "to the NIC directly, by ",
                         choice.path == DeviceMemoryPath::Staged ? "" : pathName(choice.path), " (", choice.why, ")");
-    ROCE_INFO(gpudirectLog_);
+    ROCE_INFO(known.gpudirectLog);
   });
   return choice;
 }
@@ -438,13 +456,13 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* tit
   task->tracePos = tracePos;
   task->collectiveSeq = collectiveSeq;
   task->collectiveOp = title;
-  engine_->comm().opProgress().issued(collectiveSeq, title);
+  engine().comm().opProgress().issued(collectiveSeq, title);
   coalescing_.issued(work);
-  if (inlinable && engine_->runInline(*task)) {
+  if (inlinable && engine().runInline(*task)) {
     Counters::add(counters().inlineOps, 1);
     return work;
   }
-  engine_->enqueue(std::move(task));
+  engine().enqueue(std::move(task));
   return work;
 }
 
@@ -839,14 +857,14 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char
   const OpLabel what = label(title, bytesOf(host));
   uint64_t tracePos = 0;
   const uint64_t p2pSeq = ++p2ps_;
-  if (engine_->trace().enabled()) {
+  if (engine().trace().enabled()) {
     TraceEntry e = traceEntry(type, what, timeout_, collectives_.load(std::memory_order_relaxed), p2pSeq);
     e.p2p = true;
     e.peer = peer;
     e.tag = tag;
     (sending ? e.inElems : e.outElems) = host.numel();
     (sending ? e.inDtype : e.outDtype) = static_cast<int16_t>(host.scalar_type());
-    tracePos = engine_->trace().record(e);
+    tracePos = engine().trace().record(e);
   }
   auto work = c10::make_intrusive<RoceWork>(type, getRank(), title, tensors);
   work->identify(what.seq, &completionHooks_);
@@ -857,7 +875,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char
   task->timeout = timeout_ + timeoutExtensions_.issue(task->timeoutExtension);
   task->tracePos = tracePos;
   coalescing_.issued(work);
-  engine_->enqueue(std::move(task));
+  engine().enqueue(std::move(task));
   return work;
 }
 
@@ -920,8 +938,8 @@ float RoceBackend::endTimeEstimate() {
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::estimated(OpType type, const char* title, std::vector<at::Tensor> outputs,
                                                       size_t bytes) {
-  TORCH_CHECK(engine_->hasComm(), "roce: ", title, " issued to estimate its time on a group that was shut down");
-  const Communicator& c = engine_->comm();
+  TORCH_CHECK(engine().hasComm(), "roce: ", title, " issued to estimate its time on a group that was shut down");
+  const Communicator& c = engine().comm();
   const double seconds = estimateCall(c.config(), groupShape(c), kindOf(type, title), bytes);
   {
     std::lock_guard<std::mutex> g(estimateMu_);

@@ -48,12 +48,17 @@ CallOptions callOf(const Opts& o) {
   return c;
 }
 
+// Whether a group joins its members when it is created, or waits for its
+// first reconfigure (torch's enable_reconfigure=True).
+enum class Formation : uint8_t { Join, AwaitReconfigure };
+
 class RoceBackend : public c10d::Backend {
  public:
   // Collective over the group: connects every rank (see Communicator).
   // `nearPci`: sysfs path of the GPU this rank uses ("" if none), for the NIC choice.
   RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-              std::chrono::milliseconds timeout, int globalRank, const std::string& nearPci = {});
+              std::chrono::milliseconds timeout, int globalRank, const std::string& nearPci = {},
+              Formation formation = Formation::Join);
   // A subgroup of `parent` formed from its roster, with no join through the
   // store (docs/ARCHITECTURE.md, "Subgroups from the parent"): collective
   // over the parent's ranks `parentRanks` (Communicator).
@@ -78,6 +83,17 @@ class RoceBackend : public c10d::Backend {
   bool supportsShrinking() const override { return formsSubgroups(); }
   c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& exclude, int flags,
                                            const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+#endif
+#ifdef C10D_BACKEND_HAS_RECONFIGURE
+  // torch's fault-tolerance API (reconfigure.cpp): a new membership for this
+  // group, named by the members' handles, formed through the group's store
+  // under the uuid's keys. The process runtime, transports, pools and
+  // registrations stay; the old membership's communicator is aborted first,
+  // so its work in flight fails naming the reconfigure. Completed when it
+  // returns; no other call on this group may run meanwhile.
+  bool supportsReconfigure() const override { return true; }
+  c10d::ReconfigureHandle get_reconfigure_handle() const override;
+  c10::intrusive_ptr<c10d::Work> reconfigure(const c10d::ReconfigureOptions& opts) override;
 #endif
   // Store operations this group's formation made.
   int formationStoreOps() const;
@@ -119,7 +135,7 @@ class RoceBackend : public c10d::Backend {
 #endif
   // This group's flight recorder (roce_pg.trace()), and in torch's dump
   // layout (roce_pg.dump_trace(), trace_dump.hpp).
-  const TraceRing& trace() const { return engine_->trace(); }
+  const TraceRing& trace() const { return engine().trace(); }
   // Whether this group asks torch to leave it to roce's recorder (ROCE_PG_TORCH_FR).
   bool recordsNatively() const { return cfg_.recordsNatively(); }
   std::string placementSettings() const { return cfg_.placementSettings(); }
@@ -199,7 +215,7 @@ class RoceBackend : public c10d::Backend {
 
  public:
   // The line logged (ROCE_PG_DEBUG=INFO) at the group's first choice, for tests.
-  std::string gpudirectLog() const { return gpudirectLog_; }
+  std::string gpudirectLog() const { return callPeers_->gpudirectLog; }
 
  private:
   // Elements per staged piece of device tensors (ROCE_PG_DEVICE_PIECE_BYTES).
@@ -279,12 +295,24 @@ class RoceBackend : public c10d::Backend {
   uint64_t monitoredBarriers_ = 0;             // calls so far; the same count on every rank
   CompletionHooks completionHooks_;       // before engine_: completions fire them until it is gone
   DeviceLanes lanes_;                     // copy streams per device
-  std::once_flag gpudirectLogged_;        // the path device tensors take, logged once per group
-  std::once_flag collectivePeersListed_;  // collectivePeers_: every other rank and its transport
-  std::vector<CallPeer> collectivePeers_;
-  std::string gpudirectLog_;
+  // What the calls learn once per membership (a reconfigure starts afresh).
+  struct CallPeers {
+    std::once_flag gpudirectLogged;  // the path device tensors take, logged once
+    std::once_flag listed;           // peers: every other rank and its transport
+    std::vector<CallPeer> peers;
+    std::string gpudirectLog;
+  };
+  std::unique_ptr<CallPeers> callPeers_ = std::make_unique<CallPeers>();
   std::shared_ptr<PinnedCache> pinned_;   // staging buffers of device tensors
   std::unique_ptr<Engine> engine_;        // after the two above: its tasks use them
+  // The engine of the current membership; throws while there is none (a
+  // group awaiting its first reconfigure, or one whose reconfigure failed).
+  Engine& engine() const;
+  std::string noMembersWhy_;  // why engine_ is null, for that error
+  // Reconfigure (reconfigure.cpp): this process's handle, and the uuids it used.
+  int globalRank_;
+  uint64_t handleNonce_;
+  std::vector<int64_t> usedUuids_;
   std::atomic<uint64_t> seq_{0};          // every operation, for messages
   std::atomic<uint64_t> collectives_{0};  // collectives only
   std::atomic<uint64_t> p2ps_{0};         // point-to-point operations only

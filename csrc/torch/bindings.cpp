@@ -48,11 +48,15 @@ PYBIND11_MODULE(_C, m) {
   (void)backendBase;
   py::class_<roce::adapter::RoceBackend, c10d::Backend, c10::intrusive_ptr<roce::adapter::RoceBackend>>(m, "RoceBackend")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, int globalRank, const std::string& nearPci) {
-             return c10::make_intrusive<roce::adapter::RoceBackend>(store, rank, size, timeout, globalRank, nearPci);
+                       std::chrono::milliseconds timeout, int globalRank, const std::string& nearPci,
+                       bool awaitReconfigure) {
+             using roce::adapter::Formation;
+             return c10::make_intrusive<roce::adapter::RoceBackend>(
+                 store, rank, size, timeout, globalRank, nearPci,
+                 awaitReconfigure ? Formation::AwaitReconfigure : Formation::Join);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("global_rank"),
-           py::arg("near_pci") = std::string(),
+           py::arg("near_pci") = std::string(), py::arg("await_reconfigure") = false,
            py::call_guard<py::gil_scoped_release>())
       .def_static(
           "_from_parent",

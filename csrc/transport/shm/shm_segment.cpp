@@ -12,12 +12,12 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
-#include <random>
 
 #include "../../common/config.hpp"
 #include "../../common/error.hpp"
 #include "../../common/log.hpp"
 #include "../../common/parse.hpp"
+#include "../../common/random.hpp"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack the name
@@ -92,10 +92,9 @@ int ShmSegment::sweepLeftovers(const std::string& namePrefix, std::chrono::secon
 ShmSegment ShmSegment::create(size_t bytes, const std::string& namePrefix, const Ranges& reserve) {
   static std::once_flag swept;
   std::call_once(swept, [&] { sweepLeftovers(namePrefix, kLeftoverMinAge); });
-  std::random_device rd;
   ShmSegment s;
   // The creator's pid in the name is what sweepLeftovers reads.
-  s.name_ = str("/", namePrefix, ".", getpid(), ".", std::hex, (uint64_t(rd()) << 32 | rd()));
+  s.name_ = str("/", namePrefix, ".", getpid(), ".", std::hex, randomNonce());
   int fd = shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0)
     throwComm(str("shm_open(", s.name_, ") failed: ", std::strerror(errno),
