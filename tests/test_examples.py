@@ -154,3 +154,51 @@ def test_collectives_perf_tiny(tmp_path):
         assert (r["ip_wrong"] is None) == (r["collective"] in ("alltoall", "sendrecv"))
     assert files["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "gloo time / roce time" in out
+
+
+def _least_squares_reference(steps, lr, features=16, global_batch=48):
+    """examples/ft_train.py's training in one process, in float64: the
+    whole global batch of each step at once (the example's data recipe)."""
+    import torch
+
+    w, losses = torch.zeros(features, dtype=torch.float64), []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1000 + step)
+        x = torch.randn(global_batch, features, generator=g, dtype=torch.float64)
+        y = x @ torch.linspace(-1, 1, features, dtype=torch.float64) + 0.01 * torch.randn(
+            global_batch, generator=g, dtype=torch.float64)
+        err = x @ w - y
+        losses.append(float((err * err).mean()))
+        w = w - lr * 2 * x.T @ err / global_batch
+    return w, losses
+
+
+@pytest.mark.parametrize("recovery, size_after", [("spare", 3), ("shrink", 2)])
+def test_ft_train_survives_a_killed_rank(recovery, size_after):
+    """The last of 3 ranks SIGKILLs itself at step 10 of 30; the survivors
+    reconfigure with the spare, or shrink it away, and training goes on from
+    where it was: every step's loss and the final weights are those of one
+    process training on the same global batches."""
+    import torch.distributed as dist
+
+    if not hasattr(dist, "_reconfigure"):
+        pytest.skip("this torch has no reconfigure or shrink API (torch >= 2.15)")
+    out = launch([sys.executable, "examples/ft_train.py", "--recovery", recovery, "--steps", "30", "--kill-at", "10",
+                  "--port", str(free_port())])
+    reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    ref_w, ref_losses = _least_squares_reference(30, 0.1)
+    assert len(reports) == size_after, out
+    assert sorted(r["rank"] for r in reports) == list(range(size_after)), out
+    for r in reports:
+        assert r["size"] == size_after, r
+        losses = {int(k): v for k, v in r["losses"].items()}
+        if r["stable_rank"] < 2:  # a survivor: every step, one recovery at the death
+            assert sorted(losses) == list(range(30)), r
+            assert [x["at_step"] for x in r["recovered"]] in ([10], [11]), r
+            assert r["recovered"][0]["size"] == size_after, r
+        else:  # the spare: from where the survivors were
+            assert min(losses) in (10, 11) and max(losses) == 29, r
+        for step, loss in losses.items():
+            assert loss == pytest.approx(ref_losses[step], rel=1e-9), (step, r)
+        assert r["w"] == pytest.approx(ref_w.tolist(), rel=1e-9, abs=1e-12), r
+    assert losses[29] < ref_losses[0] / 1000  # trained on, not restarted
