@@ -381,6 +381,14 @@ def test_timeouts_abort_and_size_mismatch_over_verbs(one_vm):
         assert r["elapsed"] < 30, r  # group timeout 120 s
 
 
+def test_reconfigure_after_a_death_over_verbs(one_vm):
+    """tests/test_reconfigure.py's story with every peer over verbs: a rank
+    SIGKILLed, the survivors reconfigure to themselves, then to a spare."""
+    from .reconfigure_workers import check_story
+
+    check_story(_group(one_vm, "reconfigure/verbs4")["results"])
+
+
 def test_kill_during_large_allreduce_over_verbs(one_vm):
     g = _group(one_vm, "kill_allreduce/verbs3")
     ranks = g["results"]

@@ -288,6 +288,10 @@ void Communicator::requestAbort(const std::string& why) {
   wakeup_.wake();
 }
 
+void Communicator::announceDeparture(const std::string& why) {
+  if (lifeline_) lifeline_->announceFailure(str("rank ", rank(), " (host ", hostNames_[rank()], ") left: ", why));
+}
+
 HelperThread& Communicator::helper(int index) {
   if (helpers_.size() <= static_cast<size_t>(index)) helpers_.resize(index + 1);
   if (!helpers_[index])

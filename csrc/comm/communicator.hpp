@@ -217,6 +217,9 @@ class Communicator {
   void breakWith(const std::string& reason, bool tellPeers = true);
   const std::string& brokenReason() const { return broken_; }
   void requestAbort(const std::string& why);  // thread-safe
+  // Before an abort the program chose (a reconfigure): the notice the
+  // neighbours get names `why` instead of an unexplained abort. Thread-safe.
+  void announceDeparture(const std::string& why);
   // An orderly exit (shutdown): tells the neighbours this rank leaves on purpose.
   void leaveGracefully();
   // Called periodically during long waits (lets the engine finish async work).

@@ -90,13 +90,14 @@ RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                          std::chrono::milliseconds timeout, int globalRank, const std::string& nearPci,
                          Formation formation)
     : c10d::Backend(rank, size), timeout_(timeout), store_(store), globalRank_(globalRank),
-      handleNonce_(randomNonce()) {
+      handleNonce_(randomNonce()), membershipStore_(store) {
   try {
     cfg_ = Config::fromEnv();
     cfg_.verbs.nearDevicePci = nearPci;
     if (formation == Formation::AwaitReconfigure) {
       noMembersWhy_ = "it was created with enable_reconfigure=True and has no members until its first "
                       "reconfigure (dist._reconfigure with the members' handles)";
+      pinned_ = std::make_shared<PinnedCache>(cfg_.device.stagingCacheBytes);
       return;
     }
     StoreBootstrap bs(store);
@@ -110,11 +111,14 @@ RoceBackend::RoceBackend(const RoceBackend& parent, const c10::intrusive_ptr<c10
                          const std::vector<int>& parentRanks, const std::string& groupName,
                          std::chrono::milliseconds timeout)
     : c10d::Backend(rank, static_cast<int>(parentRanks.size())), timeout_(timeout), store_(store),
-      globalRank_(parent.globalRank_), handleNonce_(randomNonce()) {
+      globalRank_(parent.globalRank_), handleNonce_(randomNonce()), membershipStore_(store) {
   try {
     cfg_ = Config::fromEnv();
     StoreBootstrap bs(store);
-    if (!parent.engine_ || !parent.engine_->hasComm())
+    if (!parent.engine_)
+      throwInvalid(str("cannot form subgroup ", groupName, " from its parent group: the parent has no members (",
+                       parent.noMembersWhy_, ")"));
+    if (!parent.engine_->hasComm())
       throwInvalid(str("cannot form subgroup ", groupName, " from its parent group: the parent was shut down or "
                        "aborted. Create subgroups while the parent lives, or set ROCE_PG_SUBGROUPS=join"));
     start(GroupBuilder::derive(parent.engine_->comm(), bs, cfg_, rank, parentRanks, groupName, timeout));
@@ -158,13 +162,15 @@ c10::intrusive_ptr<c10d::Backend> RoceBackend::shrink(const std::vector<int64_t>
   TORCH_CHECK(!ranks.empty() && excluded.size() > 0, "roce: shrink_group must exclude some ranks and keep some");
   const std::chrono::milliseconds timeout = opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
   // The same on every member: they shrink this group the same number of times.
-  const std::string name = str(getGroupUid(), "/shrunk", ++shrinks_, "-without-", excluded);
+  const std::string name = str(getGroupUid(), membershipUuid_ >= 0 ? str("/membership", membershipUuid_) : "",
+                               "/shrunk", ++shrinks_, "-without-", excluded);
   // Formed before any abort: a subgroup forms from a living parent's roster.
   // The parent's in-flight work does not hold it up (formation runs on this
   // thread, over the process's links, not on the parent's progress thread).
   auto child = derived(store_, ranks, name, timeout);
   if (flags & 0x01) {  // torch's SHRINK_ABORT
     stopping_ = true;
+    std::lock_guard<std::mutex> g(engineMu_);
     engine().abort(str("shrink_group(SHRINK_ABORT) excluding ranks ", excluded, " was called on this group"));
   }
   return child;
@@ -212,6 +218,7 @@ RoceBackend::~RoceBackend() {
 
 void RoceBackend::shutdown() {
   stopping_ = true;
+  std::lock_guard<std::mutex> g(engineMu_);
   if (engine_) engine_->shutdown(std::chrono::milliseconds(cfg_.shutdownGraceMs));
 }
 
@@ -221,6 +228,7 @@ bool RoceBackend::waitEngineParked(std::chrono::milliseconds timeout) { return e
 
 void RoceBackend::abort() {
   stopping_ = true;
+  std::lock_guard<std::mutex> g(engineMu_);
   if (engine_) engine_->abort("abort() was called on this process group");
 }
 
@@ -837,7 +845,7 @@ void RoceBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAl
   const auto limit = effective(opts.timeout);
   // Only rank 0 enforces the barrier's timeout; the others wait at least the
   // group's, so that rank 0 is the one to report which rank is missing.
-  roce::adapter::monitoredBarrier(*store_, {getRank(), getSize(), ++monitoredBarriers_, limit, std::max(limit, timeout_), waitAllRanks});
+  roce::adapter::monitoredBarrier(*membershipStore_, {getRank(), getSize(), ++monitoredBarriers_, limit, std::max(limit, timeout_), waitAllRanks});
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char* title, std::vector<at::Tensor>& tensors,

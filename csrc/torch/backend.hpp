@@ -313,6 +313,12 @@ class RoceBackend : public c10d::Backend {
   int globalRank_;
   uint64_t handleNonce_;
   std::vector<int64_t> usedUuids_;
+  // Guards swapping engine_ against abort() and shutdown() from other threads.
+  std::mutex engineMu_;
+  // What a membership names alike on every member: its uuid (-1: the one the
+  // group was created with), and the store keys of its monitored barriers.
+  int64_t membershipUuid_ = -1;
+  c10::intrusive_ptr<c10d::Store> membershipStore_;
   std::atomic<uint64_t> seq_{0};          // every operation, for messages
   std::atomic<uint64_t> collectives_{0};  // collectives only
   std::atomic<uint64_t> p2ps_{0};         // point-to-point operations only

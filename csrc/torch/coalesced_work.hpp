@@ -24,6 +24,10 @@ class CoalescingRegion {
   // Closes the region: the batch's Work, or null for an empty one or none
   // open (as NCCL).
   c10::intrusive_ptr<RoceWork> end(int rank);
+  bool isOpen() {
+    std::lock_guard<std::mutex> g(mu_);
+    return open_;
+  }
 
  private:
   std::mutex mu_;

@@ -16,6 +16,7 @@
 #include "../group/group_builder.hpp"
 #include "reconfigure_handles.hpp"
 #include "store_bootstrap.hpp"
+#include "trace_signal.hpp"
 
 namespace roce::adapter {
 using namespace roce::group;
@@ -25,6 +26,10 @@ c10d::ReconfigureHandle RoceBackend::get_reconfigure_handle() const {
 }
 
 c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureOptions& opts) {
+  TORCH_CHECK(!Engine::onProgressThread(), "roce: reconfigure was called on a roce progress thread (a Work's "
+              "callback or an abort hook): call it from the program's own thread");
+  TORCH_CHECK(!coalescing_.isOpen(), "roce: reconfigure inside a coalescing region (batch_isend_irecv, "
+              "_coalescing_manager): end the region first");
   const std::string own = get_reconfigure_handle();
   const bool ordered = std::holds_alternative<std::vector<c10d::ReconfigureHandle>>(opts.handles);
   std::vector<std::string> members;
@@ -36,45 +41,69 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
   } catch (const Error& e) {
     C10_THROW_ERROR(ValueError, e.what());
   }
-  // Checked here and claimed in the store below: a reused uuid would find the
-  // keys of the membership that used it.
-  TORCH_CHECK_VALUE(std::find(usedUuids_.begin(), usedUuids_.end(), opts.uuid) == usedUuids_.end(),
-                    "roce: reconfigure: uuid ", opts.uuid, " was used before on this group (rank ", getRank(),
-                    "): pass a fresh uuid to every reconfigure");
-  const std::chrono::milliseconds timeout = opts.timeout.value_or(timeout_);
-  auto keys = c10::make_intrusive<c10d::PrefixStore>(str("roce/reconfigure/", opts.uuid), store_);
-  if (newRank == 0) {
-    const std::string claimedBy = keys->compareSet("claimed", "", own);
-    TORCH_CHECK_VALUE(claimedBy == own, "roce: reconfigure: uuid ", opts.uuid, " was already used by the process of handle ",
-                      claimedBy, " on this store: pass a fresh uuid to every reconfigure");
-  }
-  usedUuids_.push_back(opts.uuid);
-
   const std::string what = str("reconfigure(uuid=", opts.uuid, ")");
-  if (engine_) {
-    // The program asked for this: no abort hooks, and the old membership's
-    // work in flight fails with this reason.
-    stopping_ = true;
-    engine_->abort(str(what, " replaced this group's membership of ", getSize(), " ranks"));
-    engine_.reset();
-    stopping_ = false;
+  // A reused uuid would find the keys of the membership that used it: each
+  // member claims its place under the uuid, and a place another process
+  // holds (or this process's earlier use) refuses the call before anything
+  // of the current membership is touched.
+  TORCH_CHECK_VALUE(std::find(usedUuids_.begin(), usedUuids_.end(), opts.uuid) == usedUuids_.end(), "roce: ", what,
+                    " on rank ", getRank(), ": uuid ", opts.uuid,
+                    " was used before on this group: pass a fresh uuid to every reconfigure");
+  auto keys = c10::make_intrusive<c10d::PrefixStore>(str("roce/reconfigure/", opts.uuid), store_);
+  const std::string claimedBy = keys->compareSet(str("claimed/", newRank), "", own);
+  TORCH_CHECK_VALUE(claimedBy == own, "roce: ", what, ": uuid ", opts.uuid, " was already used on this store (rank ",
+                    newRank, " of it was the process of handle ", claimedBy,
+                    "): pass a fresh uuid to every reconfigure");
+  usedUuids_.push_back(opts.uuid);
+  const std::chrono::milliseconds timeout = opts.timeout.value_or(timeout_);
+
+  {
+    // The old membership ends: the neighbours are told why, its work in
+    // flight fails naming the reconfigure, and no abort hook runs (the
+    // program asked for it). Its trace is no longer dumped on a signal.
+    std::lock_guard<std::mutex> g(engineMu_);
+    if (traceSignalId_) TraceSignal::remove(traceSignalId_);
+    traceSignalId_ = 0;
+    if (engine_) {
+      const std::string why = str(what, " replaced this group's membership of ", getSize(), " ranks");
+      stopping_ = true;
+      if (engine_->hasComm()) engine_->comm().announceDeparture(why);
+      engine_->abort(why);
+      engine_.reset();
+    }
+    stopping_ = false;  // the new membership's, also after an abort() that came before this call
+    callPeers_ = std::make_unique<CallPeers>();
+    noMembersWhy_ = str(what, " is forming its membership");
   }
-  callPeers_ = std::make_unique<CallPeers>();
-  noMembersWhy_ = str(what, " did not complete");
+  std::unique_ptr<Communicator> comm;
   try {
     StoreBootstrap bs(keys);
-    auto comm = GroupBuilder::join(bs, cfg_, newRank, static_cast<int>(members.size()), globalRank_, timeout);
-    rank_ = newRank;
-    size_ = static_cast<int>(members.size());
-    collectives_ = 0;
-    p2ps_ = 0;
-    start(std::move(comm));
-  } catch (const Error& e) {
-    noMembersWhy_ = str(what, " failed (", e.what(), "); call reconfigure again with a fresh uuid");
-    C10_THROW_ERROR(DistBackendError, e.what());
+    comm = GroupBuilder::join(bs, cfg_, newRank, static_cast<int>(members.size()), globalRank_, timeout);
+  } catch (const std::exception& e) {
+    std::string cause = e.what();
+    if (cause.rfind("roce: ", 0) == 0) cause.erase(0, 6);
+    const std::string why = str(what, " failed on rank ", newRank, " of ", members.size(), ": ", cause);
+    {
+      std::lock_guard<std::mutex> g(engineMu_);
+      noMembersWhy_ = str(why, "; call reconfigure again with a fresh uuid");
+    }
+    C10_THROW_ERROR(DistBackendError, str("roce: ", why, ". The group has no members until a reconfigure "
+                                          "succeeds: call it again with a fresh uuid"));
   }
+  std::lock_guard<std::mutex> g(engineMu_);
+  rank_ = newRank;
+  size_ = static_cast<int>(members.size());
+  membershipUuid_ = opts.uuid;
+  membershipStore_ = keys;
+  collectives_ = 0;
+  p2ps_ = 0;
+  monitoredBarriers_ = 0;
+  shrinks_ = 0;
   traceRanks_.clear();
   for (const auto& h : members) traceRanks_.push_back(parseReconfigureHandle(h).stableRank);
+  start(std::move(comm));
+  // abort() or shutdown() came while the membership formed: it ends too.
+  if (stopping_.load()) engine_->abort(str("abort() was called on this process group during ", what));
   auto work = c10::make_intrusive<RoceWork>(c10d::OpType::UNKNOWN, getRank(), "reconfigure", std::vector<at::Tensor>{});
   work->complete(nullptr);
   return work;

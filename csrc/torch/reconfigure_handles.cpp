@@ -1,6 +1,7 @@
 #include "reconfigure_handles.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <set>
 
@@ -31,9 +32,11 @@ ReconfigureHandle parseReconfigureHandle(const std::string& text) {
   if (colon == std::string::npos) notAHandle(text, "no nonce");
   const std::string rank = text.substr(prefix.size(), colon - prefix.size());
   const std::string nonce = text.substr(colon + 1);
-  if (rank.empty() || rank.size() > 18 || !std::all_of(rank.begin(), rank.end(), ::isdigit))
+  const auto digit = [](unsigned char c) { return std::isdigit(c) != 0; };
+  const auto hexDigit = [](unsigned char c) { return std::isxdigit(c) != 0; };
+  if (rank.empty() || rank.size() > 18 || !std::all_of(rank.begin(), rank.end(), digit))
     notAHandle(text, "its rank is not a number");
-  if (nonce.size() != 16 || !std::all_of(nonce.begin(), nonce.end(), ::isxdigit))
+  if (nonce.size() != 16 || !std::all_of(nonce.begin(), nonce.end(), hexDigit))
     notAHandle(text, "its nonce is not 16 hex digits");
   ReconfigureHandle h;
   h.stableRank = std::stoll(rank);

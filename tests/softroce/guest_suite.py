@@ -14,6 +14,7 @@ Phases (argv after the report path; default: all of them):
           size-mismatch NACK; subgroups formed from the world group's roster
           sharing the process's one device context (issue 27)
   faults  kill -9 of a rank during a large allreduce (300 s group timeout),
+          a SIGKILLed rank replaced by reconfigure (survivors, then a spare),
           5,000 mixed small collectives and 25 group re-creations (2 ranks)
           without growth of RSS, fds, threads, MRs or QPs (`rdma res show`)
   zerocopy  RDMA straight between tensors (1 MiB chunks, 64 KiB threshold):
@@ -130,6 +131,12 @@ def groups(phases):
         g["mixed/verbs2"] = _group("verbs2", "tests.fault_workers.mixed_collectives", proof=False,
                                    kwargs={"total": 5_000, "rdma": True, "progress": True}, min_packets=5_000,
                                    deadline_s=900)
+        # A rank SIGKILLed; the survivors reconfigure to themselves, then to a
+        # spare (torch's fault-tolerance API), every peer over verbs. Each
+        # of the 4 exact allreduces of 4,000 B moves at least a packet per member.
+        g["reconfigure/verbs4"] = _group("verbs4", "tests.reconfigure_workers.survive_a_death_then_take_a_spare",
+                                         proof=False, init=False, expect_dead={2}, min_packets=4 * 2,
+                                         deadline_s=600)
         g["recreate/verbs2"] = _group("verbs2", "tests.fault_workers.recreate_group", proof=False, init=False,
                                       kwargs={"cycles": 25, "rdma": True}, min_packets=25 * 4099 * 4 // MTU,
                                       deadline_s=600)
