@@ -1,4 +1,4 @@
-"""Allreduce algorithms side by side on simulated machines over TCP (issue 7).
+"""Allreduce algorithms side by side on simulated machines over TCP.
 A benchmark, not a test: it prints tables (markdown) for docs/PERFORMANCE.md.
 
     .venv/bin/python benchmarks/algorithms.py            # both layouts

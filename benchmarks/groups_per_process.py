@@ -1,4 +1,4 @@
-"""What each extra process group costs a rank (issue 27's baseline): file
+"""What each extra process group costs a rank: file
 descriptors, threads, listening TCP ports, RSS and verbs-registered bytes
 per rank after 1, 4, 16 and 64 groups, each formed over every rank with one
 allreduce in it (as a 3-D-parallel job's DeviceMesh and new_group calls do).

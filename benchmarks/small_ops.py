@@ -242,7 +242,7 @@ def main():
     print(f"  {'tensor copy':12s} {'-':>20s} {copy_gbs:21.2f}   (dst.copy_(src), 32 MiB, one process)")
     print(f"  {f'{n} copies':12s} {'-':>20s} {copies_gbs:21.2f}   (the same in {n} processes at once; the slowest)")
     if "fake" in results:
-        print(f"# 8 B allreduce above torch's floor (fake backend) [issue 28: <= 2 us with recording on]")
+        print(f"# 8 B allreduce above torch's floor (fake backend) [target: <= 2 us with recording on]")
         for b, (ts, _, _) in results.items():
             if b != "fake":
                 print(f"#   {b:18s} {(ts - results['fake'][0]) * 1e6:6.2f} us")
@@ -252,7 +252,7 @@ def main():
             continue
         ts, tb, _ = roce
         bus = BIG_BYTES / tb / 1e9 * factor
-        print(f"# ratios, {what} (targets from issue 8 in brackets)")
+        print(f"# ratios, {what} (targets in brackets)")
         if mpi_s is not None:
             print(f"#   8 B:    roce / MPI  = {ts / mpi_s:6.2f}x slower  [<= 5x]")
         if gloo is not None:

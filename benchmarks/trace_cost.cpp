@@ -1,4 +1,4 @@
-// What roce's flight recorder costs per operation (issue 28: below 0.2 us):
+// What roce's flight recorder costs per operation (the target: below 0.2 us):
 // the three calls the engine makes for every operation (record at issue,
 // started, finished), plus the clock reads they imply, on one thread, with
 // the ring on (2000 entries, wrapping many times) and off. Timed in this

@@ -1,5 +1,5 @@
 """Rank-side bodies of tests/test_connections.py: which network peers a rank
-connects to, and when (connections on demand, issue 19). Every rank is its own
+connects to, and when (connections on demand). Every rank is its own
 simulated machine over TCP, so every peer is a network peer."""
 import os
 

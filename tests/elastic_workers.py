@@ -1,4 +1,4 @@
-"""Training worker for the elastic-restart tests (tests/test_elastic.py, issue 21).
+"""Training worker for the elastic-restart tests (tests/test_elastic.py).
 
 Run by torchrun (`torchrun ... tests/elastic_workers.py`), or with
 ELASTIC_MODE=reinit by the test's own launcher (app-level re-init). Every

@@ -1,4 +1,4 @@
-"""Rank-side bodies of tests/test_groups.py (issue 27): many groups in one
+"""Rank-side bodies of tests/test_groups.py: many groups in one
 process share its runtime (one listener, one thread for every group's
 lifelines, one verbs context per port), subgroups form from the world group's
 roster with no join, and one group's failure or destroy leaves the others
@@ -276,12 +276,12 @@ def verbs_groups(rank, world, port):
 
 
 def staging_shared(rank, world, port, threads=3, rounds=6):
-    """Issue 27 over verbs: every group of a process copies its chunks out of
-    the process's one staging pool and is written into the process's one
-    landing pool. Run with pools of a few slots and zero copy off, three
-    groups' allreduces from three threads at once compete for them (a group
-    that finds no staging slot waits for another group's completion; a peer
-    that can be granted no open landing slot goes on through the slot
+    """Many groups in one process, over verbs: every group of a process copies
+    its chunks out of the process's one staging pool and is written into the
+    process's one landing pool. Run with pools of a few slots and zero copy
+    off, three groups' allreduces from three threads at once compete for them
+    (a group that finds no staging slot waits for another group's completion; a
+    peer that can be granted no open landing slot goes on through the slot
     reserved for it): exact sums,
     the process registers each pool once (the landing pool grows by each
     extra group's reservation only), and no group's counter includes them.
@@ -331,13 +331,13 @@ def staging_shared(rank, world, port, threads=3, rounds=6):
 
 
 def watched_peers(rank, world, port):
-    """Issue 27 over verbs: once a verbs connection is set up its socket is
-    closed (the group's lifeline watches the peer over the link between the
-    two processes instead), so a group whose rank talks to every other rank
-    holds no descriptor per peer. Then rank 2, outside rank 0's ring
-    neighbours (1 and 3), destroys the group: rank 0's receive from it fails
-    at once naming rank 2, as the socket's EOF did; the world group keeps
-    working."""
+    """Many groups in one process, over verbs: once a verbs connection is set
+    up its socket is closed (the group's lifeline watches the peer over the
+    link between the two processes instead), so a group whose rank talks to
+    every other rank holds no descriptor per peer. Then rank 2, outside
+    rank 0's ring neighbours (1 and 3), destroys the group: rank 0's receive
+    from it fails at once naming rank 2, as the socket's EOF did; the world
+    group keeps working."""
     from .api_workers import expect_error
 
     links_before = roce_pg._C._runtime_stats()["process_links"]
@@ -433,11 +433,12 @@ def _in_threads(fn, count):
 
 
 def first_contact_race(rank, world, port, threads=6):
-    """Issue 27 over TCP: `threads` groups make their first contact with every
-    peer process at the same moment, from their own threads (the world group
-    has not talked yet). One group of a process dials each peer process and
-    the others wait for its connection, so a pair of processes ends with one
-    socket, or two when their dials cross from different groups."""
+    """Many groups in one process, over TCP: `threads` groups make their first
+    contact with every peer process at the same moment, from their own threads
+    (the world group has not talked yet). One group of a process dials each
+    peer process and the others wait for its connection, so a pair of processes
+    ends with one socket, or two when their dials cross from different
+    groups."""
     groups = [dist.new_group(list(range(world))) for _ in range(threads)]
     _store_barrier("race-created", world)
     before = roce_pg._C._runtime_stats()["tcp_sockets"]
@@ -450,13 +451,14 @@ def first_contact_race(rank, world, port, threads=6):
 
 
 def shared_connection(rank, world, port, threads=3, mib=3):
-    """Issue 27 over TCP: every group of a process reaches a peer process over
-    one connection (tcp_mux.hpp). The world group connects every pair; then
-    `threads` groups exchange `mib` MiB with every peer from their own
-    threads at once (chunks of all of them interleave on each socket, more
-    than its buffer holds); a group's stream that starts before the receiving
-    process created the group is parked and handed over; a destroyed group's
-    peer hears it. Exact values throughout; no group after the world one dials."""
+    """Many groups in one process, over TCP: every group of a process reaches a
+    peer process over one connection (tcp_mux.hpp). The world group connects
+    every pair; then `threads` groups exchange `mib` MiB with every peer from
+    their own threads at once (chunks of all of them interleave on each socket,
+    more than its buffer holds); a group's stream that starts before the
+    receiving process created the group is parked and handed over; a destroyed
+    group's peer hears it. Exact values throughout; no group after the world
+    one dials."""
     from .api_workers import expect_error
 
     def exchange(group, salt):

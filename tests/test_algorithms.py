@@ -1,4 +1,4 @@
-"""Allreduce algorithms (issues 7 and 19): each one forced and "auto", on
+"""Allreduce algorithms: each one forced and "auto", on
 simulated machine layouts over TCP, including non-power-of-two and uneven
 groups, with the traffic counters checked against what each algorithm must
 send, and auto's cost model checked at sizes and group sizes where it picks

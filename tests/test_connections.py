@@ -1,4 +1,4 @@
-"""Connections on demand (issue 19): a rank connects to a network peer when an
+"""Connections on demand: a rank connects to a network peer when an
 algorithm or a point-to-point call first needs it, both ends may dial at once,
 ROCE_PG_CONNECT=eager keeps the full mesh, and a peer that is gone is named.
 

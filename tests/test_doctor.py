@@ -384,7 +384,9 @@ def test_doctor_accepts_exactly_what_the_extension_accepts(tmp_path, monkeypatch
 
 
 def test_every_algorithm_the_extension_accepts_is_ok(tmp_path):
-    """The drift of issue 28: ROCE_PG_ALGO_ALLREDUCE=tree was reported as FAIL."""
+    """The doctor's copy of the settings must not drift from the extension's:
+    ROCE_PG_ALGO_ALLREDUCE=tree, which the extension accepts, must not be
+    reported as FAIL."""
     make_tree(tmp_path)
     m = doctor.Machine(str(tmp_path), {"ROCE_PG_ALGO_ALLREDUCE": "tree"}, verbs=False)
     for forms in (settings.SETTINGS, settings.table()):   # the copy, and the extension's table

@@ -1,4 +1,4 @@
-"""Elastic restarts on one store (issue 21): a group formed again after a failure.
+"""Elastic restarts on one store: a group formed again after a failure.
 
 torchrun's agent keeps one TCPStore for the whole job (torch 2.15, c10d
 rendezvous, --standalone included): every restart's workers get the same

@@ -1,4 +1,4 @@
-"""Many groups in one process (issue 27): the per-process runtime every group
+"""Many groups in one process: the per-process runtime every group
 shares (one TCP listener, one thread watching every group's lifelines),
 subgroups formed from the world group's roster with no join, and failure
 contained to the group it happened in.

@@ -1,4 +1,4 @@
-"""Issue 27, every NIC: which RDMA ports a rank drives. The extension's rule
+"""Every NIC: which RDMA ports a rank drives. The extension's rule
 (csrc/transport/verbs/port_choice.cpp: nearestPorts, capRails, parseCpuList)
 and the doctor's mirror (roce_pg/_doctor_sysfs.py) agree on a table of
 layouts, and the doctor names every port a rank would drive, nearest first.

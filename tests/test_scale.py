@@ -1,4 +1,4 @@
-"""Scale (issue 19), through the torch-free harness tests/scale (roce_scale):
+"""Scale, through the torch-free harness tests/scale (roce_scale):
 64 ranks on simulated machines pass every collective's and algorithm's exact
 checks, and what one rank costs - network connections, descriptors, threads,
 memory - follows the peers it talks to, not the world size; and 256 ranks
@@ -89,9 +89,10 @@ def test_every_collective_and_algorithm_is_exact_on_64_ranks(harness, layout):
 
 
 def test_init_is_quick_at_64_ranks(harness):
-    # Before issue 19, 32 ranks took 10 s to form a group over TCP (every rank
-    # cloned the store and dialled every peer); now 64 take a few hundredths
-    # of a second here. A generous bound: the machine is shared.
+    # Formation must not grow with a full mesh: with every rank cloning the
+    # store and dialling every peer, 32 ranks took 10 s to form a group over
+    # TCP, while 64 take a few hundredths of a second here with connections
+    # made on demand. A generous bound: the machine is shared.
     assert _worst(harness(EIGHT_BY_EIGHT), "init_s") < 5
 
 
@@ -130,7 +131,7 @@ def test_per_rank_resources_do_not_grow_with_the_world_size(harness):
 
 def test_waits_without_doorbells_poll_and_pass(tmp_path):
     # Ranks that open no shared-memory doorbell (ROCE_PG_TEST_FAULT=no_doorbell)
-    # wait on the rings by polling, as before issue 26: every check still passes.
+    # wait on the rings by polling instead of blocking: every check still passes.
     _build()
     r = _run_once(tmp_path, TWO_BY_EIGHT, "full", RUN_LIMIT_S, env={"ROCE_PG_TEST_FAULT": "no_doorbell"})
     assert r["ok"] and r["ranks"] == 16, r["problems"]
@@ -138,11 +139,11 @@ def test_waits_without_doorbells_poll_and_pass(tmp_path):
 
 
 def test_256_ranks_with_default_rings_pass_the_few_checks(tmp_path):
-    # Issue 26: with waits on shared memory that polled, 256 ranks (32 x 8) on
-    # the 2-core machine could not finish the 1.5 MiB chain broadcasts of
-    # --checks few through the harness's 64 KiB rings within a 166 s group
-    # timeout; blocked on the doorbell they pass, about 50 s for the whole run
-    # there (docs/SCALE.md, "Limits found").
+    # Why waits block: with waits on shared memory that polled, 256 ranks
+    # (32 x 8) on the 2-core machine could not finish the 1.5 MiB chain
+    # broadcasts of --checks few through the harness's 64 KiB rings within a
+    # 166 s group timeout; blocked on the doorbell they pass, about 50 s for
+    # the whole run there (docs/SCALE.md, "Limits found").
     _build()
     r = _run_once(tmp_path, "32x8", "few", 300)  # group timeout: the limit / 3 = 100 s
     assert r["ok"] and r["ranks"] == 256, r["problems"]

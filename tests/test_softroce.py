@@ -271,10 +271,11 @@ def test_point_to_point_objects_and_large_messages_over_verbs(one_vm):
 
 
 def test_eight_ranks_over_verbs_connect_only_the_peers_they_talk_to(one_vm):
-    """Issue 19 on real verbs: a rank's connections, queue pairs and registered
-    bytes follow its algorithm's peers (recursive doubling on 8 ranks: 3 XOR
-    partners; a ring group: 2 neighbours), and the pool is registered only at
-    the first connection, with exactly the formula's bytes."""
+    """Connections on demand on real verbs: a rank's connections, queue pairs
+    and registered bytes follow its algorithm's peers (recursive doubling on 8
+    ranks: 3 XOR partners; a ring group: 2 neighbours), and the pool is
+    registered only at the first connection, with exactly the formula's
+    bytes."""
     g = _group(one_vm, "scale/verbs8")
     for rank, r in enumerate(g["results"]):
         assert r["at_init"]["connections"] == 0 and r["at_init"]["registered_bytes"] == 0, (rank, r["at_init"])
@@ -296,9 +297,9 @@ def test_subgroups_over_verbs_release_their_resources(one_vm):
 
 
 def test_subgroups_over_verbs_form_from_the_world_and_share_its_device(one_vm):
-    """Issue 27: subgroups and a DeviceMesh over verbs form with no store
-    operation of their own, exact sums, one device context per process, and
-    two groups progress from two threads."""
+    """Many groups in one process: subgroups and a DeviceMesh over verbs form
+    with no store operation of their own, exact sums, one device context per
+    process, and two groups progress from two threads."""
     results = _group(one_vm, "shared_runtime/verbs4")["results"]
     for r in results:
         assert r["ops"] and all(v == 0 for v in r["ops"].values()), r["ops"]
@@ -312,11 +313,12 @@ def test_subgroups_over_verbs_form_from_the_world_and_share_its_device(one_vm):
 
 
 def test_verbs_connections_keep_no_socket_and_a_departure_is_still_told(one_vm):
-    """Issue 27: a verbs group whose rank talks to all 3 others adds only its
-    wake-up descriptor (plus the links to peer processes it opened, which
-    stay for the process's other groups) - no socket per peer. Rank 2,
-    outside rank 0's ring neighbours, destroys the group: rank 0's receive
-    from it fails within seconds naming rank 2 (the group's timeout is 120 s)."""
+    """Many groups in one process: a verbs group whose rank talks to all 3
+    others adds only its wake-up descriptor (plus the links to peer processes
+    it opened, which stay for the process's other groups) - no socket per peer.
+    Rank 2, outside rank 0's ring neighbours, destroys the group: rank 0's
+    receive from it fails within seconds naming rank 2 (the group's timeout is
+    120 s)."""
     results = _group(one_vm, "watched_peers/verbs4")["results"]
     for r in results:
         assert r["connections"] == 3, r
@@ -326,12 +328,13 @@ def test_verbs_connections_keep_no_socket_and_a_departure_is_still_told(one_vm):
 
 
 def test_groups_over_verbs_share_one_staging_and_one_landing_pool(one_vm):
-    """Issue 27: with three staging slots and 15 landing slots (13 open) per
-    process and zero copy off, three groups' allreduces from three threads
-    (and the world group's on the main thread) share the process's two
-    pools: exact sums, each registered once (the landing pool grows by each
-    extra group's reserved slots only), no group's counter includes them,
-    and after the groups are destroyed the world group still has every slot."""
+    """Many groups in one process: with three staging slots and 15 landing
+    slots (13 open) per process and zero copy off, three groups' allreduces
+    from three threads (and the world group's on the main thread) share the
+    process's two pools: exact sums, each registered once (the landing pool
+    grows by each extra group's reserved slots only), no group's counter
+    includes them, and after the groups are destroyed the world group still has
+    every slot."""
     for r in _group(one_vm, "staging_shared/verbs3")["results"]:
         assert r["staging"] == r["staging_formula"] == r["staging_after"] > 0, r
         assert r["landing"] == r["landing_formula"] == r["landing_after"] > 0, r
@@ -341,7 +344,7 @@ def test_groups_over_verbs_share_one_staging_and_one_landing_pool(one_vm):
 
 
 def test_two_nics_carry_one_group_and_a_downed_nic_fails_it_clearly(one_vm):
-    """Issue 27, every NIC: with rxe0 and rxe1 and no ROCE_PG_IB_HCA, both ranks
+    """Every NIC: with rxe0 and rxe1 and no ROCE_PG_IB_HCA, both ranks
     drive both devices (queue pair q on rail q mod 2): exact eager, copied and
     zero-copy results, and each device carries at least a quarter of the
     payload's packets. Then rxe1's netdev goes down mid-allreduce: every rank
@@ -363,8 +366,9 @@ def test_two_nics_carry_one_group_and_a_downed_nic_fails_it_clearly(one_vm):
 
 
 def test_every_waiting_rank_names_the_hung_rank_over_verbs(one_vm):
-    """Issue 28: rank 2 of 8 alive but no longer calling; the others' timeout
-    errors all carry the same verdict, exchanged over the lifelines."""
+    """The cross-rank verdict over verbs: rank 2 of 8 alive but no longer
+    calling; the others' timeout errors all carry the same verdict, exchanged
+    over the lifelines."""
     from .test_verdict import check_verdicts
 
     check_verdicts(_group(one_vm, "verdict/verbs8")["results"], 8, 2, 10)
@@ -604,10 +608,10 @@ def test_two_vms_multinode_torchrun_over_verbs(two_vms):
 
 
 def test_two_vms_torchrun_restart_after_a_worker_is_killed_over_verbs(two_vms):
-    """Issue 21 on verbs: torchrun (elastic_launch, --max-restarts 1) over two
-    VMs; a worker of the second VM SIGKILLs itself mid-training; the agents
-    restart every worker on the same store and the second attempt trains to
-    the end with exact results (each step is checked inside the workers)."""
+    """Elastic restarts over verbs: torchrun (elastic_launch, --max-restarts 1)
+    over two VMs; a worker of the second VM SIGKILLs itself mid-training; the
+    agents restart every worker on the same store and the second attempt trains
+    to the end with exact results (each step is checked inside the workers)."""
     phases = _phase(two_vms, "elastic")
     ranks = {}
     for ph in phases:

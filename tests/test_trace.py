@@ -1,4 +1,4 @@
-"""roce's flight recorder (issue 28) in one spawned group of two local ranks:
+"""roce's flight recorder in one spawned group of two local ranks:
 every collective and point-to-point op recorded with its sizes, dtypes, peer,
 algorithm and times; torch's flight-recorder hook sees each roce op once and
 retires it as completed through roce's completion hook; dump_trace() in

@@ -1,4 +1,4 @@
-"""The cross-rank verdict when a job hangs (issue 28 item 3): rank 2 of 4 stays
+"""The cross-rank verdict when a job hangs: rank 2 of 4 stays
 alive but stops calling collectives; every other rank times out in the next
 allreduce, and every error names the same culprit and where the rest wait,
 from the states the ranks exchanged over their lifelines. Over shared memory,
@@ -76,7 +76,7 @@ def test_verdict_wording():
 
 
 def test_straggler_report_names_the_slowed_rank():
-    """Issue 28 item 4: while nothing fails, rank 2 of 4 (two simulated
+    """The straggler report: while nothing fails, rank 2 of 4 (two simulated
     machines of two ranks: shared memory and TCP) sleeps 20 ms before each
     allreduce; every rank's straggler_report() names it, and once it stops,
     names nobody."""

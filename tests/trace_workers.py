@@ -1,4 +1,4 @@
-"""Rank functions for tests/test_trace.py: roce's flight recorder (issue 28).
+"""Rank functions for tests/test_trace.py: roce's flight recorder.
 
 Each check compares what roce_pg.trace() recorded with what the rank itself
 issued (op, sizes from the tensors it passed, dtypes, root/peer, order), and

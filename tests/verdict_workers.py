@@ -1,6 +1,6 @@
 """Rank functions for tests/test_verdict.py: one rank stops calling collectives
 (alive, its process and lifelines up); the others time out in the next one,
-and each of their errors carries the same cross-rank verdict (issue 28)."""
+and each of their errors carries the same cross-rank verdict."""
 import time
 
 import torch

@@ -12,7 +12,7 @@ Phases (argv after the report path; default: all of them):
           messages above the 1 MiB chunk (also with ROCE_PG_IB_QPS_PER_CONNECTION=4
           and non-default ROCE_PG_IB_SLOTS), subgroups, timeouts, abort, the
           size-mismatch NACK; subgroups formed from the world group's roster
-          sharing the process's one device context (issue 27)
+          sharing the process's one device context
   faults  kill -9 of a rank during a large allreduce (300 s group timeout),
           a SIGKILLed rank replaced by reconfigure (survivors, then a spare),
           5,000 mixed small collectives and 25 group re-creations (2 ranks)
@@ -30,8 +30,8 @@ Phases (argv after the report path; default: all of them):
           (3 ranks, lists, strided, uneven, empty blocks) with no host copy
   multinic  two rxe devices (rxe1 on dummy1 made for the group): both ranks
           drive both; exact results, packets on both; dummy1 downed mid-run
-          gives every rank an error naming the device (issue 27)
-  scale   8 ranks with a small pool (issue 19): connections, queue pairs and
+          gives every rank an error naming the device
+  scale   8 ranks with a small pool: connections, queue pairs and
           registered bytes follow the peers an algorithm talks to
 
 Every group's rxe sent-packet delta is recorded with the least the group must
@@ -96,14 +96,14 @@ def groups(phases):
         g["big_qps2_slots64/verbs2"] = _group("verbs2", big, env={"ROCE_PG_IB_QPS_PER_CONNECTION": "2",
                                                                   "ROCE_PG_IB_SLOTS": "64"})
         g["subgroups/verbs4"] = _group("verbs4", "tests.api_workers.groups")
-        # issue 27: subgroups from the world's roster, one device context per process
+        # subgroups from the world's roster, one device context per process
         g["shared_runtime/verbs4"] = _group("verbs4", "tests.group_workers.verbs_groups",
                                             env={"ROCE_PG_SUBGROUPS": "parent"})
-        # issue 27: one staging pool per process, 3 slots (1 MiB pool), zero
+        # one staging pool per process, 3 slots (1 MiB pool), zero
         # copy off: three groups from three threads compete for it
         g["staging_shared/verbs3"] = _group("verbs3", "tests.group_workers.staging_shared",
                                             env={"ROCE_PG_IB_POOL_BYTES": "1M", "ROCE_PG_IB_ZERO_COPY_MIN_BYTES": "0"})
-        # issue 27: verbs connections keep no socket; a departure is still told
+        # verbs connections keep no socket; a departure is still told
         g["watched_peers/verbs4"] = _group("verbs4", "tests.group_workers.watched_peers")
         g["skipped_collective/verbs2"] = _group("verbs2", "tests.api_workers.skipped_collective",
                                                 env={"TEST_PG_TIMEOUT_S": "3"})
@@ -112,7 +112,7 @@ def groups(phases):
         g["abort/verbs2"] = _group("verbs2", "tests.api_workers.abort_pending")
         g["size_mismatch_nack/verbs3"] = _group("verbs3", "tests.api_workers.network_mismatch")
     if "multinic" in phases:
-        # Issue 27, every NIC: a second Soft-RoCE device on its own netdev for
+        # Every NIC: a second Soft-RoCE device on its own netdev for
         # this group only (made before, removed after); no ROCE_PG_IB_HCA.
         g["multi_nic/verbs2"] = _group("verbs2", "tests.softroce.verbs_workers.multi_nic", proof=False, init=False,
                                        scratch=True, env={"TEST_PG_TIMEOUT_S": "60"}, deadline_s=600,

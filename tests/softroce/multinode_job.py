@@ -10,9 +10,9 @@ phases in one boot, each reported in OUT_DIR/node<NODE_RANK>.json:
              steps compared with Gloo, a counted 8 MiB allreduce
   elastic    the same launcher with --max-restarts 1: the last rank (node 1)
              SIGKILLs itself at step 5 of 12 exact allreduces; the agents restart
-             every worker on the same store and the second attempt must finish
-             (issue 21); when its workers started, formed the group and ran the
-             first allreduce is recorded
+             every worker on the same store and the second attempt must finish;
+             when its workers started, formed the group and ran the first
+             allreduce is recorded
   algorithms auto and the ring, hier and tree allreduces forced
              (tests/algorithm_workers.py) on the 2+2 layout over verbs (rd and
              rabenseifner, 28 s each under emulation, run across simulated

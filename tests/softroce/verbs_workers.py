@@ -240,7 +240,7 @@ def _store_barrier(name, world):
 
 
 def verbs_at_scale(rank, world, port, big_numel=(1 << 20) // 8):
-    """Eight ranks over verbs with a small pool (issue 19): a rank connects to
+    """Eight ranks over verbs with a small pool: a rank connects to
     the peers its algorithm talks to and to no other (no queue pair, no
     registered byte for them), and registers the formula's bytes."""
     import roce_pg
@@ -278,7 +278,7 @@ def verbs_at_scale(rank, world, port, big_numel=(1 << 20) // 8):
 
 
 def multi_nic(rank, world, port, scratch, nics=("rxe0", "rxe1"), netdev="dummy1", cap_s=120.0, timeout_s=60):
-    """Issue 27, every NIC: two Soft-RoCE devices (rxe0 on dummy0, rxe1 on
+    """Every NIC: two Soft-RoCE devices (rxe0 on dummy0, rxe1 on
     dummy1, made by the guest suite) and no ROCE_PG_IB_HCA: every rank drives
     both. Exact results for eager, copied and zero-copy messages, packets on
     both devices; then rank 0 takes dummy1 down during an allreduce loop and
