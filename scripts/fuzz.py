@@ -38,6 +38,7 @@ TARGETS = {
     "rank_info": ["membership/rank_info.cpp"],
     "roster": ["membership/roster.cpp", "membership/rank_info.cpp", "membership/topology.cpp"] + CONFIG,
     "verdict": ["liveness/verdict.cpp"],
+    "reconfigure_handles": ["torch/reconfigure_handles.cpp"],
 }
 # -O0 for the g++ driver (CI: its builds are most of its time, and a few
 # seconds of mutations find what they find at either level); -O1 for the
