@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs everything roce needs on a fresh Debian/Ubuntu machine, then builds the
 # extension in place. Idempotent: a second run only checks and rebuilds what changed.
-#   apt: compiler, rdma-core userspace (libibverbs headers + providers)
+#   apt: compiler, rdma-core userspace (libibverbs headers + providers), libssl3
+#   (libcrypto: the job secret's HMAC, loaded at run time)
 #   .venv/: torch (from PyPI), pytest, numpy, expecttest (torch.testing._internal,
 #   which tests/test_conformance.py runs, imports it), and roce_pg installed in editable mode
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TORCH_SPEC="${ROCE_PG_TORCH_SPEC:-torch==2.15.0}"
-APT_PACKAGES=(g++ make python3-venv python3-dev libibverbs-dev rdma-core ibverbs-providers ibverbs-utils)
+APT_PACKAGES=(g++ make python3-venv python3-dev libibverbs-dev rdma-core ibverbs-providers ibverbs-utils libssl3)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -1,6 +1,11 @@
 """Rank functions for tests/test_hostile_peers.py: someone who can reach a
-rank's listener and knows only roce's wire format (no nonce, no store access)
-sends it well-formed records. Measured in the attacked rank's own process."""
+rank's listener and knows roce's wire format (no nonce, no store access)
+sends it well-formed records. Without the job secret nothing gets past the
+front desk; the budgets behind it are tested as an insider who holds the
+secret would attack (JOB_SECRET, which the tests set as ROCE_PG_JOB_SECRET).
+Measured in the attacked rank's own process."""
+import hashlib
+import hmac
 import socket
 import struct
 import time
@@ -11,7 +16,9 @@ import torch.distributed as dist
 # The wire format as csrc/runtime/hello.hpp and process_links.cpp define it.
 HELLO = struct.Struct("<IHHiiQQ")      # magic, version, kind, src, dst, srcNonce, dstNonce
 RECORD = struct.Struct("<IHHiIQQ")     # magic, type, len, srcRank, reserved, dstNonce, srcNonce
-HELLO_MAGIC, HELLO_VERSION, KIND_PROCESS = 0x526F4345, 5, 5
+HELLO_MAGIC, HELLO_VERSION, KIND_PROCESS = 0x526F4345, 6, 5
+JOB_SECRET = "hostile-peers-test-secret"
+MAC_BYTES = 16  # HMAC-SHA256 of the head under the job secret, truncated (common/job_secret.hpp)
 PROCESS_LINKS_KEY = 0x70726F636C696E6B  # "proclink"
 LINK_MAGIC, BYE, FAIL, STATE, IDENTITY = 0x4C494E4B, 2, 3, 4, 0x100
 MAX_TEXT = 4096
@@ -22,11 +29,15 @@ def _rss_kib():
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
-def _process_link(port, name=b"stranger"):
+def _signed(head, secret=JOB_SECRET):
+    return head + hmac.new(secret.encode(), head, hashlib.sha256).digest()[:MAC_BYTES]
+
+
+def _process_link(port, name=b"stranger", secret=JOB_SECRET):
     """A process link to this rank's listener; `name`: the process key it
-    claims (None: it names none)."""
+    claims (None: it names none); `secret`: what it signs its hello with."""
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(HELLO.pack(HELLO_MAGIC, HELLO_VERSION, KIND_PROCESS, -1, 0, 0, PROCESS_LINKS_KEY))
+    s.sendall(_signed(HELLO.pack(HELLO_MAGIC, HELLO_VERSION, KIND_PROCESS, -1, 0, 0, PROCESS_LINKS_KEY), secret))
     if name is not None:
         s.sendall(RECORD.pack(LINK_MAGIC, IDENTITY, len(name), -1, 0, 0, 0) + name)
     return s
@@ -48,14 +59,14 @@ def _settled(keys, timeout_s=60):
     return stats
 
 
-def _flood(port, groups, megabytes, text_bytes):
+def _flood(port, groups, megabytes, text_bytes, secret=JOB_SECRET):
     """A process link naming a made-up process, then records with texts of
     `text_bytes` for `groups` nonces nobody created, from ever new senders:
     the records a group keeps until it is created (BYE and FAIL were kept
-    without limit)."""
+    without limit). Sent until the bytes are out or the rank closes the link."""
     text = b"x" * text_bytes
     sent = 0
-    with _process_link(port) as s:
+    with _process_link(port, secret=secret) as s:
         batch, sender = [], 0
         while sent < megabytes << 20:
             for kind in (BYE, FAIL, STATE):
@@ -64,7 +75,10 @@ def _flood(port, groups, megabytes, text_bytes):
             sender += 1
             if len(batch) >= 64:
                 chunk = b"".join(batch)
-                s.sendall(chunk)
+                try:
+                    s.sendall(chunk)
+                except OSError:  # closed by the rank
+                    return sent
                 sent += len(chunk)
                 batch = []
     return sent
@@ -129,3 +143,54 @@ def unnamed_links(rank, world, port):
     dist.all_reduce(x)
     out["exact"] = bool(torch.equal(x, world * torch.arange(1000, dtype=torch.float64) + sum(range(world))))
     return out
+
+
+def stranger_without_the_secret(rank, world, port):
+    """Rank 0 is dialed by someone who signs with another secret: a process
+    link that would flood 16 MB of records, and a hello for a data
+    connection naming a real group's nonce. Both are closed at the front
+    desk, unread: nothing is parked, no link is held, the refusals are
+    counted, and the group's allreduce is exact."""
+    import roce_pg
+
+    C = roce_pg._C
+    out = {}
+    dist.all_reduce(torch.ones(1 << 16))
+    if rank == 0:
+        keys = ("connections_unauthenticated", "process_links", "link_parked_bytes", "parked")
+        before = _settled(keys)
+        rss0 = _rss_kib()
+        out["sent"] = _flood(before["listen_port"], groups=8, megabytes=16, text_bytes=MAX_TEXT, secret="not-the-job's")
+        with socket.create_connection(("127.0.0.1", before["listen_port"])) as s:
+            s.sendall(_signed(HELLO.pack(HELLO_MAGIC, HELLO_VERSION, 1, 1, 0, 1, 2), "not-the-job's"))
+            s.settimeout(10)
+            out["data_hello_answer"] = s.recv(16)  # b"": closed without a word
+        after = _settled(keys)
+        out["refused"] = after["connections_unauthenticated"] - before["connections_unauthenticated"]
+        out["links"] = after["process_links"] - before["process_links"]
+        out["parked_bytes"] = after["link_parked_bytes"] - before["link_parked_bytes"]
+        out["parked"] = after["parked"] - before["parked"]
+        out["rss_growth_kib"] = _rss_kib() - rss0
+    dist.barrier()
+    x = torch.arange(1000, dtype=torch.float64) + rank
+    dist.all_reduce(x)
+    out["exact"] = bool(torch.equal(x, world * torch.arange(1000, dtype=torch.float64) + sum(range(world))))
+    return out
+
+
+def form_and_report(rank, world, port):
+    """Forms the group itself: None when it formed and an allreduce was
+    exact, else the error text. Rank 0 hosts the store and waits longest
+    (10 s, the others 5 s), so that the others' errors are their own."""
+    from datetime import timedelta
+
+    try:
+        dist.init_process_group("roce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=10 if rank == 0 else 5))
+        x = torch.ones(10)
+        dist.all_reduce(x)
+        assert torch.equal(x, torch.full((10,), float(world)))
+        dist.destroy_process_group()
+        return None
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        return str(e)

@@ -1,12 +1,16 @@
 """Someone on the network who is not a rank of the job: what reaching a
 rank's listener with well-formed messages can cost it. Two ranks, each its own
-simulated machine over TCP, as on a cluster."""
+simulated machine over TCP, as on a cluster. A stranger without the job
+secret is refused at the front desk; the budgets behind it are tested as an
+insider who holds it would attack."""
 import pytest
 
 from .support.layouts import TCP
 from .support.ranks import run_group
 
-TWO_MACHINES = {**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "1"}
+from .hostile_workers import JOB_SECRET
+
+TWO_MACHINES = {**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "1", "ROCE_PG_JOB_SECRET": JOB_SECRET}
 PARKED_BUDGET = 16 << 20  # process_links.cpp, kMaxParkedBytes
 
 
@@ -35,3 +39,25 @@ def test_links_that_never_name_a_process_are_bounded_and_may_not_send_records():
     assert r["refused_after_records"] >= 1 and r["parked_groups"] == 0, r
     assert r["refused_after_renaming"] >= 1, r
     assert all(x["exact"] for x in results), results
+
+
+def test_a_stranger_without_the_job_secret_is_refused_unread():
+    results = run_group("tests.hostile_workers.stranger_without_the_secret", 2, env=TWO_MACHINES)
+    r = results[0]
+    # The flood's link and the data hello: both refused at the desk, unread.
+    assert r["refused"] == 2 and r["data_hello_answer"] == b"", r
+    assert r["links"] == 0 and r["parked_bytes"] == 0 and r["parked"] == 0, r
+    assert r["sent"] < 16 << 20 or r["rss_growth_kib"] < 4096, r  # closed early, or read by nobody
+    assert all(x["exact"] for x in results), results
+
+
+def test_ranks_with_different_job_secrets_fail_naming_it():
+    results = run_group("tests.hostile_workers.form_and_report", 2, init=False, env=TWO_MACHINES,
+                        rank_env={1: {"ROCE_PG_JOB_SECRET": "another job's"}})
+    assert all(r and "ROCE_PG_JOB_SECRET" in r for r in results), results
+    print("\n".join(results))
+
+
+def test_ranks_without_a_job_secret_share_the_stores():
+    env = {k: v for k, v in TWO_MACHINES.items() if k != "ROCE_PG_JOB_SECRET"}
+    assert run_group("tests.hostile_workers.form_and_report", 2, init=False, env=env) == [None, None]

@@ -19,6 +19,7 @@
 #include "../common/parse.hpp"
 #include "../runtime/connect.hpp"
 #include "../runtime/front_desk.hpp"
+#include "../runtime/process_runtime.hpp"
 
 namespace roce::group {
 using namespace roce::runtime;
@@ -171,9 +172,12 @@ bool takeJoin(Pending& p, const RankInfo& me, const Protocol& mine, int size, st
   return true;
 }
 
+// refusedBefore: the desk's count of unsigned connections before the leader
+// published its address (joiners signing with another secret never reach
+// the mailbox).
 std::vector<RankInfo> gatherAtLeader(Bootstrap& store, Mailbox& mailbox, int size, const RankInfo& me,
                                      const Protocol& mine, const std::string& inc, Clock::time_point deadline,
-                                     std::chrono::milliseconds timeout) {
+                                     std::chrono::milliseconds timeout, uint64_t refusedBefore) {
   std::vector<RankInfo> infos(size);
   std::vector<bool> have(size, false);
   infos[0] = me;
@@ -181,6 +185,7 @@ std::vector<RankInfo> gatherAtLeader(Bootstrap& store, Mailbox& mailbox, int siz
   std::vector<Pending> pending;
   std::vector<pollfd> fds;
   std::string mismatched;
+  const FrontDesk& desk = ProcessRuntime::get().desk();
   auto missing = [&] {
     std::string m;
     for (int r = 0; r < size && m.size() < 2000; ++r)
@@ -194,7 +199,12 @@ std::vector<RankInfo> gatherAtLeader(Bootstrap& store, Mailbox& mailbox, int siz
                        missing(), " (not joined the group). Check that every rank started and reached the same "
                        "call, or raise the timeout of init_process_group/new_group",
                        mismatched.empty() ? "" : str(". Also, ", mismatched, " (this rank runs ", mine.text(),
-                                                     "): every rank must run the same roce_pg build")));
+                                                     "): every rank must run the same roce_pg build"),
+                       desk.unauthenticated() == refusedBefore
+                           ? ""
+                           : str(". Meanwhile ", desk.unauthenticated() - refusedBefore,
+                                 " connection(s) were refused for not being signed with this rank's job secret: "
+                                 "ROCE_PG_JOB_SECRET must be the same on every rank, or unset on all")));
     if (Clock::now() >= nextProgress) {
       store.set(waitingKey(inc), missing());  // the others name these in their own timeout messages
       nextProgress = Clock::now() + kProgressEvery;
@@ -240,15 +250,25 @@ Attempt tryJoin(const LeaderRecord& rec, const RankInfo& me, const Protocol& min
   timeval tv{static_cast<time_t>(std::chrono::seconds(kReplyWait).count()), 0};
   setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  JoinHeader h{kJoinMagic, mine.join, mine.hello, rank, static_cast<uint32_t>(infoText.size()), rec.nonce};
-  std::string msg(reinterpret_cast<const char*>(&h), sizeof(h));
+  const JoinHeader h{kJoinMagic, mine.join, mine.hello, rank, static_cast<uint32_t>(infoText.size()), rec.nonce};
+  // Signed where the leader's desk expects it: a join of this build's version
+  // (ROCE_PG_TEST_FAULT=next_protocol joins as a newer build would, unsigned).
+  std::string msg;
+  if (h.version == kJoinVersion) {
+    const auto s = signHead(h);
+    msg.assign(reinterpret_cast<const char*>(&s), sizeof(s));
+  } else {
+    msg.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  }
   msg += infoText;
   if (send(fd.get(), msg.data(), msg.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(msg.size())) {
     why = "rank 0 closed the connection";
     return Attempt::Retry;
   }
   char reply = 0;
-  const ssize_t n = recv(fd.get(), &reply, 1, 0);
+  ssize_t n = recv(fd.get(), &reply, 1, 0);
+  // Closed with our rank info unread (the desk refused the join header): a reset.
+  if (n < 0 && errno == ECONNRESET) n = 0;
   if (n == 1 && reply == kAccepted) return Attempt::Joined;
   if (n == 1 && reply == kVersion) {
     Protocol theirs = rec.protocol;
@@ -271,7 +291,9 @@ Attempt tryJoin(const LeaderRecord& rec, const RankInfo& me, const Protocol& min
                         str(rec.describe(), " runs roce_pg formation protocol 1 (an older roce_pg: its address "
                                             "record names no versions)"),
                         mine);
-  why = n == 0 ? "rank 0 closed the connection without answering" : "rank 0 did not answer";
+  why = n == 0 ? "rank 0 closed the connection without answering: a record of an earlier incarnation, or rank 0 "
+                 "holds another job secret (ROCE_PG_JOB_SECRET set differently on the ranks)"
+               : "rank 0 did not answer";
   return n == 0 ? Attempt::Stale : Attempt::Retry;
 }
 
@@ -314,9 +336,11 @@ Joined joinGroup(Bootstrap& store, Mailbox& mailbox, int rank, int size, const R
   if (rank == 0) {
     j.incarnation = hex64(me.nonce);
     const Protocol mine = protocolOf(cfg);
+    const uint64_t refusedBefore = ProcessRuntime::get().desk().unauthenticated();
     store.set(kLeaderKey, LeaderRecord{me.hostId, me.tcpHost, me.tcpPort, me.nonce, me.pid, mine}.encode());
     try {
-      j.roster = planGroup(cfg, gatherAtLeader(store, mailbox, size, me, mine, j.incarnation, deadline, timeout));
+      j.roster = planGroup(
+          cfg, gatherAtLeader(store, mailbox, size, me, mine, j.incarnation, deadline, timeout, refusedBefore));
     } catch (const Error& e) {
       store.set(rosterKey(j.incarnation), errorRecord(e));  // every rank raises the same verdict
       throw;

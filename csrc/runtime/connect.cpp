@@ -141,7 +141,7 @@ PeerState probePeer(const TcpEndpoint& ep, int self, int peer, uint64_t selfNonc
 }
 
 bool sendHello(int fd, LinkKind kind, int self, int peer, uint64_t selfNonce, uint64_t peerNonce) {
-  Hello h{kHelloMagic, kHelloVersion, static_cast<uint16_t>(kind), self, peer, selfNonce, peerNonce};
+  const auto h = signHead(Hello{kHelloMagic, kHelloVersion, static_cast<uint16_t>(kind), self, peer, selfNonce, peerNonce});
   return send(fd, &h, sizeof(h), MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(h));
 }
 
@@ -156,7 +156,8 @@ std::optional<HelloReply> readReply(int fd, int peer) {
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return std::nullopt;
   if (n == 0 || n < 0)
     throwComm(str("rank ", peer, " closed the connection before answering its hello (",
-                  n == 0 ? "EOF" : std::strerror(errno), "): it exited or left the group"));
+                  n == 0 ? "EOF" : std::strerror(errno), "): it exited or left the group, or it holds another job "
+                  "secret (ROCE_PG_JOB_SECRET set differently on the two ranks)"));
   if (n < static_cast<ssize_t>(sizeof(r))) return std::nullopt;
   (void)!recv(fd, &r, sizeof(r), MSG_DONTWAIT);
   if (r.magic != kReplyMagic || r.status < static_cast<uint16_t>(HelloReply::Accepted) ||
@@ -175,7 +176,8 @@ UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint
     UniqueFd fd = newSocket();
     int err = connectOnce(fd.get(), sa, std::min(deadline, Clock::now() + kConnectAttempt));
     if (err == 0) {
-      Hello h{kHelloMagic, kHelloVersion, static_cast<uint16_t>(kind), self, peer, selfNonce, peerNonce};
+      const auto h =
+          signHead(Hello{kHelloMagic, kHelloVersion, static_cast<uint16_t>(kind), self, peer, selfNonce, peerNonce});
       writeAll(fd.get(), &h, sizeof(h), deadline, who);
       return fd;
     }

@@ -12,6 +12,8 @@
 #include <cstring>
 
 #include "../common/error.hpp"
+#include "../common/job_secret.hpp"
+#include "../common/log.hpp"
 #include "connect.hpp"
 
 namespace roce::runtime {
@@ -76,9 +78,25 @@ void Mailbox::deliver(Arrival a) {
 struct FrontDesk::Pending {
   UniqueFd fd;
   Clock::time_point since = Clock::now();
-  char buf[sizeof(Hello)];
+  char buf[sizeof(Signed<Hello>)];
   size_t got = 0;
 };
+
+namespace {
+
+// The bytes of the head in `buf` (`got` read so far): a join header or a
+// hello, with the MAC that follows one of the current version.
+size_t headBytes(const char* buf, size_t got) {
+  if (got < sizeof(uint32_t) + sizeof(uint16_t)) return sizeof(JoinHeader);
+  uint32_t magic;
+  uint16_t version;
+  std::memcpy(&magic, buf, sizeof(magic));
+  std::memcpy(&version, buf + sizeof(magic), sizeof(version));
+  if (magic == kHelloMagic) return version == kHelloVersion ? sizeof(Signed<Hello>) : sizeof(Hello);
+  return version == kJoinVersion ? sizeof(Signed<JoinHeader>) : sizeof(JoinHeader);
+}
+
+}  // namespace
 
 FrontDesk::FrontDesk(ProcessRuntime& runtime) : runtime_(runtime) {}
 FrontDesk::~FrontDesk() = default;
@@ -195,14 +213,8 @@ void FrontDesk::acceptNew() {
 bool FrontDesk::readHead(Pending& p) {
   // Read exactly the head: what follows (a join's rank info, a data stream)
   // stays in the socket for the mailbox's owner.
-  const auto want = [&]() -> size_t {
-    if (p.got < sizeof(uint32_t)) return sizeof(JoinHeader);
-    uint32_t magic;
-    std::memcpy(&magic, p.buf, sizeof(magic));
-    return magic == kHelloMagic ? sizeof(Hello) : sizeof(JoinHeader);
-  };
   for (;;) {
-    const size_t need = want();
+    const size_t need = headBytes(p.buf, p.got);
     if (p.got >= need) break;
     const ssize_t r = recv(p.fd.get(), p.buf + p.got, need - p.got, MSG_DONTWAIT);
     if (r > 0) {
@@ -214,19 +226,42 @@ bool FrontDesk::readHead(Pending& p) {
   }
   uint32_t magic;
   std::memcpy(&magic, p.buf, sizeof(magic));
+  if (magic != kHelloMagic && magic != kJoinMagic) return true;  // not roce's: dropped
+  const size_t head = magic == kHelloMagic ? sizeof(Hello) : sizeof(JoinHeader);
+  const bool signedHead = p.got > head;  // the current version's, MAC after it
+  if (signedHead && !JobSecret::verify(p.buf, head, reinterpret_cast<const uint8_t*>(p.buf + head))) {
+    refuseUnauthenticated(p);
+    return true;
+  }
   if (magic == kHelloMagic) {
     Hello h;
     std::memcpy(&h, p.buf, sizeof(h));
-    if (h.version != kHelloVersion) return true;  // another roce_pg version: dropped quietly
+    if (!signedHead) return true;  // another roce_pg version: dropped quietly
     Arrival a{static_cast<LinkKind>(h.kind), h.src, h.dst, h.srcNonce, std::move(p.fd), {}};
     route(h.dstNonce, std::move(a));
-  } else if (magic == kJoinMagic) {
+  } else {
+    // A join of another version goes on unsigned: its leader answers it with
+    // the versions (group/join.cpp), which is all it gets.
     JoinHeader h;
     std::memcpy(&h, p.buf, sizeof(h));
     Arrival a{LinkKind::Join, h.rank, 0, 0, std::move(p.fd), std::string(p.buf, sizeof(h))};
     route(h.leaderNonce, std::move(a));
   }
-  return true;  // not roce's: dropped
+  return true;
+}
+
+void FrontDesk::refuseUnauthenticated(const Pending& p) {
+  // Logged once per process: a stranger may dial again and again.
+  if (unauthenticated_.fetch_add(1) == 0) {
+    sockaddr_in from{};
+    socklen_t len = sizeof(from);
+    char ip[INET_ADDRSTRLEN] = "?";
+    if (getpeername(p.fd.get(), reinterpret_cast<sockaddr*>(&from), &len) == 0)
+      inet_ntop(AF_INET, &from.sin_addr, ip, sizeof(ip));
+    ROCE_WARN("roce: closed a connection from ", ip, ":", ntohs(from.sin_port), " whose head was not signed with "
+              "this job's secret: a process of another job, someone who is not a rank, or ranks whose "
+              "ROCE_PG_JOB_SECRET differs (later ones are only counted: connections_unauthenticated)");
+  }
 }
 
 void FrontDesk::route(uint64_t key, Arrival a) {

@@ -102,6 +102,8 @@ class FrontDesk : public RuntimeService {
   void close(uint64_t key);
   size_t openMailboxes() const;
   size_t parked() const;
+  // Connections closed because their head's MAC did not match the job secret.
+  uint64_t unauthenticated() const { return unauthenticated_.load(); }
   // Whether a mailbox was open for `key` once and closed since (its group
   // was destroyed here, or failed to form).
   bool wasClosed(uint64_t key) const;
@@ -114,6 +116,7 @@ class FrontDesk : public RuntimeService {
   struct Pending;
   void acceptNew();
   bool readHead(Pending& p);  // true when done with it (routed or dropped)
+  void refuseUnauthenticated(const Pending& p);  // its MAC did not match: counted, logged once
   void route(uint64_t key, Arrival a);
 
   ProcessRuntime& runtime_;
@@ -127,6 +130,7 @@ class FrontDesk : public RuntimeService {
     Clock::time_point since;
   };
   std::vector<Parked> parked_;
+  std::atomic<uint64_t> unauthenticated_{0};
   Clock::time_point nextParkCheck_{};  // the runtime thread's only
   std::vector<std::unique_ptr<Pending>> pending_;  // the runtime thread's only
 };

@@ -11,17 +11,24 @@
 //     names the leader nonce the joiner read from the store: the key of the
 //     leader's mailbox while the group forms.
 // Both are 24 bytes up to the key's end for a join, 32 for a hello; the magic
-// in the first 4 bytes tells them apart.
+// in the first 4 bytes tells them apart. Of the current versions, each is
+// followed by the job secret's MAC of its bytes (kMacBytes,
+// common/job_secret.hpp): the front desk reads and checks it before it routes
+// anything, and closes the connection unread when it does not match.
 #pragma once
 #include <cstdint>
+#include <cstring>
+
+#include "../common/job_secret.hpp"
 
 namespace roce::runtime {
 
 constexpr uint32_t kHelloMagic = 0x526f4345;  // "RoCE"
 // 3: data connections are answered (HelloReply); 4: the hello names the
 // destination's nonce (one listener per process); 5: lifelines
-// travel over process links (process_links.hpp).
-constexpr uint16_t kHelloVersion = 5;
+// travel over process links (process_links.hpp); 6: the job secret's MAC
+// follows the hello.
+constexpr uint16_t kHelloVersion = 6;
 
 // Probe: answered by the front desk itself (Gone if the key's mailbox was
 // closed, else Accepted), never delivered: a forming rank asks whether a
@@ -48,7 +55,9 @@ constexpr uint32_t kJoinMagic = 0x4a4f494e;  // "JOIN"
 // and the leader answers a join of other versions with them. 3: the settings
 // members compare are every setting Config::read declares sameInGroup, in
 // reading order (a build of version 2 would only report a settings mismatch).
-constexpr uint16_t kJoinVersion = 3;
+// 4: the job secret's MAC follows the header (a join of another version
+// comes without one and is answered with the versions, as before).
+constexpr uint16_t kJoinVersion = 4;
 
 struct JoinHeader {
   uint32_t magic;
@@ -59,5 +68,23 @@ struct JoinHeader {
   uint64_t leaderNonce;  // the record the joiner read; the desk's routing key
 };
 static_assert(sizeof(JoinHeader) == 24);
+
+// The bytes a head of the current version takes on the wire: the head, then
+// its MAC.
+template <class Head>
+struct Signed {
+  Head head;
+  uint8_t mac[kMacBytes];
+};
+static_assert(sizeof(Signed<Hello>) == 48 && sizeof(Signed<JoinHeader>) == 40);
+
+// `head` followed by the job secret's MAC of it.
+template <class Head>
+Signed<Head> signHead(const Head& head) {
+  Signed<Head> s{head, {}};
+  const Mac m = JobSecret::mac(&head, sizeof(head));
+  std::memcpy(s.mac, m.data(), kMacBytes);
+  return s;
+}
 
 }  // namespace roce::runtime

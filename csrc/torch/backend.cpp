@@ -17,6 +17,7 @@
 #include "../group/group_builder.hpp"
 #include "device_capture.hpp"
 #include "device_reduce.hpp"
+#include "job_secret_store.hpp"
 #include "monitored_barrier.hpp"
 #include "sparse_allreduce.hpp"
 #include "store_bootstrap.hpp"
@@ -94,6 +95,7 @@ RoceBackend::RoceBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   try {
     cfg_ = Config::fromEnv();
     cfg_.verbs.nearDevicePci = nearPci;
+    ensureJobSecret(store);
     if (formation == Formation::AwaitReconfigure) {
       noMembersWhy_ = "it was created with enable_reconfigure=True and has no members until its first "
                       "reconfigure (dist._reconfigure with the members' handles)";
