@@ -43,6 +43,14 @@ def _process_link(port, name=b"stranger", secret=JOB_SECRET):
     return s
 
 
+def _exact_after_the_attack(rank, world):
+    """The group's next allreduce, once every rank is past the attack: exact?"""
+    dist.barrier()
+    x = torch.arange(1000, dtype=torch.float64) + rank
+    dist.all_reduce(x)
+    return bool(torch.equal(x, world * torch.arange(1000, dtype=torch.float64) + sum(range(world))))
+
+
 def _settled(keys, timeout_s=60):
     """The runtime stats once `keys` stop changing (the runtime thread has
     read everything sent)."""
@@ -101,10 +109,7 @@ def parked_record_flood(rank, world, port, text_bytes=MAX_TEXT):
         stats = _settled(("link_parked_bytes", "link_records_dropped"))
         out["stats"] = {k: v for k, v in stats.items() if k.startswith("link_")}
         out["rss_growth_kib"] = _rss_kib() - rss0
-    dist.barrier()
-    x = torch.arange(1000, dtype=torch.float64) + rank
-    dist.all_reduce(x)
-    out["exact"] = bool(torch.equal(x, world * torch.arange(1000, dtype=torch.float64) + sum(range(world))))
+    out["exact"] = _exact_after_the_attack(rank, world)
     return out
 
 
@@ -138,10 +143,7 @@ def unnamed_links(rank, world, port):
                "refused_after_records": after_records["links_refused"] - held["links_refused"],
                "refused_after_renaming": after_renaming["links_refused"] - after_records["links_refused"],
                "parked_groups": after_records["link_parked_groups"]}
-    dist.barrier()
-    x = torch.arange(1000, dtype=torch.float64) + rank
-    dist.all_reduce(x)
-    out["exact"] = bool(torch.equal(x, world * torch.arange(1000, dtype=torch.float64) + sum(range(world))))
+    out["exact"] = _exact_after_the_attack(rank, world)
     return out
 
 
@@ -171,10 +173,7 @@ def stranger_without_the_secret(rank, world, port):
         out["parked_bytes"] = after["link_parked_bytes"] - before["link_parked_bytes"]
         out["parked"] = after["parked"] - before["parked"]
         out["rss_growth_kib"] = _rss_kib() - rss0
-    dist.barrier()
-    x = torch.arange(1000, dtype=torch.float64) + rank
-    dist.all_reduce(x)
-    out["exact"] = bool(torch.equal(x, world * torch.arange(1000, dtype=torch.float64) + sum(range(world))))
+    out["exact"] = _exact_after_the_attack(rank, world)
     return out
 
 
