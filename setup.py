@@ -345,7 +345,7 @@ if torch is not None:
                 # (any `str(...)` of a number segfaulted). Listed before the
                 # driver's own -lstdc++, so the archive contributes nothing.
                 extra_link_args=["-l:libstdc++.so.6"] + list(sanitize),
-                libraries=["ibverbs", "rt"],
+                libraries=["ibverbs", "rt", "dl"],
             )
         ],
         cmdclass={"build_ext": RoceBuildExt.with_options(use_ninja=True)},

@@ -50,11 +50,18 @@ def _roce_env():
     # The simulated placement differs per rank by design (ROCE_PG_SIM_NODE names each rank's machine).
     env = {k: v for k, v in os.environ.items()
            if k.startswith("ROCE_PG_") and k not in ("ROCE_PG_SIM_RANKS_PER_NODE", "ROCE_PG_SIM_NODE")}
-    if "ROCE_PG_JOB_SECRET" in env:  # compared across ranks by a digest, never shown
+    if "ROCE_PG_JOB_SECRET" in env:
+        # Compared across ranks by a short, deliberately slow fingerprint (a
+        # weak secret must not be guessable from the report), never shown.
         import hashlib
 
-        env["ROCE_PG_JOB_SECRET"] = "sha256:" + hashlib.sha256(env["ROCE_PG_JOB_SECRET"].encode()).hexdigest()[:12]
+        digest = hashlib.pbkdf2_hmac("sha256", env["ROCE_PG_JOB_SECRET"].encode(), b"roce doctor", 200_000)
+        env["ROCE_PG_JOB_SECRET"] = "set, fingerprint " + digest.hex()[:6]
     return env
+
+
+# Ranks whose secrets differ cannot connect at all: a difference fails.
+MUST_MATCH = SAME_EVERYWHERE + ("ROCE_PG_JOB_SECRET",)
 
 
 class _Env:
@@ -268,7 +275,7 @@ def _agreement_rows(infos, machines, by_rank, leaders):
     if len(envs) > 1:
         variants = "; ".join(f"ranks {v}: {dict(k) or 'none'}" for k, v in envs.items())
         differ = sorted(k for k in {k for e in envs for k, _ in e}
-                        if k in SAME_EVERYWHERE and len({dict(e).get(k) for e in envs}) > 1)
+                        if k in MUST_MATCH and len({dict(e).get(k) for e in envs}) > 1)
         # The shared-memory layouts must match among the ranks of a machine only.
         on_machine = {}
         for i in infos:

@@ -111,7 +111,7 @@ def spec_of(name, test_file):
     else:
         sources = discover_sources(test_file)
         verbs = any(s.startswith("transport/verbs/") for s in sources)
-        libs = ["-libverbs", "-lpthread"] if verbs else ["-lpthread"]
+        libs = (["-libverbs", "-lpthread"] if verbs else ["-lpthread"]) + ["-ldl"]  # -ldl: libcrypto, loaded at run time
     return test_file, [os.path.join(CSRC, s) for s in sources], libs
 
 

@@ -13,6 +13,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from .support.ranks import store_wait
+
 # The wire format as csrc/runtime/hello.hpp and process_links.cpp define it.
 HELLO = struct.Struct("<IHHiiQQ")      # magic, version, kind, src, dst, srcNonce, dstNonce
 RECORD = struct.Struct("<IHHiIQQ")     # magic, type, len, srcRank, reserved, dstNonce, srcNonce
@@ -150,7 +152,7 @@ def unnamed_links(rank, world, port):
 def stranger_without_the_secret(rank, world, port):
     """Rank 0 is dialed by someone who signs with another secret: a process
     link that would flood 16 MB of records, and a hello for a data
-    connection naming a real group's nonce. Both are closed at the front
+    connection (a made-up group's nonce, which would otherwise be parked). Both are closed at the front
     desk, unread: nothing is parked, no link is held, the refusals are
     counted, and the group's allreduce is exact."""
     import roce_pg
@@ -178,10 +180,15 @@ def stranger_without_the_secret(rank, world, port):
 
 
 def form_and_report(rank, world, port):
-    """Forms the group itself: None when it formed and an allreduce was
-    exact, else the error text. Rank 0 hosts the store and waits longest
-    (10 s, the others 5 s), so that the others' errors are their own."""
+    """Forms the group itself: {"error": None, ...} when it formed and an
+    allreduce was exact, else the error text. Rank 0 hosts the store and
+    waits longest (10 s, the others 5 s), so that the others' errors are
+    their own. Also: whether the job's store holds a secret, and whether
+    this rank's listener refuses a hello signed under an empty key (the
+    unkeyed MAC of a process that adopted no secret)."""
     from datetime import timedelta
+
+    import roce_pg
 
     try:
         dist.init_process_group("roce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -189,7 +196,19 @@ def form_and_report(rank, world, port):
         x = torch.ones(10)
         dist.all_reduce(x)
         assert torch.equal(x, torch.full((10,), float(world)))
-        dist.destroy_process_group()
-        return None
     except Exception as e:  # noqa: BLE001 - the message is the result
-        return str(e)
+        return {"error": str(e)}
+    store = job = dist.distributed_c10d._get_default_store()
+    while isinstance(job, dist.PrefixStore):  # the job's store, under no group's prefix
+        job = job.underlying_store
+    before = roce_pg._C._runtime_stats()
+    with socket.create_connection(("127.0.0.1", before["listen_port"])) as s:
+        s.sendall(_signed(HELLO.pack(HELLO_MAGIC, HELLO_VERSION, 1, 1, 0, 1, 2), ""))
+        s.settimeout(10)
+        s.recv(16)
+    refused = _settled(("connections_unauthenticated",))["connections_unauthenticated"]
+    out = {"error": None, "store_holds_a_secret": job.check(["roce/job_secret"]),
+           "unkeyed_refused": refused - before["connections_unauthenticated"]}
+    store_wait(store, "formed-done", world)
+    dist.destroy_process_group()
+    return out

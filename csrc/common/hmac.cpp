@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdint>
 #include <mutex>
 #include <string>
 
@@ -21,21 +22,32 @@ struct Crypto {
   std::string error;
 };
 
+// OPENSSL_init_crypto's flag that keeps libcrypto from freeing its state at
+// exit: the runtime thread may still verify a head while the process ends.
+constexpr uint64_t kOpensslInitNoAtexit = 0x00080000L;
+using OpensslInit = int (*)(uint64_t opts, const void* settings);
+
 const Crypto& crypto() {
-  static Crypto c;
+  // Never freed, for the same reason.
+  static Crypto* c = new Crypto;
   static std::once_flag once;
   std::call_once(once, [] {
     for (const char* name : {"libcrypto.so.3", "libcrypto.so.1.1", "libcrypto.so"}) {
       void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
       if (!lib) continue;
-      c.sha256 = reinterpret_cast<EvpSha256>(dlsym(lib, "EVP_sha256"));
-      c.hmac = reinterpret_cast<Hmac>(dlsym(lib, "HMAC"));
-      if (c.sha256 && c.hmac) return;
+      const auto sha256 = reinterpret_cast<EvpSha256>(dlsym(lib, "EVP_sha256"));
+      const auto hmac = reinterpret_cast<Hmac>(dlsym(lib, "HMAC"));
+      if (!sha256 || !hmac) continue;
+      if (const auto init = reinterpret_cast<OpensslInit>(dlsym(lib, "OPENSSL_init_crypto")))
+        init(kOpensslInitNoAtexit, nullptr);
+      c->sha256 = sha256;
+      c->hmac = hmac;
+      return;
     }
-    c.error = "roce: cannot load OpenSSL's libcrypto (libcrypto.so.3 or .so.1.1) for the job secret's "
-              "message authentication: install libssl3 (Debian, Ubuntu) or openssl-libs (RHEL, Fedora)";
+    c->error = "roce: cannot load OpenSSL's libcrypto (libcrypto.so.3 or .so.1.1) for the job secret's "
+               "message authentication: install libssl3 (Debian, Ubuntu) or openssl-libs (RHEL, Fedora)";
   });
-  return c;
+  return *c;
 }
 
 }  // namespace

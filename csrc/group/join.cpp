@@ -202,9 +202,9 @@ std::vector<RankInfo> gatherAtLeader(Bootstrap& store, Mailbox& mailbox, int siz
                                                      "): every rank must run the same roce_pg build"),
                        desk.unauthenticated() == refusedBefore
                            ? ""
-                           : str(". Meanwhile ", desk.unauthenticated() - refusedBefore,
-                                 " connection(s) were refused for not being signed with this rank's job secret: "
-                                 "ROCE_PG_JOB_SECRET must be the same on every rank, or unset on all")));
+                           : str(". Meanwhile this process refused ", desk.unauthenticated() - refusedBefore,
+                                 " connection(s) not signed with its job secret: if they were ranks of this "
+                                 "group, ROCE_PG_JOB_SECRET must be the same on every rank, or unset on all")));
     if (Clock::now() >= nextProgress) {
       store.set(waitingKey(inc), missing());  // the others name these in their own timeout messages
       nextProgress = Clock::now() + kProgressEvery;
