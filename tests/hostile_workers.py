@@ -212,3 +212,37 @@ def form_and_report(rank, world, port):
     store_wait(store, "formed-done", world)
     dist.destroy_process_group()
     return out
+
+
+def slowloris(rank, world, port, connections=300):
+    """Rank 0's listener is dialed `connections` times from 127.0.0.2 by
+    someone who never sends a byte: the desk holds at most 256 of them
+    (per source address) and closes the rest unread; meanwhile a new group
+    forms and its allreduce, whose connections come from 127.0.0.1, is
+    exact."""
+    import roce_pg
+
+    C = roce_pg._C
+    out = {}
+    store = dist.distributed_c10d._get_default_store()
+    socks = []
+    if rank == 0:
+        listen = C._runtime_stats()["listen_port"]
+        before = _settled(("connections_refused_busy", "pending_heads"))
+        for _ in range(connections):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.connect(("127.0.0.1", listen))
+            socks.append(s)
+        held = _settled(("connections_refused_busy", "pending_heads"))
+        out["pending"] = held["pending_heads"] - before["pending_heads"]
+        out["refused"] = held["connections_refused_busy"] - before["connections_refused_busy"]
+    store_wait(store, "slowloris-holding", world)
+    group = dist.new_group(list(range(world)))
+    out["exact"] = _exact_after_the_attack(rank, world)
+    x = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(x, group=group)
+    out["new_group_exact"] = bool(torch.equal(x, torch.full((1000,), float(sum(range(1, world + 1))))))
+    for s in socks:
+        s.close()
+    return out

@@ -62,3 +62,11 @@ def test_ranks_without_a_job_secret_share_the_stores():
     env = {k: v for k, v in TWO_MACHINES.items() if k != "ROCE_PG_JOB_SECRET"}
     for r in run_group("tests.hostile_workers.form_and_report", 2, init=False, env=env):
         assert r["error"] is None and r["store_holds_a_secret"] and r["unkeyed_refused"] == 1, r
+
+
+def test_a_slowloris_holds_a_bounded_share_of_the_front_desk():
+    results = run_group("tests.hostile_workers.slowloris", 2, env=TWO_MACHINES)
+    r = results[0]
+    # 300 silent connections from one address: 256 held, the rest closed unread.
+    assert r["pending"] == 256 and r["refused"] == 44, r
+    assert all(x["exact"] and x["new_group_exact"] for x in results), results

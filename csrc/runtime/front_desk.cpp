@@ -24,6 +24,13 @@ constexpr auto kHeadDeadline = std::chrono::seconds(30);
 // Half-open connections the desk keeps at once; more are closed unread
 // (a port scan or a runaway client must not eat the descriptors).
 constexpr size_t kMaxPending = 4096;
+// Of those, from one source address: someone who opens connections and sends
+// nothing (a slowloris) holds at most these, and the others' dials still get
+// a slot. A machine's ranks dial heads that arrive within microseconds.
+constexpr int kMaxPendingPerSource = 256;
+// After the process ran out of descriptors (EMFILE), the listener is not
+// polled for this long: it stays readable, and accepting again at once would spin.
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 // How long a hello for a key nobody opened yet is kept (a subgroup member that
 // is this late to create the group has timed out its peers anyway: torch's
 // default timeout is 10 to 30 minutes).
@@ -77,6 +84,7 @@ void Mailbox::deliver(Arrival a) {
 
 struct FrontDesk::Pending {
   UniqueFd fd;
+  uint32_t source = 0;  // the dialer's IPv4 address (network order)
   Clock::time_point since = Clock::now();
   char buf[sizeof(Signed<Hello>)];
   size_t got = 0;
@@ -151,11 +159,23 @@ size_t FrontDesk::openMailboxes() const {
   return boxes_.size();
 }
 
+template <class Done>
+void FrontDesk::dropPending(Done done) {
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                [&](auto& p) {
+                                  if (!done(*p)) return false;
+                                  if (auto it = pendingBySource_.find(p->source); it != pendingBySource_.end() &&
+                                                                                  --it->second == 0)
+                                    pendingBySource_.erase(it);
+                                  return true;
+                                }),
+                 pending_.end());
+  pendingCount_ = pending_.size();
+}
+
 Clock::time_point FrontDesk::tick(Clock::time_point now) {
   // Dialers that never spoke: dropped (the socket closes with the entry).
-  pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
-                                [&](const auto& p) { return now - p->since > kHeadDeadline; }),
-                 pending_.end());
+  dropPending([&](const Pending& p) { return now - p.since > kHeadDeadline; });
   // Parked hellos whose dialer hung up (or that waited too long). Not polled
   // for input: a parked connection may keep receiving, which would wake
   // every round. Once a second, a zero-timeout poll for the hang-up itself
@@ -171,13 +191,14 @@ Clock::time_point FrontDesk::tick(Clock::time_point now) {
                                  }),
                   parked_.end());
   }
-  return std::min(now + std::chrono::seconds(1), nextParkCheck_);
+  const Clock::time_point next = std::min(now + std::chrono::seconds(1), nextParkCheck_);
+  return acceptPausedUntil_ > now ? std::min(next, acceptPausedUntil_) : next;
 }
 
 void FrontDesk::addPollFds(std::vector<pollfd>& fds) {
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (listener_) fds.push_back({listener_->fd(), POLLIN, 0});
+    if (listener_ && Clock::now() >= acceptPausedUntil_) fds.push_back({listener_->fd(), POLLIN, 0});
   }
   for (const auto& p : pending_) fds.push_back({p->fd.get(), POLLIN, 0});
 }
@@ -188,9 +209,8 @@ void FrontDesk::polled(const pollfd* fds, size_t n) {
   bool anyReady = false;
   for (size_t i = 0; i < n; ++i) anyReady |= fds[i].revents != 0;
   if (!anyReady) return;
-  acceptNew();
-  pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [&](auto& p) { return readHead(*p); }),
-                 pending_.end());
+  if (Clock::now() >= acceptPausedUntil_) acceptNew();
+  dropPending([&](Pending& p) { return readHead(p); });
 }
 
 void FrontDesk::acceptNew() {
@@ -201,12 +221,32 @@ void FrontDesk::acceptNew() {
     lfd = listener_->fd();
   }
   for (;;) {
-    UniqueFd fd(accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (fd.get() < 0) return;  // EAGAIN: nothing more right now
-    if (pending_.size() >= kMaxPending) continue;  // closed unread
+    sockaddr_in from{};
+    socklen_t len = sizeof(from);
+    UniqueFd fd(accept4(lfd, reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (fd.get() < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        acceptPausedUntil_ = Clock::now() + kAcceptPause;
+        if (!outOfDescriptorsLogged_) {
+          outOfDescriptorsLogged_ = true;
+          ROCE_WARN("roce: the listener cannot accept connections: ", std::strerror(errno),
+                    "; accepting pauses for 100 ms at a time until descriptors free up (raise `ulimit -n`)");
+        }
+      }
+      return;  // EAGAIN: nothing more right now
+    }
+    int& fromSource = pendingBySource_[from.sin_addr.s_addr];
+    if (pending_.size() >= kMaxPending || fromSource >= kMaxPendingPerSource) {
+      if (fromSource == 0) pendingBySource_.erase(from.sin_addr.s_addr);
+      refusedBusy_.fetch_add(1);
+      continue;  // closed unread
+    }
+    ++fromSource;
     auto p = std::make_unique<Pending>();
     p->fd = std::move(fd);
+    p->source = from.sin_addr.s_addr;
     pending_.push_back(std::move(p));
+    pendingCount_ = pending_.size();
   }
 }
 

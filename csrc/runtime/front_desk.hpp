@@ -104,6 +104,10 @@ class FrontDesk : public RuntimeService {
   size_t parked() const;
   // Connections closed because their head's MAC did not match the job secret.
   uint64_t unauthenticated() const { return unauthenticated_.load(); }
+  // Connections closed unread because too many heads were pending (from
+  // their source address, or from all), and the heads pending now.
+  uint64_t refusedBusy() const { return refusedBusy_.load(); }
+  size_t pendingHeads() const { return pendingCount_.load(); }
   // Whether a mailbox was open for `key` once and closed since (its group
   // was destroyed here, or failed to form).
   bool wasClosed(uint64_t key) const;
@@ -117,6 +121,10 @@ class FrontDesk : public RuntimeService {
   void acceptNew();
   bool readHead(Pending& p);  // true when done with it (routed or dropped)
   void refuseUnauthenticated(const Pending& p);  // its MAC did not match: counted, logged once
+  // Removes the pending connections `done` says are done with, keeping the
+  // per-source counts.
+  template <class Done>
+  void dropPending(Done done);
   void route(uint64_t key, Arrival a);
 
   ProcessRuntime& runtime_;
@@ -133,6 +141,11 @@ class FrontDesk : public RuntimeService {
   std::atomic<uint64_t> unauthenticated_{0};
   Clock::time_point nextParkCheck_{};  // the runtime thread's only
   std::vector<std::unique_ptr<Pending>> pending_;  // the runtime thread's only
+  std::unordered_map<uint32_t, int> pendingBySource_;  // likewise: pending_ per source address
+  Clock::time_point acceptPausedUntil_{};              // likewise (EMFILE)
+  bool outOfDescriptorsLogged_ = false;                // likewise
+  std::atomic<uint64_t> refusedBusy_{0};
+  std::atomic<size_t> pendingCount_{0};
 };
 
 }  // namespace roce::runtime

@@ -314,6 +314,8 @@ PYBIND11_MODULE(_C, m) {
     d["links_refused"] = parked.linksRefused;
     d["parked"] = rt.desk().parked();
     d["connections_unauthenticated"] = rt.desk().unauthenticated();  // heads whose MAC did not match the job secret
+    d["connections_refused_busy"] = rt.desk().refusedBusy();  // closed unread: too many heads pending (per source, or all)
+    d["pending_heads"] = rt.desk().pendingHeads();  // accepted connections whose head has not arrived yet
     d["tcp_sockets"] = rt.service<roce::transport::tcp::TcpMux>().sockets();  // the TCP transport's, one per peer process for every group
     d["tcp_parked_streams"] = rt.service<roce::transport::tcp::TcpMux>().parkedStreams();  // streams for groups not created here yet
     d["shm_doorbell_groups"] = rt.service<roce::transport::shm::ShmDoorbells>().groups();  // local groups enrolled in the process's one doorbell
