@@ -22,10 +22,10 @@ import statistics
 import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.support.layouts import TCP  # noqa: E402
+from tests.support.layouts import LAYOUTS  # noqa: E402
 from tests.support.ranks import run_group, store_wait  # noqa: E402
 
-PLACES = {"shm": {}, "net": {"ROCE_PG_FORCE_NETWORK": "1", **TCP}}
+PLACES = {"shm": LAYOUTS["shm3"][1], "net": LAYOUTS["net3"][1]}  # the environments; --ranks sets the count
 
 
 def _gone(pid):

@@ -4,18 +4,14 @@ the dead rank's place, without a restart."""
 import pytest
 import torch.distributed as dist
 
-from .support.layouts import TCP
 from .reconfigure_workers import check_story
+from .support.layouts import LAYOUTS
 from .support.ranks import run_group
 
 # Where the four processes are: one machine (shared memory), each its own
 # machine over TCP, or two simulated machines of two (the spare lands on the
 # dead rank's machine: shared memory to nobody, TCP to the survivors).
-PLACES = {
-    "shm": {},
-    "net": {"ROCE_PG_FORCE_NETWORK": "1", **TCP},
-    "mixed": {"ROCE_PG_SIM_RANKS_PER_NODE": "2", **TCP},
-}
+PLACES = {"shm": LAYOUTS["shm4"][1], "net": LAYOUTS["net4"][1], "mixed": LAYOUTS["mixed2x2"][1]}
 
 
 @pytest.mark.parametrize("place", PLACES)

@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "../common/error.hpp"
+#include "../common/hex.hpp"
 #include "../common/log.hpp"
 #include "../common/random.hpp"
 #include "../common/worker_pool.hpp"
@@ -73,11 +74,6 @@ class CountingBootstrap : public Bootstrap {
   int& count_;
 };
 
-std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 }  // namespace
 
 std::unique_ptr<Communicator> GroupBuilder::join(Bootstrap& outerStore, const Config& cfg, int rank, int size,

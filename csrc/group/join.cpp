@@ -16,6 +16,7 @@
 #include "../common/bootstrap.hpp"
 #include "../common/config.hpp"
 #include "../common/error.hpp"
+#include "../common/hex.hpp"
 #include "../common/parse.hpp"
 #include "../runtime/connect.hpp"
 #include "../runtime/front_desk.hpp"
@@ -64,12 +65,6 @@ constexpr auto kReplyWait = std::chrono::seconds(5);
 constexpr auto kConnectAttempt = std::chrono::seconds(2);
 // How often the leader says whom it still waits for (for the others' timeout messages).
 constexpr auto kProgressEvery = std::chrono::seconds(2);
-
-std::string hex64(uint64_t v) {
-  std::ostringstream os;
-  os << std::hex << v;
-  return os.str();
-}
 
 std::string rosterKey(const std::string& inc) { return str("roce/", inc, "/roster"); }
 std::string waitingKey(const std::string& inc) { return str("roce/", inc, "/waiting"); }

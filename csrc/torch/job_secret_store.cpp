@@ -3,10 +3,10 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
-#include <cstdio>
 #include <cstdlib>
 
 #include "../common/error.hpp"
+#include "../common/hex.hpp"
 #include "../common/job_secret.hpp"
 #include "../common/random.hpp"
 
@@ -17,11 +17,7 @@ constexpr const char* kSecretKey = "roce/job_secret";
 
 std::string randomSecret() {
   std::string hex;
-  for (int i = 0; i < 4; ++i) {
-    char part[17];
-    std::snprintf(part, sizeof part, "%016llx", static_cast<unsigned long long>(randomNonce()));
-    hex += part;
-  }
+  for (int i = 0; i < 4; ++i) hex += hex64Padded(randomNonce());
   return hex;
 }
 

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdio>
 #include <set>
 
 #include "../common/error.hpp"
+#include "../common/hex.hpp"
 
 namespace roce::adapter {
 namespace {
@@ -20,9 +20,7 @@ constexpr const char* kPrefix = "roce:";
 }  // namespace
 
 std::string formatReconfigureHandle(const ReconfigureHandle& h) {
-  char nonce[17];
-  std::snprintf(nonce, sizeof nonce, "%016llx", static_cast<unsigned long long>(h.nonce));
-  return str(kPrefix, h.stableRank, ":", nonce);
+  return str(kPrefix, h.stableRank, ":", hex64Padded(h.nonce));
 }
 
 ReconfigureHandle parseReconfigureHandle(const std::string& text) {
