@@ -181,9 +181,14 @@ class Communicator {
   // operation may run at the same time on the caller's thread: Wakeup serves
   // two waiters, each re-checking its own conditions on every wake.
   bool answersConnections() const { return connections_ != nullptr; }
-  void announceIdle();
+  // `transports`: the engine serves peers while parked (a window's service),
+  // so the wait watches the transports too; endIdleWait() ends their wait
+  // (afterWait), on the engine's thread after waitIdle or on a caller's that
+  // takes over the communicator for an inline operation, whichever first.
+  void announceIdle(bool transports);
+  void endIdleWait();
   void wakeIdle() { wakeup_.wake(); }
-  void waitIdle();
+  void waitIdle(bool sleep = true);  // sleep=false: only ends the announcement
   void serveConnections();
   // A wait loop's state across rounds in which nothing moved.
   struct IdleWait {
@@ -342,6 +347,8 @@ class Communicator {
   std::vector<pollfd> waitFds_;  // reused by blockUntilActivity
   int extraWaitFd_ = -1;          // WakeOnFd
   std::vector<pollfd> idleFds_;  // reused by waitIdle
+  size_t idlePrepared_ = 0;      // transports prepared by announceIdle(true), not yet ended
+  bool idleShort_ = false;       // one of them cannot announce everything: waitIdle looks every millisecond
   std::deque<Request> owned_;  // requests created by post(kind, ...); see there
   std::string broken_;
   std::atomic<bool> abortRequested_{false};

@@ -189,21 +189,37 @@ Communicator::Blocked Communicator::blockUntilActivity(const std::function<bool(
   return Blocked::Slept;
 }
 
-void Communicator::announceIdle() {
+void Communicator::announceIdle(bool transports) {
   // Under the engine's lock: an inline operation may change connections_
   // while waitIdle() blocks. A descriptor it closes meanwhile only makes the
   // poll return early.
   idleFds_.clear();
   idleFds_.push_back(pollfd{wakeup_.fd(), POLLIN, 0});
   if (connections_) connections_->addPollFds(idleFds_);
+  idleShort_ = false;
+  if (transports) {
+    for (auto& t : transports_) {
+      if (!t->prepareWait(idleFds_, !anySource_.empty())) {
+        idleShort_ = true;
+        break;
+      }
+      ++idlePrepared_;
+      idleShort_ = idleShort_ || t->hasSilentPeers();
+    }
+  }
   wakeup_.announce();
 }
 
-void Communicator::waitIdle() {
+void Communicator::endIdleWait() {
+  for (size_t i = 0; i < idlePrepared_; ++i) transports_[i]->afterWait();
+  idlePrepared_ = 0;
+}
+
+void Communicator::waitIdle(bool sleep) {
   // Bounded, so a lost wake-up costs a second, not a hang. A connection
   // delivered before announceIdle() raises no wake-up: look first.
-  if (!arrivalsPending()) {
-    const timespec ts = toTimespec(std::chrono::seconds(1));
+  if (sleep && !arrivalsPending()) {
+    const timespec ts = toTimespec(idleShort_ ? std::chrono::milliseconds(1) : std::chrono::milliseconds(1000));
     ppoll(idleFds_.data(), idleFds_.size(), &ts, nullptr);
   }
   wakeup_.withdraw();

@@ -57,11 +57,6 @@ void Engine::enqueue(std::shared_ptr<Task> task) {
   cv_.notify_one();
 }
 
-void Engine::fail(const std::shared_ptr<Task>& t, std::exception_ptr e) {
-  settle(e);
-  completeQuietly(t, e);
-}
-
 void Engine::settle(std::exception_ptr e) {
   // Anything but an argument rejected before communication leaves peers'
   // message streams in an unknown state: the communicator refuses further work
@@ -157,9 +152,14 @@ bool Engine::runInline(Task& t) {
     // cv_.wait(): it cannot return from there while we hold mu_.
     if (stop_ || !parked_ || !queue_.empty()) return false;
     bool finished = false;
+    // A parked thread serving peers (serveParked) sleeps on the transports
+    // it prepared: end that wait here, so the transports see one waiter at
+    // a time, and wake it afterwards to look at what this operation moved.
+    comm_->endIdleWait();
     callerRunning_.store(true);
     err = execute(t, finished, /*inlined=*/true);
     callerRunning_.store(false);
+    if (!services_.empty()) comm_->wakeIdle();
     if (!err && !finished) {
       // Only collectives come here, and they finish in start(); anything else
       // would need the progress thread to poll it.
@@ -190,6 +190,44 @@ bool Engine::waitParked(std::chrono::milliseconds timeout) {
 
 bool Engine::onProgressThread() { return progressThread; }
 
+void Engine::serveParked(std::unique_lock<std::mutex>& g) {
+  // Under mu_ whenever comm_ is used: no inline operation runs meanwhile.
+  // Completions (user callbacks, which may issue work) run without it.
+  std::vector<Finished> done;
+  try {
+    comm_->progress();
+    takeFinished(services_, done, /*locked=*/true);
+    if (!services_.empty()) comm_->checkHealth();  // a departed peer fails what is served for it
+  } catch (const std::exception& e) {
+    const std::string why = str("roce: serving peers failed: ", e.what());
+    comm_->breakWith(why);
+    auto err = std::make_exception_ptr(Error(ErrorKind::Comm, why));
+    for (auto& t : services_) done.emplace_back(t, err);
+    services_.clear();
+  }
+  if (!done.empty()) {
+    g.unlock();
+    for (auto& [t, err] : done) completeQuietly(t, err);
+    g.lock();
+    return;
+  }
+  if (services_.empty()) return;
+  comm_->announceIdle(/*transports=*/true);
+  // What arrived before the transports armed their notifications raises no
+  // event: look once more before sleeping.
+  bool moved = false;
+  try {
+    moved = comm_->progress();
+  } catch (const std::exception&) {
+    moved = true;  // the next round's progress() reports it
+  }
+  g.unlock();
+  comm_->waitIdle(/*sleep=*/!moved);
+  g.lock();
+  comm_->endIdleWait();
+  if (!stop_) comm_->serveConnections();
+}
+
 void Engine::runOne(const std::shared_ptr<Task>& t) {
   bool finished = false;
   if (std::exception_ptr err = execute(*t, finished, /*inlined=*/false)) {
@@ -197,7 +235,10 @@ void Engine::runOne(const std::shared_ptr<Task>& t) {
     return;
   }
   if (finished) completeQuietly(t, nullptr);
-  else {
+  else if (t->serves) {
+    std::lock_guard<std::mutex> g(mu_);
+    services_.push_back(t);
+  } else {
     inflight_.push_back(t);
     std::lock_guard<std::mutex> g(mu_);
     ++inflightCount_;
@@ -205,8 +246,15 @@ void Engine::runOne(const std::shared_ptr<Task>& t) {
 }
 
 void Engine::pollInflight() {
-  for (size_t i = 0; i < inflight_.size();) {
-    auto t = inflight_[i];
+  std::vector<Finished> done;
+  takeFinished(inflight_, done, /*locked=*/false);
+  takeFinished(services_, done, /*locked=*/false);
+  for (auto& [t, err] : done) completeQuietly(t, err);
+}
+
+void Engine::takeFinished(std::vector<std::shared_ptr<Task>>& tasks, std::vector<Finished>& done, bool locked) {
+  for (size_t i = 0; i < tasks.size();) {
+    auto t = tasks[i];
     bool finished = false;
     std::exception_ptr err;
     try {
@@ -216,13 +264,14 @@ void Engine::pollInflight() {
       err = std::current_exception();
     }
     if (!finished && !err) { ++i; continue; }
-    inflight_.erase(inflight_.begin() + static_cast<long>(i));
     {
-      std::lock_guard<std::mutex> g(mu_);
-      --inflightCount_;
+      std::unique_lock<std::mutex> g(mu_, std::defer_lock);
+      if (!locked) g.lock();
+      tasks.erase(tasks.begin() + static_cast<long>(i));
+      if (!t->serves) --inflightCount_;
     }
-    if (err) fail(t, err);
-    else completeQuietly(t, nullptr);
+    if (err) settle(err);
+    done.emplace_back(t, err);
     // A failure may have failed other in-flight requests: rescan from the start.
     i = 0;
   }
@@ -244,6 +293,10 @@ void Engine::loop() {
         // only burn a core another rank may need).
         parked_ = true;  // callers may now run small collectives inline (runInline)
         while (!stop_ && queue_.empty()) {
+          if (!services_.empty()) {
+            serveParked(g);
+            continue;
+          }
           if (!comm_->answersConnections()) {
             cv_.wait(g, [&] { return stop_ || !queue_.empty(); });
             break;
@@ -252,7 +305,7 @@ void Engine::loop() {
           // idle, or a peer's first message would wait for this rank's next
           // operation. comm_ is touched only under mu_ (an inline operation
           // holds it while it runs).
-          comm_->announceIdle();
+          comm_->announceIdle(/*transports=*/false);
           g.unlock();
           comm_->waitIdle();
           g.lock();
@@ -300,6 +353,18 @@ void Engine::loop() {
   auto err = std::make_exception_ptr(Error(ErrorKind::Aborted, str("roce: operation aborted: ", why)));
   for (auto& t : inflight_) completeQuietly(t, err);
   inflight_.clear();
+  std::vector<std::shared_ptr<Task>> services;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    services.swap(services_);
+  }
+  // Services end with the group; that is no failure of theirs to record.
+  for (auto& t : services) {
+    try {
+      t->complete(err);
+    } catch (...) {
+    }
+  }
   std::deque<std::shared_ptr<Task>> rest;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -317,6 +382,8 @@ void Engine::failInflight(const std::string& why) {
   {
     std::lock_guard<std::mutex> g(mu_);
     inflightCount_ = 0;
+    for (auto& t : services_) tasks.push_back(t);
+    services_.clear();
   }
   for (auto& t : tasks) completeQuietly(t, err);
 }

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "../common/backoff.hpp"
@@ -58,6 +59,10 @@ class Task : public Describable {
   const char* collectiveOp = nullptr;
   int64_t startNs = 0, endNs = 0;
   const char* algo = nullptr;
+  // A task that serves peers for as long as something lives (a window's
+  // service): it never finishes on its own, so shutdown() does not wait for
+  // it, and its deadline is far away.
+  bool serves = false;
 };
 
 class Engine {
@@ -113,8 +118,14 @@ class Engine {
   void recordEnd(Task& t, std::exception_ptr e, bool broke);
   // What a failure means for the communicator (see fail()).
   void settle(std::exception_ptr e);
-  void pollInflight();
-  void fail(const std::shared_ptr<Task>& t, std::exception_ptr e);
+  void pollInflight();  // the in-flight tasks and the services
+  // Polls `tasks`, moving the finished ones (with their error, the
+  // communicator already settled) to `done`; `locked`: mu_ is held.
+  using Finished = std::pair<std::shared_ptr<Task>, std::exception_ptr>;
+  void takeFinished(std::vector<std::shared_ptr<Task>>& tasks, std::vector<Finished>& done, bool locked);
+  // Parked with services: progresses them, then sleeps until the transports,
+  // a connection or a wake-up has something (mu_ released meanwhile).
+  void serveParked(std::unique_lock<std::mutex>& g);
   void completeQuietly(const std::shared_ptr<Task>& t, std::exception_ptr e);
   // Something below the tasks threw (a transport bug, out of memory): break
   // the communicator and fail every in-flight task instead of terminating.
@@ -128,6 +139,10 @@ class Engine {
   std::condition_variable idleCv_;  // tells shutdown() the queue drained
   std::deque<std::shared_ptr<Task>> queue_;
   std::vector<std::shared_ptr<Task>> inflight_;  // progress thread only
+  // Tasks that serve peers (Task::serves): polled like inflight_, but the
+  // thread parks beside them, so inline operations still run. Changed under
+  // mu_ by the progress thread, which alone reads them without it.
+  std::vector<std::shared_ptr<Task>> services_;
   size_t inflightCount_ = 0;                     // under mu_, for shutdown()
   bool running_ = false;                         // a task is executing
   bool parked_ = false;                          // the progress thread sleeps with nothing to do

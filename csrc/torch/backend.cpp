@@ -197,6 +197,7 @@ void RoceBackend::start(std::unique_ptr<Communicator> comm) {
   if (!pinned_) pinned_ = std::make_shared<PinnedCache>(cfg_.device.stagingCacheBytes);
   engine_ = std::make_unique<Engine>(std::move(comm));
   engine_->onFailure = [this](const TraceRing& ring) {
+    failWindows(str("rank ", getRank(), "'s group failed (its failed operation's error says why)"));
     if (!cfg_.trace.dump.empty()) dumpTrace(ring, "its first failure");
     if (!stopping_.load()) abortHooks_.run(str("rank ", getRank()));
   };
@@ -214,12 +215,14 @@ Engine& RoceBackend::engine() const {
 
 RoceBackend::~RoceBackend() {
   stopping_ = true;
+  failWindows("the process group was destroyed");
   if (traceSignalId_) TraceSignal::remove(traceSignalId_);  // no dump of this group runs after this
   engine_.reset();
 }
 
 void RoceBackend::shutdown() {
   stopping_ = true;
+  failWindows("the process group was shut down");
   std::lock_guard<std::mutex> g(engineMu_);
   if (engine_) engine_->shutdown(std::chrono::milliseconds(cfg_.shutdownGraceMs));
 }
@@ -230,6 +233,7 @@ bool RoceBackend::waitEngineParked(std::chrono::milliseconds timeout) { return e
 
 void RoceBackend::abort() {
   stopping_ = true;
+  failWindows("abort() was called on this process group");
   std::lock_guard<std::mutex> g(engineMu_);
   if (engine_) engine_->abort("abort() was called on this process group");
 }

@@ -28,6 +28,8 @@
 namespace roce::adapter {
 using namespace roce::engine;
 
+struct WindowShared;
+
 // What submit() needs of a collective's options.
 struct CallOptions {
   std::chrono::milliseconds timeout;
@@ -94,6 +96,12 @@ class RoceBackend : public c10d::Backend {
   bool supportsReconfigure() const override { return true; }
   c10d::ReconfigureHandle get_reconfigure_handle() const override;
   c10::intrusive_ptr<c10d::Work> reconfigure(const c10d::ReconfigureOptions& opts) override;
+#endif
+#ifdef C10D_BACKEND_HAS_WINDOW
+  // One-sided windows of CPU tensors (window.hpp): collective, in the same
+  // order on every rank.
+  bool supportsWindow() const override { return true; }
+  c10::intrusive_ptr<c10d::Window> new_window(const std::optional<at::Tensor>& tensor) override;
 #endif
   // Store operations this group's formation made.
   int formationStoreOps() const;
@@ -328,6 +336,15 @@ class RoceBackend : public c10d::Backend {
                                           const std::string& name, std::chrono::milliseconds timeout);
   std::atomic<uint64_t> shrinks_{0};  // names each shrink's group alike on every member
   std::vector<int64_t> traceRanks_;       // set once, before any operation
+  // One-sided windows (window.hpp): counted alike on every rank (both are
+  // collective); the live registrations learn when the group can no longer
+  // serve them (failWindows: its failure, abort, shutdown, reconfigure).
+  std::atomic<uint64_t> windows_{0};
+  std::atomic<uint64_t> windowRegistrations_{0};
+  std::mutex windowsMu_;
+  std::vector<std::weak_ptr<WindowShared>> windowStates_;
+  void failWindows(const std::string& why);
+  friend class RoceWindow;  // its collectives, engine and timeout are the group's
 };
 
 }  // namespace roce::adapter

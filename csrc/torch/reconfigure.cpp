@@ -67,6 +67,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
     if (engine_) {
       const std::string why = str(what, " replaced this group's membership of ", getSize(), " ranks");
       stopping_ = true;
+      failWindows(str(why, ": register the window's tensor again"));
       if (engine_->hasComm()) engine_->comm().announceDeparture(why);
       engine_->abort(why);
       engine_.reset();
@@ -99,6 +100,8 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
   p2ps_ = 0;
   monitoredBarriers_ = 0;
   shrinks_ = 0;
+  windows_ = 0;
+  windowRegistrations_ = 0;
   traceRanks_.clear();
   for (const auto& h : members) traceRanks_.push_back(parseReconfigureHandle(h).stableRank);
   start(std::move(comm));

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <set>
+#include <string>
 
 #include "../../common/config.hpp"
 #include "../../common/error.hpp"
@@ -90,8 +92,13 @@ int ShmSegment::sweepLeftovers(const std::string& namePrefix, std::chrono::secon
 }
 
 ShmSegment ShmSegment::create(size_t bytes, const std::string& namePrefix, const Ranges& reserve) {
-  static std::once_flag swept;
-  std::call_once(swept, [&] { sweepLeftovers(namePrefix, kLeftoverMinAge); });
+  {
+    // Once per prefix and process (groups' segments and windows' apart).
+    static std::mutex mu;
+    static std::set<std::string> swept;
+    std::lock_guard<std::mutex> g(mu);
+    if (swept.insert(namePrefix).second) sweepLeftovers(namePrefix, kLeftoverMinAge);
+  }
   ShmSegment s;
   // The creator's pid in the name is what sweepLeftovers reads.
   s.name_ = str("/", namePrefix, ".", getpid(), ".", std::hex, randomNonce());

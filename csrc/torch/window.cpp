@@ -1,0 +1,427 @@
+#include "window.hpp"
+
+#ifdef C10D_BACKEND_HAS_WINDOW
+#include <c10/core/CPUAllocator.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "../comm/communicator.hpp"
+#include "../common/backoff.hpp"
+#include "../window/window_service.hpp"
+#include "backend.hpp"
+#include "work.hpp"
+
+namespace roce::adapter {
+
+namespace {
+
+constexpr int kMaxPublishedDims = 8;
+
+void dropSegmentRef(void* ref) { delete static_cast<std::shared_ptr<ShmSegment>*>(ref); }
+
+// A Work that is done when it is made (puts and signals to a peer on this
+// machine: the caller's thread did them).
+c10::intrusive_ptr<c10d::Work> doneWork(c10d::OpType type, int rank, const char* title) {
+  auto w = c10::make_intrusive<RoceWork>(type, rank, title, std::vector<at::Tensor>{});
+  w->complete(nullptr);
+  return w;
+}
+
+}  // namespace
+
+struct RoceWindow::Published {
+  char segment[96] = {};
+  uint64_t segmentBytes = 0;
+  uint64_t windowBytes = 0;
+  int32_t dtype = 0;
+  int32_t ndim = 0;
+  int64_t sizes[kMaxPublishedDims] = {};
+  uint8_t mappable = 0;  // this rank lets peers on its machine map its window (not ROCE_PG_FORCE_NETWORK)
+  uint8_t ok = 0;        // this rank registered its tensor
+  uint8_t pad[6] = {};
+};
+
+void WindowShared::fail(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (!failed.empty()) return;
+    failed = why;
+  }
+  ended.notify_all();
+  if (board) board->bell.notify();  // waits learn it
+}
+
+std::string WindowShared::failure() {
+  std::lock_guard<std::mutex> g(mu);
+  return failed;
+}
+
+void RoceBackend::failWindows(const std::string& why) {
+  std::lock_guard<std::mutex> g(windowsMu_);
+  for (auto& w : windowStates_)
+    if (auto s = w.lock()) s->fail(why);
+  windowStates_.clear();
+}
+
+namespace {
+
+// wait_signal's Work: done once the peer's count reached the ticket the
+// call drew, so waits complete in the order they were issued.
+class SignalWaitWork : public c10d::Work {
+ public:
+  SignalWaitWork(std::shared_ptr<WindowShared> shared, int rank, int peer, uint32_t ticket,
+                 std::chrono::milliseconds timeout)
+      : c10d::Work(rank, c10d::OpType::RECV),
+        shared_(std::move(shared)), rank_(rank), peer_(peer), ticket_(ticket), timeout_(timeout) {}
+
+  bool isCompleted() override { return shared_->board->reached(peer_, ticket_); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    WindowBoard& board = *shared_->board;
+    auto ready = [&] { return board.reached(peer_, ticket_); };
+    while (!ready()) {
+      const std::string why = shared_->failure();
+      if (!why.empty())
+        throwComm(str("window wait_signal on rank ", rank_, " for rank ", peer_, " cannot complete: ", why));
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline)
+        throwTimeout(str("window wait_signal on rank ", rank_, " timed out after ", limit.count(),
+                         " ms waiting for signal ", ticket_, " from rank ", peer_, " (", board.counts()[peer_].arrived.load(),
+                         " arrived): is rank ", peer_, " calling signal(", rank_, ")?"));
+      const auto slice = std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(50));
+      board.bell.sleep(ready, static_cast<long>(slice.count()));
+    }
+    return true;
+  }
+
+ private:
+  std::shared_ptr<WindowShared> shared_;
+  int rank_, peer_;
+  uint32_t ticket_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+RoceWindow::RoceWindow(c10::intrusive_ptr<RoceBackend> backend, uint64_t id)
+    : backend_(std::move(backend)), id_(id), rank_(backend_->getRank()), size_(backend_->getSize()),
+      shared_(std::make_shared<WindowShared>()) {}
+
+RoceWindow::~RoceWindow() {
+  if (registered_)
+    ROCE_WARN("roce: rank ", rank_, ": window ", id_, " was dropped without tensor_deregister(): it keeps its memory "
+              "and serves its peers until the group ends, and peers that deregister wait for this rank");
+}
+
+std::chrono::milliseconds RoceWindow::timeoutOf(std::chrono::milliseconds requested) const {
+  return requested == c10d::kUnsetTimeout ? backend_->timeout_ : requested;
+}
+
+void RoceWindow::allgather(const void* mine, void* all, size_t each) {
+  at::Tensor in = at::empty({static_cast<int64_t>(each)}, at::kByte);
+  std::memcpy(in.data_ptr(), mine, each);
+  at::Tensor out = at::empty({static_cast<int64_t>(each) * size_}, at::kByte);
+  c10d::AllgatherOptions opts;
+  opts.timeout = backend_->timeout_;
+  backend_->_allgather_base(out, in, opts)->wait();
+  std::memcpy(all, out.data_ptr(), each * static_cast<size_t>(size_));
+}
+
+namespace {
+
+// Why `tensor` cannot become a window's memory here, or "" if it can.
+// Registration moves the storage into shared memory, so it must be memory
+// torch's CPU allocator gave (not numpy's, a shared or pinned block, or
+// another window's), and unaliased by pointers taken before (the old bytes
+// are freed).
+std::string unregistrable(const at::Tensor& tensor) {
+  if (!tensor.defined()) return "the tensor is undefined";
+  if (!tensor.device().is_cpu())
+    return str("tensor_register takes CPU tensors; this one is on ", tensor.device().str(),
+               " (device windows are not supported yet)");
+  if (tensor.is_sparse() || !tensor.is_contiguous())
+    return "tensor_register takes a contiguous dense tensor (call .contiguous() first)";
+  const c10::Storage& storage = tensor.storage();
+  if (storage.data_ptr().get_deleter() == &dropSegmentRef)
+    return "this tensor's memory is already another window's (deregister it there, or register a clone())";
+  if (storage.nbytes() > 0 && storage.data_ptr().get_deleter() != c10::GetDefaultCPUAllocator()->raw_deleter())
+    return "registration moves the tensor's memory into shared memory, and this tensor's memory is not torch's "
+           "own CPU allocation (numpy's, shared or pinned memory?): register a clone()";
+  return {};
+}
+
+}  // namespace
+
+void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
+  TORCH_CHECK(!registered_, "roce: window on rank ", rank_, ": a tensor is already registered; call tensor_deregister() first");
+  rank_ = backend_->getRank();  // a reconfigure may have changed them since the window was made
+  size_ = backend_->getSize();
+  // Every rank takes part in the exchange even when its tensor is refused,
+  // so all of them raise instead of the others waiting for the timeout.
+  Published me;
+  std::string refused = unregistrable(tensor);
+  std::shared_ptr<ShmSegment> seg;
+  WindowBoard* board = nullptr;
+  if (refused.empty()) {
+    try {
+      c10::Storage storage = tensor.storage();
+      const size_t storageBytes = storage.nbytes();
+      seg = std::make_shared<ShmSegment>(ShmSegment::create(WindowBoard::headBytes(size_) + storageBytes, "roce_win"));
+      board = WindowBoard::init(seg->data(), size_, static_cast<size_t>(tensor.storage_offset()) * tensor.element_size(),
+                                tensor.nbytes());
+      // The tensor, its views and the window become the same memory. A
+      // storage that grew would leave it: resizing past it is refused.
+      if (storageBytes) std::memcpy(board->data(), storage.data(), storageBytes);
+      storage.set_data_ptr_noswap(
+          at::DataPtr(board->data(), new std::shared_ptr<ShmSegment>(seg), &dropSegmentRef, tensor.device()));
+      storage.unsafeGetStorageImpl()->set_resizable(false);
+    } catch (const std::exception& e) {
+      refused = e.what();
+      seg.reset();
+    }
+  }
+  if (refused.empty()) {
+    std::snprintf(me.segment, sizeof(me.segment), "%s", seg->name().c_str());
+    me.segmentBytes = seg->size();
+    me.windowBytes = tensor.nbytes();
+    me.dtype = static_cast<int32_t>(tensor.scalar_type());
+    if (tensor.dim() <= kMaxPublishedDims) {
+      me.ndim = static_cast<int32_t>(tensor.dim());
+      for (int64_t d = 0; d < tensor.dim(); ++d) me.sizes[d] = tensor.size(d);
+    } else {
+      me.ndim = 1;
+      me.sizes[0] = tensor.numel();
+    }
+    me.ok = 1;
+  }
+  // The group's own setting (formation may have taken the leader's).
+  me.mappable = backend_->engine().comm().config().placement.forceNetwork ? 0 : 1;
+  std::vector<Published> all(static_cast<size_t>(size_));
+  allgather(&me, all.data(), sizeof(Published));
+  TORCH_CHECK(refused.empty(), "roce: window on rank ", rank_, ": ", refused);
+  for (int r = 0; r < size_; ++r)
+    TORCH_CHECK(all[static_cast<size_t>(r)].ok, "roce: window on rank ", rank_, ": rank ", r,
+                " could not register its tensor (its error says why); no rank registered");
+
+  const auto& topo = backend_->engine().comm().topology();
+  std::vector<Peer> peers(static_cast<size_t>(size_));
+  std::vector<int> served;
+  for (int r = 0; r < size_; ++r) {
+    const Published& p = all[static_cast<size_t>(r)];
+    Peer& peer = peers[static_cast<size_t>(r)];
+    peer.bytes = p.windowBytes;
+    peer.dtype = static_cast<c10::ScalarType>(p.dtype);
+    peer.sizes.assign(p.sizes, p.sizes + std::clamp(p.ndim, 0, kMaxPublishedDims));
+    if (r == rank_) {
+      peer.mapped = true;
+      peer.segment = seg;
+      peer.board = board;
+    } else if (topo.nodeOf[r] == topo.nodeOf[rank_] && p.mappable && me.mappable) {
+      peer.mapped = true;
+      peer.segment = std::make_shared<ShmSegment>(
+          ShmSegment::open(std::string(p.segment, strnlen(p.segment, sizeof(p.segment))), p.segmentBytes, r));
+      peer.board = reinterpret_cast<WindowBoard*>(peer.segment->data());
+      TORCH_CHECK(peer.board->magic == WindowBoard::kMagic && peer.board->ranks == static_cast<uint32_t>(size_) &&
+                      peer.board->windowBytes == p.windowBytes,
+                  "roce: window on rank ", rank_, ": rank ", r, "'s window segment ", p.segment,
+                  " is not the window it published (another roce version on this machine?)");
+    } else {
+      served.push_back(r);
+    }
+  }
+  // Every peer mapped what it needs before the names go.
+  uint8_t one = 1;
+  std::vector<uint8_t> mapped(static_cast<size_t>(size_));
+  allgather(&one, mapped.data(), 1);
+  seg->unlink();
+
+  shared_ = std::make_shared<WindowShared>();
+  shared_->mine = seg;
+  shared_->board = board;
+  {
+    std::lock_guard<std::mutex> g(backend_->windowsMu_);
+    auto& states = backend_->windowStates_;
+    states.erase(std::remove_if(states.begin(), states.end(), [](const auto& w) { return w.expired(); }), states.end());
+    states.push_back(shared_);
+  }
+  peers_ = std::move(peers);
+  served_ = std::move(served);
+  held_ = owning ? tensor : at::Tensor();
+  tickets_.assign(static_cast<size_t>(size_), 0);
+  tagId_ = ++backend_->windowRegistrations_;
+  registered_ = true;
+  if (!served_.empty()) startService(served_);
+}
+
+void RoceWindow::startService(const std::vector<int>& served) {
+  {
+    std::lock_guard<std::mutex> g(shared_->mu);
+    shared_->serving = true;
+  }
+  auto task = std::make_shared<WindowService>(shared_->mine, shared_->board, tagId_, served,
+                                              str("window ", id_, " of rank ", rank_));
+  std::weak_ptr<WindowShared> weak = shared_;
+  task->onEnd = [weak](std::exception_ptr e) {
+    auto s = weak.lock();
+    if (!s) return;
+    if (e) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& err) {
+        s->fail(err.what());
+      } catch (...) {
+        s->fail("its service failed");
+      }
+    }
+    {
+      std::lock_guard<std::mutex> g(s->mu);
+      s->serving = false;
+    }
+    s->ended.notify_all();
+  };
+  backend_->engine().enqueue(std::move(task));
+}
+
+c10::intrusive_ptr<c10d::Work> RoceWindow::sendToServed(WindowOp op, int peer, const at::Tensor& src,
+                                                        const char* title, std::chrono::milliseconds timeout,
+                                                        bool asyncOp) {
+  std::vector<at::Tensor> tensors;
+  if (src.defined()) tensors.push_back(src);
+  auto work = c10::make_intrusive<RoceWork>(c10d::OpType::SEND, rank_, title, tensors);
+  auto task = std::make_shared<WindowSendTask>(src.defined() ? std::make_shared<at::Tensor>(src) : nullptr, tagId_,
+                                               peer, op, src.defined() ? src.data_ptr() : nullptr,
+                                               str(title, " of window ", id_, " from rank ", rank_, " to rank ", peer,
+                                                   op.bytes ? str(" (", op.bytes, " bytes)") : std::string()));
+  task->timeout = timeout;
+  task->onEnd = [work](std::exception_ptr e) { work->complete(e); };
+  backend_->engine().enqueue(std::move(task));
+  if (!asyncOp) work->wait(kNoTimeout);
+  return work;
+}
+
+void RoceWindow::tensor_deregister() {
+  TORCH_CHECK(registered_, "roce: window on rank ", rank_, ": tensor_deregister() without a registered tensor");
+  // Whatever happens below, this rank's registration ends here.
+  std::shared_ptr<WindowShared> shared = std::move(shared_);
+  std::vector<int> served = std::move(served_);
+  shared_ = std::make_shared<WindowShared>();
+  registered_ = false;
+  peers_.clear();
+  held_ = at::Tensor();
+  const std::string before = shared->failure();
+  TORCH_CHECK(before.empty(), "roce: window on rank ", rank_, ": tensor_deregister() after its group stopped serving it: ",
+              before);
+  // Ranks on other machines learn it by a close, which ends their service
+  // for this rank once every put before it landed.
+  WindowOp close;
+  close.kind = static_cast<uint32_t>(WindowOpKind::Close);
+  std::vector<c10::intrusive_ptr<c10d::Work>> closes;
+  for (int peer : served) closes.push_back(sendToServed(close, peer, at::Tensor(), "window close", backend_->timeout_, true));
+  for (auto& w : closes) w->wait(kNoTimeout);
+  if (!served.empty()) {
+    std::unique_lock<std::mutex> g(shared->mu);
+    const bool ended = shared->ended.wait_for(g, backend_->timeout_, [&] { return !shared->serving; });
+    TORCH_CHECK(ended, "roce: window on rank ", rank_, ": tensor_deregister() timed out waiting for the ranks on other "
+                "machines to deregister too (it is collective)");
+  }
+  // Peers on this machine may read or write this window until they deregister too.
+  uint8_t one = 1;
+  std::vector<uint8_t> done(static_cast<size_t>(size_));
+  allgather(&one, done.data(), 1);
+  const std::string failed = shared->failure();
+  TORCH_CHECK(failed.empty(), "roce: window on rank ", rank_, ": its service failed before tensor_deregister(): ", failed);
+}
+
+RoceWindow::Peer& RoceWindow::peerFor(int64_t rank, const char* what) {
+  TORCH_CHECK(registered_, "roce: window on rank ", rank_, ": ", what, " before tensor_register()");
+  const std::string failed = shared_->failure();
+  TORCH_CHECK(failed.empty(), "roce: window on rank ", rank_, ": ", what, " after the group stopped serving the window: ",
+              failed);
+  TORCH_CHECK(rank >= 0 && rank < size_, "roce: window on rank ", rank_, ": ", what, " names rank ", rank,
+              ", not a rank of this group of ", size_);
+  return peers_[static_cast<size_t>(rank)];
+}
+
+c10::intrusive_ptr<c10d::Work> RoceWindow::put(const at::Tensor& tensor, int64_t dstRank, int64_t targetOffsetNelems,
+                                               bool asyncOp, const c10d::PutOptions& opts) {
+  Peer& peer = peerFor(dstRank, "put");
+  TORCH_CHECK(tensor.device().is_cpu(), "roce: window put on rank ", rank_, ": the source is on ", tensor.device(),
+              "; windows move CPU tensors (device windows are not supported yet)");
+  // The offset counts elements of the target's window, so both sides must
+  // mean the same element.
+  TORCH_CHECK(tensor.scalar_type() == peer.dtype, "roce: window put on rank ", rank_, ": the source is ",
+              tensor.scalar_type(), " but rank ", dstRank, "'s window holds ", peer.dtype);
+  const uint64_t elem = tensor.element_size();
+  TORCH_CHECK(targetOffsetNelems >= 0, "roce: window put on rank ", rank_, ": negative offset ", targetOffsetNelems);
+  const at::Tensor src = tensor.contiguous();
+  const uint64_t bytes = src.nbytes();
+  const uint64_t limit = peer.bytes / elem;
+  TORCH_CHECK(static_cast<uint64_t>(targetOffsetNelems) <= limit && bytes <= peer.bytes - targetOffsetNelems * elem,
+              "roce: window put on rank ", rank_, ": ", src.numel(), " elements at element ", targetOffsetNelems,
+              " reach past rank ", dstRank, "'s window of ", limit, " elements");
+  const uint64_t offset = static_cast<uint64_t>(targetOffsetNelems) * elem;
+  if (peer.mapped) {
+    // memmove: a put into this rank's own window may overlap its source.
+    if (bytes) std::memmove(peer.board->window() + offset, src.data_ptr(), bytes);
+    return doneWork(c10d::OpType::SEND, rank_, "window put");
+  }
+  WindowOp op;
+  op.kind = static_cast<uint32_t>(WindowOpKind::Put);
+  op.offset = offset;
+  op.bytes = bytes;
+  return sendToServed(op, static_cast<int>(dstRank), src, "window put", timeoutOf(opts.timeout), asyncOp);
+}
+
+c10::intrusive_ptr<c10d::Work> RoceWindow::signal(int64_t peerRank, bool asyncOp, const c10d::SignalOptions& opts) {
+  Peer& peer = peerFor(peerRank, "signal");
+  if (peer.mapped) {
+    peer.board->signalFrom(rank_);
+    return doneWork(c10d::OpType::SEND, rank_, "window signal");
+  }
+  WindowOp op;
+  op.kind = static_cast<uint32_t>(WindowOpKind::Signal);
+  return sendToServed(op, static_cast<int>(peerRank), at::Tensor(), "window signal", timeoutOf(opts.timeout), asyncOp);
+}
+
+c10::intrusive_ptr<c10d::Work> RoceWindow::wait_signal(int64_t peerRank, bool asyncOp,
+                                                       const c10d::WaitSignalOptions& opts) {
+  peerFor(peerRank, "wait_signal");
+  uint32_t ticket;
+  {
+    std::lock_guard<std::mutex> g(ticketsMu_);
+    ticket = ++tickets_[static_cast<size_t>(peerRank)];
+  }
+  auto work = c10::make_intrusive<SignalWaitWork>(shared_, rank_, static_cast<int>(peerRank), ticket,
+                                                  timeoutOf(opts.timeout));
+  if (!asyncOp) work->wait(kNoTimeout);
+  return work;
+}
+
+at::Tensor RoceWindow::map_remote_tensor(int64_t rank) {
+  Peer& peer = peerFor(rank, "map_remote_tensor");
+  TORCH_CHECK(peer.mapped, "roce: window on rank ", rank_, ": map_remote_tensor(", rank, "): rank ", rank,
+              " is on another machine (or ROCE_PG_FORCE_NETWORK=1): only a peer on this machine can be mapped; "
+              "use put/signal to reach it");
+  auto keep = new std::shared_ptr<ShmSegment>(peer.segment);
+  return at::from_blob(
+      peer.board->window(), peer.sizes, [keep](void*) { delete keep; },
+      at::TensorOptions().dtype(peer.dtype).device(at::kCPU));
+}
+
+c10::intrusive_ptr<c10d::Window> RoceBackend::new_window(const std::optional<at::Tensor>& tensor) {
+  auto w = c10::make_intrusive<RoceWindow>(c10::intrusive_ptr<RoceBackend>::reclaim_copy(this), ++windows_);
+  if (tensor) w->tensor_register(*tensor, /*owning=*/true);
+  return w;
+}
+
+c10d::WindowAttr RoceWindow::get_attr(int64_t peerRank) {
+  peerFor(peerRank, "get_attr");
+  // Host memory, written in place by peers and the progress thread: one
+  // coherent copy, no synchronization beyond a signal needed.
+  return c10d::WindowAttr{c10d::WindowAccessType::UNIFIED};
+}
+
+}  // namespace roce::adapter
+#endif

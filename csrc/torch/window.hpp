@@ -1,0 +1,103 @@
+// torch's one-sided windows (dist._new_window, c10d::Window) for CPU tensors.
+// Registering a tensor moves its storage into shared memory of roce's own
+// (the bytes copied once; the tensor and its views keep working), so that
+//  * a peer on the same machine maps it: put is a copy straight into the
+//    owner's tensor by the caller, signal bumps a count in the owner's board
+//    (window_board.hpp), map_remote_tensor is a tensor over the mapping;
+//  * a peer on another machine reaches it through the owner's progress
+//    thread (window_service.hpp): its put's bytes are received straight into
+//    the tensor, with no call of the owner's.
+// A signal guarantees that every put the same rank made to the same peer
+// before it is in the peer's memory once wait_signal returns there.
+#pragma once
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#ifdef C10D_BACKEND_HAS_WINDOW
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "../transport/shm/shm_segment.hpp"
+#include "../window/window_board.hpp"
+#include "../window/window_wire.hpp"
+
+namespace roce::adapter {
+using namespace roce::transport::shm;
+using namespace roce::window;
+
+class RoceBackend;
+
+// What a registration shares with its service task and the Works of its
+// waits (any thread).
+struct WindowShared {
+  std::shared_ptr<ShmSegment> mine;
+  WindowBoard* board = nullptr;
+  std::mutex mu;
+  std::condition_variable ended;
+  bool serving = false;  // the service task runs
+  // Why operations can no longer complete (the group failed, was aborted,
+  // shut down or reconfigured; the service failed): set once, wakes waiters.
+  std::string failed;
+  void fail(const std::string& why);
+  std::string failure();
+};
+
+class RoceWindow : public c10d::Window {
+ public:
+  // Collective over the backend's group; registers `tensor` if given.
+  RoceWindow(c10::intrusive_ptr<RoceBackend> backend, uint64_t id);
+  // Without tensor_deregister (collective), a registration's service keeps
+  // running until the group ends, and peers' deregister waits for this
+  // rank's close: warned about.
+  ~RoceWindow() override;
+
+  void tensor_register(const at::Tensor& tensor, bool owning) override;
+  void tensor_deregister() override;
+  c10::intrusive_ptr<c10d::Work> put(const at::Tensor& tensor, int64_t dstRank, int64_t targetOffsetNelems,
+                                     bool asyncOp, const c10d::PutOptions& opts) override;
+  at::Tensor map_remote_tensor(int64_t rank) override;
+  c10::intrusive_ptr<c10d::Work> signal(int64_t peerRank, bool asyncOp, const c10d::SignalOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> wait_signal(int64_t peerRank, bool asyncOp,
+                                             const c10d::WaitSignalOptions& opts) override;
+  c10d::WindowAttr get_attr(int64_t peerRank) override;
+
+  // What every rank publishes at registration, fixed-size for one allgather.
+  struct Published;
+  // Each rank's window as this rank reaches it.
+  struct Peer {
+    bool mapped = false;                  // on this machine (or this rank): through the mapping
+    std::shared_ptr<ShmSegment> segment;  // mapped: the peer's segment
+    WindowBoard* board = nullptr;         // mapped: the peer's board
+    uint64_t bytes = 0;                   // the peer's window
+    c10::ScalarType dtype = c10::ScalarType::Byte;
+    std::vector<int64_t> sizes;
+  };
+
+ private:
+  // Throws unless a tensor is registered, the group can still serve it and
+  // `rank` is a rank of the group.
+  Peer& peerFor(int64_t rank, const char* what);
+  std::chrono::milliseconds timeoutOf(std::chrono::milliseconds requested) const;
+  void allgather(const void* mine, void* all, size_t each);  // a collective of the group, waited for
+  void startService(const std::vector<int>& served);
+  // A put's head and bytes (src), a signal's or a close's head, to a peer on
+  // another machine, through the group's engine (after what it has queued).
+  c10::intrusive_ptr<c10d::Work> sendToServed(WindowOp op, int peer, const at::Tensor& src, const char* title,
+                                              std::chrono::milliseconds timeout, bool asyncOp);
+
+  c10::intrusive_ptr<RoceBackend> backend_;
+  uint64_t id_;
+  int rank_, size_;
+  std::shared_ptr<WindowShared> shared_;
+  std::vector<Peer> peers_;
+  std::vector<int> served_;  // peers on other machines
+  at::Tensor held_;          // the registered tensor, when owning
+  std::mutex ticketsMu_;
+  std::vector<uint32_t> tickets_;  // wait_signal calls issued per peer (the count each waits for)
+  bool registered_ = false;
+  uint64_t tagId_ = 0;  // the registration's tags (window_wire.hpp), drawn alike on every rank
+};
+
+}  // namespace roce::adapter
+#endif

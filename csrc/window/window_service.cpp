@@ -1,0 +1,124 @@
+#include "window_service.hpp"
+
+#include "../comm/communicator.hpp"
+#include "../common/error.hpp"
+#include "../common/log.hpp"
+
+namespace roce::window {
+using namespace roce::comm;
+
+namespace {
+
+// Served tasks have no deadline of their own: they wait for peers' puts for
+// as long as the window exists, and the group's liveness fails them when a
+// peer dies.
+constexpr auto kForever = std::chrono::hours(24 * 365 * 100);
+
+void prepare(Request& r, Request::Kind kind, int peer, uint64_t tag, void* buf, size_t len) {
+  r = Request{};
+  r.kind = kind;
+  r.peer = peer;
+  r.tag = tag;
+  r.buf = buf;
+  r.len = len;
+}
+
+}  // namespace
+
+WindowService::WindowService(std::shared_ptr<void> keep, WindowBoard* board, uint64_t id, std::vector<int> peers,
+                             std::string what)
+    : keep_(std::move(keep)), board_(board), id_(id), what_(std::move(what)) {
+  timeout = kForever;
+  serves = true;
+  peers_.resize(peers.size());
+  for (size_t i = 0; i < peers.size(); ++i) peers_[i].rank = peers[i];
+}
+
+void WindowService::postHead(Communicator& c, Peer& p) {
+  p.inData = false;
+  prepare(p.head, Request::Kind::Recv, p.rank, windowHeadTag(id_), &p.op, sizeof(p.op));
+  c.post(p.head);
+}
+
+bool WindowService::start(Communicator& c) {
+  for (auto& p : peers_) postHead(c, p);
+  return poll(c);
+}
+
+void WindowService::advance(Communicator& c, Peer& p) {
+  if (p.inData) {
+    if (p.data.failed()) throwComm(str(what_, ": a put from rank ", p.rank, " failed: ", p.data.error));
+    postHead(c, p);
+    return;
+  }
+  if (p.head.failed()) throwComm(str(what_, ": rank ", p.rank, " is no longer reachable: ", p.head.error));
+  switch (static_cast<WindowOpKind>(p.op.kind)) {
+    case WindowOpKind::Put: {
+      // The sender checked the bounds against what this rank published; a
+      // head beyond them is corrupt, and writing it would reach memory that
+      // is not the window's.
+      const uint64_t size = board_->windowBytes;
+      if (p.op.offset > size || p.op.bytes > size - p.op.offset)
+        throwComm(str(what_, ": rank ", p.rank, " put ", p.op.bytes, " bytes at byte ", p.op.offset,
+                      ", beyond this rank's ", size, "-byte window (a corrupted message)"));
+      if (p.op.bytes == 0) {
+        postHead(c, p);
+        return;
+      }
+      p.inData = true;
+      prepare(p.data, Request::Kind::Recv, p.rank, windowDataTag(id_), board_->window() + p.op.offset, p.op.bytes);
+      c.post(p.data);
+      return;
+    }
+    case WindowOpKind::Signal:
+      board_->signalFrom(p.rank);
+      postHead(c, p);
+      return;
+    case WindowOpKind::Close:
+      p.closed = true;
+      return;
+  }
+  throwComm(str(what_, ": rank ", p.rank, " sent an unknown window operation ", p.op.kind, " (a corrupted message)"));
+}
+
+bool WindowService::poll(Communicator& c) {
+  bool open = false;
+  for (auto& p : peers_) {
+    while (!p.closed && (p.inData ? p.data.done : p.head.done)) advance(c, p);
+    open = open || !p.closed;
+  }
+  return !open;
+}
+
+void WindowService::complete(std::exception_ptr error) {
+  if (onEnd) onEnd(error);
+}
+
+WindowSendTask::WindowSendTask(std::shared_ptr<void> keep, uint64_t id, int peer, WindowOp op, const void* src,
+                               std::string what)
+    : keep_(std::move(keep)), op_(op), what_(std::move(what)) {
+  prepare(head_, Request::Kind::Send, peer, windowHeadTag(id), &op_, sizeof(op_));
+  if (static_cast<WindowOpKind>(op.kind) == WindowOpKind::Put && op.bytes > 0)
+    prepare(data_, Request::Kind::Send, peer, windowDataTag(id), const_cast<void*>(src), op.bytes);
+  else
+    data_.done = true;
+}
+
+bool WindowSendTask::start(Communicator& c) {
+  c.post(head_);
+  if (!data_.done) c.post(data_);
+  return poll(c);
+}
+
+bool WindowSendTask::poll(Communicator&) {
+  if (!head_.done || !data_.done) return false;
+  const std::string& why = head_.failed() ? head_.error : data_.error;
+  if (!why.empty()) throwComm(str(what_, " failed: ", why));
+  return true;
+}
+
+void WindowSendTask::complete(std::exception_ptr error) {
+  if (onEnd) onEnd(error);
+}
+
+}  // namespace roce::window

@@ -1,0 +1,72 @@
+// The owner's side of a window for the peers it serves over the network
+// (ranks on other machines; on this machine peers write into the window's
+// shared memory themselves). A task on the group's progress engine that
+// keeps one head receive posted per served peer: a put's bytes are received
+// straight into the window, a signal bumps the peer's count in the board, a
+// close (every rank sends one when the window is deregistered) ends that
+// peer's service. It runs until every served peer closed, or the group fails.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../engine/engine.hpp"
+#include "../transport/transport.hpp"
+#include "window_board.hpp"
+#include "window_wire.hpp"
+
+namespace roce::window {
+using namespace roce::engine;
+using namespace roce::transport;
+
+class WindowService : public Task {
+ public:
+  // `keep` holds the memory behind `board` for as long as the task lives.
+  WindowService(std::shared_ptr<void> keep, WindowBoard* board, uint64_t id, std::vector<int> peers,
+                std::string what);
+  bool start(Communicator& c) override;
+  bool poll(Communicator& c) override;
+  void complete(std::exception_ptr error) override;
+  std::string describe() const override { return what_; }
+  // Called once with the task's outcome (null: every peer closed).
+  std::function<void(std::exception_ptr)> onEnd;
+
+ private:
+  struct Peer {
+    int rank = -1;
+    WindowOp op;      // the head being received
+    Request head, data;
+    bool inData = false;
+    bool closed = false;
+  };
+  void postHead(Communicator& c, Peer& p);
+  // Handles p's finished head (or put bytes); false once p closed.
+  void advance(Communicator& c, Peer& p);
+
+  std::shared_ptr<void> keep_;
+  WindowBoard* board_;
+  uint64_t id_;
+  std::vector<Peer> peers_;
+  std::string what_;
+};
+
+// A put's head and bytes, or a signal's or close's head, to one served peer;
+// done when the transport is done with the bytes (the source may be reused).
+class WindowSendTask : public Task {
+ public:
+  // `keep` holds the source bytes until the task ends.
+  WindowSendTask(std::shared_ptr<void> keep, uint64_t id, int peer, WindowOp op, const void* src, std::string what);
+  bool start(Communicator& c) override;
+  bool poll(Communicator& c) override;
+  void complete(std::exception_ptr error) override;
+  std::string describe() const override { return what_; }
+  std::function<void(std::exception_ptr)> onEnd;
+
+ private:
+  std::shared_ptr<void> keep_;
+  WindowOp op_;
+  Request head_, data_;
+  std::string what_;
+};
+
+}  // namespace roce::window

@@ -1,0 +1,204 @@
+"""Rank functions for tests/test_windows.py: torch's one-sided windows
+(dist._new_window) on roce. Every check runs inside one group, each against
+values computed independently on the host (integers and float64: exact)."""
+import datetime
+
+import torch
+import torch.distributed as dist
+
+
+def _block(rank, peer, n, dtype=torch.float64):
+    """What `rank` writes into `peer`'s window: distinct per pair and element."""
+    return (torch.arange(n, dtype=torch.float64) + 1000 * rank + 100000 * peer).to(dtype)
+
+
+def _same_machine(rank, peer, world):
+    import os
+
+    if os.environ.get("ROCE_PG_FORCE_NETWORK") == "1":
+        return peer == rank
+    per = int(os.environ.get("ROCE_PG_SIM_RANKS_PER_NODE", world))
+    return rank // per == peer // per
+
+
+def _expect_raises(fn, *words):
+    try:
+        fn()
+    except Exception as e:  # torch raises RuntimeError (DistBackendError for timeouts)
+        msg = str(e)
+        assert all(w in msg for w in words), f"error {msg!r} does not name {words}"
+        return msg
+    raise AssertionError(f"expected an error naming {words}")
+
+
+def _puts_then_signals(win, t, rank, world, n):
+    """Every rank puts its block into every window (itself included) at
+    offset rank * n, then signals everyone and waits for everyone's signal."""
+    works = [win.put(_block(rank, p, n), p, rank * n, True) for p in range(world)]
+    for w in works:
+        w.wait()
+    for p in range(world):
+        win.signal(p, False)
+    for p in range(world):
+        win.wait_signal(p, False)
+    want = torch.cat([_block(q, rank, n) for q in range(world)])
+    assert torch.equal(t, want), f"rank {rank}: window holds {t.tolist()[:8]}..., expected {want.tolist()[:8]}..."
+
+
+def _ordered_after_puts(win, t, rank, world, n, rounds=12):
+    """A ring of producers: each round rank r overwrites its successor's
+    slot with several puts, then signals; the successor must see every put
+    of that round once its wait returns (the memory model a signal gives)."""
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    for i in range(rounds):
+        value = torch.full((n,), float(i * 10 + rank), dtype=torch.float64)
+        half = n // 2
+        win.put(value[:half], nxt, 0, True)
+        win.put(value[half:], nxt, half, True)
+        win.signal(nxt, True)
+        win.wait_signal(prev, False)
+        want = float(i * 10 + prev)
+        assert torch.equal(t[:n], torch.full((n,), want, dtype=torch.float64)), \
+            f"rank {rank} round {i}: slot holds {t[:n].unique().tolist()}, expected {want}"
+        dist.barrier()  # nobody overwrites a slot before its owner checked it
+
+
+def _alltoallv_by_puts(rank, world):
+    """MoE-style dispatch: counts known only to senders, written with puts
+    (the receiver learns its counts from a first put), against all_to_all_single."""
+    counts = [(rank + 2 * p) % 5 + 1 for p in range(world)]  # what rank sends to p
+    cap = 5 * world
+    inbox = torch.zeros(world + cap, dtype=torch.int64)
+    win = dist._new_window(inbox)
+    # Offsets into a receiver's inbox are the senders before it, known by an
+    # exchange of counts the receiver needs anyway.
+    all_counts = torch.zeros(world * world, dtype=torch.int64)
+    dist.all_gather_into_tensor(all_counts, torch.tensor(counts, dtype=torch.int64))
+    all_counts = all_counts.view(world, world)  # [sender][receiver]
+    for p in range(world):
+        off = int(all_counts[:rank, p].sum())
+        payload = torch.arange(counts[p], dtype=torch.int64) + 1000 * rank + 100 * p
+        win.put(torch.tensor([counts[p]], dtype=torch.int64), p, rank, True)
+        win.put(payload, p, world + off, True)
+        win.signal(p, True)
+    for p in range(world):
+        win.wait_signal(p, False)
+    got = inbox[world:world + int(all_counts[:, rank].sum())].clone()
+    assert inbox[:world].tolist() == all_counts[:, rank].tolist()
+    send = torch.cat([torch.arange(c, dtype=torch.int64) + 1000 * rank + 100 * p for p, c in enumerate(counts)])
+    recv = torch.zeros(int(all_counts[:, rank].sum()), dtype=torch.int64)
+    dist.all_to_all_single(recv, send, output_split_sizes=all_counts[:, rank].tolist(), input_split_sizes=counts)
+    assert torch.equal(got, recv), f"rank {rank}: puts gave {got.tolist()}, all_to_all_single {recv.tolist()}"
+    win.tensor_deregister()
+
+
+def window_matrix(rank, world, port):
+    assert dist.get_backend() == "roce"
+    assert dist._supports_window() if hasattr(dist, "_supports_window") else True
+    n = 37  # odd: puts that end mid-page
+    t = torch.zeros(world * n, dtype=torch.float64)
+    view = t[n:]  # a view made before registration keeps seeing the window
+    win = dist._new_window(t)
+    _puts_then_signals(win, t, rank, world, n)
+    assert torch.equal(view, torch.cat([_block(q, rank, n) for q in range(1, world)]))
+
+    # The window is the tensor: what the owner writes, a mapped peer reads.
+    t.fill_(rank + 0.5)
+    dist.barrier()
+    for p in range(world):
+        if _same_machine(rank, p, world):
+            remote = win.map_remote_tensor(p)
+            assert remote.shape == t.shape and remote.dtype == t.dtype
+            assert torch.equal(remote, torch.full_like(t, p + 0.5)), f"rank {rank} maps rank {p}: {remote[:4].tolist()}"
+        else:
+            _expect_raises(lambda: win.map_remote_tensor(p), "another machine")
+        assert str(win.get_attr(p).access_type).endswith("UNIFIED")
+    dist.barrier()
+
+    # A source that is not contiguous, and an empty put.
+    src = torch.arange(2 * n, dtype=torch.float64).view(n, 2)[:, 1]
+    nxt = (rank + 1) % world
+    win.put(src, nxt, 0, False)
+    win.put(torch.zeros(0, dtype=torch.float64), nxt, world * n, False)
+    win.signal(nxt, False)
+    win.wait_signal((rank - 1) % world, False)
+    assert torch.equal(t[:n], torch.arange(2 * n, dtype=torch.float64)[1::2])
+    dist.barrier()
+
+    # Bad calls fail on the caller and leave the group usable.
+    _expect_raises(lambda: win.put(torch.ones(n + 1, dtype=torch.float64), nxt, (world - 1) * n, False),
+                   "reach past", f"rank {nxt}")
+    _expect_raises(lambda: win.put(torch.ones(1, dtype=torch.float64), world, 0, False), "not a rank")
+    _expect_raises(lambda: win.put(torch.ones(1, dtype=torch.float64), nxt, -1, False), "negative offset")
+    _expect_raises(lambda: win.signal(-1, False), "not a rank")
+    _expect_raises(lambda: win.tensor_register(t), "already registered")
+    _expect_raises(lambda: win.put(torch.ones(1, dtype=torch.float32), nxt, 0, False), "Float", "Double")
+    _expect_raises(lambda: win.put(torch.ones(1, dtype=torch.float64), nxt, 2**62, False), "reach past")
+    _expect_raises(lambda: t.resize_(world * n + 4096), "not resizable")
+    # A wait for a signal nobody sends yet times out, naming the peer; the
+    # signal sent later still completes it.
+    late = win.wait_signal(nxt, True)
+    _expect_raises(lambda: late.wait(datetime.timedelta(milliseconds=200)), "timed out", f"from rank {nxt}")
+    assert not late.is_completed()
+    x = torch.full((3,), float(rank + 1), dtype=torch.float64)
+    dist.all_reduce(x)
+    assert torch.equal(x, torch.full((3,), world * (world + 1) / 2, dtype=torch.float64))
+
+    _ordered_after_puts(win, t, rank, world, n)
+    win.signal((rank - 1) % world, False)
+    late.wait()
+    assert late.is_completed()
+    win.tensor_deregister()
+    _expect_raises(lambda: win.put(x, nxt, 0, False), "before tensor_register")
+
+    # The same window again, with an integer tensor.
+    ints = torch.zeros(world * 5, dtype=torch.int32)
+    win.tensor_register(ints)
+    for p in range(world):
+        win.put(torch.arange(5, dtype=torch.int32) + 10 * rank, p, 5 * rank, True)
+        win.signal(p, True)
+    for p in range(world):
+        win.wait_signal(p, False)
+    assert ints.tolist() == [10 * q + i for q in range(world) for i in range(5)]
+    win.tensor_deregister()
+
+    _two_windows_at_once(rank, world)
+    _refused_registrations(rank, world)
+    _alltoallv_by_puts(rank, world)
+    return {"rank": rank}
+
+
+def _two_windows_at_once(rank, world):
+    """Two live windows of one group keep their traffic apart."""
+    a, b = torch.zeros(world, dtype=torch.int64), torch.zeros(world, dtype=torch.int64)
+    wa, wb = dist._new_window(a), dist._new_window(b)
+    for p in range(world):
+        wa.put(torch.tensor([rank + 1], dtype=torch.int64), p, rank, True)
+        wb.put(torch.tensor([-(rank + 1)], dtype=torch.int64), p, rank, True)
+        wb.signal(p, True)
+        wa.signal(p, True)
+    for p in range(world):
+        wa.wait_signal(p, False)
+        wb.wait_signal(p, False)
+    assert a.tolist() == [q + 1 for q in range(world)] and b.tolist() == [-(q + 1) for q in range(world)]
+    wb.tensor_deregister()
+    wa.tensor_deregister()
+
+
+def _refused_registrations(rank, world):
+    """A tensor that cannot become window memory on one rank fails the
+    registration on every rank (none waits for the timeout), and the group
+    goes on."""
+    import numpy as np
+
+    win = dist._new_window()
+    bad = torch.from_numpy(np.zeros(4)) if rank == world - 1 else torch.zeros(4, dtype=torch.float64)
+    msg = _expect_raises(lambda: win.tensor_register(bad), "window on rank")
+    if rank == world - 1:
+        assert "not torch's own CPU allocation" in msg, msg
+    else:
+        assert f"rank {world - 1} could not register" in msg, msg
+    _expect_raises(lambda: win.tensor_register(torch.zeros(4)[::2]), "contiguous")
+    x = torch.ones(2, dtype=torch.float64)
+    dist.all_reduce(x)
+    assert x.tolist() == [world, world]
