@@ -111,6 +111,9 @@ def groups(phases):
                                               env={"TEST_PG_TIMEOUT_S": "60"})
         g["abort/verbs2"] = _group("verbs2", "tests.api_workers.abort_pending")
         g["size_mismatch_nack/verbs3"] = _group("verbs3", "tests.api_workers.network_mismatch")
+        # One-sided windows with every peer on another machine: puts and
+        # signals served by the owners' progress threads over verbs
+        g["windows/verbs3"] = _group("verbs3", "tests.window_workers.window_matrix")
     if "multinic" in phases:
         # Every NIC: a second Soft-RoCE device on its own netdev for
         # this group only (made before, removed after); no ROCE_PG_IB_HCA.
