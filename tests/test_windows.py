@@ -14,3 +14,12 @@ def test_window_matrix(layout):
         pytest.skip("this torch has no one-sided window API (torch >= 2.15)")
     world, env = LAYOUTS[layout]
     run_group("tests.window_workers.window_matrix", world, env=env, deadline_s=240)
+
+
+@pytest.mark.parametrize("layout", ["net3", "shm3"])
+def test_window_wait_fails_when_a_peer_dies(layout):
+    if not hasattr(dist, "_new_window"):
+        pytest.skip("this torch has no one-sided window API (torch >= 2.15)")
+    world, env = LAYOUTS[layout]
+    res = run_group("tests.window_workers.window_peer_death", world, env=env, expect_dead={world - 1}, deadline_s=240)
+    print("a survivor's wait learned of the death after", [round(r["elapsed"], 2) for r in res if r], "s")

@@ -99,6 +99,16 @@ def window_matrix(rank, world, port):
     t = torch.zeros(world * n, dtype=torch.float64)
     view = t[n:]  # a view made before registration keeps seeing the window
     win = dist._new_window(t)
+    # A served window keeps a task on the progress thread; it still parks
+    # beside it, so small synchronous collectives run on the caller's thread.
+    import roce_pg
+
+    assert roce_pg._wait_engine_parked(timeout=10), "the engine does not park beside a window's service"
+    inline0 = roce_pg.counters()["inline_ops"]
+    x = torch.ones(2, dtype=torch.float64)
+    dist.all_reduce(x)
+    assert x.tolist() == [world, world]
+    assert roce_pg.counters()["inline_ops"] == inline0 + 1, "the allreduce beside the service did not run inline"
     _puts_then_signals(win, t, rank, world, n)
     assert torch.equal(view, torch.cat([_block(q, rank, n) for q in range(1, world)]))
 
@@ -151,6 +161,14 @@ def window_matrix(rank, world, port):
     win.tensor_deregister()
     _expect_raises(lambda: win.put(x, nxt, 0, False), "before tensor_register")
 
+    # The same tensor again (its memory is a deregistered window's), then
+    # the same window with an integer tensor.
+    win.tensor_register(t)
+    win.put(torch.full((n,), float(rank), dtype=torch.float64), nxt, 0, True)
+    win.signal(nxt, True)
+    win.wait_signal((rank - 1) % world, False)
+    assert torch.equal(t[:n], torch.full((n,), float((rank - 1) % world), dtype=torch.float64))
+    win.tensor_deregister()
     # The same window again, with an integer tensor.
     ints = torch.zeros(world * 5, dtype=torch.int32)
     win.tensor_register(ints)
@@ -172,6 +190,7 @@ def _two_windows_at_once(rank, world):
     """Two live windows of one group keep their traffic apart."""
     a, b = torch.zeros(world, dtype=torch.int64), torch.zeros(world, dtype=torch.int64)
     wa, wb = dist._new_window(a), dist._new_window(b)
+    _expect_raises(lambda: dist._new_window(a), "registered in another window")
     for p in range(world):
         wa.put(torch.tensor([rank + 1], dtype=torch.int64), p, rank, True)
         wb.put(torch.tensor([-(rank + 1)], dtype=torch.int64), p, rank, True)
@@ -202,3 +221,24 @@ def _refused_registrations(rank, world):
     x = torch.ones(2, dtype=torch.float64)
     dist.all_reduce(x)
     assert x.tolist() == [world, world]
+
+
+def window_peer_death(rank, world, port):
+    """The last rank dies with a window registered; the others' wait for its
+    signal fails soon, naming why, instead of waiting out the timeout; so
+    do their later calls on the window."""
+    import os
+    import signal
+    import time
+
+    t = torch.zeros(4, dtype=torch.float64)
+    win = dist._new_window(t)
+    victim = world - 1
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    _expect_raises(lambda: win.wait_signal(victim, True).wait(datetime.timedelta(seconds=120)), "cannot complete")
+    elapsed = time.monotonic() - t0
+    assert elapsed < 60, f"the wait took {elapsed:.1f} s to learn of the death"
+    _expect_raises(lambda: win.put(t, 0, 0, False), "stopped serving")
+    return {"rank": rank, "elapsed": elapsed}

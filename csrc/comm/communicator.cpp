@@ -25,14 +25,27 @@ using namespace roce::transport::verbs;
 using namespace roce::liveness;
 
 void Communicator::onPeerFailure(const std::string& why) {
+  std::function<void(const std::string&)> hook;
   {
     std::lock_guard<std::mutex> g(abortMu_);
     if (peerFailed_.load()) return;
     peerFailure_ = why;
     peerFailedAt_ = Clock::now();
+    hook = peerFailureHook_;
   }
   peerFailed_.store(true);
   wakeup_.wake();
+  if (hook) hook(why);
+}
+
+void Communicator::setPeerFailureHook(std::function<void(const std::string&)> hook) {
+  std::string already;
+  {
+    std::lock_guard<std::mutex> g(abortMu_);
+    peerFailureHook_ = hook;
+    if (peerFailed_.load()) already = peerFailure_;
+  }
+  if (!already.empty() && hook) hook(already);
 }
 
 std::string Communicator::processKeyOf(int r) const {

@@ -180,6 +180,10 @@ class Communicator {
   // The idle wait shares wakeup_ with blockUntilActivity, which an inline
   // operation may run at the same time on the caller's thread: Wakeup serves
   // two waiters, each re-checking its own conditions on every wake.
+  // Called once, on the runtime thread, when the lifelines report that the
+  // group failed elsewhere (what a parked group learns with nothing in
+  // flight: the adapter fails its windows' waits). Any thread.
+  void setPeerFailureHook(std::function<void(const std::string&)> hook);
   bool answersConnections() const { return connections_ != nullptr; }
   // `transports`: the engine serves peers while parked (a window's service),
   // so the wait watches the transports too; endIdleWait() ends their wait
@@ -358,6 +362,7 @@ class Communicator {
   std::atomic<bool> peerFailed_{false};
   std::atomic<bool> peersGone_{false};  // the lifeline has watched peers to report (takeGone)
   std::string peerFailure_;
+  std::function<void(const std::string&)> peerFailureHook_;  // under abortMu_
   Clock::time_point peerFailedAt_{};
   std::string opName() const { return opWhat_ ? opWhat_->describe() : opName_; }
   std::string opName_ = "operation";

@@ -197,6 +197,9 @@ void Communicator::announceIdle(bool transports) {
   idleFds_.push_back(pollfd{wakeup_.fd(), POLLIN, 0});
   if (connections_) connections_->addPollFds(idleFds_);
   idleShort_ = false;
+  // Announced before the transports prepare, as blockUntilActivity does: a
+  // waker acting while they arm must find the announcement.
+  wakeup_.announce();
   if (transports) {
     for (auto& t : transports_) {
       if (!t->prepareWait(idleFds_, !anySource_.empty())) {
@@ -207,7 +210,6 @@ void Communicator::announceIdle(bool transports) {
       idleShort_ = idleShort_ || t->hasSilentPeers();
     }
   }
-  wakeup_.announce();
 }
 
 void Communicator::endIdleWait() {

@@ -107,7 +107,11 @@ void Engine::recordEnd(Task& t, std::exception_ptr e, bool broke) {
 
 void Engine::completeQuietly(const std::shared_ptr<Task>& t, std::exception_ptr e) {
   // Progress thread (or the destructor, the thread joined): comm_ is ours.
-  recordEnd(*t, e, e && !comm_->brokenReason().empty());
+  completeAs(t, e, e && !comm_->brokenReason().empty());
+}
+
+void Engine::completeAs(const std::shared_ptr<Task>& t, std::exception_ptr e, bool broke) {
+  recordEnd(*t, e, broke);
   // complete() runs user-visible callbacks (futures); nothing may escape the
   // progress thread, or the process would terminate.
   try {
@@ -159,7 +163,7 @@ bool Engine::runInline(Task& t) {
     callerRunning_.store(true);
     err = execute(t, finished, /*inlined=*/true);
     callerRunning_.store(false);
-    if (!services_.empty()) comm_->wakeIdle();
+    if (!services_.empty() || !finishedInline_.empty()) comm_->wakeIdle();
     if (!err && !finished) {
       // Only collectives come here, and they finish in start(); anything else
       // would need the progress thread to poll it.
@@ -192,40 +196,46 @@ bool Engine::onProgressThread() { return progressThread; }
 
 void Engine::serveParked(std::unique_lock<std::mutex>& g) {
   // Under mu_ whenever comm_ is used: no inline operation runs meanwhile.
-  // Completions (user callbacks, which may issue work) run without it.
+  // Completions (user callbacks, which may issue work) run without it, with
+  // what they need of comm_ read before.
   std::vector<Finished> done;
+  done.swap(finishedInline_);
+  bool sleep = done.empty();
+  bool announced = false;
   try {
-    comm_->progress();
-    takeFinished(services_, done, /*locked=*/true);
-    if (!services_.empty()) comm_->checkHealth();  // a departed peer fails what is served for it
-  } catch (const std::exception& e) {
-    const std::string why = str("roce: serving peers failed: ", e.what());
+    if (sleep) {
+      comm_->progress();
+      takeFinished(services_, done, /*locked=*/true);
+      if (!services_.empty()) comm_->checkHealth();  // a departed peer fails what is served for it
+      sleep = done.empty() && !services_.empty();
+    }
+    if (sleep) {
+      comm_->announceIdle(/*transports=*/true);
+      announced = true;
+      // What arrived before the transports armed their notifications raises
+      // no event: look once more before sleeping.
+      const bool moved = comm_->progress();
+      g.unlock();
+      comm_->waitIdle(/*sleep=*/!moved);
+      announced = false;
+      g.lock();
+      comm_->endIdleWait();
+      if (!stop_) comm_->serveConnections();
+      return;
+    }
+  } catch (...) {
+    const std::string why = str("roce: serving peers failed: ", reasonOf(std::current_exception()));
+    if (announced) comm_->waitIdle(/*sleep=*/false);  // withdraws the announcement
+    comm_->endIdleWait();
     comm_->breakWith(why);
     auto err = std::make_exception_ptr(Error(ErrorKind::Comm, why));
     for (auto& t : services_) done.emplace_back(t, err);
     services_.clear();
   }
-  if (!done.empty()) {
-    g.unlock();
-    for (auto& [t, err] : done) completeQuietly(t, err);
-    g.lock();
-    return;
-  }
-  if (services_.empty()) return;
-  comm_->announceIdle(/*transports=*/true);
-  // What arrived before the transports armed their notifications raises no
-  // event: look once more before sleeping.
-  bool moved = false;
-  try {
-    moved = comm_->progress();
-  } catch (const std::exception&) {
-    moved = true;  // the next round's progress() reports it
-  }
+  const bool broke = !comm_->brokenReason().empty();
   g.unlock();
-  comm_->waitIdle(/*sleep=*/!moved);
+  for (auto& [t, err] : done) completeAs(t, err, err && broke);
   g.lock();
-  comm_->endIdleWait();
-  if (!stop_) comm_->serveConnections();
 }
 
 void Engine::runOne(const std::shared_ptr<Task>& t) {
@@ -246,9 +256,17 @@ void Engine::runOne(const std::shared_ptr<Task>& t) {
 }
 
 void Engine::pollInflight() {
+  // From the idle hook of a collective run inline, a caller's thread holds
+  // mu_ (and inflight_ is empty: the thread parks only without it). What
+  // finishes there is completed by the progress thread, without mu_.
+  const bool inlined = !progressThread;
   std::vector<Finished> done;
-  takeFinished(inflight_, done, /*locked=*/false);
-  takeFinished(services_, done, /*locked=*/false);
+  takeFinished(inflight_, done, inlined);
+  takeFinished(services_, done, inlined);
+  if (inlined) {
+    finishedInline_.insert(finishedInline_.end(), done.begin(), done.end());
+    return;
+  }
   for (auto& [t, err] : done) completeQuietly(t, err);
 }
 
@@ -293,7 +311,7 @@ void Engine::loop() {
         // only burn a core another rank may need).
         parked_ = true;  // callers may now run small collectives inline (runInline)
         while (!stop_ && queue_.empty()) {
-          if (!services_.empty()) {
+          if (!services_.empty() || !finishedInline_.empty()) {
             serveParked(g);
             continue;
           }
@@ -354,10 +372,13 @@ void Engine::loop() {
   for (auto& t : inflight_) completeQuietly(t, err);
   inflight_.clear();
   std::vector<std::shared_ptr<Task>> services;
+  std::vector<Finished> finished;
   {
     std::lock_guard<std::mutex> g(mu_);
     services.swap(services_);
+    finished.swap(finishedInline_);
   }
+  for (auto& [t, e] : finished) completeQuietly(t, e);
   // Services end with the group; that is no failure of theirs to record.
   for (auto& t : services) {
     try {

@@ -107,6 +107,7 @@ class Engine {
   std::function<void(const TraceRing&)> onFailure;
 
  private:
+  using Finished = std::pair<std::shared_ptr<Task>, std::exception_ptr>;
   void loop();
   void runOne(const std::shared_ptr<Task>& t);
   // Runs t.start(); on failure leaves the communicator in the state fail()
@@ -121,12 +122,14 @@ class Engine {
   void pollInflight();  // the in-flight tasks and the services
   // Polls `tasks`, moving the finished ones (with their error, the
   // communicator already settled) to `done`; `locked`: mu_ is held.
-  using Finished = std::pair<std::shared_ptr<Task>, std::exception_ptr>;
   void takeFinished(std::vector<std::shared_ptr<Task>>& tasks, std::vector<Finished>& done, bool locked);
   // Parked with services: progresses them, then sleeps until the transports,
   // a connection or a wake-up has something (mu_ released meanwhile).
   void serveParked(std::unique_lock<std::mutex>& g);
   void completeQuietly(const std::shared_ptr<Task>& t, std::exception_ptr e);
+  // The same with `broke` (whether the failure broke the communicator) read
+  // already, for completions that run while a caller may hold comm_.
+  void completeAs(const std::shared_ptr<Task>& t, std::exception_ptr e, bool broke);
   // Something below the tasks threw (a transport bug, out of memory): break
   // the communicator and fail every in-flight task instead of terminating.
   void failInflight(const std::string& why);
@@ -143,6 +146,9 @@ class Engine {
   // thread parks beside them, so inline operations still run. Changed under
   // mu_ by the progress thread, which alone reads them without it.
   std::vector<std::shared_ptr<Task>> services_;
+  // Tasks that finished inside an inline operation's waits (its idle hook),
+  // under mu_; the progress thread completes them (serveParked).
+  std::vector<Finished> finishedInline_;
   size_t inflightCount_ = 0;                     // under mu_, for shutdown()
   bool running_ = false;                         // a task is executing
   bool parked_ = false;                          // the progress thread sleeps with nothing to do

@@ -196,6 +196,9 @@ std::string RoceBackend::nics() const { return engine().comm().nicsText(); }
 void RoceBackend::start(std::unique_ptr<Communicator> comm) {
   if (!pinned_) pinned_ = std::make_shared<PinnedCache>(cfg_.device.stagingCacheBytes);
   engine_ = std::make_unique<Engine>(std::move(comm));
+  // A parked group learns of a peer's failure only from the lifelines:
+  // windows' waits must not sleep through it.
+  engine_->comm().setPeerFailureHook([this](const std::string& why) { failWindows(why); });
   engine_->onFailure = [this](const TraceRing& ring) {
     failWindows(str("rank ", getRank(), "'s group failed (its failed operation's error says why)"));
     if (!cfg_.trace.dump.empty()) dumpTrace(ring, "its first failure");

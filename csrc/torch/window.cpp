@@ -18,7 +18,13 @@ namespace {
 
 constexpr int kMaxPublishedDims = 8;
 
-void dropSegmentRef(void* ref) { delete static_cast<std::shared_ptr<ShmSegment>*>(ref); }
+void dropWindowMemory(void* ref) { delete static_cast<std::shared_ptr<WindowMemory>*>(ref); }
+
+// The window memory a storage's DataPtr holds, or null if it holds another.
+WindowMemory* windowMemoryOf(const c10::Storage& storage) {
+  if (storage.data_ptr().get_deleter() != &dropWindowMemory) return nullptr;
+  return static_cast<std::shared_ptr<WindowMemory>*>(storage.data_ptr().get_context())->get();
+}
 
 // A Work that is done when it is made (puts and signals to a peer on this
 // machine: the caller's thread did them).
@@ -75,7 +81,8 @@ class SignalWaitWork : public c10d::Work {
       : c10d::Work(rank, c10d::OpType::RECV),
         shared_(std::move(shared)), rank_(rank), peer_(peer), ticket_(ticket), timeout_(timeout) {}
 
-  bool isCompleted() override { return shared_->board->reached(peer_, ticket_); }
+  // Also true once the wait cannot complete any more (wait() then raises why).
+  bool isCompleted() override { return shared_->board->reached(peer_, ticket_) || !shared_->failure().empty(); }
   bool wait(std::chrono::milliseconds timeout) override {
     const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
     const auto deadline = std::chrono::steady_clock::now() + limit;
@@ -110,7 +117,7 @@ RoceWindow::RoceWindow(c10::intrusive_ptr<RoceBackend> backend, uint64_t id)
       shared_(std::make_shared<WindowShared>()) {}
 
 RoceWindow::~RoceWindow() {
-  if (registered_)
+  if (registered_ && shared_->failure().empty())
     ROCE_WARN("roce: rank ", rank_, ": window ", id_, " was dropped without tensor_deregister(): it keeps its memory "
               "and serves its peers until the group ends, and peers that deregister wait for this rank");
 }
@@ -133,9 +140,9 @@ namespace {
 
 // Why `tensor` cannot become a window's memory here, or "" if it can.
 // Registration moves the storage into shared memory, so it must be memory
-// torch's CPU allocator gave (not numpy's, a shared or pinned block, or
-// another window's), and unaliased by pointers taken before (the old bytes
-// are freed).
+// torch's CPU allocator gave (not numpy's, a shared or pinned block) or a
+// window's that is no longer registered, with no pointer into it taken
+// before and no operation in flight on it (the old bytes are freed).
 std::string unregistrable(const at::Tensor& tensor) {
   if (!tensor.defined()) return "the tensor is undefined";
   if (!tensor.device().is_cpu())
@@ -144,8 +151,11 @@ std::string unregistrable(const at::Tensor& tensor) {
   if (tensor.is_sparse() || !tensor.is_contiguous())
     return "tensor_register takes a contiguous dense tensor (call .contiguous() first)";
   const c10::Storage& storage = tensor.storage();
-  if (storage.data_ptr().get_deleter() == &dropSegmentRef)
-    return "this tensor's memory is already another window's (deregister it there, or register a clone())";
+  if (WindowMemory* mem = windowMemoryOf(storage)) {
+    if (mem->registered.load())
+      return "this tensor's memory is registered in another window (deregister it there, or register a clone())";
+    return {};
+  }
   if (storage.nbytes() > 0 && storage.data_ptr().get_deleter() != c10::GetDefaultCPUAllocator()->raw_deleter())
     return "registration moves the tensor's memory into shared memory, and this tensor's memory is not torch's "
            "own CPU allocation (numpy's, shared or pinned memory?): register a clone()";
@@ -154,47 +164,48 @@ std::string unregistrable(const at::Tensor& tensor) {
 
 }  // namespace
 
+std::vector<uint8_t> RoceWindow::agree(bool ok) {
+  const uint8_t mine = ok ? 1 : 0;
+  std::vector<uint8_t> all(static_cast<size_t>(size_));
+  allgather(&mine, all.data(), 1);
+  return all;
+}
+
 void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
   TORCH_CHECK(!registered_, "roce: window on rank ", rank_, ": a tensor is already registered; call tensor_deregister() first");
+  TORCH_CHECK(!backend_->stopping_.load() && backend_->engine().hasComm(), "roce: window on rank ", rank_,
+              ": tensor_register() after the group was shut down or aborted");
   rank_ = backend_->getRank();  // a reconfigure may have changed them since the window was made
   size_ = backend_->getSize();
-  // Every rank takes part in the exchange even when its tensor is refused,
-  // so all of them raise instead of the others waiting for the timeout.
+  // Every rank takes part in both exchanges even when it cannot register,
+  // so all of them raise together instead of the others waiting for the
+  // timeout; nothing of the tensor changes until every rank can.
   Published me;
   std::string refused = unregistrable(tensor);
   std::shared_ptr<ShmSegment> seg;
   WindowBoard* board = nullptr;
   if (refused.empty()) {
     try {
-      c10::Storage storage = tensor.storage();
-      const size_t storageBytes = storage.nbytes();
-      seg = std::make_shared<ShmSegment>(ShmSegment::create(WindowBoard::headBytes(size_) + storageBytes, "roce_win"));
+      seg = std::make_shared<ShmSegment>(
+          ShmSegment::create(WindowBoard::headBytes(size_) + tensor.storage().nbytes(), "roce_win"));
       board = WindowBoard::init(seg->data(), size_, static_cast<size_t>(tensor.storage_offset()) * tensor.element_size(),
                                 tensor.nbytes());
-      // The tensor, its views and the window become the same memory. A
-      // storage that grew would leave it: resizing past it is refused.
-      if (storageBytes) std::memcpy(board->data(), storage.data(), storageBytes);
-      storage.set_data_ptr_noswap(
-          at::DataPtr(board->data(), new std::shared_ptr<ShmSegment>(seg), &dropSegmentRef, tensor.device()));
-      storage.unsafeGetStorageImpl()->set_resizable(false);
+      std::snprintf(me.segment, sizeof(me.segment), "%s", seg->name().c_str());
+      me.segmentBytes = seg->size();
+      me.windowBytes = tensor.nbytes();
+      me.dtype = static_cast<int32_t>(tensor.scalar_type());
+      if (tensor.dim() <= kMaxPublishedDims) {
+        me.ndim = static_cast<int32_t>(tensor.dim());
+        for (int64_t d = 0; d < tensor.dim(); ++d) me.sizes[d] = tensor.size(d);
+      } else {
+        me.ndim = 1;
+        me.sizes[0] = tensor.numel();
+      }
+      me.ok = 1;
     } catch (const std::exception& e) {
       refused = e.what();
       seg.reset();
     }
-  }
-  if (refused.empty()) {
-    std::snprintf(me.segment, sizeof(me.segment), "%s", seg->name().c_str());
-    me.segmentBytes = seg->size();
-    me.windowBytes = tensor.nbytes();
-    me.dtype = static_cast<int32_t>(tensor.scalar_type());
-    if (tensor.dim() <= kMaxPublishedDims) {
-      me.ndim = static_cast<int32_t>(tensor.dim());
-      for (int64_t d = 0; d < tensor.dim(); ++d) me.sizes[d] = tensor.size(d);
-    } else {
-      me.ndim = 1;
-      me.sizes[0] = tensor.numel();
-    }
-    me.ok = 1;
   }
   // The group's own setting (formation may have taken the leader's).
   me.mappable = backend_->engine().comm().config().placement.forceNetwork ? 0 : 1;
@@ -205,37 +216,59 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
     TORCH_CHECK(all[static_cast<size_t>(r)].ok, "roce: window on rank ", rank_, ": rank ", r,
                 " could not register its tensor (its error says why); no rank registered");
 
+  // The tensor, its views and the window become the same memory (queued
+  // collectives before this call have finished: the exchange ran after
+  // them). A storage that grew would leave it: resizing is refused.
+  c10::Storage storage = tensor.storage();
+  if (storage.nbytes()) std::memcpy(board->data(), storage.data(), storage.nbytes());
+  auto memory = std::make_shared<WindowMemory>();
+  memory->segment = seg;
+  storage.set_data_ptr_noswap(
+      at::DataPtr(board->data(), new std::shared_ptr<WindowMemory>(memory), &dropWindowMemory, tensor.device()));
+  storage.unsafeGetStorageImpl()->set_resizable(false);
+
   const auto& topo = backend_->engine().comm().topology();
   std::vector<Peer> peers(static_cast<size_t>(size_));
   std::vector<int> served;
-  for (int r = 0; r < size_; ++r) {
-    const Published& p = all[static_cast<size_t>(r)];
-    Peer& peer = peers[static_cast<size_t>(r)];
-    peer.bytes = p.windowBytes;
-    peer.dtype = static_cast<c10::ScalarType>(p.dtype);
-    peer.sizes.assign(p.sizes, p.sizes + std::clamp(p.ndim, 0, kMaxPublishedDims));
-    if (r == rank_) {
-      peer.mapped = true;
-      peer.segment = seg;
-      peer.board = board;
-    } else if (topo.nodeOf[r] == topo.nodeOf[rank_] && p.mappable && me.mappable) {
-      peer.mapped = true;
-      peer.segment = std::make_shared<ShmSegment>(
-          ShmSegment::open(std::string(p.segment, strnlen(p.segment, sizeof(p.segment))), p.segmentBytes, r));
-      peer.board = reinterpret_cast<WindowBoard*>(peer.segment->data());
-      TORCH_CHECK(peer.board->magic == WindowBoard::kMagic && peer.board->ranks == static_cast<uint32_t>(size_) &&
-                      peer.board->windowBytes == p.windowBytes,
-                  "roce: window on rank ", rank_, ": rank ", r, "'s window segment ", p.segment,
-                  " is not the window it published (another roce version on this machine?)");
-    } else {
-      served.push_back(r);
+  std::string failed;
+  try {
+    for (int r = 0; r < size_; ++r) {
+      const Published& p = all[static_cast<size_t>(r)];
+      Peer& peer = peers[static_cast<size_t>(r)];
+      peer.bytes = p.windowBytes;
+      peer.dtype = static_cast<c10::ScalarType>(p.dtype);
+      peer.sizes.assign(p.sizes, p.sizes + std::clamp(p.ndim, 0, kMaxPublishedDims));
+      if (r == rank_) {
+        peer.mapped = true;
+        peer.segment = seg;
+        peer.board = board;
+      } else if (topo.nodeOf[r] == topo.nodeOf[rank_] && p.mappable && me.mappable) {
+        peer.mapped = true;
+        peer.segment = std::make_shared<ShmSegment>(
+            ShmSegment::open(std::string(p.segment, strnlen(p.segment, sizeof(p.segment))), p.segmentBytes, r));
+        peer.board = reinterpret_cast<WindowBoard*>(peer.segment->data());
+        if (peer.board->magic != WindowBoard::kMagic || peer.board->ranks != static_cast<uint32_t>(size_) ||
+            peer.board->windowBytes != p.windowBytes)
+          throwComm(str("rank ", r, "'s window segment ", p.segment,
+                        " is not the window it published (another roce version on this machine?)"));
+      } else {
+        served.push_back(r);
+      }
     }
+  } catch (const std::exception& e) {
+    failed = e.what();
   }
   // Every peer mapped what it needs before the names go.
-  uint8_t one = 1;
-  std::vector<uint8_t> mapped(static_cast<size_t>(size_));
-  allgather(&one, mapped.data(), 1);
+  const std::vector<uint8_t> mapped = agree(failed.empty());
   seg->unlink();
+  if (!failed.empty()) memory->registered = false;  // the tensor may be registered again
+  TORCH_CHECK(failed.empty(), "roce: window on rank ", rank_, ": ", failed);
+  for (int r = 0; r < size_; ++r)
+    if (!mapped[static_cast<size_t>(r)]) {
+      memory->registered = false;
+      TORCH_CHECK(false, "roce: window on rank ", rank_, ": rank ", r,
+                  " could not map its peers' windows (its error says why); no rank registered");
+    }
 
   shared_ = std::make_shared<WindowShared>();
   shared_->mine = seg;
@@ -246,6 +279,7 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
     states.erase(std::remove_if(states.begin(), states.end(), [](const auto& w) { return w.expired(); }), states.end());
     states.push_back(shared_);
   }
+  memory_ = memory;
   peers_ = std::move(peers);
   served_ = std::move(served);
   held_ = owning ? tensor : at::Tensor();
@@ -305,33 +339,46 @@ void RoceWindow::tensor_deregister() {
   TORCH_CHECK(registered_, "roce: window on rank ", rank_, ": tensor_deregister() without a registered tensor");
   // Whatever happens below, this rank's registration ends here.
   std::shared_ptr<WindowShared> shared = std::move(shared_);
+  std::shared_ptr<WindowMemory> memory = std::move(memory_);
   std::vector<int> served = std::move(served_);
   shared_ = std::make_shared<WindowShared>();
   registered_ = false;
   peers_.clear();
   held_ = at::Tensor();
+  struct Release {
+    WindowMemory& m;
+    ~Release() { m.registered = false; }
+  } release{*memory};
   const std::string before = shared->failure();
   TORCH_CHECK(before.empty(), "roce: window on rank ", rank_, ": tensor_deregister() after its group stopped serving it: ",
               before);
   // Ranks on other machines learn it by a close, which ends their service
   // for this rank once every put before it landed.
-  WindowOp close;
-  close.kind = static_cast<uint32_t>(WindowOpKind::Close);
-  std::vector<c10::intrusive_ptr<c10d::Work>> closes;
-  for (int peer : served) closes.push_back(sendToServed(close, peer, at::Tensor(), "window close", backend_->timeout_, true));
-  for (auto& w : closes) w->wait(kNoTimeout);
-  if (!served.empty()) {
-    std::unique_lock<std::mutex> g(shared->mu);
-    const bool ended = shared->ended.wait_for(g, backend_->timeout_, [&] { return !shared->serving; });
-    TORCH_CHECK(ended, "roce: window on rank ", rank_, ": tensor_deregister() timed out waiting for the ranks on other "
-                "machines to deregister too (it is collective)");
+  std::string failed;
+  try {
+    WindowOp close;
+    close.kind = static_cast<uint32_t>(WindowOpKind::Close);
+    std::vector<c10::intrusive_ptr<c10d::Work>> closes;
+    for (int peer : served)
+      closes.push_back(sendToServed(close, peer, at::Tensor(), "window close", backend_->timeout_, true));
+    for (auto& w : closes) w->wait(kNoTimeout);
+    if (!served.empty()) {
+      std::unique_lock<std::mutex> g(shared->mu);
+      if (!shared->ended.wait_for(g, backend_->timeout_, [&] { return !shared->serving; }))
+        failed = "timed out waiting for the ranks on other machines to deregister too (it is collective)";
+    }
+  } catch (const std::exception& e) {
+    failed = e.what();
   }
-  // Peers on this machine may read or write this window until they deregister too.
-  uint8_t one = 1;
-  std::vector<uint8_t> done(static_cast<size_t>(size_));
-  allgather(&one, done.data(), 1);
-  const std::string failed = shared->failure();
-  TORCH_CHECK(failed.empty(), "roce: window on rank ", rank_, ": its service failed before tensor_deregister(): ", failed);
+  // Peers on this machine may read or write this window until they
+  // deregister too; every rank takes part, whatever happened above.
+  const std::vector<uint8_t> done = agree(failed.empty());
+  TORCH_CHECK(failed.empty(), "roce: window on rank ", rank_, ": tensor_deregister() failed: ", failed);
+  const std::string during = shared->failure();
+  TORCH_CHECK(during.empty(), "roce: window on rank ", rank_, ": its service failed before tensor_deregister(): ", during);
+  for (int r = 0; r < size_; ++r)
+    TORCH_CHECK(done[static_cast<size_t>(r)], "roce: window on rank ", rank_, ": rank ", r,
+                "'s tensor_deregister() failed (its error says why)");
 }
 
 RoceWindow::Peer& RoceWindow::peerFor(int64_t rank, const char* what) {

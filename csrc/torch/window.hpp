@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #ifdef C10D_BACKEND_HAS_WINDOW
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -27,6 +28,14 @@ using namespace roce::transport::shm;
 using namespace roce::window;
 
 class RoceBackend;
+
+// What a registered storage's DataPtr holds: the segment it lives in, and
+// whether a window still has it registered (a deregistered one may be
+// registered again).
+struct WindowMemory {
+  std::shared_ptr<ShmSegment> segment;
+  std::atomic<bool> registered{true};
+};
 
 // What a registration shares with its service task and the Works of its
 // waits (any thread).
@@ -80,6 +89,7 @@ class RoceWindow : public c10d::Window {
   Peer& peerFor(int64_t rank, const char* what);
   std::chrono::milliseconds timeoutOf(std::chrono::milliseconds requested) const;
   void allgather(const void* mine, void* all, size_t each);  // a collective of the group, waited for
+  std::vector<uint8_t> agree(bool ok);  // every rank's ok, by allgather
   void startService(const std::vector<int>& served);
   // A put's head and bytes (src), a signal's or a close's head, to a peer on
   // another machine, through the group's engine (after what it has queued).
@@ -93,6 +103,7 @@ class RoceWindow : public c10d::Window {
   std::vector<Peer> peers_;
   std::vector<int> served_;  // peers on other machines
   at::Tensor held_;          // the registered tensor, when owning
+  std::shared_ptr<WindowMemory> memory_;
   std::mutex ticketsMu_;
   std::vector<uint32_t> tickets_;  // wait_signal calls issued per peer (the count each waits for)
   bool registered_ = false;
