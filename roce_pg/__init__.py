@@ -387,6 +387,17 @@ def _wait_engine_parked(group=None, timeout=10.0):
     return _roce_backend(group)._wait_engine_parked(timedelta(seconds=timeout))
 
 
+def window_get(window, out, src_rank, offset=0, async_op=False):
+    """Reads ``out.numel()`` elements of ``src_rank``'s window, from element
+    ``offset`` on, into ``out`` (a contiguous CPU tensor of the window's
+    dtype): a copy from the mapping for a rank on this machine, a request the
+    owner's progress thread answers for one on another. It sees every put
+    this rank made to ``src_rank`` before it. torch's ``Window`` has put and
+    no get; ``window`` is what ``dist._new_window`` returned on a roce group.
+    Returns a Work (completed already when ``async_op`` is False)."""
+    return _C._window_get(window, out, src_rank, offset, async_op)
+
+
 def declare_device_memory(device, path="pointer", buffer_id=0):
     """Declares how the NIC reaches memory of `device` (a device type such as
     "cuda" or a renamed PrivateUse1 backend): "pointer" (ibv_reg_mr takes its

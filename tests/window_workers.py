@@ -125,9 +125,27 @@ def window_matrix(rank, world, port):
         assert str(win.get_attr(p).access_type).endswith("UNIFIED")
     dist.barrier()
 
+    # Gets: a peer's whole window, a slice, after a put of this rank's
+    # (ordered behind it), empty; bounds and dtype checked on the caller.
+    import roce_pg
+
+    for p in range(world):
+        whole = torch.empty_like(t)
+        roce_pg.window_get(win, whole, p)
+        assert torch.equal(whole, torch.full_like(t, p + 0.5)), f"rank {rank} got {whole[:4].tolist()} from rank {p}"
+    dist.barrier()
+    nxt = (rank + 1) % world
+    win.put(torch.full((3,), -float(rank), dtype=torch.float64), nxt, rank * n + 5, True)
+    part = torch.empty(5, dtype=torch.float64)
+    roce_pg.window_get(win, part, nxt, rank * n + 4, async_op=True).wait()
+    assert part.tolist() == [nxt + 0.5, -rank, -rank, -rank, nxt + 0.5], part.tolist()
+    roce_pg.window_get(win, torch.empty(0, dtype=torch.float64), nxt, world * n)
+    _expect_raises(lambda: roce_pg.window_get(win, torch.empty(2, dtype=torch.float64), nxt, world * n - 1), "reach past")
+    _expect_raises(lambda: roce_pg.window_get(win, torch.empty(2, dtype=torch.int64), nxt), "Long")
+    dist.barrier()
+
     # A source that is not contiguous, and an empty put.
     src = torch.arange(2 * n, dtype=torch.float64).view(n, 2)[:, 1]
-    nxt = (rank + 1) % world
     win.put(src, nxt, 0, False)
     win.put(torch.zeros(0, dtype=torch.float64), nxt, world * n, False)
     win.signal(nxt, False)

@@ -28,6 +28,7 @@
 #include "device_notify.hpp"
 #include "process_group.hpp"
 #include "test_hooks.hpp"
+#include "window.hpp"
 
 namespace py = pybind11;
 
@@ -327,6 +328,15 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("_placement_settings", [] { return roce::Config::fromEnv().placementSettings(); });
+#ifdef C10D_BACKEND_HAS_WINDOW
+  // roce_pg.window_get: torch's Window has no get yet.
+  m.def("_window_get", [](const c10::intrusive_ptr<c10d::Window>& window, at::Tensor out, int64_t src, int64_t offset,
+                          bool asyncOp) {
+    auto* roce = dynamic_cast<roce::adapter::RoceWindow*>(window.get());
+    TORCH_CHECK(roce, "roce_pg.window_get takes a window of a roce group (dist._new_window on it)");
+    return roce->get(std::move(out), src, offset, asyncOp);
+  });
+#endif
   roce::adapter::defineTestHooks(m);
   m.def("rdma_ports", [] {
     py::list out;

@@ -323,7 +323,9 @@ c10::intrusive_ptr<c10d::Work> RoceWindow::sendToServed(WindowOp op, int peer, c
                                                         bool asyncOp) {
   std::vector<at::Tensor> tensors;
   if (src.defined()) tensors.push_back(src);
-  auto work = c10::make_intrusive<RoceWork>(c10d::OpType::SEND, rank_, title, tensors);
+  auto work = c10::make_intrusive<RoceWork>(
+      static_cast<WindowOpKind>(op.kind) == WindowOpKind::Get ? c10d::OpType::RECV : c10d::OpType::SEND, rank_, title,
+      tensors);
   auto task = std::make_shared<WindowSendTask>(src.defined() ? std::make_shared<at::Tensor>(src) : nullptr, tagId_,
                                                peer, op, src.defined() ? src.data_ptr() : nullptr,
                                                str(title, " of window ", id_, " from rank ", rank_, " to rank ", peer,
@@ -391,24 +393,29 @@ RoceWindow::Peer& RoceWindow::peerFor(int64_t rank, const char* what) {
   return peers_[static_cast<size_t>(rank)];
 }
 
+uint64_t RoceWindow::checkedRange(const Peer& peer, int64_t rank, c10::ScalarType dtype, int64_t elems,
+                                  int64_t offset, const char* what) const {
+  // The offset counts elements of the target's window, so both sides must
+  // mean the same element.
+  TORCH_CHECK(dtype == peer.dtype, "roce: window ", what, " on rank ", rank_, ": the tensor is ", dtype, " but rank ",
+              rank, "'s window holds ", peer.dtype);
+  TORCH_CHECK(offset >= 0, "roce: window ", what, " on rank ", rank_, ": negative offset ", offset);
+  const uint64_t elem = c10::elementSize(dtype);
+  const uint64_t limit = peer.bytes / elem;
+  TORCH_CHECK(static_cast<uint64_t>(offset) <= limit && static_cast<uint64_t>(elems) <= limit - offset,
+              "roce: window ", what, " on rank ", rank_, ": ", elems, " elements at element ", offset,
+              " reach past rank ", rank, "'s window of ", limit, " elements");
+  return static_cast<uint64_t>(offset) * elem;
+}
+
 c10::intrusive_ptr<c10d::Work> RoceWindow::put(const at::Tensor& tensor, int64_t dstRank, int64_t targetOffsetNelems,
                                                bool asyncOp, const c10d::PutOptions& opts) {
   Peer& peer = peerFor(dstRank, "put");
   TORCH_CHECK(tensor.device().is_cpu(), "roce: window put on rank ", rank_, ": the source is on ", tensor.device(),
               "; windows move CPU tensors (device windows are not supported yet)");
-  // The offset counts elements of the target's window, so both sides must
-  // mean the same element.
-  TORCH_CHECK(tensor.scalar_type() == peer.dtype, "roce: window put on rank ", rank_, ": the source is ",
-              tensor.scalar_type(), " but rank ", dstRank, "'s window holds ", peer.dtype);
-  const uint64_t elem = tensor.element_size();
-  TORCH_CHECK(targetOffsetNelems >= 0, "roce: window put on rank ", rank_, ": negative offset ", targetOffsetNelems);
+  const uint64_t offset = checkedRange(peer, dstRank, tensor.scalar_type(), tensor.numel(), targetOffsetNelems, "put");
   const at::Tensor src = tensor.contiguous();
   const uint64_t bytes = src.nbytes();
-  const uint64_t limit = peer.bytes / elem;
-  TORCH_CHECK(static_cast<uint64_t>(targetOffsetNelems) <= limit && bytes <= peer.bytes - targetOffsetNelems * elem,
-              "roce: window put on rank ", rank_, ": ", src.numel(), " elements at element ", targetOffsetNelems,
-              " reach past rank ", dstRank, "'s window of ", limit, " elements");
-  const uint64_t offset = static_cast<uint64_t>(targetOffsetNelems) * elem;
   if (peer.mapped) {
     // memmove: a put into this rank's own window may overlap its source.
     if (bytes) std::memmove(peer.board->window() + offset, src.data_ptr(), bytes);
@@ -419,6 +426,23 @@ c10::intrusive_ptr<c10d::Work> RoceWindow::put(const at::Tensor& tensor, int64_t
   op.offset = offset;
   op.bytes = bytes;
   return sendToServed(op, static_cast<int>(dstRank), src, "window put", timeoutOf(opts.timeout), asyncOp);
+}
+
+c10::intrusive_ptr<c10d::Work> RoceWindow::get(at::Tensor out, int64_t srcRank, int64_t offsetNelems, bool asyncOp) {
+  Peer& peer = peerFor(srcRank, "get");
+  TORCH_CHECK(out.device().is_cpu() && out.is_contiguous(), "roce: window get on rank ", rank_,
+              ": the destination must be a contiguous CPU tensor");
+  const uint64_t offset = checkedRange(peer, srcRank, out.scalar_type(), out.numel(), offsetNelems, "get");
+  const uint64_t bytes = out.nbytes();
+  if (peer.mapped) {
+    if (bytes) std::memmove(out.data_ptr(), peer.board->window() + offset, bytes);
+    return doneWork(c10d::OpType::RECV, rank_, "window get");
+  }
+  WindowOp op;
+  op.kind = static_cast<uint32_t>(WindowOpKind::Get);
+  op.offset = offset;
+  op.bytes = bytes;
+  return sendToServed(op, static_cast<int>(srcRank), out, "window get", backend_->timeout_, asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> RoceWindow::signal(int64_t peerRank, bool asyncOp, const c10d::SignalOptions& opts) {

@@ -70,6 +70,10 @@ class RoceWindow : public c10d::Window {
   c10::intrusive_ptr<c10d::Work> wait_signal(int64_t peerRank, bool asyncOp,
                                              const c10d::WaitSignalOptions& opts) override;
   c10d::WindowAttr get_attr(int64_t peerRank) override;
+  // roce's own, beside torch's interface (roce_pg.window_get): reads
+  // out.numel() elements of srcRank's window from element `offset` into
+  // `out`, after every put this rank made to srcRank before it.
+  c10::intrusive_ptr<c10d::Work> get(at::Tensor out, int64_t srcRank, int64_t offsetNelems, bool asyncOp);
 
   // What every rank publishes at registration, fixed-size for one allgather.
   struct Published;
@@ -93,8 +97,12 @@ class RoceWindow : public c10d::Window {
   void startService(const std::vector<int>& served);
   // A put's head and bytes (src), a signal's or a close's head, to a peer on
   // another machine, through the group's engine (after what it has queued).
-  c10::intrusive_ptr<c10d::Work> sendToServed(WindowOp op, int peer, const at::Tensor& src, const char* title,
+  c10::intrusive_ptr<c10d::Work> sendToServed(WindowOp op, int peer, const at::Tensor& buf, const char* title,
                                               std::chrono::milliseconds timeout, bool asyncOp);
+  // The byte offset of `elems` elements of `dtype` at element `offset` of
+  // rank's window, after checking they fit (what: the call, for errors).
+  uint64_t checkedRange(const Peer& peer, int64_t rank, c10::ScalarType dtype, int64_t elems, int64_t offset,
+                        const char* what) const;
 
   c10::intrusive_ptr<RoceBackend> backend_;
   uint64_t id_;

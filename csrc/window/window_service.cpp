@@ -47,7 +47,7 @@ bool WindowService::start(Communicator& c) {
 
 void WindowService::advance(Communicator& c, Peer& p) {
   if (p.inData) {
-    if (p.data.failed()) throwComm(str(what_, ": a put from rank ", p.rank, " failed: ", p.data.error));
+    if (p.data.failed()) throwComm(str(what_, ": a put or get of rank ", p.rank, " failed: ", p.data.error));
     postHead(c, p);
     return;
   }
@@ -67,6 +67,20 @@ void WindowService::advance(Communicator& c, Peer& p) {
       }
       p.inData = true;
       prepare(p.data, Request::Kind::Recv, p.rank, windowDataTag(id_), board_->window() + p.op.offset, p.op.bytes);
+      c.post(p.data);
+      return;
+    }
+    case WindowOpKind::Get: {
+      const uint64_t size = board_->windowBytes;
+      if (p.op.offset > size || p.op.bytes > size - p.op.offset)
+        throwComm(str(what_, ": rank ", p.rank, " asked for ", p.op.bytes, " bytes at byte ", p.op.offset,
+                      ", beyond this rank's ", size, "-byte window (a corrupted message)"));
+      if (p.op.bytes == 0) {
+        postHead(c, p);
+        return;
+      }
+      p.inData = true;
+      prepare(p.data, Request::Kind::Send, p.rank, windowReplyTag(id_), board_->window() + p.op.offset, p.op.bytes);
       c.post(p.data);
       return;
     }
@@ -94,12 +108,15 @@ void WindowService::complete(std::exception_ptr error) {
   if (onEnd) onEnd(error);
 }
 
-WindowSendTask::WindowSendTask(std::shared_ptr<void> keep, uint64_t id, int peer, WindowOp op, const void* src,
+WindowSendTask::WindowSendTask(std::shared_ptr<void> keep, uint64_t id, int peer, WindowOp op, void* buf,
                                std::string what)
     : keep_(std::move(keep)), op_(op), what_(std::move(what)) {
   prepare(head_, Request::Kind::Send, peer, windowHeadTag(id), &op_, sizeof(op_));
-  if (static_cast<WindowOpKind>(op.kind) == WindowOpKind::Put && op.bytes > 0)
-    prepare(data_, Request::Kind::Send, peer, windowDataTag(id), const_cast<void*>(src), op.bytes);
+  const auto kind = static_cast<WindowOpKind>(op.kind);
+  if (kind == WindowOpKind::Put && op.bytes > 0)
+    prepare(data_, Request::Kind::Send, peer, windowDataTag(id), buf, op.bytes);
+  else if (kind == WindowOpKind::Get && op.bytes > 0)
+    prepare(data_, Request::Kind::Recv, peer, windowReplyTag(id), buf, op.bytes);
   else
     data_.done = true;
 }

@@ -2,9 +2,9 @@
 // (ranks on other machines; on this machine peers write into the window's
 // shared memory themselves). A task on the group's progress engine that
 // keeps one head receive posted per served peer: a put's bytes are received
-// straight into the window, a signal bumps the peer's count in the board, a
-// close (every rank sends one when the window is deregistered) ends that
-// peer's service. It runs until every served peer closed, or the group fails.
+// into the window, a get's bytes are sent back from it, a signal bumps the
+// peer's count in the board, a close (every rank sends one when the window
+// is deregistered) ends that peer's service. It runs until every served peer closed, or the group fails.
 #pragma once
 #include <memory>
 #include <string>
@@ -36,7 +36,7 @@ class WindowService : public Task {
     int rank = -1;
     WindowOp op;      // the head being received
     Request head, data;
-    bool inData = false;
+    bool inData = false;  // `data` (a put's bytes in, a get's out) is in flight
     bool closed = false;
   };
   void postHead(Communicator& c, Peer& p);
@@ -52,10 +52,12 @@ class WindowService : public Task {
 
 // A put's head and bytes, or a signal's or close's head, to one served peer;
 // done when the transport is done with the bytes (the source may be reused).
+// A get's head, with the receive of its bytes into `buf`: done when they
+// arrived.
 class WindowSendTask : public Task {
  public:
-  // `keep` holds the source bytes until the task ends.
-  WindowSendTask(std::shared_ptr<void> keep, uint64_t id, int peer, WindowOp op, const void* src, std::string what);
+  // `keep` holds `buf` (a put's source, a get's destination) until the task ends.
+  WindowSendTask(std::shared_ptr<void> keep, uint64_t id, int peer, WindowOp op, void* buf, std::string what);
   bool start(Communicator& c) override;
   bool poll(Communicator& c) override;
   void complete(std::exception_ptr error) override;
