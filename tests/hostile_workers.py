@@ -210,6 +210,10 @@ def form_and_report(rank, world, port):
     out = {"error": None, "store_holds_a_secret": job.check(["roce/job_secret"]),
            "unkeyed_refused": refused - before["connections_unauthenticated"]}
     store_wait(store, "formed-done", world)
+    # Rank 0 hosts the store: it stays until every rank stopped polling it.
+    store.add("formed-left", 1)
+    if rank == 0:
+        store_wait(store, "formed-left", world, arrive=False)
     dist.destroy_process_group()
     return out
 

@@ -329,13 +329,16 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_placement_settings", [] { return roce::Config::fromEnv().placementSettings(); });
 #ifdef C10D_BACKEND_HAS_WINDOW
-  // roce_pg.window_get: torch's Window has no get yet.
+  // roce_pg.window_get: torch's Window has no get yet. Without the GIL, as
+  // torch's own window calls: a synchronous get waits for the progress
+  // thread, which takes the GIL to drop the last C++ reference of a tensor
+  // Python also holds.
   m.def("_window_get", [](const c10::intrusive_ptr<c10d::Window>& window, at::Tensor out, int64_t src, int64_t offset,
                           bool asyncOp) {
     auto* roce = dynamic_cast<roce::adapter::RoceWindow*>(window.get());
     TORCH_CHECK(roce, "roce_pg.window_get takes a window of a roce group (dist._new_window on it)");
     return roce->get(std::move(out), src, offset, asyncOp);
-  });
+  }, py::call_guard<py::gil_scoped_release>());  // it may wait for the progress thread, which may need the GIL
 #endif
   roce::adapter::defineTestHooks(m);
   m.def("rdma_ports", [] {
