@@ -45,6 +45,23 @@ bool WindowService::start(Communicator& c) {
   return poll(c);
 }
 
+void WindowService::moveBytes(Communicator& c, Peer& p, Request::Kind kind, uint64_t tag, const char* verb) {
+  // The sender checked the bounds against what this rank published; a head
+  // beyond them is corrupt, and following it would reach memory that is not
+  // the window's.
+  const uint64_t size = board_->windowBytes;
+  if (p.op.offset > size || p.op.bytes > size - p.op.offset)
+    throwComm(str(what_, ": rank ", p.rank, " ", verb, " ", p.op.bytes, " bytes at byte ", p.op.offset,
+                  ", beyond this rank's ", size, "-byte window (a corrupted message)"));
+  if (p.op.bytes == 0) {
+    postHead(c, p);
+    return;
+  }
+  p.inData = true;
+  prepare(p.data, kind, p.rank, tag, board_->window() + p.op.offset, p.op.bytes);
+  c.post(p.data);
+}
+
 void WindowService::advance(Communicator& c, Peer& p) {
   if (p.inData) {
     if (p.data.failed()) throwComm(str(what_, ": a put or get of rank ", p.rank, " failed: ", p.data.error));
@@ -53,37 +70,12 @@ void WindowService::advance(Communicator& c, Peer& p) {
   }
   if (p.head.failed()) throwComm(str(what_, ": rank ", p.rank, " is no longer reachable: ", p.head.error));
   switch (static_cast<WindowOpKind>(p.op.kind)) {
-    case WindowOpKind::Put: {
-      // The sender checked the bounds against what this rank published; a
-      // head beyond them is corrupt, and writing it would reach memory that
-      // is not the window's.
-      const uint64_t size = board_->windowBytes;
-      if (p.op.offset > size || p.op.bytes > size - p.op.offset)
-        throwComm(str(what_, ": rank ", p.rank, " put ", p.op.bytes, " bytes at byte ", p.op.offset,
-                      ", beyond this rank's ", size, "-byte window (a corrupted message)"));
-      if (p.op.bytes == 0) {
-        postHead(c, p);
-        return;
-      }
-      p.inData = true;
-      prepare(p.data, Request::Kind::Recv, p.rank, windowDataTag(id_), board_->window() + p.op.offset, p.op.bytes);
-      c.post(p.data);
+    case WindowOpKind::Put:
+      moveBytes(c, p, Request::Kind::Recv, windowDataTag(id_), "put");
       return;
-    }
-    case WindowOpKind::Get: {
-      const uint64_t size = board_->windowBytes;
-      if (p.op.offset > size || p.op.bytes > size - p.op.offset)
-        throwComm(str(what_, ": rank ", p.rank, " asked for ", p.op.bytes, " bytes at byte ", p.op.offset,
-                      ", beyond this rank's ", size, "-byte window (a corrupted message)"));
-      if (p.op.bytes == 0) {
-        postHead(c, p);
-        return;
-      }
-      p.inData = true;
-      prepare(p.data, Request::Kind::Send, p.rank, windowReplyTag(id_), board_->window() + p.op.offset, p.op.bytes);
-      c.post(p.data);
+    case WindowOpKind::Get:
+      moveBytes(c, p, Request::Kind::Send, windowReplyTag(id_), "asked for");
       return;
-    }
     case WindowOpKind::Signal:
       board_->signalFrom(p.rank);
       postHead(c, p);

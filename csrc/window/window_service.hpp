@@ -40,6 +40,9 @@ class WindowService : public Task {
     bool closed = false;
   };
   void postHead(Communicator& c, Peer& p);
+  // A put's bytes into the window (Recv) or a get's out of it (Send), after
+  // checking p's head against the window; `verb` names it in the error.
+  void moveBytes(Communicator& c, Peer& p, Request::Kind kind, uint64_t tag, const char* verb);
   // Handles p's finished head (or put bytes); false once p closed.
   void advance(Communicator& c, Peer& p);
 
