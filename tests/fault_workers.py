@@ -233,7 +233,7 @@ def kill_with_store_frozen(rank, world, port, victim, scratch, store_port, cap_s
     return res
 
 
-def run_with_frozen_store(scenario_kwargs, world, env, deadline_s):
+def run_with_frozen_store(scenario_kwargs, world, env, deadline_s, rank_env=None):
     """Starts the store process for kill_with_store_frozen, runs the group, kills the store."""
     import multiprocessing as mp
 
@@ -252,7 +252,7 @@ def run_with_frozen_store(scenario_kwargs, world, env, deadline_s):
         with open(os.path.join(scratch, "store_pid"), "w") as f:
             f.write(str(server.pid))
         return run_group("tests.fault_workers.kill_with_store_frozen", world, env=env, init=False,
-                         kwargs={**scenario_kwargs, "store_port": store_port}, start_method="fork",
+                         kwargs={**scenario_kwargs, "store_port": store_port}, start_method="fork", rank_env=rank_env,
                          expect_dead={scenario_kwargs["victim"]}, deadline_s=deadline_s)
     finally:
         server.kill()
@@ -512,7 +512,7 @@ def run_scenarios(rank, world, port, scenarios):
             if sc.get("runner"):  # a scenario that needs more than a group (e.g. a store process)
                 module, fn = sc["runner"].rsplit(".", 1)
                 runner = getattr(importlib.import_module(module), fn)
-                res = runner(kwargs, sc["world"], sc.get("env"), sc.get("deadline_s", 300))
+                res = runner(kwargs, sc["world"], sc.get("env"), sc.get("deadline_s", 300), sc.get("rank_env"))
             else:
                 res = run_group(sc["target"], sc["world"], env=sc.get("env"), kwargs=kwargs,
                                 init=sc.get("init", True), deadline_s=sc.get("deadline_s", 300),

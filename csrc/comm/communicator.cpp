@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
+#include <thread>
 
 #include "../common/bytes.hpp"
 #include "../common/error.hpp"
@@ -266,6 +267,9 @@ bool Communicator::progress() {
 void Communicator::throwFailure(const std::string& msg) {
   // A connection that broke is often the echo of an earlier failure (the rank
   // that saw it first tore its group down): name that root cause too.
+  const auto until = Clock::now() + kRootCauseWait;
+  while (lifeline_ && !peerFailed_.load() && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   std::string cause;
   if (peerFailed_.load()) {
     std::lock_guard<std::mutex> g(abortMu_);

@@ -301,6 +301,11 @@ class Communicator {
   // sent just before exiting (still in flight on another socket) is consumed
   // first and a wait that can complete does.
   static constexpr auto kPeerFailureGrace = std::chrono::milliseconds(300);
+  // A transport's failure with no root cause known yet waits up to this long
+  // for the lifeline's report: a peer that closed its end because it saw a
+  // third rank die is often heard before the lifeline (another thread) has
+  // read that death, and the error should name the dead rank, not the echo.
+  static constexpr auto kRootCauseWait = std::chrono::milliseconds(500);
 
   Transport* route(int peer) const;
   void startOperation();  // counts the operation; refuses it on a broken group

@@ -247,7 +247,9 @@ struct Config {
 //                   as on a full /dev/shm (shm_transport.cpp)
 //   slow_teardown   a broken group's verbs objects are released 15 s late
 //                   (the wait Soft-RoCE may make its destroy verbs do)
-// (those four read once per process), and per group (Config::testFailForming,
+//   late_lifeline   this rank's lifelines act on a failure 250 ms after they
+//                   read it (a runtime thread that waited that long for a core)
+// (those five read once per process), and per group (Config::testFailForming,
 // Config::testNextProtocol):
 //   fail_forming    a group created while it is set fails on this rank
 //                   before its lifelines exist (what the neighbours see of a

@@ -9,8 +9,10 @@
 #include <cerrno>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 #include "../common/backoff.hpp"
+#include "../common/config.hpp"
 #include "../common/error.hpp"
 #include "../common/log.hpp"
 #include "../runtime/process_links.hpp"
@@ -25,6 +27,9 @@ namespace {
 // kSettings: "<rank> <Config::algorithmSettings()>", once to each neighbour
 // of a group formed from its parent.
 using namespace record;  // the types (runtime/process_links.hpp)
+
+// ROCE_PG_TEST_FAULT=late_lifeline (common/config.hpp).
+constexpr auto kLateLifelineDelay = std::chrono::milliseconds(250);
 
 // The "NAME=value" words of `a` that `b` lacks: what to name in a mismatch.
 std::string wordsMissingFrom(const std::string& a, const std::string& b) {
@@ -212,6 +217,7 @@ void Lifeline::failWith(const std::string& why, int exceptLink) {
     failure_ = why;
   }
   ROCE_INFO("rank ", rank_, " lifeline: ", why);
+  if (testFault() == "late_lifeline") std::this_thread::sleep_for(kLateLifelineDelay);
   try {
     onFailure_(why);
   } catch (...) {
