@@ -1,3 +1,4 @@
+#include <roce_torch_headers.hpp>  // first: a precompiled header (setup.py)
 #include "window.hpp"
 
 #ifdef C10D_BACKEND_HAS_WINDOW
