@@ -14,8 +14,11 @@ build records that torch's version inside _C (see _write_build_info) and the
 package metadata requires exactly that version; `import roce_pg` checks it.
 
 ROCE_PG_SANITIZE=address,undefined (any -fsanitize= value) builds with
-sanitizers: -fsanitize=<value> -fno-omit-frame-pointer -g1 -O1 on compile and link
-(like every build here, line tables only: all a report's stack needs).
+sanitizers: -fsanitize=<value> -fno-omit-frame-pointer -g1 -O0 on compile and link
+(like every build here, line tables only: all a report's stack needs). -O0,
+because UBSan's checks multiply the optimizer's work: measured side by side,
+the instrumented build took 205 s against 265 s at -O1 (the reduction
+kernels 3 s against 30 s), and the sanitized workload 141 s against 117 s.
 """
 import fcntl
 import functools
@@ -46,8 +49,8 @@ def _sanitize_flags():
         return []
     if not re.fullmatch(r"[a-z][a-z0-9_,=-]*", value):
         sys.exit(f"setup.py: ROCE_PG_SANITIZE={value!r} is not a -fsanitize= value (e.g. address,undefined)")
-    # -O1 comes after -O3 in the argument list, so it wins.
-    flags = [f"-fsanitize={value}", "-fno-omit-frame-pointer", "-g1", "-O1"]
+    # -O0 comes after -O3 in the argument list, so it wins.
+    flags = [f"-fsanitize={value}", "-fno-omit-frame-pointer", "-g1", "-O0"]
     if "undefined" in value:
         # vptr checks need the typeinfo of libtorch's classes, which live in a
         # separately built library: they report false positives. Everything
