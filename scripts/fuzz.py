@@ -39,6 +39,8 @@ TARGETS = {
     "roster": ["membership/roster.cpp", "membership/rank_info.cpp", "membership/topology.cpp"] + CONFIG,
     "verdict": ["liveness/verdict.cpp"],
     "reconfigure_handles": ["torch/reconfigure_handles.cpp"],
+    "endpoint": ["transport/verbs/verbs_endpoint.cpp"],
+    "frames": ["transport/stream_transport.cpp"] + CONFIG,
 }
 # -O0 for the g++ driver (CI: its builds are most of its time, and a few
 # seconds of mutations find what they find at either level); -O1 for the
