@@ -33,7 +33,8 @@ TEST_DIR = os.path.join(ROOT, "tests", "unit", "cpp")
 DEFAULT_BUILD = os.path.join(ROOT, ".unit-build")
 
 CXX = os.environ.get("CXX", "g++")
-CXXFLAGS = ["-std=c++20", "-O1", "-g0", "-Wall", "-Werror=return-type", "-I", CSRC]
+# -O0: the tests run in seconds at any level, and it compiles a fifth faster than -O1.
+CXXFLAGS = ["-std=c++20", "-O0", "-g0", "-Wall", "-Werror=return-type", "-I", CSRC]
 # The product's .cpp files keep code that needs a live Communicator or a
 # device beside code that does not (algoName beside the selection that reads
 # a Communicator; MemoryRegion beside VerbsDevice). Every function in a
