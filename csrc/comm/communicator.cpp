@@ -4,6 +4,7 @@
 
 // Routing requests to transports, the operation context, and failure
 // handling. Formation is in ../group/group_builder.cpp, waiting in wait_loop.cpp.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
@@ -264,12 +265,17 @@ bool Communicator::progress() {
   return moved;
 }
 
-void Communicator::throwFailure(const std::string& msg) {
+void Communicator::throwFailure(const std::string& msg, bool peerEnded) {
   // A connection that broke is often the echo of an earlier failure (the rank
-  // that saw it first tore its group down): name that root cause too.
-  const auto until = Clock::now() + kRootCauseWait;
-  while (lifeline_ && !peerFailed_.load() && Clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  // that saw it first tore its group down): name that root cause too. Only a
+  // peer's deliberate end waits for it (any other failure is news of its own,
+  // and its rank should tell the group at once), never past an abort or the
+  // operation's deadline.
+  if (peerEnded && lifeline_) {
+    const auto until = std::min(Clock::now() + kRootCauseWait, deadline_);
+    while (!peerFailed_.load() && !abortRequested_.load() && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   std::string cause;
   if (peerFailed_.load()) {
     std::lock_guard<std::mutex> g(abortMu_);

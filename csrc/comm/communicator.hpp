@@ -301,10 +301,11 @@ class Communicator {
   // sent just before exiting (still in flight on another socket) is consumed
   // first and a wait that can complete does.
   static constexpr auto kPeerFailureGrace = std::chrono::milliseconds(300);
-  // A transport's failure with no root cause known yet waits up to this long
-  // for the lifeline's report: a peer that closed its end because it saw a
-  // third rank die is often heard before the lifeline (another thread) has
-  // read that death, and the error should name the dead rank, not the echo.
+  // A request failed because its peer ended its side on purpose waits up to
+  // this long for the lifeline's report of a root cause: a peer that tore its
+  // group down because it saw a third rank die is often heard before the
+  // lifeline (another thread) has read that death, and the error should name
+  // the dead rank, not the echo.
   static constexpr auto kRootCauseWait = std::chrono::milliseconds(500);
 
   Transport* route(int peer) const;
@@ -322,7 +323,7 @@ class Communicator {
   std::string processKeyOf(int r) const;
   void failGonePeers();  // the watched peers the lifeline reported gone
   bool arrivalsPending() const;  // connections in the mailbox, not yet taken
-  [[noreturn]] void throwFailure(const std::string& msg);
+  [[noreturn]] void throwFailure(const std::string& msg, bool peerEnded = false);
   void transportsFailAll(const std::string& why);
 
   Config cfg_;

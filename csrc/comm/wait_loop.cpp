@@ -236,7 +236,7 @@ void Communicator::waitAll(Request* const* reqs, size_t n) {
     bool all = true;
     for (size_t i = 0; i < n; ++i) {
       if (!reqs[i]->done) all = false;
-      else if (reqs[i]->failed()) throwFailure(reqs[i]->error);
+      else if (reqs[i]->failed()) throwFailure(reqs[i]->error, reqs[i]->peerEnded);
     }
     return all;
   };

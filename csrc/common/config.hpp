@@ -248,7 +248,8 @@ struct Config {
 //   slow_teardown   a broken group's verbs objects are released 15 s late
 //                   (the wait Soft-RoCE may make its destroy verbs do)
 //   late_lifeline   this rank's lifelines act on a failure 250 ms after they
-//                   read it (a runtime thread that waited that long for a core)
+//                   read it: the runtime thread sleeps, as one kept that long
+//                   from a core stalls (every service of the process waits)
 // (those five read once per process), and per group (Config::testFailForming,
 // Config::testNextProtocol):
 //   fail_forming    a group created while it is set fails on this rank

@@ -1,7 +1,5 @@
 // Python module roce_pg._C: the backend class and its creator, plus a probe of
 // the RDMA devices libibverbs sees and the table of ROCE_PG_* settings.
-#include <roce_torch_headers.hpp>  // first: a precompiled header (setup.py)
-
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>

@@ -50,7 +50,7 @@ void StreamTransport::addPipe(int peer, std::unique_ptr<BytePipe> pipe) { peer_(
 
 void StreamTransport::postSend(Request* r) {
   Peer& p = peer_(r->peer);
-  if (!p.deadReason.empty()) return r->fail(p.deadReason);
+  if (!p.deadReason.empty()) return r->fail(p.deadReason, p.deadByEnding);
   p.sendq.push_back(r);
 }
 
@@ -77,7 +77,7 @@ void StreamTransport::postRecv(Request* r) {
     if (it->second.empty()) p.unmatched.erase(it);
     return;
   }
-  if (!p.deadReason.empty()) return r->fail(p.deadReason);
+  if (!p.deadReason.empty()) return r->fail(p.deadReason, p.deadByEnding);
   p.posted[r->tag].push_back(r);
 }
 
@@ -100,6 +100,9 @@ bool StreamTransport::progress() {
       m |= progressRecv(i, p);
       if (m) p.pipe->moved();
       moved |= m;
+    } catch (const PeerEndedError& e) {
+      killPeer(i, p, e.what(), /*peerEnded=*/true);
+      moved = true;
     } catch (const Error& e) {
       killPeer(i, p, e.what());
       moved = true;
@@ -284,16 +287,17 @@ bool StreamTransport::prepareWait(std::vector<pollfd>& fds, bool anySource) {
   return true;
 }
 
-void StreamTransport::killPeer(int peer, Peer& p, const std::string& why) {
+void StreamTransport::killPeer(int peer, Peer& p, const std::string& why, bool peerEnded) {
   (void)peer;
   p.deadReason = why;
+  p.deadByEnding = peerEnded;
   if (p.pipe) p.pipe->abandon();
-  for (Request* r : p.sendq) r->fail(why);
+  for (Request* r : p.sendq) r->fail(why, peerEnded);
   p.sendq.clear();
   for (auto& [tag, q] : p.posted)
-    for (Request* r : q) r->fail(why);
+    for (Request* r : q) r->fail(why, peerEnded);
   p.posted.clear();
-  if (p.matched) p.matched->fail(why);
+  if (p.matched) p.matched->fail(why, peerEnded);
   p.matched = nullptr;
 }
 

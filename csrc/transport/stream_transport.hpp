@@ -84,6 +84,7 @@ class StreamTransport : public Transport {
   struct Peer {
     std::unique_ptr<BytePipe> pipe;
     std::string deadReason;  // non-empty: every request to this peer fails
+    bool deadByEnding = false;  // the peer ended the stream on purpose (Request::peerEnded)
     // Sending: a queue of requests, the front one partially written.
     std::deque<Request*> sendq;
     FrameHeader sendHdr{};
@@ -108,7 +109,7 @@ class StreamTransport : public Transport {
   // Room in p.unmatchedBuf for the payload's next bytes, growing it (or, for
   // a payload being drained, reusing it) when full; at most p.remaining.
   static size_t roomForUnmatched(Peer& p);
-  void killPeer(int peer, Peer& p, const std::string& why);
+  void killPeer(int peer, Peer& p, const std::string& why, bool peerEnded = false);
   std::string sizeMismatch(int peer, const Request& r, uint64_t got) const;
   FrameHeader makeHeader(const Request& r) const;
   void deliverBuffered(int peer, Request* r, const std::vector<char>& msg);

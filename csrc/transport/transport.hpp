@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "../common/counters.hpp"
+#include "../common/error.hpp"
 #include "../common/wakeup.hpp"
 
 namespace roce::transport {
@@ -91,9 +92,22 @@ struct Request {
   // Set by the transport.
   bool done = false;
   std::string error;   // non-empty once failed (done is then true as well)
+  // Failed because the peer ended its side on purpose (it destroyed or aborted
+  // the group): often the echo of a failure elsewhere, which the group's
+  // lifeline names (Communicator::throwFailure waits a moment for it).
+  bool peerEnded = false;
 
   bool failed() const { return !error.empty(); }
-  void fail(const std::string& why) { if (!done) { error = why; done = true; } }
+  void fail(const std::string& why, bool byPeerEnding = false) {
+    if (!done) { error = why; peerEnded = byPeerEnding; done = true; }
+  }
+};
+
+// What a pipe throws when its peer ended the stream on purpose (see
+// Request::peerEnded); any other failure is a plain Error.
+class PeerEndedError : public Error {
+ public:
+  using Error::Error;
 };
 
 class Transport {

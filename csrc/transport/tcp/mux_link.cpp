@@ -13,6 +13,7 @@
 #include "../../common/error.hpp"
 #include "../../common/log.hpp"
 #include "../../common/wakeup.hpp"
+#include "../transport.hpp"
 #include "tcp_mux.hpp"
 
 namespace roce::transport::tcp {
@@ -176,11 +177,13 @@ void MuxLink::abandon(const Stream& s) {
 
 void MuxLink::throwEnded(const Stream& s, uint8_t end) {
   if (end == kClosed)
-    throwComm(str("rank ", s.peerRank, " (", s.peerText, ") destroyed the process group (or aborted it): its "
-                  "process lives, and its end of this group's TCP stream closed"));
+    throw PeerEndedError(ErrorKind::Comm, str("roce: rank ", s.peerRank, " (", s.peerText, ") destroyed the process "
+                                              "group (or aborted it): its process lives, and its end of this group's "
+                                              "TCP stream closed"));
   if (end == kGroupGone)
-    throwComm(str("rank ", s.peerRank, " (", s.peerText, ") has no such process group any more: it destroyed "
-                  "the process group (or aborted it) before rank ", s.selfRank, "'s data reached it"));
+    throw PeerEndedError(ErrorKind::Comm, str("roce: rank ", s.peerRank, " (", s.peerText, ") has no such process "
+                                              "group any more: it destroyed the process group (or aborted it) before "
+                                              "rank ", s.selfRank, "'s data reached it"));
   if (end == kDropped)
     throwComm(str("rank ", s.peerRank, " (", s.peerText, ") sent on this group 30 minutes or more before rank ",
                   s.selfRank, " created it; that stream was dropped (create every group on every member "

@@ -323,7 +323,7 @@ std::string VerbsTransport::checkPeers() {
     const ssize_t n = recv(peer.sock, &c, 1, MSG_DONTWAIT | MSG_PEEK);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
       killPeer(p, str("rank ", p, " closed its verbs connection to rank ", rank_, " (", n == 0 ? "EOF" : std::strerror(errno),
-                      "): it exited or destroyed the process group"));
+                      "): it exited or destroyed the process group"), /*peerEnded=*/true);
   }
   for (int p : live_)
     if (!peers_[p]->deadReason.empty()) return peers_[p]->deadReason;
@@ -352,10 +352,11 @@ void VerbsTransport::dropSideChannel(int p, Pair& peer) {
   peer.sock = -1;
 }
 
-void VerbsTransport::killPeer(int p, const std::string& why) {
+void VerbsTransport::killPeer(int p, const std::string& why, bool peerEnded) {
   Pair& peer = peerOf(p);
   if (peer.deadReason.empty()) {
     peer.deadReason = why;
+    peer.deadByEnding = peerEnded;
     // Stop the NIC from touching this peer's buffers any further; the flushed
     // work requests complete with errors that onCompletion ignores.
     peer.toError();
@@ -376,7 +377,7 @@ void VerbsTransport::killPeer(int p, const std::string& why) {
   }
   for (auto& [tag, q] : peer.sendsWaiting)
     for (const Pair::WaitingSend& w : q)
-      if (!w.eager) w.r->fail(why);  // eager sends are in `active`, failed below
+      if (!w.eager) w.r->fail(why, peerEnded);  // eager sends are in `active`, failed below
   peer.sendsWaiting.clear();
   peer.announcements.clear();
   peer.arrivals.clear();
@@ -385,12 +386,12 @@ void VerbsTransport::killPeer(int p, const std::string& why) {
   // writes these buffers, so their registrations may be reused or dropped.
   for (auto& as : peer.active) {
     regCache_->release(as.zc);
-    as.r->fail(why);
+    as.r->fail(why, peerEnded);
   }
   peer.active.clear();
   for (auto& [id, st] : peer.recvs) {
     regCache_->release(st.zc);
-    if (st.r) st.r->fail(why);  // null: failed already, only its chunks were awaited
+    if (st.r) st.r->fail(why, peerEnded);  // null: failed already, only its chunks were awaited
   }
   peer.recvs.clear();
   peer.ctrlQueue.clear();

@@ -131,6 +131,7 @@ class Pair {
   std::string inbuf, outbuf;
   std::vector<Qp> qps;
   std::string deadReason;
+  bool deadByEnding = false;  // the peer ended its side on purpose (Request::peerEnded)
   std::string remoteGid;  // the peer's GIDs, one per rail, for messages
   uint32_t remoteQpn0 = 0;
   uint32_t localPsn = 0;  // our send PSN, published to the peer as its receive PSN

@@ -62,7 +62,7 @@ bool VerbsTransport::flushAnnouncements(int p) {
 
 void VerbsTransport::postSend(Request* r) {
   Pair& peer = peerOf(r->peer);
-  if (!peer.deadReason.empty()) return r->fail(peer.deadReason);
+  if (!peer.deadReason.empty()) return r->fail(peer.deadReason, peer.deadByEnding);
   ActiveSend* eager = nullptr;
   if (r->len <= eagerLimit() && !r->owner.device) {
     peer.active.push_back(ActiveSend{r, 0, 1});
@@ -109,7 +109,7 @@ void VerbsTransport::finishSend(int p, ActiveSend& as) {
 
 void VerbsTransport::postRecv(Request* r) {
   Pair& peer = peerOf(r->peer);
-  if (!peer.deadReason.empty()) return r->fail(peer.deadReason);
+  if (!peer.deadReason.empty()) return r->fail(peer.deadReason, peer.deadByEnding);
   // Ids wrap after 2^32 receives: skip any still in use by a long-pending one.
   uint32_t id;
   do {

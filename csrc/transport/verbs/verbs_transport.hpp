@@ -130,7 +130,8 @@ class VerbsTransport : public Transport {
   void onCompletion(const struct ibv_wc& wc);
   void onCtrl(int peer, const Ctrl& msg);
   void onData(int peer, uint32_t slot, uint32_t byteLen);
-  void killPeer(int peer, const std::string& why);
+  // peerEnded: the peer ended its side on purpose (Request::peerEnded).
+  void killPeer(int peer, const std::string& why, bool peerEnded = false);
   void dropSideChannel(int peer, Pair& state);
 
   VerbsDevice& railOf(const Qp& q) const { return *rails_[q.rail]; }
