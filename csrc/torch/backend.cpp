@@ -196,6 +196,10 @@ std::string RoceBackend::nics() const { return engine().comm().nicsText(); }
 void RoceBackend::start(std::unique_ptr<Communicator> comm) {
   if (!pinned_) pinned_ = std::make_shared<PinnedCache>(cfg_.device.stagingCacheBytes);
   engine_ = std::make_unique<Engine>(std::move(comm));
+  {
+    std::lock_guard<std::mutex> g(windowsMu_);
+    windowsFailure_.clear();  // a new membership serves windows again
+  }
   // A parked group learns of a peer's failure only from the lifelines:
   // windows' waits must not sleep through it.
   engine_->comm().setPeerFailureHook([this](const std::string& why) { failWindows(why); });

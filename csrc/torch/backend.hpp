@@ -343,6 +343,11 @@ class RoceBackend : public c10d::Backend {
   std::atomic<uint64_t> windowRegistrations_{0};
   std::mutex windowsMu_;
   std::vector<std::weak_ptr<WindowShared>> windowStates_;
+  // Under windowsMu_: why the membership can no longer serve windows, once it
+  // cannot. A window whose registration completes after that (a peer died
+  // while the others finished registering) fails at once, instead of
+  // waiting for a report that came before it was listed.
+  std::string windowsFailure_;
   void failWindows(const std::string& why);
   friend class RoceWindow;  // its collectives, engine and timeout are the group's
 };

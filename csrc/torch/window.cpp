@@ -66,6 +66,7 @@ std::string WindowShared::failure() {
 
 void RoceBackend::failWindows(const std::string& why) {
   std::lock_guard<std::mutex> g(windowsMu_);
+  if (windowsFailure_.empty()) windowsFailure_ = why;
   for (auto& w : windowStates_)
     if (auto s = w.lock()) s->fail(why);
   windowStates_.clear();
@@ -274,12 +275,15 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
   shared_ = std::make_shared<WindowShared>();
   shared_->mine = seg;
   shared_->board = board;
+  std::string failedBefore;
   {
     std::lock_guard<std::mutex> g(backend_->windowsMu_);
     auto& states = backend_->windowStates_;
     states.erase(std::remove_if(states.begin(), states.end(), [](const auto& w) { return w.expired(); }), states.end());
     states.push_back(shared_);
+    failedBefore = backend_->windowsFailure_;
   }
+  if (!failedBefore.empty()) shared_->fail(failedBefore);
   memory_ = memory;
   peers_ = std::move(peers);
   served_ = std::move(served);
@@ -287,7 +291,7 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
   tickets_.assign(static_cast<size_t>(size_), 0);
   tagId_ = ++backend_->windowRegistrations_;
   registered_ = true;
-  if (!served_.empty()) startService(served_);
+  if (!served_.empty() && failedBefore.empty()) startService(served_);
 }
 
 void RoceWindow::startService(const std::vector<int>& served) {
