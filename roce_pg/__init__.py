@@ -299,7 +299,11 @@ def counters(group=None):
     blocked in poll() on the sockets / wake-up eventfd / doorbell), inline_ops
     (collectives run on the calling thread instead of the progress thread),
     bytes_zero_copy (verbs: payload the NIC read from / wrote into the user's
-    buffer directly, counted by the sender), registrations (verbs: ibv_reg_mr
+    buffer directly, counted by the sender), bytes_written (one-sided window puts this rank
+    wrote into peers' memory by RDMA WRITE, no receive on their side), bytes_read (window gets
+    this rank read out of peers' memory by RDMA READ), window_puts_served (puts
+    of peers on other machines that this rank's window services received as messages: TCP, or
+    a window verbs could not expose), registrations (verbs: ibv_reg_mr
     calls of the registration cache), eager_sends (verbs: messages of at most
     ROCE_PG_IB_EAGER_MAX_BYTES sent without waiting for the receiver's RTR), staging_waits (verbs: times
     posting a copied chunk found the staging pool the process's groups share empty; counted per attempt),

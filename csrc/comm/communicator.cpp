@@ -231,8 +231,23 @@ void Communicator::post(Request& r) {
     Counters::add(viaShm_[r.peer] ? counters_.bytesSentShm : counters_.bytesSentNet, r.len);
     Counters::add(counters_.sends, 1);
     t->postSend(&r);
+  } else if (r.kind == Request::Kind::Write || r.kind == Request::Kind::Read) {
+    Counters::add(r.kind == Request::Kind::Write ? counters_.bytesWritten : counters_.bytesRead, r.len);
+    t->postOneSided(&r);
+  } else {
+    t->postRecv(&r);
   }
-  else t->postRecv(&r);
+}
+
+std::unique_ptr<ExposedMemory> Communicator::expose(const std::vector<int>& peers, void* base, size_t len,
+                                                    std::string* why) {
+  if (peers.empty()) return *why = "no peer to expose it to", nullptr;
+  Transport* t = route(peers[0]);
+  for (int p : peers)
+    if (route(p) != t)
+      return *why = str("rank ", p, " is reached by ", route(p)->name(), ", rank ", peers[0], " by ", t->name()),
+             nullptr;
+  return t->expose(base, len, why);
 }
 
 void Communicator::postRecvAnySource(Request& r) {

@@ -131,6 +131,10 @@ class Communicator {
   void post(Request& r);
   // True while a request created by post(kind, ...) is unfinished (a transport may hold it).
   bool hasPendingRequests() const;
+  // One-sided access: exposes [base, base + len) for writes by `peers`
+  // through the transport that serves them all (Transport::expose), or null
+  // with why. A Request of Kind::Write or Read goes through post() like the rest.
+  std::unique_ptr<ExposedMemory> expose(const std::vector<int>& peers, void* base, size_t len, std::string* why);
   void postRecvAnySource(Request& r);  // r.peer is set once a sender is chosen
   bool progress();
   // Blocks until all requests are done; throws on the first failure, on the

@@ -84,6 +84,9 @@ PYBIND11_MODULE(_C, m) {
              d["blocked_waits"] = get(c.blockedWaits);
              d["inline_ops"] = get(c.inlineOps);
              d["bytes_zero_copy"] = get(c.bytesZeroCopy);
+             d["bytes_written"] = get(c.bytesWritten);
+             d["bytes_read"] = get(c.bytesRead);
+             d["window_puts_served"] = get(c.windowPutsServed);
              d["registrations"] = get(c.registrations);
              d["eager_sends"] = get(c.eagerSends);
              d["staging_waits"] = get(c.stagingWaits);

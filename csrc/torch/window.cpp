@@ -44,6 +44,7 @@ struct RoceWindow::Published {
   int32_t dtype = 0;
   int32_t ndim = 0;
   int64_t sizes[kMaxPublishedDims] = {};
+  RemoteMemory remote;   // its window exposed to the peers on other machines (all zero: not)
   uint8_t mappable = 0;  // this rank lets peers on its machine map its window (not ROCE_PG_FORCE_NETWORK)
   uint8_t ok = 0;        // this rank registered its tensor
   uint8_t pad[6] = {};
@@ -153,6 +154,9 @@ std::string unregistrable(const at::Tensor& tensor) {
   if (tensor.is_sparse() || !tensor.is_contiguous())
     return "tensor_register takes a contiguous dense tensor (call .contiguous() first)";
   const c10::Storage& storage = tensor.storage();
+  if (static_cast<size_t>(tensor.storage_offset()) * tensor.element_size() + tensor.nbytes() > storage.nbytes())
+    return str("the tensor's ", tensor.nbytes(), " bytes reach past its storage of ", storage.nbytes(),
+               " (a resize_ that failed leaves its sizes grown: resize_ it back first)");
   if (WindowMemory* mem = windowMemoryOf(storage)) {
     if (mem->registered.load())
       return "this tensor's memory is registered in another window (deregister it there, or register a clone())";
@@ -171,6 +175,17 @@ std::vector<uint8_t> RoceWindow::agree(bool ok) {
   std::vector<uint8_t> all(static_cast<size_t>(size_));
   allgather(&mine, all.data(), 1);
   return all;
+}
+
+std::unique_ptr<transport::ExposedMemory> RoceWindow::exposeWindow(const std::vector<int>& served,
+                                                                  WindowBoard* board) {
+  std::string why;
+  auto exposure = backend_->engine().comm().expose(served, board->window(), board->windowBytes, &why);
+  // Not an error: peers' puts then go through this rank's progress thread.
+  if (!exposure && !why.empty())
+    ROCE_WARN("roce: rank ", rank_, ": window ", id_, " cannot take one-sided writes (", why,
+              "); puts from other machines go through this rank's progress thread instead");
+  return exposure;
 }
 
 void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
@@ -209,8 +224,16 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
       seg.reset();
     }
   }
-  // The group's own setting (formation may have taken the leader's).
+  // The group's own setting (formation may have taken the leader's), so the
+  // same on every rank: which peers are served is known before the exchange.
   me.mappable = backend_->engine().comm().config().placement.forceNetwork ? 0 : 1;
+  const auto& topo = backend_->engine().comm().topology();
+  std::vector<int> served;
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_ && !(topo.nodeOf[r] == topo.nodeOf[rank_] && me.mappable)) served.push_back(r);
+  std::unique_ptr<transport::ExposedMemory> exposure;
+  if (me.ok && !served.empty() && me.windowBytes > 0) exposure = exposeWindow(served, board);
+  if (exposure) me.remote = exposure->describe();
   std::vector<Published> all(static_cast<size_t>(size_));
   allgather(&me, all.data(), sizeof(Published));
   TORCH_CHECK(refused.empty(), "roce: window on rank ", rank_, ": ", refused);
@@ -229,9 +252,7 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
       at::DataPtr(board->data(), new std::shared_ptr<WindowMemory>(memory), &dropWindowMemory, tensor.device()));
   storage.unsafeGetStorageImpl()->set_resizable(false);
 
-  const auto& topo = backend_->engine().comm().topology();
   std::vector<Peer> peers(static_cast<size_t>(size_));
-  std::vector<int> served;
   std::string failed;
   try {
     for (int r = 0; r < size_; ++r) {
@@ -254,7 +275,7 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
           throwComm(str("rank ", r, "'s window segment ", p.segment,
                         " is not the window it published (another roce version on this machine?)"));
       } else {
-        served.push_back(r);
+        peer.remote = p.remote;
       }
     }
   } catch (const std::exception& e) {
@@ -275,6 +296,8 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
   shared_ = std::make_shared<WindowShared>();
   shared_->mine = seg;
   shared_->board = board;
+  shared_->exposure = std::move(exposure);
+  shared_->order = std::make_shared<WindowOrder>(size_);
   std::string failedBefore;
   {
     std::lock_guard<std::mutex> g(backend_->windowsMu_);
@@ -325,16 +348,23 @@ void RoceWindow::startService(const std::vector<int>& served) {
 
 c10::intrusive_ptr<c10d::Work> RoceWindow::sendToServed(WindowOp op, int peer, const at::Tensor& src,
                                                         const char* title, std::chrono::milliseconds timeout,
-                                                        bool asyncOp) {
+                                                        bool asyncOp, const WindowShared& shared) {
   std::vector<at::Tensor> tensors;
   if (src.defined()) tensors.push_back(src);
   auto work = c10::make_intrusive<RoceWork>(
       static_cast<WindowOpKind>(op.kind) == WindowOpKind::Get ? c10d::OpType::RECV : c10d::OpType::SEND, rank_, title,
       tensors);
+  const auto kind = static_cast<WindowOpKind>(op.kind);
+  const RemoteMemory* remote = kind == WindowOpKind::Put || kind == WindowOpKind::Get
+                                   ? &peers_[static_cast<size_t>(peer)].remote
+                                   : nullptr;
+  const bool oneSided = remote && remote->exposed();
   auto task = std::make_shared<WindowSendTask>(src.defined() ? std::make_shared<at::Tensor>(src) : nullptr, tagId_,
                                                peer, op, src.defined() ? src.data_ptr() : nullptr,
                                                str(title, " of window ", id_, " from rank ", rank_, " to rank ", peer,
-                                                   op.bytes ? str(" (", op.bytes, " bytes)") : std::string()));
+                                                   op.bytes ? str(" (", op.bytes, " bytes)") : std::string()),
+                                               shared.order, oneSided ? remote : nullptr,
+                                               oneSided ? storageOwner(src) : BufferOwner{});
   task->timeout = timeout;
   task->onEnd = [work](std::exception_ptr e) { work->complete(e); };
   backend_->engine().enqueue(std::move(task));
@@ -367,7 +397,7 @@ void RoceWindow::tensor_deregister() {
     close.kind = static_cast<uint32_t>(WindowOpKind::Close);
     std::vector<c10::intrusive_ptr<c10d::Work>> closes;
     for (int peer : served)
-      closes.push_back(sendToServed(close, peer, at::Tensor(), "window close", backend_->timeout_, true));
+      closes.push_back(sendToServed(close, peer, at::Tensor(), "window close", backend_->timeout_, true, *shared));
     for (auto& w : closes) w->wait(kNoTimeout);
     if (!served.empty()) {
       std::unique_lock<std::mutex> g(shared->mu);
@@ -380,6 +410,8 @@ void RoceWindow::tensor_deregister() {
   // Peers on this machine may read or write this window until they
   // deregister too; every rank takes part, whatever happened above.
   const std::vector<uint8_t> done = agree(failed.empty());
+  // Every peer closed (after its writes completed) or failed: none writes any more.
+  shared->exposure.reset();
   TORCH_CHECK(failed.empty(), "roce: window on rank ", rank_, ": tensor_deregister() failed: ", failed);
   const std::string during = shared->failure();
   TORCH_CHECK(during.empty(), "roce: window on rank ", rank_, ": its service failed before tensor_deregister(): ", during);
@@ -430,7 +462,7 @@ c10::intrusive_ptr<c10d::Work> RoceWindow::put(const at::Tensor& tensor, int64_t
   op.kind = static_cast<uint32_t>(WindowOpKind::Put);
   op.offset = offset;
   op.bytes = bytes;
-  return sendToServed(op, static_cast<int>(dstRank), src, "window put", timeoutOf(opts.timeout), asyncOp);
+  return sendToServed(op, static_cast<int>(dstRank), src, "window put", timeoutOf(opts.timeout), asyncOp, *shared_);
 }
 
 c10::intrusive_ptr<c10d::Work> RoceWindow::get(at::Tensor out, int64_t srcRank, int64_t offsetNelems, bool asyncOp) {
@@ -447,7 +479,7 @@ c10::intrusive_ptr<c10d::Work> RoceWindow::get(at::Tensor out, int64_t srcRank, 
   op.kind = static_cast<uint32_t>(WindowOpKind::Get);
   op.offset = offset;
   op.bytes = bytes;
-  return sendToServed(op, static_cast<int>(srcRank), out, "window get", backend_->timeout_, asyncOp);
+  return sendToServed(op, static_cast<int>(srcRank), out, "window get", backend_->timeout_, asyncOp, *shared_);
 }
 
 c10::intrusive_ptr<c10d::Work> RoceWindow::signal(int64_t peerRank, bool asyncOp, const c10d::SignalOptions& opts) {
@@ -458,7 +490,8 @@ c10::intrusive_ptr<c10d::Work> RoceWindow::signal(int64_t peerRank, bool asyncOp
   }
   WindowOp op;
   op.kind = static_cast<uint32_t>(WindowOpKind::Signal);
-  return sendToServed(op, static_cast<int>(peerRank), at::Tensor(), "window signal", timeoutOf(opts.timeout), asyncOp);
+  return sendToServed(op, static_cast<int>(peerRank), at::Tensor(), "window signal", timeoutOf(opts.timeout), asyncOp,
+                      *shared_);
 }
 
 c10::intrusive_ptr<c10d::Work> RoceWindow::wait_signal(int64_t peerRank, bool asyncOp,

@@ -4,9 +4,12 @@
 //  * a peer on the same machine maps it: put is a copy straight into the
 //    owner's tensor by the caller, signal bumps a count in the owner's board
 //    (window_board.hpp), map_remote_tensor is a tensor over the mapping;
-//  * a peer on another machine reaches it through the owner's progress
-//    thread (window_service.hpp): its put's bytes are received straight into
-//    the tensor, with no call of the owner's.
+//  * a peer on another machine writes its puts straight into the tensor,
+//    and reads its gets straight out of it, by RDMA where the network
+//    transport exposes it (verbs), with no action of the owner's CPU;
+//    signals, and puts and gets over other transports, go through the
+//    owner's progress thread (window_service.hpp), with no call of the
+//    owner's either.
 // A signal guarantees that every put the same rank made to the same peer
 // before it is in the peer's memory once wait_signal returns there.
 #pragma once
@@ -21,6 +24,7 @@
 
 #include "../transport/shm/shm_segment.hpp"
 #include "../window/window_board.hpp"
+#include "../window/window_service.hpp"
 #include "../window/window_wire.hpp"
 
 namespace roce::adapter {
@@ -41,6 +45,12 @@ struct WindowMemory {
 // waits (any thread).
 struct WindowShared {
   std::shared_ptr<ShmSegment> mine;
+  // This rank's window registered for one-sided writes of the peers on other
+  // machines (declared after `mine`: it goes first); null when the network
+  // transport has none (they send messages to the service instead).
+  std::unique_ptr<transport::ExposedMemory> exposure;
+  // The order of one-sided writes and messages per peer (progress thread).
+  std::shared_ptr<WindowOrder> order;
   WindowBoard* board = nullptr;
   std::mutex mu;
   std::condition_variable ended;
@@ -85,6 +95,7 @@ class RoceWindow : public c10d::Window {
     uint64_t bytes = 0;                   // the peer's window
     c10::ScalarType dtype = c10::ScalarType::Byte;
     std::vector<int64_t> sizes;
+    RemoteMemory remote;                  // served: its window exposed for one-sided writes (else all zero)
   };
 
  private:
@@ -95,10 +106,16 @@ class RoceWindow : public c10d::Window {
   void allgather(const void* mine, void* all, size_t each);  // a collective of the group, waited for
   std::vector<uint8_t> agree(bool ok);  // every rank's ok, by allgather
   void startService(const std::vector<int>& served);
-  // A put's head and bytes (src), a signal's or a close's head, to a peer on
-  // another machine, through the group's engine (after what it has queued).
+  // A put's head and bytes (src), or its one-sided write where the peer
+  // exposed its window; a signal's, get's or close's head: to a peer on
+  // another machine, through the group's engine (after what it has queued),
+  // in the order of `shared`'s registration.
   c10::intrusive_ptr<c10d::Work> sendToServed(WindowOp op, int peer, const at::Tensor& buf, const char* title,
-                                              std::chrono::milliseconds timeout, bool asyncOp);
+                                              std::chrono::milliseconds timeout, bool asyncOp,
+                                              const WindowShared& shared);
+  // This rank's window exposed to one-sided writes of `served`, or null
+  // (warned about when the transport could have but failed).
+  std::unique_ptr<transport::ExposedMemory> exposeWindow(const std::vector<int>& served, WindowBoard* board);
   // The byte offset of `elems` elements of `dtype` at element `offset` of
   // rank's window, after checking they fit (what: the call, for errors).
   uint64_t checkedRange(const Peer& peer, int64_t rank, c10::ScalarType dtype, int64_t elems, int64_t offset,

@@ -29,29 +29,6 @@ std::vector<c10::Device> devicesOf(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
-// The allocation a tensor lives in, for zero-copy transports. Host memory: a
-// reference to its c10::Storage keeps the memory from being freed (and its
-// address reused) while a transport holds a registration of it. Device
-// memory is held weakly (directOwner says why).
-BufferOwner storageOwner(const at::Tensor& t) {
-  const c10::Storage& st = t.storage();
-  if (!st.data() || st.nbytes() == 0) return {};
-  BufferOwner o;
-  o.id = st.unsafeGetStorageImpl();
-  o.base = static_cast<char*>(const_cast<void*>(st.data()));
-  o.len = st.nbytes();
-  o.device = !t.is_cpu();
-  if (o.device) {  // see directOwner
-    using Weak = c10::weak_intrusive_ptr<c10::StorageImpl>;
-    o.keep = std::make_shared<Weak>(st.getWeakStorageImpl());
-    o.released = [](const void* k) { return static_cast<const Weak*>(k)->expired(); };
-  } else {
-    o.keep = std::make_shared<c10::Storage>(st);
-    o.released = [](const void* k) { return static_cast<const c10::Storage*>(k)->use_count() == 1; };
-  }
-  return o;
-}
-
 // A staged host tensor's, only for buffers large enough for zero copy
 // (minBytes; 0: zero copy off): small operations, the latency-bound ones,
 // allocate nothing for it.
@@ -99,6 +76,29 @@ void countStaged(const DeviceStaging& d, Communicator& c) {
 }
 
 }  // namespace
+
+// The allocation a tensor lives in, for zero-copy transports. Host memory: a
+// reference to its c10::Storage keeps the memory from being freed (and its
+// address reused) while a transport holds a registration of it. Device
+// memory is held weakly (directOwner says why).
+BufferOwner storageOwner(const at::Tensor& t) {
+  const c10::Storage& st = t.storage();
+  if (!st.data() || st.nbytes() == 0) return {};
+  BufferOwner o;
+  o.id = st.unsafeGetStorageImpl();
+  o.base = static_cast<char*>(const_cast<void*>(st.data()));
+  o.len = st.nbytes();
+  o.device = !t.is_cpu();
+  if (o.device) {  // see directOwner
+    using Weak = c10::weak_intrusive_ptr<c10::StorageImpl>;
+    o.keep = std::make_shared<Weak>(st.getWeakStorageImpl());
+    o.released = [](const void* k) { return static_cast<const Weak*>(k)->expired(); };
+  } else {
+    o.keep = std::make_shared<c10::Storage>(st);
+    o.released = [](const void* k) { return static_cast<const c10::Storage*>(k)->use_count() == 1; };
+  }
+  return o;
+}
 
 std::exception_ptr toTorchError(std::exception_ptr e) {
   try {

@@ -149,6 +149,10 @@ class PointToPointTask : public Task {
   Request req_;
 };
 
+// The allocation `t` lives in, for zero-copy transports (work.cpp says how
+// host and device memory are held); empty for a tensor without storage.
+BufferOwner storageOwner(const at::Tensor& t);
+
 // Completes `work` for `task` (its times included) whose tensors were staged by `staging`.
 void completeWork(RoceWork& work, Task& task, CallStaging& staging, std::exception_ptr error);
 

@@ -77,8 +77,33 @@ struct BufferOwner {
   }
 };
 
+// Memory a peer exposed for one-sided writes (Transport::expose), as that
+// peer described it: opaque to everything above the transport that made it
+// (verbs: the address and each rail's rkey). All zero: not exposed.
+struct RemoteMemory {
+  static constexpr size_t kBytes = 48;
+  uint8_t bytes[kBytes] = {};
+  bool exposed() const {
+    for (uint8_t b : bytes)
+      if (b) return true;
+    return false;
+  }
+};
+
+// What keeps memory exposed: peers may write into it until it is destroyed.
+class ExposedMemory {
+ public:
+  virtual ~ExposedMemory() = default;
+  virtual RemoteMemory describe() const = 0;
+};
+
 struct Request {
-  enum class Kind : uint8_t { Send, Recv };
+  // Write and Read are one-sided: r.buf/len into (out of) the peer's exposed
+  // memory (`remote`) at `remoteOffset`; no receive matches them and the
+  // peer's CPU takes no part. A write is done once the bytes are in the
+  // peer's memory (an acknowledged RDMA write): a message sent after that
+  // arrives after them. A read is done once the bytes are in r.buf.
+  enum class Kind : uint8_t { Send, Recv, Write, Read };
   Kind kind = Kind::Send;
   int peer = -1;       // group rank
   uint64_t tag = 0;
@@ -89,6 +114,8 @@ struct Request {
   // (ROCE_PG_NCHANNELS); a transport with several paths to a peer keeps each
   // channel on a path of its own (verbs: queue pair (k-1) mod its count).
   uint8_t lane = 0;
+  const RemoteMemory* remote = nullptr;  // Write and Read: must stay alive until done
+  uint64_t remoteOffset = 0;
   // Set by the transport.
   bool done = false;
   std::string error;   // non-empty once failed (done is then true as well)
@@ -166,6 +193,20 @@ class Transport {
   // after every prepareWait that returned true, also when the wait did not
   // sleep (the re-check found work, or a later transport could not block).
   virtual bool hasSilentPeers() const { return false; }
+
+  // One-sided access (windows). expose registers [base, base + len) for
+  // peers' writes and reads and returns what keeps it so, or null when this transport
+  // cannot (then peers reach that memory through messages): `why` says why,
+  // empty when the transport has no one-sided writes at all.
+  // postOneSided carries out a Request of Kind::Write or Kind::Read; only a
+  // transport whose expose() succeeded on the target's side is given one.
+  virtual std::unique_ptr<ExposedMemory> expose(void* base, size_t len, std::string* why) {
+    (void)base;
+    (void)len;
+    why->clear();
+    return nullptr;
+  }
+  virtual void postOneSided(Request* r) { r->fail(std::string(name()) + " has no one-sided writes or reads"); }
 
   // GPUDirect RDMA by dma-buf: whether this transport's NIC registers
   // dma-bufs (the provider's answer; only verbs can), and why.

@@ -71,6 +71,7 @@ void WindowService::advance(Communicator& c, Peer& p) {
   if (p.head.failed()) throwComm(str(what_, ": rank ", p.rank, " is no longer reachable: ", p.head.error));
   switch (static_cast<WindowOpKind>(p.op.kind)) {
     case WindowOpKind::Put:
+      Counters::add(c.counters().windowPutsServed, 1);
       moveBytes(c, p, Request::Kind::Recv, windowDataTag(id_), "put");
       return;
     case WindowOpKind::Get:
@@ -101,10 +102,24 @@ void WindowService::complete(std::exception_ptr error) {
 }
 
 WindowSendTask::WindowSendTask(std::shared_ptr<void> keep, uint64_t id, int peer, WindowOp op, void* buf,
-                               std::string what)
-    : keep_(std::move(keep)), op_(op), what_(std::move(what)) {
-  prepare(head_, Request::Kind::Send, peer, windowHeadTag(id), &op_, sizeof(op_));
+                               std::string what, std::shared_ptr<WindowOrder> order, const RemoteMemory* remote,
+                               BufferOwner source)
+    : keep_(std::move(keep)), op_(op), what_(std::move(what)), order_(std::move(order)) {
   const auto kind = static_cast<WindowOpKind>(op.kind);
+  const bool oneSided = (kind == WindowOpKind::Put || kind == WindowOpKind::Get) && op.bytes > 0 && remote &&
+                        remote->exposed();
+  write_ = oneSided && kind == WindowOpKind::Put;
+  if (oneSided) {
+    remote_ = *remote;
+    prepare(data_, write_ ? Request::Kind::Write : Request::Kind::Read, peer, 0, buf, op.bytes);
+    data_.remote = &remote_;
+    data_.remoteOffset = op.offset;
+    data_.owner = std::move(source);
+    head_.peer = peer;
+    head_.done = true;
+    return;
+  }
+  prepare(head_, Request::Kind::Send, peer, windowHeadTag(id), &op_, sizeof(op_));
   if (kind == WindowOpKind::Put && op.bytes > 0)
     prepare(data_, Request::Kind::Send, peer, windowDataTag(id), buf, op.bytes);
   else if (kind == WindowOpKind::Get && op.bytes > 0)
@@ -113,20 +128,40 @@ WindowSendTask::WindowSendTask(std::shared_ptr<void> keep, uint64_t id, int peer
     data_.done = true;
 }
 
-bool WindowSendTask::start(Communicator& c) {
+WindowSendTask::~WindowSendTask() { leave(); }
+
+void WindowSendTask::leave() {
+  if (entered_) order_->leave(head_.peer, ticket_);
+  entered_ = false;
+}
+
+void WindowSendTask::post(Communicator& c) {
+  posted_ = true;
+  if (head_.done) return c.post(data_);  // one-sided: no head
   c.post(head_);
   if (!data_.done) c.post(data_);
+}
+
+bool WindowSendTask::start(Communicator& c) {
+  ticket_ = order_->enter(head_.peer, write_);
+  entered_ = true;
   return poll(c);
 }
 
-bool WindowSendTask::poll(Communicator&) {
+bool WindowSendTask::poll(Communicator& c) {
+  if (!posted_) {
+    if (!order_->mayGo(head_.peer, ticket_)) return false;
+    post(c);
+  }
   if (!head_.done || !data_.done) return false;
+  leave();
   const std::string& why = head_.failed() ? head_.error : data_.error;
   if (!why.empty()) throwComm(str(what_, " failed: ", why));
   return true;
 }
 
 void WindowSendTask::complete(std::exception_ptr error) {
+  leave();
   if (onEnd) onEnd(error);
 }
 

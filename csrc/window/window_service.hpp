@@ -4,7 +4,9 @@
 // keeps one head receive posted per served peer: a put's bytes are received
 // into the window, a get's bytes are sent back from it, a signal bumps the
 // peer's count in the board, a close (every rank sends one when the window
-// is deregistered) ends that peer's service. It runs until every served peer closed, or the group fails.
+// is deregistered) ends that peer's service. Puts and gets of peers whose
+// transport writes and reads this window by RDMA never reach it. It runs
+// until every served peer closed, or the group fails.
 #pragma once
 #include <memory>
 #include <string>
@@ -13,6 +15,7 @@
 #include "../engine/engine.hpp"
 #include "../transport/transport.hpp"
 #include "window_board.hpp"
+#include "window_order.hpp"
 #include "window_wire.hpp"
 
 namespace roce::window {
@@ -56,11 +59,17 @@ class WindowService : public Task {
 // A put's head and bytes, or a signal's or close's head, to one served peer;
 // done when the transport is done with the bytes (the source may be reused).
 // A get's head, with the receive of its bytes into `buf`: done when they
-// arrived.
+// arrived. To a peer that exposed its window, a put or get is instead one
+// one-sided write or read (no head, nothing for the peer's service).
 class WindowSendTask : public Task {
  public:
-  // `keep` holds `buf` (a put's source, a get's destination) until the task ends.
-  WindowSendTask(std::shared_ptr<void> keep, uint64_t id, int peer, WindowOp op, void* buf, std::string what);
+  // `keep` holds `buf` (a put's source, a get's destination) until the task
+  // ends. `remote`: the peer exposed its window, so a put or get with bytes
+  // is a one-sided write or read there (`source` then lets the transport
+  // register buf); a read orders like a message (WindowOrder).
+  WindowSendTask(std::shared_ptr<void> keep, uint64_t id, int peer, WindowOp op, void* buf, std::string what,
+                 std::shared_ptr<WindowOrder> order, const RemoteMemory* remote = nullptr, BufferOwner source = {});
+  ~WindowSendTask() override;
   bool start(Communicator& c) override;
   bool poll(Communicator& c) override;
   void complete(std::exception_ptr error) override;
@@ -68,10 +77,19 @@ class WindowSendTask : public Task {
   std::function<void(std::exception_ptr)> onEnd;
 
  private:
+  void post(Communicator& c);
+  void leave();
+
   std::shared_ptr<void> keep_;
   WindowOp op_;
   Request head_, data_;
   std::string what_;
+  std::shared_ptr<WindowOrder> order_;
+  RemoteMemory remote_;
+  bool write_ = false;   // data_ is a one-sided write (a one-sided read has no head either)
+  bool posted_ = false;
+  bool entered_ = false;
+  uint64_t ticket_ = 0;
 };
 
 }  // namespace roce::window

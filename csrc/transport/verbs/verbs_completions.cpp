@@ -51,6 +51,21 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
       sent(as);
       break;
     }
+    case kWrOneSided:
+      Pair::retire(peer.qps[wrQp(wc.wr_id)]);
+      oneSidedPieceDone(p, wrIndex(wc.wr_id), nullptr, 0);
+      break;
+    case kWrOneSidedStaged: {
+      Pair::retire(peer.qps[wrQp(wc.wr_id)]);
+      const uint32_t slot = wrIndex(wc.wr_id);
+      auto it = stagingOwner_.find(slot);
+      if (it == stagingOwner_.end()) break;
+      StagingPool::Slot staged;
+      staged.data = it->second.data;
+      oneSidedPieceDone(p, it->second.oneSidedId, &staged, it->second.pieceOffset);
+      giveStaging(slot);  // after a read's bytes were copied out of it
+      break;
+    }
     case kWrRecv: {
       const int q = wrQp(wc.wr_id);
       const uint32_t index = wrIndex(wc.wr_id);
@@ -260,6 +275,7 @@ bool VerbsTransport::progress() {
       moved |= peers_[p]->flushCtrl();
       moved |= flushAnnouncements(p);
       moved |= streamSends(p);
+      moved |= streamOneSided(p);
     } catch (const std::exception& e) {
       killPeer(p, e.what());
       moved = true;
@@ -394,6 +410,11 @@ void VerbsTransport::killPeer(int p, const std::string& why, bool peerEnded) {
     if (st.r) st.r->fail(why, peerEnded);  // null: failed already, only its chunks were awaited
   }
   peer.recvs.clear();
+  for (auto& op : peer.oneSided) {
+    regCache_->release(op.zc);
+    op.r->fail(why, peerEnded);
+  }
+  peer.oneSided.clear();
   peer.ctrlQueue.clear();
   if (landing_) serveNeedy();
 }

@@ -20,7 +20,8 @@
 namespace roce::transport::verbs {
 
 void Pair::setUp(std::vector<std::unique_ptr<CqSet>>& cqs) {
-  const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  // Remote reads reach only memory registered for them: exposed windows.
+  const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   ctrlBytes = static_cast<size_t>(shape_.qps) * (shape_.rqDepth + shape_.sqDepth) * kCtrlBytes;
   ctrlMem = mapPages(ctrlBytes);
   if (!ctrlMem) throwComm(str("out of memory allocating control buffers for rank ", peer_));

@@ -56,6 +56,22 @@ struct ActiveSend {
   std::array<uint32_t, kMaxRails> rkeys{};  // the receive buffer's, per rail of the receiver
 };
 
+// A one-sided operation in flight (Request::Kind::Write or Read): pieces of
+// `step` bytes go by RDMA WRITE to (or RDMA READ from) the peer's exposed
+// memory, each signaled; the request is done once every piece completed
+// (the peer's NIC acknowledged the write, or the read's bytes are in).
+struct ActiveOneSided {
+  Request* r;
+  uint32_t id;                 // names its pieces' completions (24 bits)
+  // The request's buffer registered; else pieces go through staging slots
+  // (a write's copied in before, a read's copied out after).
+  RegCache::Entry* zc = nullptr;
+  uint64_t remoteAddr = 0;     // where the request's first byte goes
+  std::array<uint32_t, kMaxRails> rkeys{};  // the owner's, per rail of the owner
+  uint32_t remoteRails = 0;
+  uint64_t step = 0, chunks = 0, posted = 0, done = 0;
+};
+
 struct Qp {
   ibv_qp* qp = nullptr;
   int rail = 0;                 // our port it is on (index into the transport's rails)
@@ -200,6 +216,9 @@ class Pair {
   uint32_t nextRecvId = 1;
   std::deque<Ctrl> ctrlQueue;
   uint32_t nextQp = 0;
+  // One-sided writes and reads to this peer, in posting order.
+  std::list<ActiveOneSided> oneSided;
+  uint32_t nextOneSidedId = 1;
 
  private:
   void connect(const Endpoint& e);

@@ -82,6 +82,8 @@ class VerbsTransport : public Transport {
     return dmabuf_.supported;
   }
   void adoptConnection(int peer, int fd) override;
+  std::unique_ptr<ExposedMemory> expose(void* base, size_t len, std::string* why) override;
+  void postOneSided(Request* r) override;
 
  private:
   using Pair = verbs::Pair;
@@ -110,6 +112,12 @@ class VerbsTransport : public Transport {
   RegCache::Entry* registerUserBuffer(const Request& r);
   std::string deviceRegFailure(const Request& r, const char* why) const;
   uint64_t zeroCopyPiece(uint64_t len, int qps) const;
+  // ---- one-sided writes and reads (verbs_one_sided.cpp) ----
+  bool streamOneSided(int peer);
+  // False (nothing posted) when the piece needs a staging slot and none is free.
+  bool postOneSidedPiece(int peer, Qp& q, verbs::ActiveOneSided& op);
+  // A piece completed; `staged`: the staging slot it went through (a read's bytes are there).
+  void oneSidedPieceDone(int peer, uint32_t id, const StagingPool::Slot* staged, uint64_t pieceOffset);
   // ---- landing slots granted to peers (verbs_grants.cpp) ----
   int need(const Pair& peer) const;
   uint32_t standingReserve() const;  // open slots kept free of standing grants
@@ -164,6 +172,9 @@ class VerbsTransport : public Transport {
   struct StagingUse {
     int peer = -1;
     ActiveSend* send = nullptr;
+    uint32_t oneSidedId = 0;  // a one-sided write's or read's piece (send null)
+    uint64_t pieceOffset = 0;
+    char* data = nullptr;     // the slot's bytes (a read's piece lands there)
   };
   std::unordered_map<uint32_t, StagingUse> stagingOwner_;  // this group's staging slots in flight, by id
   verbs::PairShape shape_;  // what every pair shares (filled by the constructor)

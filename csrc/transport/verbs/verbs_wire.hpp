@@ -54,6 +54,20 @@ struct SlotHeader {
 };
 static_assert(sizeof(SlotHeader) == 64);
 
+// What a rank publishes for memory it exposed to one-sided writes (a
+// window): Transport::expose's RemoteMemory, read only by the writer's
+// transport, which checks every write against `len` before posting it (the
+// NIC refuses anything outside the registration as well).
+constexpr uint32_t kWindowKeyMagic = 0x524f5731;  // "ROW1"
+struct WindowKey {
+  uint32_t magic = 0;
+  uint32_t rails = 0;  // the owner's rails: rkey[r] is its registration on rail r
+  uint64_t addr = 0;
+  uint64_t len = 0;
+  uint32_t rkey[kMaxRails] = {};
+};
+static_assert(sizeof(WindowKey) <= 48, "a WindowKey travels in a RemoteMemory");
+
 constexpr int kCtrlBytes = 64;  // one receive buffer / one entry of a send ring
 // Inline bytes asked of each queue pair: a slot header and up to 192 bytes of payload.
 constexpr uint32_t kInlineWant = 256;
@@ -73,7 +87,12 @@ constexpr int kStandingGrants = 2;
 //   kWrHeader    the header after a zero-copy piece (index: send-ring entry)
 //   kWrZeroCopy  an unsignaled payload write; completes only with an error
 //   kWrRecv      a receive buffer (index: its position in the receive ring)
-enum WrKind : uint64_t { kWrCtrl = 1, kWrData = 2, kWrRecv = 3, kWrZeroCopy = 4, kWrHeader = 5 };
+//   kWrOneSided  a one-sided write's or read's piece straight from or into
+//                the request's buffer (index: the operation's id)
+//   kWrOneSidedStaged  one through a staging slot (index: the slot)
+enum WrKind : uint64_t {
+  kWrCtrl = 1, kWrData = 2, kWrRecv = 3, kWrZeroCopy = 4, kWrHeader = 5, kWrOneSided = 6, kWrOneSidedStaged = 7
+};
 inline uint64_t wrId(WrKind k, int peer, int qp, uint32_t index) {
   return (static_cast<uint64_t>(k) << 56) | (static_cast<uint64_t>(peer & 0xffffff) << 32) |
          (static_cast<uint64_t>(qp & 0xff) << 24) | (index & 0xffffff);
