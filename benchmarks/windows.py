@@ -1,6 +1,6 @@
 """One-sided windows against two-sided messages, side by side in one run.
 
-    .venv/bin/python benchmarks/windows.py [--places shm net] [--iters 200] [--a2a-ranks 3]
+    .venv/bin/python benchmarks/windows.py [--places shm net verbs] [--iters 200] [--a2a-ranks 3] [--sizes 8 65536]
 
 Ping-pong between 2 ranks, per size: a put of the message into the peer's
 window followed by a signal, answered the same way (the peer waits for the
@@ -11,7 +11,12 @@ senders: puts of the counts and the payloads plus one signal per peer,
 against torch's all_gather of the counts plus all_to_all_single. "shm": every
 rank on one machine (shared memory: puts are copies into the mapped peer);
 "net": every rank its own simulated machine over TCP (puts are served by the
-owner's progress thread). Values are checked exact.
+owner's progress thread); "verbs": the same over RDMA verbs, where a put is
+an RDMA WRITE into the peer's window (needs an RDMA device: the Soft-RoCE VM,
+scripts/softroce/run_vm.sh). Also printed: the bytes the transports copied
+per payload byte each rank sent (memory traffic beside the NIC's; on
+Soft-RoCE, slower than memcpy, this says more than the times). Values are
+checked exact.
 """
 import argparse
 import os
@@ -24,7 +29,7 @@ from tests.support.layouts import LAYOUTS  # noqa: E402
 from tests.support.ranks import run_group  # noqa: E402
 
 SIZES = [8, 1 << 10, 64 << 10, 1 << 20, 16 << 20]
-PLACES = {"shm": LAYOUTS["shm2"][1], "net": LAYOUTS["net2"][1]}
+PLACES = {"shm": LAYOUTS["shm2"][1], "net": LAYOUTS["net2"][1], "verbs": LAYOUTS["verbs2"][1]}
 
 
 def _median_of_batches(fn, iters, batches=5):
@@ -37,13 +42,24 @@ def _median_of_batches(fn, iters, batches=5):
     return statistics.median(times)
 
 
-def pingpong(rank, world, port, iters):
+def _copied_per_byte(fn, iters, payload):
+    """Median one-way time of fn's rounds, and the bytes the transports
+    copied per payload byte this rank sent (one message per round)."""
+    import roce_pg
+
+    before = roce_pg.counters()["bytes_copied"]
+    t = _median_of_batches(fn, iters) / 2
+    copied = roce_pg.counters()["bytes_copied"] - before
+    return t, copied / max(1, payload * iters * 5)
+
+
+def pingpong(rank, world, port, iters, sizes=None):
     import torch
     import torch.distributed as dist
 
     peer = 1 - rank
     out = {}
-    for size in SIZES:
+    for size in sizes or SIZES:
         n = size // 4
         window = torch.zeros(n, dtype=torch.float32)
         msg = torch.full((n,), float(rank + 1), dtype=torch.float32)
@@ -70,13 +86,13 @@ def pingpong(rank, world, port, iters):
 
         put_round()  # warm
         dist.barrier()
-        t_put = _median_of_batches(put_round, reps) / 2
+        t_put, c_put = _copied_per_byte(put_round, reps, size)
         assert torch.equal(window, torch.full((n,), float(peer + 1))), "put did not land"
         win.tensor_deregister()
         send_round()
         dist.barrier()
-        t_send = _median_of_batches(send_round, reps) / 2
-        out[size] = (t_put, t_send)
+        t_send, c_send = _copied_per_byte(send_round, reps, size)
+        out[size] = (t_put, t_send, c_put, c_send)
     return out
 
 
@@ -123,16 +139,18 @@ def alltoallv(rank, world, port, iters):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--places", nargs="+", default=list(PLACES), choices=list(PLACES))
+    ap.add_argument("--places", nargs="+", default=["shm", "net"], choices=list(PLACES))
+    ap.add_argument("--sizes", nargs="+", type=int, default=SIZES, help="message bytes (multiples of 4)")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--a2a-ranks", type=int, default=3)
     args = ap.parse_args()
     print("one-way time, put+signal vs send/recv (2 ranks; median of 5 batches)")
-    print(f"{'place':6} {'bytes':>10} {'put us':>10} {'send us':>10} {'send/put':>9}")
+    print(f"{'place':6} {'bytes':>10} {'put us':>10} {'send us':>10} {'send/put':>9} {'copied/B put':>13} {'send':>6}")
     for place in args.places:
-        res = run_group("benchmarks.windows.pingpong", 2, env=PLACES[place], kwargs={"iters": args.iters})
-        for size, (tp, ts) in res[0].items():
-            print(f"{place:6} {size:>10} {tp * 1e6:>10.1f} {ts * 1e6:>10.1f} {ts / tp:>8.2f}x")
+        res = run_group("benchmarks.windows.pingpong", 2, env=PLACES[place],
+                        kwargs={"iters": args.iters, "sizes": args.sizes})
+        for size, (tp, ts, cp, cs) in res[0].items():
+            print(f"{place:6} {size:>10} {tp * 1e6:>10.1f} {ts * 1e6:>10.1f} {ts / tp:>8.2f}x {cp:>13.2f} {cs:>6.2f}")
     print(f"\nall-to-all-v of {args.a2a_ranks} ranks (1-7 Ki int64 per pair): puts+signals vs all_to_all_single x2")
     print(f"{'place':6} {'puts us':>10} {'a2a us':>10} {'a2a/puts':>9}")
     for place in args.places:

@@ -92,6 +92,62 @@ def _alltoallv_by_puts(rank, world):
     win.tensor_deregister()
 
 
+def _one_sided_where_exposed(rank, world):
+    """Over verbs a put to a rank on another machine is an RDMA WRITE into
+    its window: the sender counts the bytes as written, and no service of the
+    owner receives the put. Three pieces per peer: 8 bytes (inline in the work
+    request), 16 KB (copied through a staging slot) and ~2.3 MB (from the
+    source itself, several pieces). Over TCP the owner's service receives
+    every one. Either way the bytes are exact once the signal is waited for.
+    Then gets of the same pieces: RDMA READs over verbs."""
+    import os
+
+    import roce_pg
+
+    verbs = os.environ.get("ROCE_PG_NET_TRANSPORT") == "verbs"
+    served = [p for p in range(world) if not _same_machine(rank, p, world)]
+    m = 300_001
+    cuts = [0, 1, 2_001, m]
+    big = torch.zeros(world * m, dtype=torch.float64)
+    win = dist._new_window(big)
+    before = roce_pg.counters()
+    works = []
+    for p in range(world):
+        block = _block(rank, p, m)
+        for a, b in zip(cuts, cuts[1:]):
+            works.append(win.put(block[a:b].clone(), p, rank * m + a, True))
+        works.append(win.signal(p, True))
+    for p in range(world):
+        win.wait_signal(p, False)
+    for w in works:  # this rank's own puts may still be going out after its peers' signals came in
+        w.wait()
+    dist.barrier()  # and its peers' services have counted theirs
+    after = roce_pg.counters()
+    want = torch.cat([_block(q, rank, m) for q in range(world)])
+    assert torch.equal(big, want), f"rank {rank}: one-sided puts left {(big != want).sum().item()} wrong elements"
+    written = after["bytes_written"] - before["bytes_written"]
+    served_puts = after["window_puts_served"] - before["window_puts_served"]
+    if verbs and served:
+        assert written == 8 * m * len(served), f"rank {rank}: {written} bytes written one-sided, expected {8 * m * len(served)}"
+        assert served_puts == 0, f"rank {rank}: its service received {served_puts} puts that should have been RDMA writes"
+        assert after["bytes_zero_copy"] - before["bytes_zero_copy"] >= 8 * (m - 2_001) * len(served)
+    else:
+        assert written == 0, f"rank {rank}: {written} bytes written one-sided without an RDMA transport"
+        assert served_puts == (len(cuts) - 1) * len(served), f"rank {rank}: its service received {served_puts} puts"
+    # Gets of what this rank put, the same three sizes: RDMA READs over verbs
+    # (staged, staged, into the tensor itself), served messages otherwise.
+    before = roce_pg.counters()
+    for p in range(world):
+        block = _block(rank, p, m)
+        for a, b in zip(cuts, cuts[1:]):
+            out = torch.full((b - a,), -1.0, dtype=torch.float64)
+            roce_pg.window_get(win, out, p, rank * m + a)
+            assert torch.equal(out, block[a:b]), f"rank {rank} got elements {a}:{b} of rank {p}'s window wrong"
+    read = roce_pg.counters()["bytes_read"] - before["bytes_read"]
+    assert read == (8 * m * len(served) if verbs else 0), f"rank {rank}: {read} bytes read one-sided"
+    win.tensor_deregister()
+
+
 def window_matrix(rank, world, port):
     assert dist.get_backend() == "roce"
     assert dist._supports_window() if hasattr(dist, "_supports_window") else True
@@ -163,6 +219,8 @@ def window_matrix(rank, world, port):
     _expect_raises(lambda: win.put(torch.ones(1, dtype=torch.float32), nxt, 0, False), "Float", "Double")
     _expect_raises(lambda: win.put(torch.ones(1, dtype=torch.float64), nxt, 2**62, False), "reach past")
     _expect_raises(lambda: t.resize_(world * n + 4096), "not resizable")
+    # torch grew t's sizes before the storage refused: back to what the storage holds.
+    t.resize_(world * n)
     # A wait for a signal nobody sends yet times out, naming the peer; the
     # signal sent later still completes it.
     late = win.wait_signal(nxt, True)
@@ -198,6 +256,7 @@ def window_matrix(rank, world, port):
     assert ints.tolist() == [10 * q + i for q in range(world) for i in range(5)]
     win.tensor_deregister()
 
+    _one_sided_where_exposed(rank, world)
     _two_windows_at_once(rank, world)
     _refused_registrations(rank, world)
     _alltoallv_by_puts(rank, world)
@@ -236,6 +295,14 @@ def _refused_registrations(rank, world):
     else:
         assert f"rank {world - 1} could not register" in msg, msg
     _expect_raises(lambda: win.tensor_register(torch.zeros(4)[::2]), "contiguous")
+    # A window's old tensor keeps a storage that cannot grow; a resize_ that
+    # failed left its sizes past its storage (torch grows them first), and
+    # registering it then would publish bytes the segment does not have.
+    old = torch.zeros(4, dtype=torch.float64)
+    win.tensor_register(old)
+    win.tensor_deregister()
+    _expect_raises(lambda: old.resize_(4096), "not resizable")
+    _expect_raises(lambda: win.tensor_register(old), "past its storage")
     x = torch.ones(2, dtype=torch.float64)
     dist.all_reduce(x)
     assert x.tolist() == [world, world]
