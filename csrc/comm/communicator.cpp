@@ -149,8 +149,14 @@ void Communicator::startOperation() {
   // The previous collective's requests can go once no transport can touch them.
   if (!hasPendingRequests()) owned_.clear();
   if (broken_.empty() && peerFailed_.load()) {
-    std::lock_guard<std::mutex> g(abortMu_);
-    broken_ = peerFailure_;
+    std::string why;
+    {
+      std::lock_guard<std::mutex> g(abortMu_);
+      why = peerFailure_;
+    }
+    // Through breakWith: the transports must drop every request they hold
+    // before the engine fails (and frees) the tasks that own them.
+    breakWith(why, /*tellPeers=*/false);
   }
   if (!broken_.empty())
     throwComm(str(opName(), " refused: this process group failed earlier and cannot be used any more (",
