@@ -303,7 +303,8 @@ def counters(group=None):
     wrote into peers' memory by RDMA WRITE, no receive on their side), bytes_read (window gets
     this rank read out of peers' memory by RDMA READ), window_puts_served (puts
     of peers on other machines that this rank's window services received as messages: TCP, or
-    a window verbs could not expose), registrations (verbs: ibv_reg_mr
+    a window verbs could not expose), window_signals_served (likewise for signals: over verbs a
+    signal is an RDMA WRITE of the sender's count into the owner's window), registrations (verbs: ibv_reg_mr
     calls of the registration cache), eager_sends (verbs: messages of at most
     ROCE_PG_IB_EAGER_MAX_BYTES sent without waiting for the receiver's RTR), staging_waits (verbs: times
     posting a copied chunk found the staging pool the process's groups share empty; counted per attempt),

@@ -98,8 +98,10 @@ def _one_sided_where_exposed(rank, world):
     owner receives the put. Three pieces per peer: 8 bytes (inline in the work
     request), 16 KB (copied through a staging slot) and ~2.3 MB (from the
     source itself, several pieces). Over TCP the owner's service receives
-    every one. Either way the bytes are exact once the signal is waited for.
-    Then gets of the same pieces: RDMA READs over verbs."""
+    every one. Either way the bytes are exact once the signal is waited for;
+    over verbs the signal itself is an RDMA WRITE of the sender's count into
+    the owner's board, which its wait notices by polling. Then gets of the
+    same pieces: RDMA READs over verbs."""
     import os
 
     import roce_pg
@@ -127,13 +129,18 @@ def _one_sided_where_exposed(rank, world):
     assert torch.equal(big, want), f"rank {rank}: one-sided puts left {(big != want).sum().item()} wrong elements"
     written = after["bytes_written"] - before["bytes_written"]
     served_puts = after["window_puts_served"] - before["window_puts_served"]
+    served_signals = after["window_signals_served"] - before["window_signals_served"]
     if verbs and served:
-        assert written == 8 * m * len(served), f"rank {rank}: {written} bytes written one-sided, expected {8 * m * len(served)}"
+        # The puts' bytes and one 4-byte count per signal.
+        want_written = (8 * m + 4) * len(served)
+        assert written == want_written, f"rank {rank}: {written} bytes written one-sided, expected {want_written}"
         assert served_puts == 0, f"rank {rank}: its service received {served_puts} puts that should have been RDMA writes"
+        assert served_signals == 0, f"rank {rank}: its service counted {served_signals} signals that were to be written"
         assert after["bytes_zero_copy"] - before["bytes_zero_copy"] >= 8 * (m - 2_001) * len(served)
     else:
         assert written == 0, f"rank {rank}: {written} bytes written one-sided without an RDMA transport"
         assert served_puts == (len(cuts) - 1) * len(served), f"rank {rank}: its service received {served_puts} puts"
+        assert served_signals == len(served), f"rank {rank}: its service counted {served_signals} signals"
     # Gets of what this rank put, the same three sizes: RDMA READs over verbs
     # (staged, staged, into the tensor itself), served messages otherwise.
     before = roce_pg.counters()

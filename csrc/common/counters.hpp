@@ -19,7 +19,8 @@ struct Counters {
   std::atomic<uint64_t> inlineOps{0};     // collectives run on the caller's thread (Engine::runInline)
   std::atomic<uint64_t> bytesWritten{0};   // payload bytes of one-sided writes into peers' windows (RDMA WRITE)
   std::atomic<uint64_t> bytesRead{0};      // payload bytes of one-sided reads from peers' windows (RDMA READ)
-  std::atomic<uint64_t> windowPutsServed{0};  // puts of peers this rank's window services received as messages
+  std::atomic<uint64_t> windowPutsServed{0};  // puts of network peers this rank's window services received as messages
+  std::atomic<uint64_t> windowSignalsServed{0};  // signals of network peers this rank's window services counted
   std::atomic<uint64_t> bytesZeroCopy{0}; // payload bytes the NIC moved straight from/into user buffers (verbs)
   std::atomic<uint64_t> registrations{0}; // ibv_reg_mr calls of the verbs registration cache
   std::atomic<uint64_t> eagerSends{0};    // verbs messages sent eagerly (no RTR round trip)
@@ -53,7 +54,7 @@ struct Counters {
   }
   void reset() {
     for (auto* c : {&bytesSentShm, &bytesSentNet, &bytesCopied, &ops, &sends, &blockedWaits, &inlineOps,
-                    &bytesWritten, &bytesRead, &windowPutsServed, &bytesZeroCopy, &registrations, &eagerSends, &stagingWaits, &landingWaits, &bytesReducedOnDevice, &deviceBytesStaged,
+                    &bytesWritten, &bytesRead, &windowPutsServed, &windowSignalsServed, &bytesZeroCopy, &registrations, &eagerSends, &stagingWaits, &landingWaits, &bytesReducedOnDevice, &deviceBytesStaged,
                     &deviceBytesDirect, &deviceBytesLocal, &workerSlices, &deviceWaitsNotified, &deviceWaitNaps})
       c->store(0, std::memory_order_relaxed);
     resetWindow();

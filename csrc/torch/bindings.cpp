@@ -87,6 +87,7 @@ PYBIND11_MODULE(_C, m) {
              d["bytes_written"] = get(c.bytesWritten);
              d["bytes_read"] = get(c.bytesRead);
              d["window_puts_served"] = get(c.windowPutsServed);
+             d["window_signals_served"] = get(c.windowSignalsServed);
              d["registrations"] = get(c.registrations);
              d["eager_sends"] = get(c.eagerSends);
              d["staging_waits"] = get(c.stagingWaits);

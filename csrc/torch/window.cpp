@@ -44,7 +44,10 @@ struct RoceWindow::Published {
   int32_t dtype = 0;
   int32_t ndim = 0;
   int64_t sizes[kMaxPublishedDims] = {};
-  RemoteMemory remote;   // its window exposed to the peers on other machines (all zero: not)
+  // Its signal counts and window exposed to the peers on other machines
+  // (all zero: not), and where in that memory the window starts.
+  RemoteMemory remote;
+  uint64_t windowAt = 0;
   uint8_t mappable = 0;  // this rank lets peers on its machine map its window (not ROCE_PG_FORCE_NETWORK)
   uint8_t ok = 0;        // this rank registered its tensor
   uint8_t pad[6] = {};
@@ -79,10 +82,12 @@ namespace {
 // call drew, so waits complete in the order they were issued.
 class SignalWaitWork : public c10d::Work {
  public:
+  // `written`: the peer writes its count by RDMA (this rank exposed its
+  // window to it), which wakes nobody: the wait polls, backing off.
   SignalWaitWork(std::shared_ptr<WindowShared> shared, int rank, int peer, uint32_t ticket,
-                 std::chrono::milliseconds timeout)
+                 std::chrono::milliseconds timeout, bool written)
       : c10d::Work(rank, c10d::OpType::RECV),
-        shared_(std::move(shared)), rank_(rank), peer_(peer), ticket_(ticket), timeout_(timeout) {}
+        shared_(std::move(shared)), rank_(rank), peer_(peer), ticket_(ticket), timeout_(timeout), written_(written) {}
 
   // Also true once the wait cannot complete any more (wait() then raises why).
   bool isCompleted() override { return shared_->board->reached(peer_, ticket_) || !shared_->failure().empty(); }
@@ -91,7 +96,15 @@ class SignalWaitWork : public c10d::Work {
     const auto deadline = std::chrono::steady_clock::now() + limit;
     WindowBoard& board = *shared_->board;
     auto ready = [&] { return board.reached(peer_, ticket_); };
+    Backoff backoff;
+    Clock::time_point nextCheck{};
     while (!ready()) {
+      if (written_) {
+        // The spins and yields between looks at the failure and the clock.
+        backoff.pause();
+        if (!backoff.sleeping() && Clock::now() < nextCheck) continue;
+        nextCheck = Clock::now() + std::chrono::milliseconds(1);
+      }
       const std::string why = shared_->failure();
       if (!why.empty())
         throwComm(str("window wait_signal on rank ", rank_, " for rank ", peer_, " cannot complete: ", why));
@@ -100,6 +113,7 @@ class SignalWaitWork : public c10d::Work {
         throwTimeout(str("window wait_signal on rank ", rank_, " timed out after ", limit.count(),
                          " ms waiting for signal ", ticket_, " from rank ", peer_, " (", board.counts()[peer_].arrived.load(),
                          " arrived): is rank ", peer_, " calling signal(", rank_, ")?"));
+      if (written_) continue;
       const auto slice = std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(50));
       board.bell.sleep(ready, static_cast<long>(slice.count()));
     }
@@ -111,6 +125,7 @@ class SignalWaitWork : public c10d::Work {
   int rank_, peer_;
   uint32_t ticket_;
   std::chrono::milliseconds timeout_;
+  bool written_;
 };
 
 }  // namespace
@@ -180,11 +195,15 @@ std::vector<uint8_t> RoceWindow::agree(bool ok) {
 std::unique_ptr<transport::ExposedMemory> RoceWindow::exposeWindow(const std::vector<int>& served,
                                                                   WindowBoard* board) {
   std::string why;
-  auto exposure = backend_->engine().comm().expose(served, board->window(), board->windowBytes, &why);
+  // The signal counts (each served peer writes its own) through the window:
+  // the storage's bytes before the window (a view's offset) lie between.
+  char* from = reinterpret_cast<char*>(board->counts());
+  auto exposure = backend_->engine().comm().expose(served, from, static_cast<size_t>(board->window() + board->windowBytes - from),
+                                                   &why);
   // Not an error: peers' puts then go through this rank's progress thread.
   if (!exposure && !why.empty())
-    ROCE_WARN("roce: rank ", rank_, ": window ", id_, " cannot take one-sided writes (", why,
-              "); puts from other machines go through this rank's progress thread instead");
+    ROCE_WARN("roce: rank ", rank_, ": window ", id_, " cannot be written or read by RDMA (", why,
+              "); puts, gets and signals from other machines go through this rank's progress thread instead");
   return exposure;
 }
 
@@ -232,8 +251,11 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
   for (int r = 0; r < size_; ++r)
     if (r != rank_ && !(topo.nodeOf[r] == topo.nodeOf[rank_] && me.mappable)) served.push_back(r);
   std::unique_ptr<transport::ExposedMemory> exposure;
-  if (me.ok && !served.empty() && me.windowBytes > 0) exposure = exposeWindow(served, board);
-  if (exposure) me.remote = exposure->describe();
+  if (me.ok && !served.empty()) exposure = exposeWindow(served, board);
+  if (exposure) {
+    me.remote = exposure->describe();
+    me.windowAt = static_cast<uint64_t>(board->window() - reinterpret_cast<char*>(board->counts()));
+  }
   std::vector<Published> all(static_cast<size_t>(size_));
   allgather(&me, all.data(), sizeof(Published));
   TORCH_CHECK(refused.empty(), "roce: window on rank ", rank_, ": ", refused);
@@ -276,6 +298,7 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
                         " is not the window it published (another roce version on this machine?)"));
       } else {
         peer.remote = p.remote;
+        peer.windowAt = p.windowAt;
       }
     }
   } catch (const std::exception& e) {
@@ -296,7 +319,6 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
   shared_ = std::make_shared<WindowShared>();
   shared_->mine = seg;
   shared_->board = board;
-  shared_->exposure = std::move(exposure);
   shared_->order = std::make_shared<WindowOrder>(size_);
   std::string failedBefore;
   {
@@ -312,22 +334,25 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
   served_ = std::move(served);
   held_ = owning ? tensor : at::Tensor();
   tickets_.assign(static_cast<size_t>(size_), 0);
+  signalsSent_.assign(static_cast<size_t>(size_), 0);
+  exposed_ = me.remote.exposed();
   tagId_ = ++backend_->windowRegistrations_;
   registered_ = true;
-  if (!served_.empty() && failedBefore.empty()) startService(served_);
+  // Without a service (the group failed already) the exposure goes here.
+  if (!served_.empty() && failedBefore.empty()) startService(served_, std::move(exposure));
 }
 
-void RoceWindow::startService(const std::vector<int>& served) {
+void RoceWindow::startService(const std::vector<int>& served, std::unique_ptr<transport::ExposedMemory> exposure) {
   {
     std::lock_guard<std::mutex> g(shared_->mu);
     shared_->serving = true;
   }
   auto task = std::make_shared<WindowService>(shared_->mine, shared_->board, tagId_, served,
-                                              str("window ", id_, " of rank ", rank_));
+                                              str("window ", id_, " of rank ", rank_), std::move(exposure));
   std::weak_ptr<WindowShared> weak = shared_;
-  task->onEnd = [weak](std::exception_ptr e) {
+  task->onEnd = [weak](std::exception_ptr e, std::unique_ptr<transport::ExposedMemory> exposure) {
     auto s = weak.lock();
-    if (!s) return;
+    if (!s) return;  // the exposure goes here: nobody deregisters any more
     if (e) {
       try {
         std::rethrow_exception(e);
@@ -340,6 +365,7 @@ void RoceWindow::startService(const std::vector<int>& served) {
     {
       std::lock_guard<std::mutex> g(s->mu);
       s->serving = false;
+      s->exposure = std::move(exposure);
     }
     s->ended.notify_all();
   };
@@ -355,19 +381,37 @@ c10::intrusive_ptr<c10d::Work> RoceWindow::sendToServed(WindowOp op, int peer, c
       static_cast<WindowOpKind>(op.kind) == WindowOpKind::Get ? c10d::OpType::RECV : c10d::OpType::SEND, rank_, title,
       tensors);
   const auto kind = static_cast<WindowOpKind>(op.kind);
-  const RemoteMemory* remote = kind == WindowOpKind::Put || kind == WindowOpKind::Get
-                                   ? &peers_[static_cast<size_t>(peer)].remote
-                                   : nullptr;
-  const bool oneSided = remote && remote->exposed();
+  static const Peer kNone;
+  const Peer& target = peers_.empty() ? kNone : peers_[static_cast<size_t>(peer)];  // deregistering: closes only
+  // One-sided where the peer exposed its window: a signal, a put or get with
+  // bytes (WindowSendTask decides alike); an empty put or get is a message.
+  const RemoteMemory* remote = kind == WindowOpKind::Close ? nullptr : &target.remote;
+  const bool oneSided = remote && remote->exposed() && (kind == WindowOpKind::Signal || op.bytes > 0);
+  uint32_t signalCount = 0;
+  // A signal's count and its place in the engine's queue are taken together:
+  // written counts land in queue order (WindowOrder), so they must grow in it.
+  std::unique_lock<std::mutex> signalOrder(signalMu_, std::defer_lock);
+  if (oneSided && kind == WindowOpKind::Signal) signalOrder.lock();
+  if (oneSided) {
+    // Where in the peer's exposed memory: this rank's signal count, or the window.
+    op.offset = kind == WindowOpKind::Signal ? static_cast<uint64_t>(rank_) * sizeof(SignalCount)
+                                             : target.windowAt + op.offset;
+    // A signal task that failed leaves its count used: the group breaks on
+    // any failure of a posted write (a corrupt key included), so no later
+    // count is ever written past a lost one.
+    if (kind == WindowOpKind::Signal) signalCount = ++signalsSent_[static_cast<size_t>(peer)];
+  }
   auto task = std::make_shared<WindowSendTask>(src.defined() ? std::make_shared<at::Tensor>(src) : nullptr, tagId_,
                                                peer, op, src.defined() ? src.data_ptr() : nullptr,
                                                str(title, " of window ", id_, " from rank ", rank_, " to rank ", peer,
                                                    op.bytes ? str(" (", op.bytes, " bytes)") : std::string()),
                                                shared.order, oneSided ? remote : nullptr,
-                                               oneSided ? storageOwner(src) : BufferOwner{});
+                                               oneSided && src.defined() ? storageOwner(src) : BufferOwner{},
+                                               signalCount);
   task->timeout = timeout;
   task->onEnd = [work](std::exception_ptr e) { work->complete(e); };
   backend_->engine().enqueue(std::move(task));
+  if (signalOrder.owns_lock()) signalOrder.unlock();
   if (!asyncOp) work->wait(kNoTimeout);
   return work;
 }
@@ -407,11 +451,17 @@ void RoceWindow::tensor_deregister() {
   } catch (const std::exception& e) {
     failed = e.what();
   }
+  {
+    // Unpinned here, not on the progress thread that ended the service.
+    std::unique_ptr<transport::ExposedMemory> exposure;
+    {
+      std::lock_guard<std::mutex> g(shared->mu);
+      exposure = std::move(shared->exposure);
+    }
+  }
   // Peers on this machine may read or write this window until they
   // deregister too; every rank takes part, whatever happened above.
   const std::vector<uint8_t> done = agree(failed.empty());
-  // Every peer closed (after its writes completed) or failed: none writes any more.
-  shared->exposure.reset();
   TORCH_CHECK(failed.empty(), "roce: window on rank ", rank_, ": tensor_deregister() failed: ", failed);
   const std::string during = shared->failure();
   TORCH_CHECK(during.empty(), "roce: window on rank ", rank_, ": its service failed before tensor_deregister(): ", during);
@@ -502,8 +552,9 @@ c10::intrusive_ptr<c10d::Work> RoceWindow::wait_signal(int64_t peerRank, bool as
     std::lock_guard<std::mutex> g(ticketsMu_);
     ticket = ++tickets_[static_cast<size_t>(peerRank)];
   }
+  const bool written = exposed_ && !peers_[static_cast<size_t>(peerRank)].mapped;
   auto work = c10::make_intrusive<SignalWaitWork>(shared_, rank_, static_cast<int>(peerRank), ticket,
-                                                  timeoutOf(opts.timeout));
+                                                  timeoutOf(opts.timeout), written);
   if (!asyncOp) work->wait(kNoTimeout);
   return work;
 }

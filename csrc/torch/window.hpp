@@ -45,11 +45,11 @@ struct WindowMemory {
 // waits (any thread).
 struct WindowShared {
   std::shared_ptr<ShmSegment> mine;
-  // This rank's window registered for one-sided writes of the peers on other
-  // machines (declared after `mine`: it goes first); null when the network
-  // transport has none (they send messages to the service instead).
+  // The window's exposure, handed back by its ended service (declared after
+  // `mine`: it goes first); released by tensor_deregister on its caller's
+  // thread, not on the group's progress thread.
   std::unique_ptr<transport::ExposedMemory> exposure;
-  // The order of one-sided writes and messages per peer (progress thread).
+  // The order of one-sided writes and reads and messages per peer (progress thread).
   std::shared_ptr<WindowOrder> order;
   WindowBoard* board = nullptr;
   std::mutex mu;
@@ -95,7 +95,8 @@ class RoceWindow : public c10d::Window {
     uint64_t bytes = 0;                   // the peer's window
     c10::ScalarType dtype = c10::ScalarType::Byte;
     std::vector<int64_t> sizes;
-    RemoteMemory remote;                  // served: its window exposed for one-sided writes (else all zero)
+    RemoteMemory remote;                  // served: its window exposed for one-sided access (else all zero)
+    uint64_t windowAt = 0;                // where its window starts in that memory (its signal counts first)
   };
 
  private:
@@ -105,7 +106,9 @@ class RoceWindow : public c10d::Window {
   std::chrono::milliseconds timeoutOf(std::chrono::milliseconds requested) const;
   void allgather(const void* mine, void* all, size_t each);  // a collective of the group, waited for
   std::vector<uint8_t> agree(bool ok);  // every rank's ok, by allgather
-  void startService(const std::vector<int>& served);
+  // `exposure`: this rank's window open to the served peers' one-sided
+  // writes and reads, kept by the service until it ends.
+  void startService(const std::vector<int>& served, std::unique_ptr<transport::ExposedMemory> exposure);
   // A put's head and bytes (src), or its one-sided write where the peer
   // exposed its window; a signal's, get's or close's head: to a peer on
   // another machine, through the group's engine (after what it has queued),
@@ -131,6 +134,10 @@ class RoceWindow : public c10d::Window {
   std::shared_ptr<WindowMemory> memory_;
   std::mutex ticketsMu_;
   std::vector<uint32_t> tickets_;  // wait_signal calls issued per peer (the count each waits for)
+  // Signals issued per peer that writes them by RDMA (the count each writes).
+  std::vector<uint32_t> signalsSent_;
+  std::mutex signalMu_;  // a written signal's count and its enqueueing
+  bool exposed_ = false;  // this rank's window is exposed: served peers write their signal counts
   bool registered_ = false;
   uint64_t tagId_ = 0;  // the registration's tags (window_wire.hpp), drawn alike on every rank
 };

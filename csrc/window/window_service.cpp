@@ -26,8 +26,8 @@ void prepare(Request& r, Request::Kind kind, int peer, uint64_t tag, void* buf, 
 }  // namespace
 
 WindowService::WindowService(std::shared_ptr<void> keep, WindowBoard* board, uint64_t id, std::vector<int> peers,
-                             std::string what)
-    : keep_(std::move(keep)), board_(board), id_(id), what_(std::move(what)) {
+                             std::string what, std::unique_ptr<ExposedMemory> exposure)
+    : keep_(std::move(keep)), exposure_(std::move(exposure)), board_(board), id_(id), what_(std::move(what)) {
   timeout = kForever;
   serves = true;
   peers_.resize(peers.size());
@@ -78,6 +78,7 @@ void WindowService::advance(Communicator& c, Peer& p) {
       moveBytes(c, p, Request::Kind::Send, windowReplyTag(id_), "asked for");
       return;
     case WindowOpKind::Signal:
+      Counters::add(c.counters().windowSignalsServed, 1);
       board_->signalFrom(p.rank);
       postHead(c, p);
       return;
@@ -98,20 +99,28 @@ bool WindowService::poll(Communicator& c) {
 }
 
 void WindowService::complete(std::exception_ptr error) {
-  if (onEnd) onEnd(error);
+  // Every served peer closed (after its writes and reads completed), or the
+  // group failed: nobody reaches the window by RDMA any more.
+  if (onEnd) onEnd(error, std::move(exposure_));
+  exposure_.reset();
 }
 
 WindowSendTask::WindowSendTask(std::shared_ptr<void> keep, uint64_t id, int peer, WindowOp op, void* buf,
                                std::string what, std::shared_ptr<WindowOrder> order, const RemoteMemory* remote,
-                               BufferOwner source)
-    : keep_(std::move(keep)), op_(op), what_(std::move(what)), order_(std::move(order)) {
+                               BufferOwner source, uint32_t signalCount)
+    : keep_(std::move(keep)), op_(op), what_(std::move(what)), order_(std::move(order)), signalCount_(signalCount) {
   const auto kind = static_cast<WindowOpKind>(op.kind);
-  const bool oneSided = (kind == WindowOpKind::Put || kind == WindowOpKind::Get) && op.bytes > 0 && remote &&
-                        remote->exposed();
-  write_ = oneSided && kind == WindowOpKind::Put;
+  const bool exposed = remote && remote->exposed();
+  signal_ = exposed && kind == WindowOpKind::Signal;
+  const bool oneSided = signal_ || (exposed && (kind == WindowOpKind::Put || kind == WindowOpKind::Get) && op.bytes > 0);
+  write_ = oneSided && kind != WindowOpKind::Get;
   if (oneSided) {
     remote_ = *remote;
-    prepare(data_, write_ ? Request::Kind::Write : Request::Kind::Read, peer, 0, buf, op.bytes);
+    if (signal_) {
+      buf = &signalCount_;
+      op_.bytes = sizeof(signalCount_);
+    }
+    prepare(data_, write_ ? Request::Kind::Write : Request::Kind::Read, peer, 0, buf, op_.bytes);
     data_.remote = &remote_;
     data_.remoteOffset = op.offset;
     data_.owner = std::move(source);
@@ -143,7 +152,12 @@ void WindowSendTask::post(Communicator& c) {
 }
 
 bool WindowSendTask::start(Communicator& c) {
-  ticket_ = order_->enter(head_.peer, write_);
+  using Kind = WindowOrder::Kind;
+  // A written signal follows everything before it and holds back everything
+  // after it: a write over every byte.
+  if (signal_) ticket_ = order_->enter(head_.peer, Kind::Write, 0, UINT64_MAX);
+  else ticket_ = order_->enter(head_.peer, !head_.done ? Kind::Message : write_ ? Kind::Write : Kind::Read, op_.offset,
+                               op_.bytes);
   entered_ = true;
   return poll(c);
 }

@@ -24,15 +24,19 @@ using namespace roce::transport;
 
 class WindowService : public Task {
  public:
-  // `keep` holds the memory behind `board` for as long as the task lives.
+  // `keep` holds the memory behind `board` for as long as the task lives;
+  // `exposure` (may be null) keeps the window open to the served peers'
+  // one-sided writes and reads until the service ends.
   WindowService(std::shared_ptr<void> keep, WindowBoard* board, uint64_t id, std::vector<int> peers,
-                std::string what);
+                std::string what, std::unique_ptr<ExposedMemory> exposure = nullptr);
   bool start(Communicator& c) override;
   bool poll(Communicator& c) override;
   void complete(std::exception_ptr error) override;
   std::string describe() const override { return what_; }
-  // Called once with the task's outcome (null: every peer closed).
-  std::function<void(std::exception_ptr)> onEnd;
+  // Called once with the task's outcome (null: every peer closed) and the
+  // exposure, which nobody reaches any more: the callee decides where it
+  // is released (unpinning a large window takes a while).
+  std::function<void(std::exception_ptr, std::unique_ptr<ExposedMemory>)> onEnd;
 
  private:
   struct Peer {
@@ -50,6 +54,7 @@ class WindowService : public Task {
   void advance(Communicator& c, Peer& p);
 
   std::shared_ptr<void> keep_;
+  std::unique_ptr<ExposedMemory> exposure_;  // declared after keep_: goes first
   WindowBoard* board_;
   uint64_t id_;
   std::vector<Peer> peers_;
@@ -64,11 +69,14 @@ class WindowService : public Task {
 class WindowSendTask : public Task {
  public:
   // `keep` holds `buf` (a put's source, a get's destination) until the task
-  // ends. `remote`: the peer exposed its window, so a put or get with bytes
-  // is a one-sided write or read there (`source` then lets the transport
-  // register buf); a read orders like a message (WindowOrder).
+  // ends. `remote`: the peer exposed its window (op.offset is then where in
+  // that memory), so a put or get with bytes is a one-sided write or read
+  // there (`source` lets the transport register buf), and a signal writes
+  // `signalCount` (this rank's signals to the peer so far) into this rank's
+  // count there; all in the order WindowOrder keeps.
   WindowSendTask(std::shared_ptr<void> keep, uint64_t id, int peer, WindowOp op, void* buf, std::string what,
-                 std::shared_ptr<WindowOrder> order, const RemoteMemory* remote = nullptr, BufferOwner source = {});
+                 std::shared_ptr<WindowOrder> order, const RemoteMemory* remote = nullptr, BufferOwner source = {},
+                 uint32_t signalCount = 0);
   ~WindowSendTask() override;
   bool start(Communicator& c) override;
   bool poll(Communicator& c) override;
@@ -86,7 +94,9 @@ class WindowSendTask : public Task {
   std::string what_;
   std::shared_ptr<WindowOrder> order_;
   RemoteMemory remote_;
-  bool write_ = false;   // data_ is a one-sided write (a one-sided read has no head either)
+  bool write_ = false;   // data_ is a one-sided write (a one-sided read has no head either: head_.done)
+  bool signal_ = false;  // that write is a signal's count
+  uint32_t signalCount_ = 0;
   bool posted_ = false;
   bool entered_ = false;
   uint64_t ticket_ = 0;

@@ -88,14 +88,33 @@ void VerbsTransport::postOneSided(Request* r) {
 bool VerbsTransport::streamOneSided(int p) {
   Pair& peer = *peers_[p];
   if (!peer.ready()) return false;
+  // One-sided pieces are bounded by nothing else: leave every queue pair the
+  // room its two-sided chunks and control messages are sized for.
+  const int room = std::max(1, sqDepth_ - (2 * cap_ + 8));
   bool moved = false;
-  for (auto& op : peer.oneSided) {
+  for (auto it = peer.oneSided.begin(); it != peer.oneSided.end();) {
+    ActiveOneSided& op = *it;
+    if (op.posted == 0) {
+      // The key names the owner's rails; every queue pair reaches one of them.
+      const auto beyond = std::find_if(peer.qps.begin(), peer.qps.end(), [&](const Qp& q) {
+        return static_cast<uint32_t>(q.remoteRail) >= op.remoteRails;
+      });
+      if (beyond != peer.qps.end()) {
+        regCache_->release(op.zc);
+        op.r->fail(str("rank ", rank_, ": rank ", p, "'s window key names ", op.remoteRails,
+                       " rails, but a queue pair to it reaches its rail ", beyond->remoteRail,
+                       " (a corrupted key, or ranks of different roce versions)"));
+        it = peer.oneSided.erase(it);
+        continue;
+      }
+    }
     while (op.posted < op.chunks) {
       Qp& q = peer.qps[peer.nextQp % peer.qps.size()];
-      if (q.posted + 1 > sqDepth_ || !postOneSidedPiece(p, q, op)) return moved;
+      if (q.posted + 1 > room || !postOneSidedPiece(p, q, op)) return moved;
       peer.nextQp++;
       moved = true;
     }
+    ++it;
   }
   return moved;
 }
@@ -103,9 +122,6 @@ bool VerbsTransport::streamOneSided(int p) {
 bool VerbsTransport::postOneSidedPiece(int p, Qp& q, ActiveOneSided& op) {
   Pair& peer = *peers_[p];
   const int qIndex = static_cast<int>(&q - peer.qps.data());
-  if (static_cast<uint32_t>(q.remoteRail) >= op.remoteRails)
-    throwComm(str("rank ", p, " exposed its window on ", op.remoteRails, " rails but its queue pair reaches rail ",
-                  q.remoteRail, " (a corrupted window key?)"));
   const bool read = op.r->kind == Request::Kind::Read;
   const uint64_t offset = op.posted * op.step;
   const uint64_t len = std::min<uint64_t>(op.step, op.r->len - offset);
