@@ -589,3 +589,41 @@ def shrink_abort_with_a_hung_rank(rank, world, port):
     _store_barrier("shrink-done", world, store)
     return {"in_flight": in_flight, "aborted": aborted, "new_size": new.size(),
             "exact": torch.equal(t, torch.full((1000,), float(sum(range(1, world)))))}
+
+
+def _leftover_segments(prefix="roce_pg."):
+    """This user's /dev/shm segments of `prefix` whose creator's lock is free
+    (csrc/transport/shm/shm_segment.hpp): left by a process that is gone."""
+    import fcntl
+
+    left = []
+    for name in os.listdir("/dev/shm"):
+        if not (name.startswith(prefix) and name.endswith(".lk")):
+            continue
+        try:
+            fd = os.open(os.path.join("/dev/shm", name), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue  # unlinked meanwhile
+        try:
+            if os.fstat(fd).st_uid != os.geteuid():
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            left.append(name)
+        except BlockingIOError:
+            pass  # its creator lives
+        finally:
+            os.close(fd)
+    return left
+
+
+def killed_while_forming_shm(rank, world, port):
+    """The last rank SIGKILLs itself right after publishing its group's
+    shared-memory segment (ROCE_PG_TEST_FAULT=die_forming_shm), before its
+    peers mapped it. The survivors' formation fails, naming the wait; the
+    dead rank's segment is gone from /dev/shm once it has."""
+    try:
+        dist.init_process_group("roce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=10 if rank == 0 else 6))
+        return {"error": None}
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        return {"error": str(e), "leftovers": _leftover_segments()}

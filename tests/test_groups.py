@@ -250,3 +250,13 @@ def test_shrink_group_with_abort_fails_the_work_in_flight():
     for r in res[:2]:
         assert r["in_flight"] and r["aborted"] and "SHRINK_ABORT" in r["aborted"], r
         assert r["new_size"] == 2 and r["exact"], r
+
+
+def test_a_rank_killed_while_forming_leaves_nothing_in_dev_shm():
+    results = run_group("tests.group_workers.killed_while_forming_shm", 3, init=False, expect_dead={2},
+                        rank_env={2: {"ROCE_PG_TEST_FAULT": "die_forming_shm"}})
+    for r in results[:2]:
+        # Its segment's name was published; the survivors mapped it and
+        # waited for it to map theirs.
+        assert r["error"] and "shared-memory setup" in r["error"], r
+        assert r["leftovers"] == [], r

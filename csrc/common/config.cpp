@@ -22,7 +22,7 @@ size_t floorPow2(size_t x) { return x ? std::bit_floor(x) : 0; }
 std::string readTestFault(EnvReader& r) {
   return r.oneOf(perRank("ROCE_PG_TEST_FAULT", "common"), "",
                  {"garbage_frames", "no_doorbell", "shm_full", "fail_forming", "slow_teardown", "next_protocol",
-                   "late_lifeline"});
+                   "late_lifeline", "die_forming_shm"});
 }
 
 }  // namespace

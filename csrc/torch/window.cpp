@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 
 #include "../comm/communicator.hpp"
 #include "../common/backoff.hpp"
@@ -18,6 +19,7 @@ namespace roce::adapter {
 namespace {
 
 constexpr int kMaxPublishedDims = 8;
+const char* const kSegmentPrefix = "roce_win";
 
 void dropWindowMemory(void* ref) { delete static_cast<std::shared_ptr<WindowMemory>*>(ref); }
 
@@ -218,12 +220,20 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
   // timeout; nothing of the tensor changes until every rank can.
   Published me;
   std::string refused = unregistrable(tensor);
+  // A peer killed during the exchanges leaves its segment's name behind
+  // (its lock is free now); a rank that failed otherwise unlinks its own.
+  struct SweepOnFailure {
+    int before = std::uncaught_exceptions();
+    ~SweepOnFailure() {
+      if (std::uncaught_exceptions() > before) ShmSegment::sweepLeftovers(kSegmentPrefix);
+    }
+  } sweepOnFailure;
   std::shared_ptr<ShmSegment> seg;
   WindowBoard* board = nullptr;
   if (refused.empty()) {
     try {
       seg = std::make_shared<ShmSegment>(
-          ShmSegment::create(WindowBoard::headBytes(size_) + tensor.storage().nbytes(), "roce_win"));
+          ShmSegment::create(WindowBoard::headBytes(size_) + tensor.storage().nbytes(), kSegmentPrefix));
       board = WindowBoard::init(seg->data(), size_, static_cast<size_t>(tensor.storage_offset()) * tensor.element_size(),
                                 tensor.nbytes());
       std::snprintf(me.segment, sizeof(me.segment), "%s", seg->name().c_str());

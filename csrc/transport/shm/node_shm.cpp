@@ -1,17 +1,20 @@
 #include "node_shm.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <new>
 
 #include "../../common/bootstrap.hpp"
+#include "../../common/config.hpp"
 #include "../../common/error.hpp"
 
 namespace roce::transport::shm {
 namespace {
 constexpr size_t kPage = 4096;
 size_t roundUp(size_t x) { return (x + kPage - 1) & ~(kPage - 1); }
+const char* const kNamePrefix = "roce_pg";
 static_assert(sizeof(ShmRankControl) <= kPage, "the control block must fit its page");
 }  // namespace
 
@@ -39,7 +42,7 @@ NodeShm::NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size
   // Also where everything is reserved (then ShmSegment::allocate does
   // nothing), so that the shm_full test fault fails the slots everywhere.
   slotsReady_ = std::min(kPage, slotBytes_);
-  ShmSegment mine = ShmSegment::create(bytes_, "roce_pg", reserve);
+  ShmSegment mine = ShmSegment::create(bytes_, kNamePrefix, reserve);
   auto* ctl = new (mine.data()) ShmRankControl{};
   bell_ = std::make_unique<Doorbell>(&ctl->bell);  // address and key before the segment is published
   for (int from = 0; from < n; ++from)
@@ -47,25 +50,40 @@ NodeShm::NodeShm(Bootstrap& bs, const std::vector<int>& localRanks, int me, size
 
   const int myRank = localRanks[me];
   bs.set(str("shm/", myRank), mine.name());
+  if (testFault() == "die_forming_shm") raise(SIGKILL);
+  try {
+    mapPeers(bs, localRanks, std::move(mine), deadline, timeout);
+  } catch (...) {
+    // A peer killed before everyone mapped its segment left its name behind;
+    // its lock is free now (a peer that failed otherwise unlinks its own).
+    ShmSegment::sweepLeftovers(kNamePrefix);
+    throw;
+  }
+}
+
+void NodeShm::mapPeers(Bootstrap& bs, const std::vector<int>& localRanks, ShmSegment mine,
+                       std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout) {
+  const int n = static_cast<int>(localRanks.size());
   std::vector<std::string> keys;
   for (int r : localRanks) keys.push_back(str("shm/", r));
   auto values = waitForKeys(bs, keys, deadline, timeout, "shared-memory setup",
                             [&](size_t i) { return str("rank ", localRanks[i]); });
   segs_.resize(n);
   for (int i = 0; i < n; ++i) {
-    if (i == me) continue;
+    if (i == me_) continue;
     // Segment names come from the store: only names of the form we create are
     // opened (no path tricks), and open() checks owner and size before mapping.
-    if (values[i].rfind("/roce_pg.", 0) != 0 || values[i].find('/', 1) != std::string::npos || values[i].size() > 200)
+    if (values[i].rfind(str("/", kNamePrefix, "."), 0) != 0 || values[i].find('/', 1) != std::string::npos ||
+        values[i].size() > 200)
       throwComm(str("rank ", localRanks[i], " published an invalid shared-memory segment name '", values[i],
                     "' (mixed roce_pg versions across ranks?)"));
     segs_[i] = ShmSegment::open(values[i], bytes_, localRanks[i]);
   }
-  segs_[me] = std::move(mine);
+  segs_[me_] = std::move(mine);
   // Once everyone has mapped every segment the names are no longer needed.
   storeBarrier(bs, str("shm/mapped/", localRanks[0]), n, deadline, timeout,
                "shared-memory setup (mapping peers' segments)");
-  segs_[me].unlink();
+  segs_[me_].unlink();
 }
 
 size_t NodeShm::ringOffset(int from) const {

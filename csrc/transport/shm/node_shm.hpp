@@ -74,6 +74,10 @@ class NodeShm {
   Doorbell& doorbell() { return *bell_; }
 
  private:
+  // Publishes nothing: maps the peers' published segments, keeps `mine`, and
+  // unlinks its name once every local rank mapped everything.
+  void mapPeers(Bootstrap& bs, const std::vector<int>& localRanks, ShmSegment mine,
+                std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout);
   size_t ringOffset(int from) const;
   size_t slotOffset(int buffer) const;
 

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,9 +12,8 @@
 #include <cstdint>
 #include <cstring>
 #include <ctime>
-#include <mutex>
-#include <set>
 #include <string>
+#include <utility>
 
 #include "../../common/config.hpp"
 #include "../../common/error.hpp"
@@ -28,8 +28,10 @@
 namespace roce::transport::shm {
 namespace {
 constexpr size_t kPage = 4096;
-// How old a leftover segment must be before a new process removes it.
-constexpr std::chrono::seconds kLeftoverMinAge{3600};
+// The end of the names of segments whose creator holds their lock.
+const std::string kLockedSuffix = ".lk";
+// How old a leftover of a version that did not lock must be before it goes.
+constexpr std::chrono::seconds kUnlockedLeftoverAge{3600};
 }  // namespace
 
 bool ShmSegment::canPopulate() {
@@ -64,7 +66,19 @@ void ShmSegment::throwFull(const std::string& what, int err, const char* setting
                 "): free space in /dev/shm (containers: docker run --shm-size=1g or larger), or shrink ", setting));
 }
 
-int ShmSegment::sweepLeftovers(const std::string& namePrefix, std::chrono::seconds minAge) {
+namespace {
+
+// Whether the "/dev/shm" entry `name` (opened as `fd`) is a leftover: its
+// creator's lock is free, so the process that created it is gone.
+bool creatorGone(int fd) {
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) return false;  // EWOULDBLOCK: it lives
+  flock(fd, LOCK_UN);
+  return true;
+}
+
+}  // namespace
+
+int ShmSegment::sweepLeftovers(const std::string& namePrefix) {
   DIR* dir = opendir("/dev/shm");
   if (!dir) return 0;
   const std::string lead = namePrefix + ".";
@@ -77,12 +91,20 @@ int ShmSegment::sweepLeftovers(const std::string& namePrefix, std::chrono::secon
     uint64_t pid = 0;
     if (dot == std::string::npos || !parseU64(name.substr(lead.size(), dot - lead.size()), 1, INT32_MAX, pid))
       continue;
+    const bool locked = name.size() > kLockedSuffix.size() &&
+                        name.compare(name.size() - kLockedSuffix.size(), kLockedSuffix.size(), kLockedSuffix) == 0;
+    const int fd = openat(dirfd(dir), e->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) continue;
     struct stat st;
-    if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
-        st.st_uid != geteuid() || now - st.st_mtime < minAge.count())
-      continue;
-    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to ask
-    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+    bool gone = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid();
+    if (gone && locked) {
+      gone = creatorGone(fd);
+    } else if (gone) {
+      gone = now - st.st_mtime >= kUnlockedLeftoverAge.count() && kill(static_cast<pid_t>(pid), 0) != 0 &&
+             errno == ESRCH;
+    }
+    close(fd);
+    if (gone && shm_unlink(("/" + name).c_str()) == 0) ++removed;
   }
   closedir(dir);
   if (removed > 0)
@@ -92,21 +114,27 @@ int ShmSegment::sweepLeftovers(const std::string& namePrefix, std::chrono::secon
 }
 
 ShmSegment ShmSegment::create(size_t bytes, const std::string& namePrefix, const Ranges& reserve) {
-  {
-    // Once per prefix and process (groups' segments and windows' apart).
-    static std::mutex mu;
-    static std::set<std::string> swept;
-    std::lock_guard<std::mutex> g(mu);
-    if (swept.insert(namePrefix).second) sweepLeftovers(namePrefix, kLeftoverMinAge);
-  }
+  sweepLeftovers(namePrefix);
   ShmSegment s;
-  // The creator's pid in the name is what sweepLeftovers reads.
-  s.name_ = str("/", namePrefix, ".", getpid(), ".", std::hex, randomNonce());
-  int fd = shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0)
-    throwComm(str("shm_open(", s.name_, ") failed: ", std::strerror(errno),
-                  " (is /dev/shm mounted and writable?)"));
+  int fd = -1;
+  for (;;) {
+    // The creator's pid in the name is what sweepLeftovers reads for segments
+    // of versions that did not lock.
+    s.name_ = str("/", namePrefix, ".", getpid(), ".", std::hex, randomNonce(), kLockedSuffix);
+    fd = shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0)
+      throwComm(str("shm_open(", s.name_, ") failed: ", std::strerror(errno),
+                    " (is /dev/shm mounted and writable?)"));
+    // Between shm_open and the lock, a sweep may find the name unlocked and
+    // remove it: then the name no longer leads to this file, and another is tried.
+    struct stat mine{}, named{};
+    if (flock(fd, LOCK_EX) == 0 && fstat(fd, &mine) == 0 &&
+        stat(("/dev/shm" + s.name_).c_str(), &named) == 0 && named.st_ino == mine.st_ino && named.st_dev == mine.st_dev)
+      break;
+    close(fd);
+  }
   s.owner_ = true;
+  s.lockFd_ = fd;
   int rc = ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
   const Ranges all{{0, bytes}};
   size_t reserved = 0;
@@ -114,20 +142,13 @@ ShmSegment ShmSegment::create(size_t bytes, const std::string& namePrefix, const
     if (rc == 0) rc = posix_fallocate(fd, static_cast<off_t>(at), static_cast<off_t>(len));
     reserved += len;
   }
-  if (rc != 0) {
-    close(fd);
-    shm_unlink(s.name_.c_str());
+  if (rc != 0)
     throwComm(str("could not reserve ", (reserved + (1 << 20) - 1) >> 20, " MiB in /dev/shm for ", s.name_, ": ",
                   std::strerror(rc),
                   ". Free space in /dev/shm (containers: docker run --shm-size=1g or larger), "
-                  "or shrink ROCE_PG_SHM_SLOT_BYTES / ROCE_PG_SHM_RING_BYTES"));
-  }
+                  "or shrink ROCE_PG_SHM_SLOT_BYTES / ROCE_PG_SHM_RING_BYTES"));  // `s` unlinks it
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) {
-    shm_unlink(s.name_.c_str());
-    throwComm(str("mmap of ", s.name_, " failed: ", std::strerror(errno)));
-  }
+  if (p == MAP_FAILED) throwComm(str("mmap of ", s.name_, " failed: ", std::strerror(errno)));  // `s` unlinks it
   s.base_ = static_cast<char*>(p);
   s.size_ = bytes;
   return s;
@@ -161,6 +182,7 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
   if (this != &o) {
     release();
     base_ = o.base_; size_ = o.size_; name_ = std::move(o.name_); owner_ = o.owner_;
+    lockFd_ = std::exchange(o.lockFd_, -1);
     o.base_ = nullptr; o.size_ = 0; o.owner_ = false;
   }
   return *this;
@@ -169,6 +191,8 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
 void ShmSegment::unlink() {
   if (owner_) shm_unlink(name_.c_str());
   owner_ = false;
+  // The name is gone, and with it what the lock protected.
+  if (lockFd_ >= 0) close(std::exchange(lockFd_, -1));
 }
 
 void ShmSegment::release() {

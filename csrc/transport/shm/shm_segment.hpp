@@ -1,7 +1,10 @@
 // A POSIX shared-memory segment: created by one rank, mapped by the others on
 // the same machine, unlinked as soon as every peer has mapped it (so nothing
-// leaks in /dev/shm even if a process is killed later; one killed before
-// that leaves its segment, which the next process removes: sweepLeftovers).
+// leaks in /dev/shm even if a process is killed later). One killed before
+// that leaves its segment behind: while a name exists its creator holds an
+// flock on it, which the kernel drops when the process dies (in whatever pid
+// namespace it ran), so sweepLeftovers() can tell a leftover from a segment
+// still being formed, and the survivors of a failed formation remove it.
 #pragma once
 #include <chrono>
 #include <cstddef>
@@ -18,16 +21,17 @@ class ShmSegment {
   // them, or only the (offset, length) ranges in `reserve` if given. Pages
   // outside them must be populate()d before they are touched.
   using Ranges = std::vector<std::pair<size_t, size_t>>;
-  // The first create() of a process removes what sweepLeftovers() finds
-  // when an hour old.
+  // Every create() first removes what sweepLeftovers() finds.
   static ShmSegment create(size_t bytes, const std::string& namePrefix, const Ranges& reserve = {});
   // Names live only until every local rank mapped them, but a process killed
   // in between leaves its segment in /dev/shm. Unlinks this user's
-  // "/<namePrefix>.<pid>.<hex>" segments whose process is gone and whose
-  // last change is at least `minAge` old (another pid namespace sharing
-  // /dev/shm may run a formation whose creator this process cannot see; no
-  // formation takes that long). Returns how many it removed.
-  static int sweepLeftovers(const std::string& namePrefix, std::chrono::seconds minAge);
+  // "/<namePrefix>.<pid>.<hex>.lk" segments whose creator's lock is free
+  // (it is gone), and "/<namePrefix>.<pid>.<hex>" ones (made by versions
+  // that did not lock) whose pid is gone and whose last change is an hour
+  // old (another pid namespace sharing /dev/shm may run a formation whose
+  // creator this process cannot see). Returns how many it removed. Called
+  // by create() and by a formation that failed.
+  static int sweepLeftovers(const std::string& namePrefix);
   // Whether populate() works here (MADV_POPULATE_WRITE, Linux 5.14, and 4 KiB
   // pages): if not, callers reserve everything at create() and never call it.
   static bool canPopulate();
@@ -60,6 +64,7 @@ class ShmSegment {
  private:
   void release();  // unlink if owner, unmap
   char* base_ = nullptr;
+  int lockFd_ = -1;  // owner: the descriptor whose flock says the creator lives, until unlink()
   size_t size_ = 0;
   std::string name_;
   bool owner_ = false;
