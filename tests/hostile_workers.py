@@ -22,7 +22,7 @@ HELLO_MAGIC, HELLO_VERSION, KIND_PROCESS = 0x526F4345, 6, 5
 JOB_SECRET = "hostile-peers-test-secret"
 MAC_BYTES = 16  # HMAC-SHA256 of the head under the job secret, truncated (common/job_secret.hpp)
 PROCESS_LINKS_KEY = 0x70726F636C696E6B  # "proclink"
-LINK_MAGIC, BYE, FAIL, STATE, IDENTITY = 0x4C494E4B, 2, 3, 4, 0x100
+LINK_MAGIC, BYE, FAIL, STATE, IDENTITY, GONE = 0x4C494E4B, 2, 3, 4, 0x100, 0x102
 MAX_TEXT = 4096
 
 
@@ -145,6 +145,60 @@ def unnamed_links(rank, world, port):
                "refused_after_records": after_records["links_refused"] - held["links_refused"],
                "refused_after_renaming": after_renaming["links_refused"] - after_records["links_refused"],
                "parked_groups": after_records["link_parked_groups"]}
+    out["exact"] = _exact_after_the_attack(rank, world)
+    return out
+
+
+def links_under_made_up_names(rank, world, port):
+    """Rank 0 is dialed 200 times by an insider, each link naming another
+    made-up process: no group of rank 0 links to any of them, so at most 64
+    are held (the rest refused as they name themselves), and the group's
+    allreduce is exact."""
+    import roce_pg
+
+    C = roce_pg._C
+    out = {}
+    if rank == 0:
+        listen = C._runtime_stats()["listen_port"]
+        before = _settled(("process_links", "links_refused"))
+        socks = [_process_link(listen, name=f"made-up-{i}/10.9.9.9:{i}".encode()) for i in range(200)]
+        after = _settled(("process_links", "links_refused"))
+        for s in socks:
+            s.close()
+        out = {"held": after["process_links"] - before["process_links"],
+               "refused": after["links_refused"] - before["links_refused"]}
+    out["exact"] = _exact_after_the_attack(rank, world)
+    return out
+
+
+def records_speaking_for_another_process(rank, world, port):
+    """An insider knows the group's nonces (rank 0's, rank 1's) and opens a
+    process link to rank 0 under a name of its own, then sends what would
+    end rank 0's group if rank 1 had sent it: a FAIL naming rank 1 and a
+    GONE for rank 1's group. Rank 0's lifeline takes rank 1's records only
+    from rank 1's process: both are refused and counted, and the group's
+    next allreduce is exact."""
+    import roce_pg
+
+    C = roce_pg._C
+    out = {}
+    dist.all_reduce(torch.ones(16))
+    if rank == 0:
+        backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+        mine, peer = backend._nonces()[:2]
+        keys = ("link_records_misrouted",)
+        before = _settled(keys)
+        text = b"rank 1 (host elsewhere) failed: made up by an insider"
+        with _process_link(C._runtime_stats()["listen_port"], name=b"insider/127.0.0.1:1") as s:
+            s.sendall(RECORD.pack(LINK_MAGIC, FAIL, len(text), 1, 0, mine, peer) + text)
+            s.sendall(RECORD.pack(LINK_MAGIC, GONE, 0, -1, 0, mine, peer))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the lifeline reads them at its next tick
+                after = C._runtime_stats()
+                if after["link_records_misrouted"] - before["link_records_misrouted"] >= 2:
+                    break
+                time.sleep(0.2)
+        out["misrouted"] = after["link_records_misrouted"] - before["link_records_misrouted"]
     out["exact"] = _exact_after_the_attack(rank, world)
     return out
 

@@ -41,6 +41,23 @@ def test_links_that_never_name_a_process_are_bounded_and_may_not_send_records():
     assert all(x["exact"] for x in results), results
 
 
+def test_links_under_made_up_names_are_bounded():
+    results = run_group("tests.hostile_workers.links_under_made_up_names", 2, env=TWO_MACHINES)
+    r = results[0]
+    # 200 links naming processes no group here links to: 64 held, the rest
+    # refused as they name themselves.
+    assert r["held"] <= 64 and r["refused"] >= 200 - 64, r
+    assert all(x["exact"] for x in results), results
+
+
+def test_a_link_cannot_speak_for_a_rank_of_another_process():
+    results = run_group("tests.hostile_workers.records_speaking_for_another_process", 2, env=TWO_MACHINES)
+    # A FAIL and a GONE naming rank 1, on a link of another name: both
+    # refused, and the group lives on.
+    assert results[0]["misrouted"] == 2, results[0]
+    assert all(x["exact"] for x in results), results
+
+
 def test_a_stranger_without_the_job_secret_is_refused_unread():
     results = run_group("tests.hostile_workers.stranger_without_the_secret", 2, env=TWO_MACHINES)
     r = results[0]

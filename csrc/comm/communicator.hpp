@@ -295,6 +295,11 @@ class Communicator {
   // What the algorithms keep between this group's operations.
   AlgorithmState& algorithmState() { return algorithmState_; }
 
+  // What rank r's process is known by across groups (ProcessLinks::processKey).
+  std::string processKeyOf(int r) const;
+  // Each rank's nonce for this group (what its records and connections name).
+  const std::vector<uint64_t>& nonces() const { return nonces_; }
+
  private:
   friend class group::GroupBuilder;
   Communicator(const Config& cfg, std::chrono::milliseconds timeout);
@@ -323,8 +328,6 @@ class Communicator {
   // A transport connected `peer` and needs no socket to see it leave if the
   // lifeline watches it (Transport::setPeerWatch): true once it does.
   bool watchPeer(int peer);
-  // What rank r's process is known by across groups (ProcessLinks::processKey).
-  std::string processKeyOf(int r) const;
   void failGonePeers();  // the watched peers the lifeline reported gone
   bool arrivalsPending() const;  // connections in the mailbox, not yet taken
   [[noreturn]] void throwFailure(const std::string& msg, bool peerEnded = false);

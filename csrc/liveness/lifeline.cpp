@@ -286,7 +286,7 @@ void Lifeline::takeRecords() {
       // (destroyed, or its creation failed) without a BYE read here first.
       for (size_t i = 0; i < peers_.size(); ++i) {
         Peer& p = peers_[i];
-        if (p.nonce != r.srcNonce || !p.open || p.departed) continue;
+        if (p.nonce != r.srcNonce || !p.open || p.departed || !links_.cameFrom(r.link, p.link)) continue;
         p.open = false;
         const std::string left = str("rank ", p.rank, " (host ", p.host, ") left this group: its process lives, but the "
                                      "group is gone there (destroyed, aborted or failed while forming)");
@@ -310,6 +310,9 @@ void Lifeline::takeRecords() {
       continue;
     }
     if (!it->open) continue;
+    // Only from its own process: whoever holds the job secret may open a
+    // link, but not speak for a rank of another process.
+    if (!links_.cameFrom(r.link, it->link)) continue;
     Peer& p = *it;
     const int i = static_cast<int>(it - peers_.begin());
     p.lastHeard = Clock::now();

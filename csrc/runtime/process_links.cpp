@@ -49,6 +49,12 @@ constexpr size_t kParkedRecordOverhead = 2 * sizeof(LinkRecord) + 96;
 // name with the hello, so only someone who is not a roce process waits.
 constexpr auto kIdentifyWithin = std::chrono::seconds(10);
 constexpr size_t kMaxUnidentified = 64;
+// Links naming a process no group here linked to yet: a peer whose group
+// formed before this process's dials first, so some are expected, but
+// beyond this many (and twice the processes the groups here link to) a name
+// is refused: whoever holds the job secret could otherwise open links
+// without limit under made-up names.
+constexpr size_t kMaxUnexpectedLinks = 64;
 // A closed link is kept this long for the lifelines that were heard on it
 // (they read its reason right after closures() moves), then erased.
 constexpr auto kClosedKeep = std::chrono::seconds(60);
@@ -110,6 +116,7 @@ int ProcessLinks::linkTo(const std::string& peerKey, const std::string& selfKey,
     // Accepted links are adopted, and their identity read, on the runtime
     // thread only.
     std::lock_guard<std::mutex> g(mu_);
+    wanted_.insert(peerKey);
     if (auto it = sendOn_.find(peerKey); it != sendOn_.end()) return it->second;
     // The peer process dials when its side of a group needs the link (it
     // may create the group later); this side's records wait until then.
@@ -142,6 +149,7 @@ int ProcessLinks::linkSoon(const std::string& peerKey, const std::string& selfKe
   int id;
   {
     std::lock_guard<std::mutex> g(mu_);
+    wanted_.insert(peerKey);
     if (auto it = sendOn_.find(peerKey); it != sendOn_.end()) return it->second;
     // The side that would dial dials at the runtime thread's next round (a
     // pending link past its grace); the other waits for it as in linkTo.
@@ -268,7 +276,25 @@ std::unordered_map<uint64_t, ProcessLinks::Parked>::iterator ProcessLinks::unpar
 
 ProcessLinks::ParkedStats ProcessLinks::parkedStats() const {
   std::lock_guard<std::mutex> g(mu_);
-  return {parked_.size(), parkedBytes_, parkedDropped_, links_.size(), linksRefused_};
+  return {parked_.size(), parkedBytes_, parkedDropped_, links_.size(), linksRefused_, recordsMisrouted_};
+}
+
+bool ProcessLinks::cameFrom(int recordLink, int peerLink) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (recordLink == peerLink) return true;
+  auto a = links_.find(recordLink), b = links_.find(peerLink);
+  if (a != links_.end() && b != links_.end() && !a->second->key.empty() && a->second->key == b->second->key)
+    return true;
+  ++recordsMisrouted_;
+  return false;
+}
+
+bool ProcessLinks::mayName(const std::string& key) const {
+  if (wanted_.count(key)) return true;
+  const size_t unexpected = static_cast<size_t>(std::count_if(links_.begin(), links_.end(), [&](const auto& e) {
+    return e.second->open && !e.second->key.empty() && !wanted_.count(e.second->key);
+  }));
+  return unexpected < std::max(kMaxUnexpectedLinks, 2 * wanted_.size());
 }
 
 std::vector<LinkRecord> ProcessLinks::take(uint64_t nonce) {
@@ -389,7 +415,8 @@ void ProcessLinks::parse(Link& l) {
     if (got == RecordParse::Partial) break;  // the rest is still on its way
     std::string text(view);
     if (h.type == kIdentityRecord) {
-      if (!l.key.empty() || text.empty()) {  // a link is named once, by its dialer, and never with nothing
+      // A link is named once, by its dialer, and never with nothing.
+      if (!l.key.empty() || text.empty() || !mayName(text)) {
         ++linksRefused_;
         closeLink(l, 0, true);
         return;

@@ -114,6 +114,13 @@ class ProcessLinks : public RuntimeService {
   // thread may not have run for a while).
   void readNow();
 
+  // Whether a record read on `recordLink` came from the process that
+  // `peerLink` leads to (the same link, or another naming the same process):
+  // a lifeline takes a peer's records only from its own process, so a
+  // connection naming some other process cannot speak for it. Counted when
+  // not (recordsMisrouted in parkedStats).
+  bool cameFrom(int recordLink, int peerLink);
+
   // False once the link closed: `err` is its errno (0: EOF) and `corrupted`
   // says it carried garbage.
   bool isOpen(int link, int* err, bool* corrupted) const;
@@ -128,12 +135,15 @@ class ProcessLinks : public RuntimeService {
   // someone who can reach the listener, or a group created very late).
   // Also the links held (open, and closed ones kept a while) and those
   // refused: over the unidentified limit, records before the process's
-  // name, or no name in time.
+  // name, no name in time, or a name no group here expects over the limit
+  // on those; and the records a lifeline refused for coming from another
+  // process than the rank they name (cameFrom).
   struct ParkedStats {
     size_t groups = 0, bytes = 0;
     uint64_t dropped = 0;
     size_t links = 0;
     uint64_t linksRefused = 0;
+    uint64_t recordsMisrouted = 0;
   };
   ParkedStats parkedStats() const;
 
@@ -161,6 +171,9 @@ class ProcessLinks : public RuntimeService {
   void sendQueued(Link& l);                     // under mu_
   void keep(Link& from, uint64_t nonce, LinkRecord r);  // under mu_
   void answerGone(Link& from, const LinkRecord& r, uint64_t nonce);  // under mu_
+  // Whether one more link may name `key`: always one a group here asked
+  // for, others only while fewer than kMaxUnexpected... are open (under mu_).
+  bool mayName(const std::string& key) const;
   static std::string identityRecord(const std::string& selfKey);
   void startPendingDial(Link& l, Clock::time_point now);   // under mu_
   void finishPendingDial(Link& l, Clock::time_point now);  // under mu_
@@ -173,6 +186,7 @@ class ProcessLinks : public RuntimeService {
   mutable std::mutex mu_;
   std::map<int, std::unique_ptr<Link>> links_;   // by id; closed ones keep their reason
   std::unordered_map<std::string, int> sendOn_;  // process key -> the link this side sends on
+  std::unordered_set<std::string> wanted_;        // process keys a group of this process linked to
   int nextId_ = 1;
   uint64_t closures_ = 0;
   std::unordered_map<uint64_t, std::vector<LinkRecord>> inbox_;  // open nonces
@@ -180,6 +194,7 @@ class ProcessLinks : public RuntimeService {
   size_t parkedBytes_ = 0;
   uint64_t parkedDropped_ = 0;
   uint64_t linksRefused_ = 0;
+  uint64_t recordsMisrouted_ = 0;
   std::unordered_set<uint64_t> closed_;
   std::set<std::pair<uint64_t, uint64_t>> goneAnswered_;  // (gone group's nonce, asker's nonce)
   std::vector<int> polledLinks_;  // the links addPollFds() listed, in order (runtime thread)

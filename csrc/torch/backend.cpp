@@ -191,6 +191,14 @@ c10::intrusive_ptr<RoceBackend> RoceBackend::derived(const c10::intrusive_ptr<c1
 #endif
 
 int RoceBackend::formationStoreOps() const { return engine().comm().formationStoreOps(); }
+
+std::vector<uint64_t> RoceBackend::groupNonces() const { return engine().comm().nonces(); }
+
+std::vector<std::string> RoceBackend::processKeys() const {
+  std::vector<std::string> keys;
+  for (int r = 0; r < getSize(); ++r) keys.push_back(engine().comm().processKeyOf(r));
+  return keys;
+}
 std::string RoceBackend::nics() const { return engine().comm().nicsText(); }
 
 void RoceBackend::start(std::unique_ptr<Communicator> comm) {

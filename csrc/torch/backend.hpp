@@ -105,6 +105,9 @@ class RoceBackend : public c10d::Backend {
 #endif
   // Store operations this group's formation made.
   int formationStoreOps() const;
+  // Each rank's nonce for this group and its process's key (tests of hostile peers).
+  std::vector<uint64_t> groupNonces() const;
+  std::vector<std::string> processKeys() const;
   // The RDMA ports this rank drives ("rxe0:1, rxe1:1"; empty without verbs).
   std::string nics() const;
 

@@ -69,6 +69,9 @@ PYBIND11_MODULE(_C, m) {
           py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
       .def("_forms_subgroups", &roce::adapter::RoceBackend::formsSubgroups)
       .def("_formation_store_ops", &roce::adapter::RoceBackend::formationStoreOps)
+      // Tests of hostile peers: each rank's nonce for the group, and the process key of each.
+      .def("_nonces", &roce::adapter::RoceBackend::groupNonces)
+      .def("_process_keys", &roce::adapter::RoceBackend::processKeys)
       .def("_nics", &roce::adapter::RoceBackend::nics)
       .def("_placement_settings", &roce::adapter::RoceBackend::placementSettings)
       .def("_counters",
@@ -317,6 +320,7 @@ PYBIND11_MODULE(_C, m) {
     d["link_records_dropped"] = parked.dropped;
     d["links_held"] = parked.links;  // open, and closed ones kept a minute
     d["links_refused"] = parked.linksRefused;
+    d["link_records_misrouted"] = parked.recordsMisrouted;  // lifeline records naming a rank of another process
     d["parked"] = rt.desk().parked();
     d["connections_unauthenticated"] = rt.desk().unauthenticated();  // heads whose MAC did not match the job secret
     d["connections_refused_busy"] = rt.desk().refusedBusy();  // closed unread: too many heads pending (per source, or all)
