@@ -78,6 +78,7 @@ TESTS = {
     },
     "worker_pool": {"sources": ["common/worker_pool.cpp", "common/log.cpp"], "libs": ["-lpthread"]},
     "window_order": {"sources": ["window/window_order.cpp"]},
+    "link_identity": {"sources": ["runtime/link_identity.cpp"]},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 SUMMARY = re.compile(r"^(\d+) test\(s\), (\d+) failed$", re.M)

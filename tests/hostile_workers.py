@@ -22,7 +22,7 @@ HELLO_MAGIC, HELLO_VERSION, KIND_PROCESS = 0x526F4345, 6, 5
 JOB_SECRET = "hostile-peers-test-secret"
 MAC_BYTES = 16  # HMAC-SHA256 of the head under the job secret, truncated (common/job_secret.hpp)
 PROCESS_LINKS_KEY = 0x70726F636C696E6B  # "proclink"
-LINK_MAGIC, BYE, FAIL, STATE, IDENTITY, GONE = 0x4C494E4B, 2, 3, 4, 0x100, 0x102
+LINK_MAGIC, BYE, FAIL, STATE, IDENTITY, GONE, REFUSED = 0x4C494E4B, 2, 3, 4, 0x100, 0x102, 0x103
 MAX_TEXT = 4096
 
 
@@ -35,10 +35,12 @@ def _signed(head, secret=JOB_SECRET):
     return head + hmac.new(secret.encode(), head, hashlib.sha256).digest()[:MAC_BYTES]
 
 
-def _process_link(port, name=b"stranger", secret=JOB_SECRET):
-    """A process link to this rank's listener; `name`: the process key it
-    claims (None: it names none); `secret`: what it signs its hello with."""
-    s = socket.create_connection(("127.0.0.1", port))
+def _process_link(port, name=b"stranger/127.0.0.1:1", secret=JOB_SECRET, source="127.0.0.1"):
+    """A process link to this rank's listener from `source`; `name`: the
+    process key it claims (None: it names none; a key must name an address
+    it may come from: this machine's, over loopback); `secret`: what it
+    signs its hello with."""
+    s = socket.create_connection(("127.0.0.1", port), source_address=(source, 0))
     s.sendall(_signed(HELLO.pack(HELLO_MAGIC, HELLO_VERSION, KIND_PROCESS, -1, 0, 0, PROCESS_LINKS_KEY), secret))
     if name is not None:
         s.sendall(RECORD.pack(LINK_MAGIC, IDENTITY, len(name), -1, 0, 0, 0) + name)
@@ -135,7 +137,7 @@ def unnamed_links(rank, world, port):
             after_records = _settled(("process_links", "links_refused", "link_parked_groups"))
         # Named twice: a second name would have made the link the one this
         # process sends on to two processes.
-        with _process_link(listen, name=b"first") as s:
+        with _process_link(listen, name=b"first/127.0.0.1:1") as s:
             s.sendall(RECORD.pack(LINK_MAGIC, IDENTITY, 6, -1, 0, 0, 0) + b"second")
             after_renaming = _settled(("process_links", "links_refused"))
         for s in socks:
@@ -161,12 +163,56 @@ def links_under_made_up_names(rank, world, port):
     if rank == 0:
         listen = C._runtime_stats()["listen_port"]
         before = _settled(("process_links", "links_refused"))
-        socks = [_process_link(listen, name=f"made-up-{i}/10.9.9.9:{i}".encode()) for i in range(200)]
+        socks = [_process_link(listen, name=f"made-up-{i}/127.0.0.1:{i}".encode()) for i in range(200)]
         after = _settled(("process_links", "links_refused"))
         for s in socks:
             s.close()
         out = {"held": after["process_links"] - before["process_links"],
                "refused": after["links_refused"] - before["links_refused"]}
+    out["exact"] = _exact_after_the_attack(rank, world)
+    return out
+
+
+def _refusal(sock):
+    """The text of the refusal record a rank sends before closing a link
+    whose name it refused (b"" if it closed without one)."""
+    sock.settimeout(10)
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    if len(data) < RECORD.size:
+        return b""
+    magic, kind, length = RECORD.unpack_from(data)[:3]
+    return data[RECORD.size:RECORD.size + length] if magic == LINK_MAGIC and kind == REFUSED else b""
+
+
+def names_that_do_not_fit_their_address(rank, world, port):
+    """An insider dials rank 0 from 127.0.0.2 naming rank 1's process (the
+    takeover a link named by anyone allowed: rank 0's records for rank 1
+    would have gone to it), and from 127.0.0.1 naming a process of another
+    machine: both are refused with a record that says why, and the group's
+    allreduce is exact."""
+    import roce_pg
+
+    C = roce_pg._C
+    out = {}
+    if rank == 0:
+        backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+        listen = C._runtime_stats()["listen_port"]
+        before = _settled(("process_links", "links_refused"))
+        with _process_link(listen, name=backend._process_keys()[1].encode(), source="127.0.0.2") as s:
+            out["hijack"] = _refusal(s).decode()
+        with _process_link(listen, name=b"elsewhere/10.9.9.9:1") as s:
+            out["elsewhere"] = _refusal(s).decode()
+        after = _settled(("process_links", "links_refused"))
+        out["refused"] = after["links_refused"] - before["links_refused"]
+        out["held"] = after["process_links"] - before["process_links"]
     out["exact"] = _exact_after_the_attack(rank, world)
     return out
 

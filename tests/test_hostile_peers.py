@@ -50,6 +50,17 @@ def test_links_under_made_up_names_are_bounded():
     assert all(x["exact"] for x in results), results
 
 
+def test_a_link_may_only_name_a_process_of_the_address_it_came_from():
+    results = run_group("tests.hostile_workers.names_that_do_not_fit_their_address", 2, env=TWO_MACHINES)
+    r = results[0]
+    # Rank 1's name from 127.0.0.2, another machine's from 127.0.0.1: both
+    # refused, each told why, neither held.
+    assert "came from 127.0.0.2" in r["hijack"] and "ROCE_PG_SOCKET_IFNAME" in r["hijack"], r
+    assert "10.9.9.9" in r["elsewhere"], r
+    assert r["refused"] == 2 and r["held"] == 0, r
+    assert all(x["exact"] for x in results), results
+
+
 def test_a_link_cannot_speak_for_a_rank_of_another_process():
     results = run_group("tests.hostile_workers.records_speaking_for_another_process", 2, env=TWO_MACHINES)
     # A FAIL and a GONE naming rank 1, on a link of another name: both

@@ -360,17 +360,25 @@ void Lifeline::checkLinks() {
     if (!p.open) continue;
     bool anyOpen = false, corrupted = false;
     int err = 0;
+    std::string refused;
     for (int link : p.from) {
       int e = 0;
       bool c = false;
-      if (links_.isOpen(link, &e, &c)) {
+      std::string why;
+      if (links_.isOpen(link, &e, &c, &why)) {
         anyOpen = true;
       } else {
         corrupted |= c;
         err = err ? err : e;
+        if (refused.empty()) refused = why;
       }
     }
-    if (corrupted) {
+    if (!anyOpen && !refused.empty()) {
+      p.open = false;
+      failWith(str("rank ", p.rank, " (host ", p.host, ") refused the link from rank ", rank_,
+                   "'s process: ", refused),
+               static_cast<int>(i));
+    } else if (corrupted) {
       p.open = false;
       failWith(str("rank ", p.rank, " (host ", p.host, ") sent a corrupted lifeline record to rank ", rank_,
                    " (mixed roce_pg versions?)"),

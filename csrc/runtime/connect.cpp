@@ -88,16 +88,21 @@ sockaddr_in addressOf(const TcpEndpoint& ep, int peer) {
   return sa;
 }
 
-UniqueFd newSocket() {
+// A TCP socket, bound to `source` when given and bindable.
+UniqueFd newSocket(const std::string& source = {}) {
   UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (fd.get() < 0) throwComm(str("socket() failed: ", std::strerror(errno), " (out of file descriptors? `ulimit -n`)"));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  if (!source.empty() && inet_pton(AF_INET, source.c_str(), &sa.sin_addr) == 1)
+    (void)!bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa));  // not ours: the peer's refusal says so
   return fd;
 }
 }  // namespace
 
-UniqueFd startDial(const TcpEndpoint& ep, int peer) {
+UniqueFd startDial(const TcpEndpoint& ep, int peer, const std::string& source) {
   const sockaddr_in sa = addressOf(ep, peer);
-  UniqueFd fd = newSocket();
+  UniqueFd fd = newSocket(source);
   setNonBlocking(fd.get(), true);
   if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) != 0 && errno != EINPROGRESS) {
     // Reported like a failed asynchronous connect: through SO_ERROR.
@@ -167,13 +172,14 @@ std::optional<HelloReply> readReply(int fd, int peer) {
 }
 
 UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint64_t selfNonce,
-                  uint64_t peerNonce, Clock::time_point deadline, const std::function<void()>& probe) {
+                  uint64_t peerNonce, Clock::time_point deadline, const std::function<void()>& probe,
+                  const std::string& source) {
   const sockaddr_in sa = addressOf(ep, peer);
   const std::string who = str("rank ", peer, " (", ep.host, ":", ep.port, ")");
   std::string lastErr;
   Clock::time_point nextProbe = Clock::now() + kProbeEvery;
   do {
-    UniqueFd fd = newSocket();
+    UniqueFd fd = newSocket(source);
     int err = connectOnce(fd.get(), sa, std::min(deadline, Clock::now() + kConnectAttempt));
     if (err == 0) {
       const auto h =

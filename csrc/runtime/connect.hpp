@@ -64,8 +64,12 @@ struct TcpEndpoint {
 // yet), calling `probe` about once a second meanwhile (it throws when the peer
 // is known never to come: a lifeline neighbour's process that refuses
 // connections, see group/group_builder.cpp).
+// `source`: the local address the connection leaves from (a process link
+// binds its advertised one, which the acceptor checks: link_identity.hpp);
+// "" or one that cannot be bound: whatever the route picks.
 UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint64_t selfNonce,
-                  uint64_t peerNonce, Clock::time_point deadline, const std::function<void()>& probe = nullptr);
+                  uint64_t peerNonce, Clock::time_point deadline, const std::function<void()>& probe = nullptr,
+                  const std::string& source = {});
 
 // ---- Non-blocking pieces, for connections made on demand ------------------
 // (csrc/comm/connection_manager.*). A data connection (LinkKind::Mesh) is
@@ -78,7 +82,7 @@ enum class HelloReply : uint16_t { Accepted = 1, Superseded = 2, Gone = 3 };
 
 // Starts a non-blocking connect() to `ep`; the socket polls writable once it
 // completed (then connectResult()). Throws on local failures (no descriptors).
-UniqueFd startDial(const TcpEndpoint& ep, int peer);
+UniqueFd startDial(const TcpEndpoint& ep, int peer, const std::string& source = {});
 // 0 once the connect() succeeded, else its errno.
 int connectResult(int fd);
 // Sends the hello (or the reply) on a connected socket: 32 (8) bytes always

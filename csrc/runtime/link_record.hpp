@@ -14,6 +14,9 @@ constexpr uint32_t kLinkMagic = 0x4c494e4b;  // "LINK"
 constexpr size_t kMaxRecordText = 4096;
 // The first record on a dialed link: the dialer's process key.
 constexpr uint16_t kIdentityRecord = 0x100;
+// The acceptor's last record on a link whose name it refused: why
+// (link_identity.hpp), so the dialer's lifelines say it instead of "died".
+constexpr uint16_t kRefusedRecord = 0x103;
 
 struct RecordHead {
   uint32_t magic;

@@ -1,6 +1,8 @@
 #include "process_links.hpp"
 
 #include <cstdint>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -10,9 +12,11 @@
 #include <cstring>
 
 #include "../common/error.hpp"
+#include "../common/log.hpp"
 #include "../common/sockets.hpp"
 #include "connect.hpp"
 #include "front_desk.hpp"
+#include "link_identity.hpp"
 #include "link_record.hpp"
 
 namespace roce::runtime {
@@ -55,6 +59,20 @@ constexpr size_t kMaxUnidentified = 64;
 // is refused: whoever holds the job secret could otherwise open links
 // without limit under made-up names.
 constexpr size_t kMaxUnexpectedLinks = 64;
+// Refused names are logged up to this many times per process (a flood of
+// them is counted in links_refused).
+constexpr uint64_t kRefusalsLogged = 8;
+
+// The IPv4 address a connected socket's peer has ("" if unknown).
+std::string peerAddressOf(int fd) {
+  sockaddr_in sa{};
+  socklen_t len = sizeof(sa);
+  char buf[INET_ADDRSTRLEN] = {};
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0 || sa.sin_family != AF_INET ||
+      !inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof(buf)))
+    return "unknown";
+  return buf;
+}
 // A closed link is kept this long for the lifelines that were heard on it
 // (they read its reason right after closures() moves), then erased.
 constexpr auto kClosedKeep = std::chrono::seconds(60);
@@ -72,6 +90,8 @@ struct ProcessLinks::Link {
   int id;
   int fd;  // -1 while pending: the peer process has not dialed yet
   std::string key;  // the peer process's, once it said (dialed: known from the start)
+  std::string source;  // accepted: the address it came from, which its name must fit
+  std::string refusedWhy;  // dialed: why the peer refused its name (it closed then)
   std::string inbuf, outbuf;
   bool open = true;
   int err = 0;
@@ -122,7 +142,8 @@ int ProcessLinks::linkTo(const std::string& peerKey, const std::string& selfKey,
     // may create the group later); this side's records wait until then.
     if (selfKey > peerKey) return addPending(peerKey, selfKey, ep, peerRank, Clock::now());
   }
-  UniqueFd fd = dialRank(ep, LinkKind::Process, -1, peerRank, 0, kProcessLinksKey, deadline, probe);
+  UniqueFd fd =
+      dialRank(ep, LinkKind::Process, -1, peerRank, 0, kProcessLinksKey, deadline, probe, dialSource(selfKey, ep));
   tuneSocket(fd.get());
   setNonBlocking(fd.get(), true);
   int id;
@@ -192,13 +213,19 @@ void ProcessLinks::send(int link, uint64_t dstNonce, uint64_t srcNonce, int srcR
   if (backlog) runtime_.poke();  // the rest goes when the socket polls writable
 }
 
+std::string ProcessLinks::dialSource(const std::string& selfKey, const TcpEndpoint& ep) {
+  // Over loopback the peer accepts any name of this machine; elsewhere the
+  // connection must leave from the address the name holds (link_identity.hpp).
+  return ep.host == "127.0.0.1" ? std::string() : keyAddress(selfKey);
+}
+
 std::string ProcessLinks::identityRecord(const std::string& selfKey) {
   return encodeRecord(kIdentityRecord, -1, 0, 0, selfKey);
 }
 
 void ProcessLinks::startPendingDial(Link& l, Clock::time_point now) {
   try {
-    l.dialFd = runtime::startDial(l.ep, l.peerRank).release();
+    l.dialFd = runtime::startDial(l.ep, l.peerRank, dialSource(l.selfKey, l.ep)).release();
     l.dialStart = now;
   } catch (const Error&) {
     l.pendingSince = now;  // no descriptor now: later
@@ -311,7 +338,7 @@ void ProcessLinks::readNow() {
     if (l->open && !l->pending) readLink(*l);
 }
 
-bool ProcessLinks::isOpen(int link, int* err, bool* corrupted) const {
+bool ProcessLinks::isOpen(int link, int* err, bool* corrupted, std::string* refusedWhy) const {
   std::lock_guard<std::mutex> g(mu_);
   auto it = links_.find(link);
   if (it == links_.end()) {  // closed long ago, and erased
@@ -321,6 +348,7 @@ bool ProcessLinks::isOpen(int link, int* err, bool* corrupted) const {
   }
   *err = it->second->err;
   *corrupted = it->second->corrupted;
+  if (refusedWhy) *refusedWhy = it->second->refusedWhy;
   return it->second->open;
 }
 
@@ -348,6 +376,7 @@ void ProcessLinks::adoptArrivals() {
     tuneSocket(a.fd.get());
     setNonBlocking(a.fd.get(), true);
     l->fd = a.fd.release();
+    l->source = peerAddressOf(l->fd);
     Link& added = *links_.emplace(l->id, std::move(l)).first->second;
     readLink(added);  // a roce process's dial carries its name right behind the hello
   }
@@ -421,6 +450,10 @@ void ProcessLinks::parse(Link& l) {
         closeLink(l, 0, true);
         return;
       }
+      if (std::string why = nameMismatch(text, l.source, isLocalAddress); !why.empty()) {
+        refuseName(l, why);
+        return;
+      }
       l.key = text;
       auto it = sendOn_.find(text);
       auto named = it == sendOn_.end() ? links_.end() : links_.find(it->second);
@@ -440,6 +473,11 @@ void ProcessLinks::parse(Link& l) {
         parse(p);
         return;
       }
+    } else if (h.type == kRefusedRecord && l.source.empty()) {
+      // The peer refused the name this side dialed with: its lifelines say why.
+      l.refusedWhy = text;
+      closeLink(l, 0, false);
+      return;
     } else if (l.key.empty()) {
       // Every roce process names itself first on the links it dials.
       ++linksRefused_;
@@ -450,6 +488,16 @@ void ProcessLinks::parse(Link& l) {
     }
   }
   l.inbuf.erase(0, at);
+}
+
+void ProcessLinks::refuseName(Link& l, const std::string& why) {
+  ++linksRefused_;
+  if (linksRefused_ <= kRefusalsLogged)
+    ROCE_WARN("roce: refused a process link: ", why);
+  // Its last record says why, as far as the socket takes it at once.
+  const std::string record = encodeRecord(kRefusedRecord, -1, 0, 0, why);
+  (void)!::send(l.fd, record.data(), record.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  closeLink(l, 0, true);
 }
 
 void ProcessLinks::keep(Link& from, uint64_t nonce, LinkRecord r) {

@@ -121,9 +121,10 @@ class ProcessLinks : public RuntimeService {
   // not (recordsMisrouted in parkedStats).
   bool cameFrom(int recordLink, int peerLink);
 
-  // False once the link closed: `err` is its errno (0: EOF) and `corrupted`
-  // says it carried garbage.
-  bool isOpen(int link, int* err, bool* corrupted) const;
+  // False once the link closed: `err` is its errno (0: EOF), `corrupted`
+  // says it carried garbage, and `refusedWhy` (if given) why the peer
+  // refused the name this side dialed with ("" if it did not).
+  bool isOpen(int link, int* err, bool* corrupted, std::string* refusedWhy = nullptr) const;
   // When the link last delivered bytes (any group's: the peer process's
   // runtime thread is running, so its lifelines are).
   Clock::time_point lastRead(int link) const;
@@ -175,6 +176,11 @@ class ProcessLinks : public RuntimeService {
   // for, others only while fewer than kMaxUnexpected... are open (under mu_).
   bool mayName(const std::string& key) const;
   static std::string identityRecord(const std::string& selfKey);
+  // The local address a dial to `ep` leaves from ("": any).
+  static std::string dialSource(const std::string& selfKey, const TcpEndpoint& ep);
+  // Closes an accepted link whose name does not fit where it came from,
+  // telling its dialer why.
+  void refuseName(Link& l, const std::string& why);  // under mu_
   void startPendingDial(Link& l, Clock::time_point now);   // under mu_
   void finishPendingDial(Link& l, Clock::time_point now);  // under mu_
   void enqueue(Link& l, uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t type,

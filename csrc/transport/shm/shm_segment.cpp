@@ -68,13 +68,13 @@ void ShmSegment::throwFull(const std::string& what, int err, const char* setting
 
 namespace {
 
-// Whether the "/dev/shm" entry `name` (opened as `fd`) is a leftover: its
-// creator's lock is free, so the process that created it is gone.
-bool creatorGone(int fd) {
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) return false;  // EWOULDBLOCK: it lives
-  flock(fd, LOCK_UN);
-  return true;
-}
+// Whether a locked segment (opened as `fd`) is a leftover: its creator's
+// lock is free, so the process that created it is gone. Taking the lock
+// keeps it until `fd` is closed: the name must go while it is held, since a
+// creator between shm_open and its flock would otherwise get the lock right
+// after this check and keep a name that is about to be removed (it looks at
+// its name only once it holds the lock).
+bool lockFreed(int fd) { return flock(fd, LOCK_EX | LOCK_NB) == 0; }  // EWOULDBLOCK: it lives
 
 }  // namespace
 
@@ -98,13 +98,13 @@ int ShmSegment::sweepLeftovers(const std::string& namePrefix) {
     struct stat st;
     bool gone = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid();
     if (gone && locked) {
-      gone = creatorGone(fd);
+      gone = lockFreed(fd);
     } else if (gone) {
       gone = now - st.st_mtime >= kUnlockedLeftoverAge.count() && kill(static_cast<pid_t>(pid), 0) != 0 &&
              errno == ESRCH;
     }
-    close(fd);
     if (gone && shm_unlink(("/" + name).c_str()) == 0) ++removed;
+    close(fd);  // only now the lock goes
   }
   closedir(dir);
   if (removed > 0)
