@@ -217,6 +217,32 @@ def names_that_do_not_fit_their_address(rank, world, port):
     return out
 
 
+def where_a_rank_listens(rank, world, port):
+    """The addresses rank 0 listens on (its advertised one and 127.0.0.1,
+    not every interface), and what a dial to 127.0.0.2, which no peer uses,
+    gets: refused."""
+    import errno
+
+    import roce_pg
+
+    from .support.proc_counts import listening_addresses
+
+    out = {}
+    if rank == 0:
+        listen = roce_pg._C._runtime_stats()["listen_port"]
+        backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+        key = backend._process_keys()[0]
+        out["advertised"] = key[key.rindex("/") + 1:key.rindex(":")]
+        out["addresses"] = listening_addresses(listen)
+        try:
+            socket.create_connection(("127.0.0.2", listen), timeout=5).close()
+            out["other_loopback"] = "connected"
+        except OSError as e:
+            out["other_loopback"] = "refused" if e.errno == errno.ECONNREFUSED else str(e)
+    out["exact"] = _exact_after_the_attack(rank, world)
+    return out
+
+
 def records_speaking_for_another_process(rank, world, port):
     """An insider knows the group's nonces (rank 0's, rank 1's) and opens a
     process link to rank 0 under a name of its own, then sends what would

@@ -61,6 +61,16 @@ def test_a_link_may_only_name_a_process_of_the_address_it_came_from():
     assert all(x["exact"] for x in results), results
 
 
+@pytest.mark.parametrize("ifname", ["", "lo"])
+def test_a_rank_listens_on_its_advertised_address_and_loopback_only(ifname):
+    env = {**TWO_MACHINES, "ROCE_PG_SOCKET_IFNAME": ifname} if ifname else TWO_MACHINES
+    results = run_group("tests.hostile_workers.where_a_rank_listens", 2, env=env)
+    r = results[0]
+    assert r["addresses"] == sorted({r["advertised"], "127.0.0.1"}), r
+    assert r["other_loopback"] == "refused", r
+    assert all(x["exact"] for x in results), results
+
+
 def test_a_link_cannot_speak_for_a_rank_of_another_process():
     results = run_group("tests.hostile_workers.records_speaking_for_another_process", 2, env=TWO_MACHINES)
     # A FAIL and a GONE naming rank 1, on a link of another name: both

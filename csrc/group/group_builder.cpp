@@ -100,7 +100,7 @@ std::unique_ptr<Communicator> GroupBuilder::join(Bootstrap& outerStore, const Co
     FrontDesk& desk = ProcessRuntime::get().desk();
     c.mailbox_ = std::make_unique<MailboxLease>(desk, me.nonce);
     me.tcpHost = tcpAdvertiseAddress(c.cfg_);
-    me.tcpPort = desk.port();
+    me.tcpPort = desk.listen(me.tcpHost);
     if (c.cfg_.placement.netTransport != NetTransport::Tcp) {
       // Open the RDMA ports now, so the leader can tell whether every rank has one.
       // A port that cannot be opened is left out (said at INFO); none at all is what noVerbsWhy tells.

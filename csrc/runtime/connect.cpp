@@ -257,18 +257,23 @@ UniqueFd TcpAcceptor::take(LinkKind kind, int peer, Clock::time_point deadline, 
   }
 }
 
-TcpListener::TcpListener() {
-  fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd_ < 0) throwComm(str("socket() failed: ", std::strerror(errno)));
+std::unique_ptr<TcpListener> TcpListener::open(const std::string& address, int port, int& err) {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, address.c_str(), &sa.sin_addr) != 1) {
+    err = EINVAL;
+    return nullptr;
+  }
+  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   socklen_t len = sizeof(sa);
-  setNonBlocking(fd_, true);  // the front desk drains it with accept4 until EAGAIN
-  if (bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || listen(fd_, 1024) != 0 ||
-      getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len) != 0)
-    throwComm(str("could not open a TCP listening socket: ", std::strerror(errno)));
-  port_ = ntohs(sa.sin_port);
+  if (fd.get() < 0 || bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+      listen(fd.get(), 1024) != 0 || getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    err = errno;
+    return nullptr;
+  }
+  setNonBlocking(fd.get(), true);  // the front desk drains it with accept4 until EAGAIN
+  return std::unique_ptr<TcpListener>(new TcpListener(fd.release(), ntohs(sa.sin_port), address));
 }
 
 TcpListener::~TcpListener() {

@@ -35,19 +35,24 @@ namespace roce::runtime {
 
 class Mailbox;
 
-// The process's listening socket (FrontDesk owns the one instance).
+// One of the process's listening sockets (FrontDesk owns them).
 class TcpListener {
  public:
-  TcpListener();
+  // Listens on `address` (IPv4), port `port` (0: one the kernel picks);
+  // null with `err` set (EADDRINUSE: the port is taken there) on failure.
+  static std::unique_ptr<TcpListener> open(const std::string& address, int port, int& err);
   ~TcpListener();
   TcpListener(const TcpListener&) = delete;
   TcpListener& operator=(const TcpListener&) = delete;
   int port() const { return port_; }
   int fd() const { return fd_; }
+  const std::string& address() const { return address_; }
 
  private:
+  TcpListener(int fd, int port, std::string address) : fd_(fd), port_(port), address_(std::move(address)) {}
   int fd_ = -1;
   int port_ = 0;
+  std::string address_;
 };
 
 // The IPv4 address peers on other machines should dial: the one of

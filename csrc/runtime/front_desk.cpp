@@ -31,6 +31,10 @@ constexpr int kMaxPendingPerSource = 256;
 // After the process ran out of descriptors (EMFILE), the listener is not
 // polled for this long: it stays readable, and accepting again at once would spin.
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);
+// Peers on this machine dial here (group/group_builder.cpp).
+const std::string kLoopback = "127.0.0.1";
+// Ports tried for one that is free on the advertised address and loopback alike.
+constexpr int kPortAttempts = 16;
 // How long a hello for a key nobody opened yet is kept (a subgroup member that
 // is this late to create the group has timed out its peers anyway: torch's
 // default timeout is 10 to 30 minutes).
@@ -109,15 +113,53 @@ size_t headBytes(const char* buf, size_t got) {
 FrontDesk::FrontDesk(ProcessRuntime& runtime) : runtime_(runtime) {}
 FrontDesk::~FrontDesk() = default;
 
-int FrontDesk::port() {
+int FrontDesk::port() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return listeners_.empty() ? 0 : listeners_.front()->port();
+}
+
+std::unique_ptr<TcpListener> FrontDesk::listenOn(const std::string& address, int port) {
+  int err = 0;
+  auto l = TcpListener::open(address, port, err);
+  if (!l && !(port != 0 && err == EADDRINUSE))
+    throwComm(str("could not listen on ", address, ":", port, ": ", std::strerror(err),
+                  err == EADDRNOTAVAIL ? " (not an address of this machine: check ROCE_PG_SOCKET_IFNAME)" : ""));
+  return l;
+}
+
+int FrontDesk::listen(const std::string& advertised) {
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (listener_) return listener_->port();
-    listener_ = std::make_unique<TcpListener>();
+    for (const auto& l : listeners_)
+      if (l->address() == advertised) return l->port();
+    std::vector<std::string> addresses{advertised};
+    if (advertised != kLoopback) addresses.push_back(kLoopback);
+    if (listeners_.empty()) {
+      // One port on every address: the first listener's, which the others
+      // may find taken (another process's): then another first port.
+      for (int attempt = 0; attempt < kPortAttempts && listeners_.empty(); ++attempt) {
+        std::vector<std::unique_ptr<TcpListener>> opened;
+        opened.push_back(listenOn(addresses[0], 0));
+        for (size_t i = 1; i < addresses.size() && opened.back(); ++i)
+          opened.push_back(listenOn(addresses[i], opened.front()->port()));
+        if (opened.back()) listeners_ = std::move(opened);
+      }
+      if (listeners_.empty())
+        throwComm(str("could not listen on ", advertised, " and ", kLoopback, " with one port in ", kPortAttempts,
+                      " tries: every port the kernel picked on ", advertised, " was taken on ", kLoopback));
+    } else {
+      // A group advertising another address than the first's.
+      const int port = listeners_.front()->port();
+      auto l = listenOn(advertised, port);
+      if (!l)
+        throwComm(str("could not listen on ", advertised, ":", port, " (this process's port, where it listens on ",
+                      listeners_.front()->address(), "): the port is taken there; give every group of a process "
+                      "the same ROCE_PG_SOCKET_IFNAME"));
+      listeners_.push_back(std::move(l));
+    }
   }
-  runtime_.poke();  // poll the new listener from now on
-  std::lock_guard<std::mutex> g(mu_);
-  return listener_->port();
+  runtime_.poke();  // poll the new listeners from now on
+  return port();
 }
 
 std::shared_ptr<Mailbox> FrontDesk::open(uint64_t key) {
@@ -198,14 +240,15 @@ Clock::time_point FrontDesk::tick(Clock::time_point now) {
 void FrontDesk::addPollFds(std::vector<pollfd>& fds) {
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (listener_ && Clock::now() >= acceptPausedUntil_) fds.push_back({listener_->fd(), POLLIN, 0});
+    if (Clock::now() >= acceptPausedUntil_)
+      for (const auto& l : listeners_) fds.push_back({l->fd(), POLLIN, 0});
   }
   for (const auto& p : pending_) fds.push_back({p->fd.get(), POLLIN, 0});
 }
 
 void FrontDesk::polled(const pollfd* fds, size_t n) {
-  // Entries follow addPollFds' order: the listener (if open), then pending_
-  // as it was, which only this thread changes.
+  // Entries follow addPollFds' order: the listeners, then pending_ as it
+  // was, which only this thread changes.
   bool anyReady = false;
   for (size_t i = 0; i < n; ++i) anyReady |= fds[i].revents != 0;
   if (!anyReady) return;
@@ -214,12 +257,16 @@ void FrontDesk::polled(const pollfd* fds, size_t n) {
 }
 
 void FrontDesk::acceptNew() {
-  int lfd;
+  std::vector<int> fds;
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (!listener_) return;
-    lfd = listener_->fd();
+    for (const auto& l : listeners_) fds.push_back(l->fd());
   }
+  for (int lfd : fds)
+    if (!acceptFrom(lfd)) return;
+}
+
+bool FrontDesk::acceptFrom(int lfd) {
   for (;;) {
     sockaddr_in from{};
     socklen_t len = sizeof(from);
@@ -232,8 +279,9 @@ void FrontDesk::acceptNew() {
           ROCE_WARN("roce: the listener cannot accept connections: ", std::strerror(errno),
                     "; accepting pauses for 100 ms at a time until descriptors free up (raise `ulimit -n`)");
         }
+        return false;
       }
-      return;  // EAGAIN: nothing more right now
+      return true;  // EAGAIN: nothing more right now
     }
     int& fromSource = pendingBySource_[from.sin_addr.s_addr];
     if (pending_.size() >= kMaxPending || fromSource >= kMaxPendingPerSource) {

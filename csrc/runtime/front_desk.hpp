@@ -21,7 +21,8 @@
 // connection's later bytes (a data stream's) for the owner.
 //
 // The listener opens on first use and stays open for the process's life, so
-// a refused connection still means the process is gone.
+// a refused connection still means the process is gone. It listens on the
+// address the groups advertise and on 127.0.0.1, not on every interface.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -95,8 +96,14 @@ class FrontDesk : public RuntimeService {
   explicit FrontDesk(ProcessRuntime& runtime);
   ~FrontDesk() override;
 
-  // The port every group of this process publishes (opens the listener).
-  int port();
+  // Listens on `advertised` (the address this process's groups publish:
+  // peers on other machines dial it) and on 127.0.0.1 (peers on this
+  // machine dial that), not on every interface; returns the port, the same
+  // on every address. The first call picks the port; a group advertising
+  // another address later adds a listener there on the same port.
+  int listen(const std::string& advertised);
+  // The listeners' port (0 before the first listen()).
+  int port() const;
   // Connections that name `key` go to the returned mailbox until close(key).
   std::shared_ptr<Mailbox> open(uint64_t key);
   void close(uint64_t key);
@@ -119,6 +126,7 @@ class FrontDesk : public RuntimeService {
  private:
   struct Pending;
   void acceptNew();
+  bool acceptFrom(int listenerFd);  // false once out of descriptors (accepting pauses)
   bool readHead(Pending& p);  // true when done with it (routed or dropped)
   void refuseUnauthenticated(const Pending& p);  // its MAC did not match: counted, logged once
   // Removes the pending connections `done` says are done with, keeping the
@@ -128,8 +136,11 @@ class FrontDesk : public RuntimeService {
   void route(uint64_t key, Arrival a);
 
   ProcessRuntime& runtime_;
-  mutable std::mutex mu_;  // listener_ and boxes_ (group threads open and close)
-  std::unique_ptr<TcpListener> listener_;
+  // Listens on `address` at `port` (0: any) beside the listeners open:
+  // null if the port is taken there (EADDRINUSE), throws on other failures.
+  std::unique_ptr<TcpListener> listenOn(const std::string& address, int port);  // under mu_
+  mutable std::mutex mu_;  // listeners_ and boxes_ (group threads open and close)
+  std::vector<std::unique_ptr<TcpListener>> listeners_;
   std::unordered_map<uint64_t, std::shared_ptr<Mailbox>> boxes_;
   std::unordered_set<uint64_t> closed_;  // keys whose mailbox was open once
   struct Parked {

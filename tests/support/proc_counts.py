@@ -33,6 +33,22 @@ def listening_ports():
     return len(ports)
 
 
+def listening_addresses(port):
+    """The IPv4 addresses this process listens on at `port` ("0.0.0.0": every interface)."""
+    import socket
+    import struct
+
+    mine, found = _socket_inodes(), set()
+    with open("/proc/self/net/tcp") as f:
+        next(f)
+        for line in f:
+            cols = line.split()
+            address, at = cols[1].split(":")
+            if cols[3] == "0A" and cols[9] in mine and int(at, 16) == port:
+                found.add(socket.inet_ntoa(struct.pack("<I", int(address, 16))))
+    return sorted(found)
+
+
 def thread_names():
     """Names of this process's threads (roce's channel helpers are roce-reduce)."""
     names = set()
