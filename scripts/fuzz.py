@@ -41,6 +41,8 @@ TARGETS = {
     "reconfigure_handles": ["torch/reconfigure_handles.cpp"],
     "endpoint": ["transport/verbs/verbs_endpoint.cpp"],
     "frames": ["transport/stream_transport.cpp"] + CONFIG,
+    "mux_chunks": ["transport/tcp/mux_link.cpp", "transport/tcp/tcp_mux.cpp", "transport/tcp/mux_chunk.cpp",
+                   "common/log.cpp"] + CONFIG,
 }
 # -O0 for the g++ driver (CI: its builds are most of its time, and a few
 # seconds of mutations find what they find at either level); -O1 for the

@@ -15,4 +15,4 @@ def test_every_parser_survives_its_fuzz_run():
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = [line for line in p.stdout.splitlines() if line.strip()]
-    assert len(lines) == 7 and all(" ok " in line for line in lines), p.stdout
+    assert len(lines) == 8 and all(" ok " in line for line in lines), p.stdout

@@ -14,6 +14,7 @@
 #include "../../common/log.hpp"
 #include "../../common/wakeup.hpp"
 #include "../transport.hpp"
+#include "mux_chunk.hpp"
 #include "tcp_mux.hpp"
 
 namespace roce::transport::tcp {
@@ -23,11 +24,6 @@ namespace {
 constexpr const char* kEofText =
     "closed its TCP connection: it died (crash, OOM killer, SIGKILL: see its log) or exited without destroying "
     "its process groups";
-constexpr uint32_t kChunkMagic = 0x524d5558;  // "RMUX"
-// Small enough that a group's chunk never keeps another group's waiting for
-// long, and that the tail copy (a partly sent chunk) stays cheap; large
-// enough that the 32-byte header costs nothing (0.05%).
-constexpr size_t kChunkPayload = 64 << 10;
 // Chunks written per sendmsg().
 constexpr int kChunksPerCall = 8;
 // What one read() moves into other groups' inboxes before it returns to its
@@ -42,35 +38,7 @@ constexpr size_t kParkedCap = 64 << 20;
 // As the front desk's: a group that never comes here loses its parked bytes.
 constexpr auto kParkLimit = std::chrono::minutes(30);
 
-// OPEN: a group attached a stream (answered GONE if the group is gone at
-// the other end, so a rank that only receives learns it too).
-enum ChunkFlags : uint16_t { kData = 0, kClose = 1, kGone = 2, kOpenStream = 3 };
 enum End : uint8_t { kOpen = 0, kClosed = 1, kGroupGone = 2, kDropped = 3 };
-
-struct ChunkHeader {
-  uint32_t magic;
-  uint32_t len;       // payload bytes (data chunks only)
-  uint64_t dstNonce;  // the receiving rank's nonce for the group
-  uint64_t srcNonce;  // the sender's (GONE answers it)
-  int32_t srcRank;    // the sender's rank in the group
-  uint16_t flags;
-  uint16_t check;
-};
-static_assert(sizeof(ChunkHeader) == 32);
-
-uint16_t chunkCheck(const ChunkHeader& h) {
-  uint64_t x = h.dstNonce * 0x9e3779b97f4a7c15ull ^ h.srcNonce ^ (uint64_t(h.len) << 32 | uint32_t(h.srcRank));
-  x ^= uint64_t(h.flags) << 48;
-  x ^= x >> 31;
-  x *= 0xbf58476d1ce4e5b9ull;
-  return static_cast<uint16_t>(x ^ (x >> 29) ^ (x >> 47));
-}
-
-ChunkHeader makeHeader(uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t flags, uint32_t len) {
-  ChunkHeader h{kChunkMagic, len, dstNonce, srcNonce, srcRank, flags, 0};
-  h.check = chunkCheck(h);
-  return h;
-}
 
 bool wouldBlock() { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR; }
 

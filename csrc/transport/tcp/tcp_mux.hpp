@@ -53,6 +53,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -75,7 +76,10 @@ using namespace roce::runtime;
 // The per-process table (ProcessRuntime::get().service<TcpMux>()).
 class TcpMux : public RuntimeService {
  public:
-  explicit TcpMux(ProcessRuntime& runtime) : runtime_(runtime) {}
+  explicit TcpMux(ProcessRuntime& runtime) : pokeRuntime_([&runtime] { runtime.poke(); }) {}
+  // Without the process's runtime (tests/fuzz/fuzz_mux_chunks.cpp):
+  // `pokeRuntime` is what a link calls when the runtime thread should poll it.
+  explicit TcpMux(std::function<void()> pokeRuntime) : pokeRuntime_(std::move(pokeRuntime)) {}
 
   // A connection a group made to the process `peerKey` (owned from now on).
   void adopt(const std::string& peerKey, int fd, std::string addr);
@@ -121,11 +125,11 @@ class TcpMux : public RuntimeService {
   // Under groupsMu_ (taken last): what becomes of a chunk for `nonce`.
   // `claim`: an Owned stream is the group's new peer (takeNewPeers).
   Fate fate(uint64_t nonce, int srcRank, Wakeup** wake, int* closedRank, bool claim);
-  void wakeRuntime() { runtime_.poke(); }
+  void wakeRuntime() { pokeRuntime_(); }
   void wakeGroups();  // rare events (a new link, a dial ended): every group looks
   std::vector<std::shared_ptr<MuxLink>> snapshot();  // the links, without holding linksMu_ after
 
-  ProcessRuntime& runtime_;
+  std::function<void()> pokeRuntime_;
   std::mutex linksMu_;
   std::unordered_map<std::string, std::shared_ptr<MuxLink>> links_;
   struct Claim {

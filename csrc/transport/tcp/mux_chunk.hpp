@@ -1,0 +1,39 @@
+// The chunks every TCP stream between two processes travels in (tcp_mux.hpp
+// says how streams share a connection): a 32-byte header naming the
+// receiving rank's nonce for the group, the sender's nonce and rank, a kind
+// and a payload length, then the payload (data chunks only). Here apart from
+// the links so that the fuzz target (tests/fuzz/fuzz_mux_chunks.cpp) writes
+// the chunks the links read.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace roce::transport::tcp {
+
+constexpr uint32_t kChunkMagic = 0x524d5558;  // "RMUX"
+// Small enough that a group's chunk never keeps another group's waiting for
+// long, and that the tail copy (a partly sent chunk) stays cheap; large
+// enough that the 32-byte header costs nothing (0.05%).
+constexpr size_t kChunkPayload = 64 << 10;
+
+// OPEN: a group attached a stream (answered GONE if the group is gone at
+// the other end, so a rank that only receives learns it too).
+enum ChunkFlags : uint16_t { kData = 0, kClose = 1, kGone = 2, kOpenStream = 3 };
+
+struct ChunkHeader {
+  uint32_t magic;
+  uint32_t len;       // payload bytes (data chunks only)
+  uint64_t dstNonce;  // the receiving rank's nonce for the group
+  uint64_t srcNonce;  // the sender's (GONE answers it)
+  int32_t srcRank;    // the sender's rank in the group
+  uint16_t flags;
+  uint16_t check;
+};
+static_assert(sizeof(ChunkHeader) == 32);
+
+// A hash of the other fields: a misaligned or corrupted stream is told from
+// a header before its length is trusted.
+uint16_t chunkCheck(const ChunkHeader& h);
+ChunkHeader makeHeader(uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t flags, uint32_t len);
+
+}  // namespace roce::transport::tcp
