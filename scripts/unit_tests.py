@@ -79,6 +79,8 @@ TESTS = {
     "worker_pool": {"sources": ["common/worker_pool.cpp", "common/log.cpp"], "libs": ["-lpthread"]},
     "window_order": {"sources": ["window/window_order.cpp"]},
     "link_identity": {"sources": ["runtime/link_identity.cpp"]},
+    "mux_flow": {"sources": ["transport/tcp/mux_link.cpp", "transport/tcp/tcp_mux.cpp", "transport/tcp/mux_chunk.cpp",
+                             "common/log.cpp"] + CONFIG, "libs": ["-lpthread"]},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 SUMMARY = re.compile(r"^(\d+) test\(s\), (\d+) failed$", re.M)

@@ -2,6 +2,7 @@
 connects to, and when (connections on demand). Every rank is its own
 simulated machine over TCP, so every peer is a network peer."""
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -112,3 +113,35 @@ def peer_left(rank, world, port):
     dist.destroy_process_group()
     dist.init_process_group("roce", store=dist.PrefixStore("again", store), rank=rank, world_size=world)
     return {"msg": msg}
+
+
+def _rss_kib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def eager_send_to_a_reader_that_waits(rank, world, port, megabytes=64):
+    """Rank 1 sends `megabytes` to rank 0, which posts its receive 3 s later:
+    meanwhile rank 0 holds at most a stream's window of it (its inbox fills
+    from the runtime's idle reads, then the sender waits for credit), the
+    sender's Work is not done, and the receive then gets every byte exactly."""
+    import torch
+
+    n = megabytes << 18  # float32 elements
+    dist.all_reduce(torch.ones(1 << 16))  # connected, buffers made
+    if rank == 1:
+        x = torch.arange(n, dtype=torch.float32)
+        work = dist.isend(x, 0)
+        time.sleep(1.5)
+        done_early = work.is_completed()
+        work.wait()
+        _store_barrier("eager-done", world)
+        return {"done_early": done_early}
+    rss0 = _rss_kib()
+    time.sleep(3)
+    held_kib = _rss_kib() - rss0
+    y = torch.empty(n, dtype=torch.float32)
+    dist.recv(y, 1)
+    exact = bool(torch.equal(y, torch.arange(n, dtype=torch.float32)))
+    _store_barrier("eager-done", world)
+    return {"held_kib": held_kib, "exact": exact}

@@ -18,7 +18,7 @@ from .support.ranks import store_wait
 # The wire format as csrc/runtime/hello.hpp and process_links.cpp define it.
 HELLO = struct.Struct("<IHHiiQQ")      # magic, version, kind, src, dst, srcNonce, dstNonce
 RECORD = struct.Struct("<IHHiIQQ")     # magic, type, len, srcRank, reserved, dstNonce, srcNonce
-HELLO_MAGIC, HELLO_VERSION, KIND_PROCESS = 0x526F4345, 6, 5
+HELLO_MAGIC, HELLO_VERSION, KIND_PROCESS = 0x526F4345, 7, 5
 JOB_SECRET = "hostile-peers-test-secret"
 MAC_BYTES = 16  # HMAC-SHA256 of the head under the job secret, truncated (common/job_secret.hpp)
 PROCESS_LINKS_KEY = 0x70726F636C696E6B  # "proclink"

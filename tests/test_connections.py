@@ -39,3 +39,13 @@ def test_eager_mode_connects_every_peer_at_init():
 def test_a_peer_that_left_is_named():
     results = run_group("tests.connection_workers.peer_left", 3, env=SIX_MACHINES)
     assert "tcp" in results[0]["msg"] and "destroyed the process group" in results[0]["msg"]
+
+
+def test_a_stream_holds_at_most_its_window_for_a_reader_that_waits():
+    results = run_group("tests.connection_workers.eager_send_to_a_reader_that_waits", 2,
+                        env={**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "1"})
+    # 64 MiB sent to a rank that receives 3 s later: it held about one 4 MiB
+    # window meanwhile (before flow control: all 64 MiB), and got it exact.
+    assert results[0]["exact"], results
+    assert results[0]["held_kib"] < 16 << 10, results
+    assert not results[1]["done_early"], results

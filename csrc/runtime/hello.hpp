@@ -27,8 +27,10 @@ constexpr uint32_t kHelloMagic = 0x526f4345;  // "RoCE"
 // 3: data connections are answered (HelloReply); 4: the hello names the
 // destination's nonce (one listener per process); 5: lifelines
 // travel over process links (process_links.hpp); 6: the job secret's MAC
-// follows the hello.
-constexpr uint16_t kHelloVersion = 6;
+// follows the hello; 7: TCP streams are flow-controlled by CREDIT chunks
+// (transport/tcp/mux_chunk.hpp), and a process link's name must fit the
+// address it came from.
+constexpr uint16_t kHelloVersion = 7;
 
 // Probe: answered by the front desk itself (Gone if the key's mailbox was
 // closed, else Accepted), never delivered: a forming rank asks whether a

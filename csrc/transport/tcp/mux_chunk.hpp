@@ -17,8 +17,19 @@ constexpr uint32_t kChunkMagic = 0x524d5558;  // "RMUX"
 constexpr size_t kChunkPayload = 64 << 10;
 
 // OPEN: a group attached a stream (answered GONE if the group is gone at
-// the other end, so a rank that only receives learns it too).
-enum ChunkFlags : uint16_t { kData = 0, kClose = 1, kGone = 2, kOpenStream = 3 };
+// the other end, so a rank that only receives learns it too). CREDIT: the
+// stream's reader took `len` more of its bytes, which the sender may now
+// send (no payload).
+enum ChunkFlags : uint16_t { kData = 0, kClose = 1, kGone = 2, kOpenStream = 3, kCredit = 4 };
+
+// Flow control per stream: a sender has at most this many bytes of a stream
+// that its reader has not taken yet (in the socket, or in the reader's
+// inbox, which a group that is not reading, or not created yet, leaves
+// filling), so what a peer can make a rank hold for a stream is bounded.
+// The reader gives credit back once it took kCreditEvery bytes, so a
+// stream read as it arrives never waits for credit.
+constexpr size_t kStreamWindow = 4 << 20;
+constexpr size_t kCreditEvery = kStreamWindow / 4;
 
 struct ChunkHeader {
   uint32_t magic;

@@ -35,6 +35,12 @@ constexpr size_t kReadBudget = 8 << 20;
 constexpr auto kIdleReadAfter = std::chrono::milliseconds(20);
 constexpr size_t kRuntimeReadPerRound = 4 << 20;
 constexpr size_t kParkedCap = 64 << 20;
+// Beyond these a peer's streams for groups not created here end its link:
+// each holds at most a stream's window (mux_chunk.hpp), and only a peer that
+// creates very many groups long before this process does, or one that does
+// not follow the protocol, gets there.
+constexpr size_t kParkedLimit = 256 << 20;
+constexpr size_t kMaxParkedStreams = 4096;
 // As the front desk's: a group that never comes here loses its parked bytes.
 constexpr auto kParkLimit = std::chrono::minutes(30);
 
@@ -87,8 +93,7 @@ std::string MuxLink::address() {
 
 size_t MuxLink::parked() {
   std::lock_guard<std::mutex> g(mu_);
-  return static_cast<size_t>(
-      std::count_if(inboxes_.begin(), inboxes_.end(), [](const auto& kv) { return !kv.second.owned; }));
+  return parkedStreams();
 }
 
 int MuxLink::sendFd() {
@@ -193,8 +198,8 @@ bool MuxLink::flushTail() {
   return true;
 }
 
-void MuxLink::sendControl(uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t flags) {
-  const ChunkHeader h = makeHeader(dstNonce, srcNonce, srcRank, flags, 0);
+void MuxLink::sendControl(uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t flags, uint32_t len) {
+  const ChunkHeader h = makeHeader(dstNonce, srcNonce, srcRank, flags, len);
   const char* p = reinterpret_cast<const char*>(&h);
   size_t sent = 0;
   if (flushTail()) {
@@ -211,7 +216,10 @@ size_t MuxLink::write(const Stream& s, const iovec* iov, int n) {
   std::lock_guard<std::mutex> g(mu_);
   if (!deadReason_.empty()) throwEnded(s, kOpen);
   auto it = inboxes_.find({s.selfNonce, s.peerRank});
-  if (it != inboxes_.end() && it->second.end != kOpen) throwEnded(s, it->second.end);
+  if (it == inboxes_.end())  // close() erased it: only the pipe's owner calls both
+    throwComm(str("internal error: rank ", s.selfRank, " wrote a TCP stream to rank ", s.peerRank, " it closed"));
+  MuxInbox& box = it->second;
+  if (box.end != kOpen) throwEnded(s, box.end);
   if (!flushTail()) {
     if (!deadReason_.empty()) throwEnded(s, kOpen);
     return 0;
@@ -222,6 +230,14 @@ size_t MuxLink::write(const Stream& s, const iovec* iov, int n) {
   if (n > 2) throwComm(str("internal error: a TCP stream write of ", n, " pieces (at most 2)"));
   size_t total = 0;
   for (int i = 0; i < n; ++i) total += iov[i].iov_len;
+  // As much as the reader gave credit for (none: a CREDIT chunk wakes the group).
+  total = std::min(total, box.sendCredit);
+  const size_t sent = writeChunks(s, iov, total);
+  box.sendCredit -= sent;
+  return sent;
+}
+
+size_t MuxLink::writeChunks(const Stream& s, const iovec* iov, size_t total) {
   int at = 0;        // iov[at] + off: the next byte to cut
   size_t off = 0;
   size_t accepted = 0;
@@ -298,19 +314,34 @@ void MuxLink::deliverEnd(MuxInbox& box, uint8_t end) {
 // Returns false if the socket carried garbage (the link is dead then).
 bool MuxLink::routeChunk(Socket& so) {
   const ChunkHeader& h = so.hdr;
-  if (h.magic != kChunkMagic || h.check != chunkCheck(h) || h.len > kChunkPayload) {
+  if (h.magic != kChunkMagic || h.check != chunkCheck(h) ||
+      h.len > (h.flags == kCredit ? kStreamWindow : h.flags == kData ? kChunkPayload : 0)) {
     die(str("sent a corrupted TCP stream (chunk magic 0x", std::hex, h.magic, std::dec,
             "): mixed roce_pg versions across ranks, or something else connected"));
     return false;
   }
   const InboxKey key{h.dstNonce, h.srcRank};
+  if (h.flags == kCredit) {
+    // For this rank's stream to the reader: (this group's nonce, the reader's rank).
+    auto it = inboxes_.find(key);
+    if (it == inboxes_.end()) return true;  // closed here meanwhile
+    MuxInbox& box = it->second;
+    if (box.sendCredit + h.len > kStreamWindow) {
+      die(str("gave credit for more of a stream than was sent (rank ", h.srcRank,
+              "): mixed roce_pg versions across ranks, or a peer that does not follow the protocol"));
+      return false;
+    }
+    box.sendCredit += h.len;
+    if (box.owned && box.wake) box.wake->wake();  // its group may wait to write
+    return true;
+  }
   if (h.flags == kOpenStream) {
     // Only a group gone here answers; otherwise the stream's first data
     // (or nothing) follows.
     Wakeup* wake = nullptr;
     int closedRank = -1;
     if (!inboxes_.count(key) && mux_.fate(h.dstNonce, h.srcRank, &wake, &closedRank, false) == TcpMux::Fate::Closed &&
-        goneSent_.insert({h.dstNonce, h.srcNonce}).second)
+        answerGoneOnce(h.dstNonce, h.srcNonce))
       sendControl(h.srcNonce, h.dstNonce, closedRank, kGone);
     return true;
   }
@@ -326,7 +357,7 @@ bool MuxLink::routeChunk(Socket& so) {
     const auto fate = mux_.fate(h.dstNonce, h.srcRank, &wake, &closedRank, true);
     if (fate == TcpMux::Fate::Closed) {
       // The group is gone here: tell the sender once, drop the chunk.
-      if (h.flags == kData && goneSent_.insert({h.dstNonce, h.srcNonce}).second)
+      if (h.flags == kData && answerGoneOnce(h.dstNonce, h.srcNonce))
         sendControl(h.srcNonce, h.dstNonce, closedRank, kGone);
       so.key = key;
       so.discard = true;
@@ -334,9 +365,15 @@ bool MuxLink::routeChunk(Socket& so) {
       so.inChunk = h.flags == kData && h.len > 0;
       return true;
     }
-    if (fate == TcpMux::Fate::Unknown)
+    if (fate == TcpMux::Fate::Unknown) {
+      if (parkedStreams() >= kMaxParkedStreams) {
+        die(str("opened more than ", kMaxParkedStreams, " streams for groups not created here: create the same "
+                "process groups in the same order on every rank (or a peer that does not follow the protocol)"));
+        return false;
+      }
       ROCE_TRACE("tcp: a stream from rank ", h.srcRank, " of a group not created here yet (key ", std::hex,
                  h.dstNonce, std::dec, ") is kept until it is");
+    }
     MuxInbox& box = inboxes_[key];
     box.owned = fate == TcpMux::Fate::Owned;
     box.wake = wake;
@@ -348,6 +385,18 @@ bool MuxLink::routeChunk(Socket& so) {
   if (h.flags == kClose) {
     deliverEnd(it->second, kClosed);
     return true;
+  }
+  if (!it->second.owned && !it->second.discard && parkedBytes() + h.len > kParkedLimit) {
+    die(str("sent more than ", kParkedLimit >> 20, " MiB for groups not created here: create the same process "
+            "groups in the same order on every rank, and within minutes of each other"));
+    return false;
+  }
+  // Flow control bounds what a stream's sender may have unread here.
+  if (!it->second.discard && it->second.buffered() + h.len > kStreamWindow) {
+    die(str("sent rank ", h.srcRank, "'s stream past its window (", it->second.buffered() + h.len, " bytes unread, ",
+            kStreamWindow, " allowed): mixed roce_pg versions across ranks, or a peer that does not follow the "
+            "protocol"));
+    return false;
   }
   so.key = key;
   so.discard = it->second.discard;
@@ -419,6 +468,7 @@ size_t MuxLink::read(const Stream& s, void* dst, size_t n) {
     if (box.head == box.data.size()) box.data.clear(), box.head = 0;
     else if (box.head >= (1u << 20) && box.head * 2 >= box.data.size())  // keep a long-lived inbox compact
       box.data.erase(box.data.begin(), box.data.begin() + static_cast<std::ptrdiff_t>(box.head)), box.head = 0;
+    took(s, box, k);
     return k;
   };
   auto it = inboxes_.find(self);
@@ -438,6 +488,7 @@ size_t MuxLink::read(const Stream& s, void* dst, size_t n) {
     if (r > 0) {
       so.remaining -= static_cast<size_t>(r);
       if (so.remaining == 0) so.inChunk = false;
+      took(s, it->second, static_cast<size_t>(r));
       return static_cast<size_t>(r);
     }
     if (r < 0 && wouldBlock()) continue;  // the rest of our chunk is on its way: read the other sockets meanwhile
@@ -453,14 +504,33 @@ size_t MuxLink::read(const Stream& s, void* dst, size_t n) {
   return 0;
 }
 
+void MuxLink::took(const Stream& s, MuxInbox& box, size_t n) {
+  box.taken += n;
+  if (box.taken < kCreditEvery || !deadReason_.empty()) return;
+  sendControl(s.peerNonce, s.selfNonce, s.selfRank, kCredit, static_cast<uint32_t>(box.taken));
+  box.taken = 0;
+}
+
+bool MuxLink::answerGoneOnce(uint64_t goneNonce, uint64_t askerNonce) {
+  // Forgotten when this many, so that the set cannot grow without limit (a
+  // GONE may then be answered twice).
+  constexpr size_t kMaxGoneAnswered = 1 << 16;
+  if (goneSent_.size() >= kMaxGoneAnswered) goneSent_.clear();
+  return goneSent_.insert({goneNonce, askerNonce}).second;
+}
+
 bool MuxLink::hasBuffered(const Stream& s) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = inboxes_.find({s.selfNonce, s.peerRank});
   return it != inboxes_.end() && (it->second.buffered() > 0 || it->second.end != kOpen);
 }
 
-void MuxLink::addPollFds(std::vector<pollfd>& fds, bool wantWrite) {
+void MuxLink::addPollFds(const Stream& s, std::vector<pollfd>& fds, bool wantWrite) {
   std::lock_guard<std::mutex> g(mu_);
+  // Out of credit with nothing of its own left in the tail: the socket's
+  // room does not help (a writable socket would only spin the wait).
+  auto it = inboxes_.find({s.selfNonce, s.peerRank});
+  if (it != inboxes_.end() && it->second.sendCredit == 0 && tailHead_ == tail_.size()) wantWrite = false;
   for (size_t i = 0; i < sockets_.size(); ++i)
     fds.push_back(pollfd{sockets_[i]->fd, static_cast<short>(POLLIN | (i == 0 && wantWrite ? POLLOUT : 0)), 0});
 }
@@ -471,10 +541,19 @@ void MuxLink::addPollFds(std::vector<pollfd>& fds, bool wantWrite) {
 // peer yet (a receive from any source) or the peer's EOF still happen.
 bool MuxLink::idleReadable(Clock::time_point now) const {
   if (!deadReason_.empty() || now - lastPump_ < kIdleReadAfter) return false;
+  return parkedBytes() < kParkedCap;
+}
+
+size_t MuxLink::parkedBytes() const {
   size_t parked = 0;
   for (auto& [key, box] : inboxes_)
     if (!box.owned) parked += box.buffered();
-  return parked < kParkedCap;
+  return parked;
+}
+
+size_t MuxLink::parkedStreams() const {
+  return static_cast<size_t>(
+      std::count_if(inboxes_.begin(), inboxes_.end(), [](const auto& kv) { return !kv.second.owned; }));
 }
 
 Clock::time_point MuxLink::idleDeadline(Clock::time_point now) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../../common/backoff.hpp"
+#include "mux_chunk.hpp"
 
 namespace roce {
 class Wakeup;
@@ -37,6 +38,10 @@ struct MuxInbox {
   Wakeup* wake = nullptr;   // the owning group's
   uint64_t peerNonce = 0;   // the sender's nonce (for CLOSE), once known
   Clock::time_point since;  // parked since
+  // The other direction of the same (group, peer) pair: what this rank may
+  // still send on its stream to the peer (mux_chunk.hpp: flow control).
+  size_t sendCredit = kStreamWindow;
+  size_t taken = 0;  // bytes the reader took since it last gave credit back
   size_t buffered() const { return data.size() - head; }
 };
 
@@ -72,7 +77,10 @@ class MuxLink {
   size_t write(const Stream& s, const iovec* iov, int n);
   size_t read(const Stream& s, void* dst, size_t n);
   bool hasBuffered(const Stream& s);
-  void addPollFds(std::vector<pollfd>& fds, bool wantWrite);
+  // The link's sockets, readable always; writable when `wantWrite` and the
+  // stream could send (out of credit, it waits for a CREDIT chunk, which
+  // reads in or wakes its group).
+  void addPollFds(const Stream& s, std::vector<pollfd>& fds, bool wantWrite);
   int sendFd();
   std::string address();  // the peer's "a.b.c.d:port", for messages
 
@@ -97,10 +105,19 @@ class MuxLink {
 
   // All under mu_.
   bool flushTail();
-  void sendControl(uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t flags);
+  void sendControl(uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t flags, uint32_t len = 0);
+  // The reader of `s` took `n` bytes of it: credit goes back in batches.
+  void took(const Stream& s, MuxInbox& box, size_t n);
   bool routeChunk(Socket& so);
+  // Cuts `total` bytes of `iov` into chunks of `s` and sends what the
+  // socket takes (a chunk cut short goes to the tail); returns the bytes taken.
+  size_t writeChunks(const Stream& s, const iovec* iov, size_t total);
+  // Whether GONE is still to be sent for (gone group, asker).
+  bool answerGoneOnce(uint64_t goneNonce, uint64_t askerNonce);
   bool pump(Socket& so, const InboxKey* self, size_t& budget);
   bool idleReadable(Clock::time_point now) const;
+  size_t parkedBytes() const;    // held for groups not created here
+  size_t parkedStreams() const;  // their streams
   void die(const std::string& why);
   void dieOnError(const char* op);  // after a failed send/recv: errno names why
   void wakeOwners();

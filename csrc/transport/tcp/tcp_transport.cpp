@@ -28,7 +28,7 @@ class MuxPipe : public BytePipe {
   size_t write(const iovec* iov, int n) override { return link_->write(s_, iov, n); }
   size_t read(void* dst, size_t n) override { return link_->read(s_, dst, n); }
   int pollFd() const override { return link_->sendFd(); }
-  void addPollFds(std::vector<pollfd>& fds, bool wantWrite) override { link_->addPollFds(fds, wantWrite); }
+  void addPollFds(std::vector<pollfd>& fds, bool wantWrite) override { link_->addPollFds(s_, fds, wantWrite); }
   bool hasBuffered() const override { return link_->hasBuffered(s_); }
   void abandon() override { link_->abandon(s_); }
 
