@@ -325,7 +325,18 @@ def counters(group=None):
     connected: TCP sockets, or verbs peers with queue pairs; peers are connected when first needed) and
     registered_bytes (what the verbs transport registered for this group's own buffers: its connections'
     control rings; not user tensors, and not the landing and staging pools, which the process's groups
-    share: _C._runtime_stats()["verbs_landing_bytes"] and ["verbs_staging_bytes"])."""
+    share: _C._runtime_stats()["verbs_landing_bytes"] and ["verbs_staging_bytes"]).
+    Also what the process refused of what reached it over the network (the
+    same in every group of the process, never reset): net_unauthenticated
+    (connections whose head was not signed with the job secret), net_refused_busy
+    (connections closed unread: too many heads pending from their address, or in
+    all), net_links_refused (process links refused: no name in time, too many,
+    records before the name, a name that does not fit the address it came from),
+    net_records_dropped (lifeline records dropped over the parking budget),
+    net_records_misrouted (lifeline records naming a rank of another process
+    than the link's) and net_streams_refused (TCP connections ended because
+    the peer broke the stream protocol: a corrupted chunk, a stream past its
+    flow-control window, too much for groups not created here)."""
     return _roce_backend(group)._counters()
 
 

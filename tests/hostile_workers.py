@@ -206,12 +206,14 @@ def names_that_do_not_fit_their_address(rank, world, port):
         backend = dist.group.WORLD._get_backend(torch.device("cpu"))
         listen = C._runtime_stats()["listen_port"]
         before = _settled(("process_links", "links_refused"))
+        counted_before = roce_pg.counters()["net_links_refused"]
         with _process_link(listen, name=backend._process_keys()[1].encode(), source="127.0.0.2") as s:
             out["hijack"] = _refusal(s).decode()
         with _process_link(listen, name=b"elsewhere/10.9.9.9:1") as s:
             out["elsewhere"] = _refusal(s).decode()
         after = _settled(("process_links", "links_refused"))
         out["refused"] = after["links_refused"] - before["links_refused"]
+        out["counted"] = roce_pg.counters()["net_links_refused"] - counted_before
         out["held"] = after["process_links"] - before["process_links"]
     out["exact"] = _exact_after_the_attack(rank, world)
     return out
@@ -271,6 +273,7 @@ def records_speaking_for_another_process(rank, world, port):
                     break
                 time.sleep(0.2)
         out["misrouted"] = after["link_records_misrouted"] - before["link_records_misrouted"]
+        out["counted"] = roce_pg.counters()["net_records_misrouted"]
     out["exact"] = _exact_after_the_attack(rank, world)
     return out
 

@@ -19,6 +19,23 @@ namespace {
 
 size_t floorPow2(size_t x) { return x ? std::bit_floor(x) : 0; }
 
+NetworkBudgets readNetworkBudgets(EnvReader& r) {
+  NetworkBudgets b;
+  auto bytes = [&](const char* name, size_t dflt, long long lo) {
+    return static_cast<size_t>(r.integer(perRank(name, "runtime"), static_cast<long long>(dflt), lo, 1ll << 40));
+  };
+  auto count = [&](const char* name, size_t dflt) {
+    return static_cast<size_t>(r.integer(perRank(name, "runtime"), static_cast<long long>(dflt), 1, 1 << 20));
+  };
+  b.parkedRecordBytes = bytes("ROCE_PG_NET_PARKED_RECORD_BYTES", b.parkedRecordBytes, 64 << 10);
+  b.unnamedLinks = count("ROCE_PG_NET_UNNAMED_LINKS", b.unnamedLinks);
+  b.unexpectedLinks = count("ROCE_PG_NET_UNEXPECTED_LINKS", b.unexpectedLinks);
+  b.pendingHeads = count("ROCE_PG_NET_PENDING_HEADS", b.pendingHeads);
+  b.pendingHeadsPerSource = count("ROCE_PG_NET_PENDING_HEADS_PER_SOURCE", b.pendingHeadsPerSource);
+  b.parkedStreamBytes = bytes("ROCE_PG_NET_PARKED_STREAM_BYTES", b.parkedStreamBytes, 16 << 20);
+  return b;
+}
+
 std::string readTestFault(EnvReader& r) {
   return r.oneOf(perRank("ROCE_PG_TEST_FAULT", "common"), "",
                  {"garbage_frames", "no_doorbell", "shm_full", "fail_forming", "slow_teardown", "next_protocol",
@@ -156,7 +173,8 @@ Config Config::read(EnvReader& r) {
       sameInGroup("ROCE_PG_HEARTBEAT_TIMEOUT_MS", "liveness"), c.heartbeatTimeoutMs, 1000, 86400000,
       "heartbeats are sent every few hundred ms and a busy machine would declare live peers "
       "dead; use >= 1000 or 0 (off)"));
-  const std::string fault = readTestFault(r);  // validated with the rest of the configuration
+  c.net = readNetworkBudgets(r);  // validated with the rest of the configuration
+  const std::string fault = readTestFault(r);
   c.testFailForming = fault == "fail_forming";
   c.testNextProtocol = fault == "next_protocol";
   return c;
@@ -206,6 +224,14 @@ int Config::channelsAuto(int cpus, int localRanks) {
 }
 
 int Config::workersAuto(int cpus, int localRanks) { return std::clamp(cpus / std::max(1, localRanks), 1, 8); }
+
+const NetworkBudgets& NetworkBudgets::get() {
+  static const NetworkBudgets budgets = [] {
+    EnvReader environment;
+    return readNetworkBudgets(environment);
+  }();
+  return budgets;
+}
 
 const std::string& testFault() {
   static const std::string fault = [] {

@@ -13,6 +13,20 @@
 
 namespace roce {
 
+// What the process keeps of what reaches it over the network before it
+// knows whose it is (runtime/, transport/tcp/): budgets against peers that
+// flood it, read once per process (ROCE_PG_NET_*; README, "Who can reach a rank").
+struct NetworkBudgets {
+  size_t parkedRecordBytes = 16 << 20;   // ROCE_PG_NET_PARKED_RECORD_BYTES: lifeline records for groups not created yet
+  size_t unnamedLinks = 64;              // ROCE_PG_NET_UNNAMED_LINKS: process links waiting for their name
+  size_t unexpectedLinks = 64;           // ROCE_PG_NET_UNEXPECTED_LINKS: links naming a process no group links to
+  size_t pendingHeads = 4096;            // ROCE_PG_NET_PENDING_HEADS: connections whose head has not arrived
+  size_t pendingHeadsPerSource = 256;    // ROCE_PG_NET_PENDING_HEADS_PER_SOURCE: the same from one address
+  size_t parkedStreamBytes = 256 << 20;  // ROCE_PG_NET_PARKED_STREAM_BYTES: TCP stream bytes for groups not created yet
+  // The process's values (read once).
+  static const NetworkBudgets& get();
+};
+
 struct Config {
   // Where ranks are and which transport joins them (group/, membership/):
   // what a subgroup compares with its parent (placementSettings()).
@@ -233,6 +247,9 @@ struct Config {
   // whose creation sees other values than its parent's joins instead of
   // deriving the parent's placement (roce_pg/__init__.py).
   std::string placementSettings() const;
+  // Declared with the rest so the settings table and the doctor list them;
+  // the process reads them once (NetworkBudgets::get).
+  NetworkBudgets net;
 
  private:
   static Config read(EnvReader& r);
@@ -262,5 +279,6 @@ struct Config {
 //                   formation protocol is one version newer would (what the
 //                   others see of a rank running another roce_pg build)
 const std::string& testFault();
+
 
 }  // namespace roce

@@ -21,13 +21,12 @@ namespace {
 // A dialer sends its first bytes right after connect(); one that has not
 // after this long is not one of ours (or is hopelessly overloaded) and is dropped.
 constexpr auto kHeadDeadline = std::chrono::seconds(30);
-// Half-open connections the desk keeps at once; more are closed unread
-// (a port scan or a runaway client must not eat the descriptors).
-constexpr size_t kMaxPending = 4096;
-// Of those, from one source address: someone who opens connections and sends
-// nothing (a slowloris) holds at most these, and the others' dials still get
-// a slot. A machine's ranks dial heads that arrive within microseconds.
-constexpr int kMaxPendingPerSource = 256;
+// Half-open connections the desk keeps at once (NetworkBudgets::
+// pendingHeads); more are closed unread (a port scan or a runaway client
+// must not eat the descriptors). Of those, from one source address
+// (pendingHeadsPerSource): someone who opens connections and sends nothing
+// (a slowloris) holds at most these, and the others' dials still get a slot.
+// A machine's ranks dial heads that arrive within microseconds.
 // After the process ran out of descriptors (EMFILE), the listener is not
 // polled for this long: it stays readable, and accepting again at once would spin.
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);
@@ -110,7 +109,7 @@ size_t headBytes(const char* buf, size_t got) {
 
 }  // namespace
 
-FrontDesk::FrontDesk(ProcessRuntime& runtime) : runtime_(runtime) {}
+FrontDesk::FrontDesk(ProcessRuntime& runtime) : runtime_(runtime), budgets_(NetworkBudgets::get()) {}
 FrontDesk::~FrontDesk() = default;
 
 int FrontDesk::port() const {
@@ -284,7 +283,7 @@ bool FrontDesk::acceptFrom(int lfd) {
       return true;  // EAGAIN: nothing more right now
     }
     int& fromSource = pendingBySource_[from.sin_addr.s_addr];
-    if (pending_.size() >= kMaxPending || fromSource >= kMaxPendingPerSource) {
+    if (pending_.size() >= budgets_.pendingHeads || static_cast<size_t>(fromSource) >= budgets_.pendingHeadsPerSource) {
       if (fromSource == 0) pendingBySource_.erase(from.sin_addr.s_addr);
       refusedBusy_.fetch_add(1);
       continue;  // closed unread

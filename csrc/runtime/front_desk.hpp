@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "../common/backoff.hpp"
+#include "../common/config.hpp"
 #include "hello.hpp"
 #include "process_runtime.hpp"
 #include "../common/unique_fd.hpp"
@@ -136,6 +137,7 @@ class FrontDesk : public RuntimeService {
   void route(uint64_t key, Arrival a);
 
   ProcessRuntime& runtime_;
+  const NetworkBudgets budgets_;
   // Listens on `address` at `port` (0: any) beside the listeners open:
   // null if the port is taken there (EADDRINUSE), throws on other failures.
   std::unique_ptr<TcpListener> listenOn(const std::string& address, int port);  // under mu_

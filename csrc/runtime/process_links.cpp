@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "../common/config.hpp"
 #include "../common/error.hpp"
 #include "../common/log.hpp"
 #include "../common/sockets.hpp"
@@ -38,27 +39,25 @@ constexpr size_t kMaxParkedHeartbeats = 64;  // one says the peer is there; the 
 // heartbeats and state records cannot push them out.
 constexpr size_t kMaxParkedRecords = 4096;
 constexpr size_t kMaxParkedGroups = 4096;
-// All parked records of the process together, text and bookkeeping: anyone
+// All parked records of the process together, text and bookkeeping, are
+// bounded by NetworkBudgets::parkedRecordBytes (16 MiB by default): anyone
 // who can reach the listener can send records for groups that do not exist
 // (nonces are not checked before the group opens), and nothing else bounds
 // what they cost. Legitimately parked records are a few per neighbour
-// (~150 bytes each): this holds those of ~50,000 ranks.
-constexpr size_t kMaxParkedBytes = 16 << 20;
+// (~150 bytes each): 16 MiB holds those of ~50,000 ranks.
 // What a parked record costs besides its text: its vector slot, twice (the
 // vector doubles), the text's allocation, and a node of the set of senders'
 // last words.
 constexpr size_t kParkedRecordOverhead = 2 * sizeof(LinkRecord) + 96;
 // An accepted link must name its process (its first record) within this
-// long, and at most this many may be waiting to: a peer's dial sends the
-// name with the hello, so only someone who is not a roce process waits.
+// long, and at most NetworkBudgets::unnamedLinks may be waiting to: a
+// peer's dial sends the name with the hello, so only someone who is not a
+// roce process waits. Links naming a process no group here linked to yet
+// (NetworkBudgets::unexpectedLinks, or twice the processes the groups here
+// link to): a peer whose group formed before this process's dials first,
+// so some are expected, but whoever holds the job secret could otherwise
+// open links without limit under made-up names.
 constexpr auto kIdentifyWithin = std::chrono::seconds(10);
-constexpr size_t kMaxUnidentified = 64;
-// Links naming a process no group here linked to yet: a peer whose group
-// formed before this process's dials first, so some are expected, but
-// beyond this many (and twice the processes the groups here link to) a name
-// is refused: whoever holds the job secret could otherwise open links
-// without limit under made-up names.
-constexpr size_t kMaxUnexpectedLinks = 64;
 // Refused names are logged up to this many times per process (a flood of
 // them is counted in links_refused).
 constexpr uint64_t kRefusalsLogged = 8;
@@ -116,7 +115,7 @@ struct ProcessLinks::Link {
 };
 
 ProcessLinks::ProcessLinks(ProcessRuntime& runtime, FrontDesk& desk)
-    : runtime_(runtime), desk_(desk), mailbox_(desk.open(kProcessLinksKey)) {}
+    : runtime_(runtime), desk_(desk), mailbox_(desk.open(kProcessLinksKey)), budgets_(NetworkBudgets::get()) {}
 
 ProcessLinks::~ProcessLinks() {
   desk_.close(kProcessLinksKey);
@@ -321,7 +320,7 @@ bool ProcessLinks::mayName(const std::string& key) const {
   const size_t unexpected = static_cast<size_t>(std::count_if(links_.begin(), links_.end(), [&](const auto& e) {
     return e.second->open && !e.second->key.empty() && !wanted_.count(e.second->key);
   }));
-  return unexpected < std::max(kMaxUnexpectedLinks, 2 * wanted_.size());
+  return unexpected < std::max(budgets_.unexpectedLinks, 2 * wanted_.size());
 }
 
 std::vector<LinkRecord> ProcessLinks::take(uint64_t nonce) {
@@ -385,9 +384,9 @@ void ProcessLinks::adoptArrivals() {
   std::vector<Link*> unnamed;
   for (auto& [id, l] : links_)
     if (l->open && l->key.empty() && !l->pending) unnamed.push_back(l.get());
-  if (unnamed.size() <= kMaxUnidentified) return;
+  if (unnamed.size() <= budgets_.unnamedLinks) return;
   std::sort(unnamed.begin(), unnamed.end(), [](const Link* a, const Link* b) { return a->openedAt < b->openedAt; });
-  size_t over = unnamed.size() - kMaxUnidentified;
+  size_t over = unnamed.size() - budgets_.unnamedLinks;
   for (Link* l : unnamed) {
     if (over == 0) break;
     readLink(*l);  // its name may have come since it was adopted
@@ -511,14 +510,14 @@ void ProcessLinks::keep(Link& from, uint64_t nonce, LinkRecord r) {
   }
   const size_t cost = kParkedRecordOverhead + r.text.size();
   auto it = parked_.find(nonce);
-  if (it == parked_.end() && (parked_.size() >= kMaxParkedGroups || parkedBytes_ + cost > kMaxParkedBytes)) {
+  if (it == parked_.end() && (parked_.size() >= kMaxParkedGroups || parkedBytes_ + cost > budgets_.parkedRecordBytes)) {
     ++parkedDropped_;
     return;
   }
   if (it == parked_.end()) it = parked_.emplace(nonce, Parked{Clock::now()}).first;
   Parked& p = it->second;
   const bool oncePerSender = r.type == record::kBye || r.type == record::kFail || r.type == record::kSettings;
-  const bool fits = parkedBytes_ + cost <= kMaxParkedBytes &&
+  const bool fits = parkedBytes_ + cost <= budgets_.parkedRecordBytes &&
                     (r.type == record::kHeartbeat ? p.beats < kMaxParkedHeartbeats
                                                   : oncePerSender || p.records.size() < kMaxParkedRecords);
   if (!fits || (oncePerSender && !p.lastWords.insert({r.type, r.srcRank, r.srcNonce}).second)) {

@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "../common/backoff.hpp"
+#include "../common/config.hpp"
 #include "process_runtime.hpp"
 
 namespace roce::runtime {
@@ -158,7 +159,7 @@ class ProcessLinks : public RuntimeService {
     Clock::time_point since;
     std::vector<LinkRecord> records;
     size_t beats = 0;  // heartbeats among them
-    size_t bytes = 0;  // what they cost against kMaxParkedBytes
+    size_t bytes = 0;  // what they cost against NetworkBudgets::parkedRecordBytes
     std::set<std::tuple<uint16_t, int32_t, uint64_t>> lastWords;  // BYE, FAIL, SETTINGS kept: (type, rank, nonce)
   };
   // Erases a parked group, giving its bytes back to the budget.
@@ -189,6 +190,7 @@ class ProcessLinks : public RuntimeService {
   ProcessRuntime& runtime_;
   FrontDesk& desk_;
   std::shared_ptr<Mailbox> mailbox_;  // inbound links, from the front desk
+  const NetworkBudgets budgets_;
   mutable std::mutex mu_;
   std::map<int, std::unique_ptr<Link>> links_;   // by id; closed ones keep their reason
   std::unordered_map<std::string, int> sendOn_;  // process key -> the link this side sends on

@@ -108,6 +108,16 @@ PYBIND11_MODULE(_C, m) {
              d["cached_mrs"] = get(c.cachedMrs);
              d["connections"] = get(c.connections);
              d["registered_bytes"] = get(c.registeredBytes);
+             // What the process refused of what reached it over the network
+             // (every group of the process shows the same; never reset).
+             auto& rt = roce::runtime::ProcessRuntime::get();
+             const auto links = rt.links().parkedStats();
+             d["net_unauthenticated"] = rt.desk().unauthenticated();
+             d["net_refused_busy"] = rt.desk().refusedBusy();
+             d["net_links_refused"] = links.linksRefused;
+             d["net_records_dropped"] = links.dropped;
+             d["net_records_misrouted"] = links.recordsMisrouted;
+             d["net_streams_refused"] = rt.service<roce::transport::tcp::TcpMux>().refusals();
              return d;
            })
       .def("_gpudirect_log", &roce::adapter::RoceBackend::gpudirectLog)

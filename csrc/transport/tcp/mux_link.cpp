@@ -10,6 +10,7 @@
 #include <cstring>
 #include <set>
 
+#include "../../common/config.hpp"
 #include "../../common/error.hpp"
 #include "../../common/log.hpp"
 #include "../../common/wakeup.hpp"
@@ -35,11 +36,11 @@ constexpr size_t kReadBudget = 8 << 20;
 constexpr auto kIdleReadAfter = std::chrono::milliseconds(20);
 constexpr size_t kRuntimeReadPerRound = 4 << 20;
 constexpr size_t kParkedCap = 64 << 20;
-// Beyond these a peer's streams for groups not created here end its link:
-// each holds at most a stream's window (mux_chunk.hpp), and only a peer that
-// creates very many groups long before this process does, or one that does
-// not follow the protocol, gets there.
-constexpr size_t kParkedLimit = 256 << 20;
+// Beyond these (NetworkBudgets::parkedStreamBytes, and this many streams) a
+// peer's streams for groups not created here end its link: each holds at
+// most a stream's window (mux_chunk.hpp), and only a peer that creates very
+// many groups long before this process does, or one that does not follow
+// the protocol, gets there.
 constexpr size_t kMaxParkedStreams = 4096;
 // As the front desk's: a group that never comes here loses its parked bytes.
 constexpr auto kParkLimit = std::chrono::minutes(30);
@@ -170,6 +171,11 @@ void MuxLink::die(const std::string& why) {
   tail_.clear();
   tailHead_ = 0;
   wakeOwners();  // every group with a stream here learns it when it reads next
+}
+
+void MuxLink::refuse(const std::string& why) {
+  if (deadReason_.empty()) mux_.countRefusal();
+  die(why);
 }
 
 void MuxLink::dieOnError(const char* op) {
@@ -316,7 +322,7 @@ bool MuxLink::routeChunk(Socket& so) {
   const ChunkHeader& h = so.hdr;
   if (h.magic != kChunkMagic || h.check != chunkCheck(h) ||
       h.len > (h.flags == kCredit ? kStreamWindow : h.flags == kData ? kChunkPayload : 0)) {
-    die(str("sent a corrupted TCP stream (chunk magic 0x", std::hex, h.magic, std::dec,
+    refuse(str("sent a corrupted TCP stream (chunk magic 0x", std::hex, h.magic, std::dec,
             "): mixed roce_pg versions across ranks, or something else connected"));
     return false;
   }
@@ -327,7 +333,7 @@ bool MuxLink::routeChunk(Socket& so) {
     if (it == inboxes_.end()) return true;  // closed here meanwhile
     MuxInbox& box = it->second;
     if (box.sendCredit + h.len > kStreamWindow) {
-      die(str("gave credit for more of a stream than was sent (rank ", h.srcRank,
+      refuse(str("gave credit for more of a stream than was sent (rank ", h.srcRank,
               "): mixed roce_pg versions across ranks, or a peer that does not follow the protocol"));
       return false;
     }
@@ -367,7 +373,7 @@ bool MuxLink::routeChunk(Socket& so) {
     }
     if (fate == TcpMux::Fate::Unknown) {
       if (parkedStreams() >= kMaxParkedStreams) {
-        die(str("opened more than ", kMaxParkedStreams, " streams for groups not created here: create the same "
+        refuse(str("opened more than ", kMaxParkedStreams, " streams for groups not created here: create the same "
                 "process groups in the same order on every rank (or a peer that does not follow the protocol)"));
         return false;
       }
@@ -386,14 +392,16 @@ bool MuxLink::routeChunk(Socket& so) {
     deliverEnd(it->second, kClosed);
     return true;
   }
-  if (!it->second.owned && !it->second.discard && parkedBytes() + h.len > kParkedLimit) {
-    die(str("sent more than ", kParkedLimit >> 20, " MiB for groups not created here: create the same process "
-            "groups in the same order on every rank, and within minutes of each other"));
+  const size_t parkedLimit = NetworkBudgets::get().parkedStreamBytes;
+  if (!it->second.owned && !it->second.discard && parkedBytes() + h.len > parkedLimit) {
+    refuse(str("sent more than ", parkedLimit >> 20, " MiB for groups not created here: create the same process "
+               "groups in the same order on every rank, and within minutes of each other (or raise "
+               "ROCE_PG_NET_PARKED_STREAM_BYTES)"));
     return false;
   }
   // Flow control bounds what a stream's sender may have unread here.
   if (!it->second.discard && it->second.buffered() + h.len > kStreamWindow) {
-    die(str("sent rank ", h.srcRank, "'s stream past its window (", it->second.buffered() + h.len, " bytes unread, ",
+    refuse(str("sent rank ", h.srcRank, "'s stream past its window (", it->second.buffered() + h.len, " bytes unread, ",
             kStreamWindow, " allowed): mixed roce_pg versions across ranks, or a peer that does not follow the "
             "protocol"));
     return false;
@@ -541,7 +549,7 @@ void MuxLink::addPollFds(const Stream& s, std::vector<pollfd>& fds, bool wantWri
 // peer yet (a receive from any source) or the peer's EOF still happen.
 bool MuxLink::idleReadable(Clock::time_point now) const {
   if (!deadReason_.empty() || now - lastPump_ < kIdleReadAfter) return false;
-  return parkedBytes() < kParkedCap;
+  return parkedBytes() < std::min(kParkedCap, NetworkBudgets::get().parkedStreamBytes);
 }
 
 size_t MuxLink::parkedBytes() const {

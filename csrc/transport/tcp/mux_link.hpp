@@ -119,6 +119,7 @@ class MuxLink {
   size_t parkedBytes() const;    // held for groups not created here
   size_t parkedStreams() const;  // their streams
   void die(const std::string& why);
+  void refuse(const std::string& why);  // dies of what the peer sent against the protocol (counted)
   void dieOnError(const char* op);  // after a failed send/recv: errno names why
   void wakeOwners();
   void deliverEnd(MuxInbox& box, uint8_t end);

@@ -108,6 +108,10 @@ class TcpMux : public RuntimeService {
 
   size_t sockets();
   size_t parkedStreams();
+  // Links ended because the peer broke the stream protocol (a corrupted
+  // chunk, a stream past its window, too much parked), since the process started.
+  uint64_t refusals() const { return refusals_.load(); }
+  void countRefusal() { refusals_.fetch_add(1); }
 
   Clock::time_point tick(Clock::time_point now) override;
   void addPollFds(std::vector<pollfd>& fds) override;
@@ -130,6 +134,7 @@ class TcpMux : public RuntimeService {
   std::vector<std::shared_ptr<MuxLink>> snapshot();  // the links, without holding linksMu_ after
 
   std::function<void()> pokeRuntime_;
+  std::atomic<uint64_t> refusals_{0};
   std::mutex linksMu_;
   std::unordered_map<std::string, std::shared_ptr<MuxLink>> links_;
   struct Claim {
