@@ -22,7 +22,7 @@ struct NetworkBudgets {
   size_t unexpectedLinks = 64;           // ROCE_PG_NET_UNEXPECTED_LINKS: links naming a process no group links to
   size_t pendingHeads = 4096;            // ROCE_PG_NET_PENDING_HEADS: connections whose head has not arrived
   size_t pendingHeadsPerSource = 256;    // ROCE_PG_NET_PENDING_HEADS_PER_SOURCE: the same from one address
-  size_t parkedStreamBytes = 256 << 20;  // ROCE_PG_NET_PARKED_STREAM_BYTES: TCP stream bytes for groups not created yet
+  size_t parkedStreamBytes = size_t(1) << 30;  // ROCE_PG_NET_PARKED_STREAM_BYTES: TCP stream bytes for groups not created yet
   // The process's values (read once).
   static const NetworkBudgets& get();
 };

@@ -304,6 +304,7 @@ void GroupBuilder::connectLifelines(Communicator& c, const std::vector<TcpEndpoi
   // group's timeout rather than the heartbeat's. A joined group's members
   // left the join together.
   const auto firstContact = c.fromParent_ ? c.timeout_ : std::chrono::milliseconds(c.cfg_.heartbeatTimeoutMs);
+  hub.countGroup(nonces[c.rank()], static_cast<size_t>(c.size()));
   c.lifeline_ = std::make_unique<Lifeline>(c.rank(), nonces[c.rank()], c.hostNames_[c.rank()], std::move(links),
                                          c.cfg_.heartbeatTimeoutMs, firstContact,
                                          [comm = &c](const std::string& why) { comm->onPeerFailure(why); },

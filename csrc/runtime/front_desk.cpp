@@ -147,14 +147,10 @@ int FrontDesk::listen(const std::string& advertised) {
         throwComm(str("could not listen on ", advertised, " and ", kLoopback, " with one port in ", kPortAttempts,
                       " tries: every port the kernel picked on ", advertised, " was taken on ", kLoopback));
     } else {
-      // A group advertising another address than the first's.
-      const int port = listeners_.front()->port();
-      auto l = listenOn(advertised, port);
-      if (!l)
-        throwComm(str("could not listen on ", advertised, ":", port, " (this process's port, where it listens on ",
-                      listeners_.front()->address(), "): the port is taken there; give every group of a process "
-                      "the same ROCE_PG_SOCKET_IFNAME"));
-      listeners_.push_back(std::move(l));
+      // Peers know a process by its address (ProcessLinks::processKey): a
+      // group advertising another would be another process to them.
+      throwInvalid(str("this process's groups advertise ", listeners_.front()->address(), ", and a new group ",
+                       advertised, ": give every group of a process the same ROCE_PG_SOCKET_IFNAME"));
     }
   }
   runtime_.poke();  // poll the new listeners from now on

@@ -100,8 +100,8 @@ class FrontDesk : public RuntimeService {
   // Listens on `advertised` (the address this process's groups publish:
   // peers on other machines dial it) and on 127.0.0.1 (peers on this
   // machine dial that), not on every interface; returns the port, the same
-  // on every address. The first call picks the port; a group advertising
-  // another address later adds a listener there on the same port.
+  // on both. The first call picks the port; a later group advertising
+  // another address is refused (peers know a process by its address).
   int listen(const std::string& advertised);
   // The listeners' port (0 before the first listen()).
   int port() const;

@@ -75,6 +75,8 @@ std::string peerAddressOf(int fd) {
 // A closed link is kept this long for the lifelines that were heard on it
 // (they read its reason right after closures() moves), then erased.
 constexpr auto kClosedKeep = std::chrono::seconds(60);
+// Erased links' names kept for cameFrom (forgotten all at once when this many).
+constexpr size_t kMaxErasedKeys = 1 << 16;
 // (gone group, asker) pairs answered: forgotten when this many, so that GONE
 // may be answered twice but the set cannot grow without limit.
 constexpr size_t kMaxGoneAnswered = 1 << 16;
@@ -287,8 +289,18 @@ void ProcessLinks::open(uint64_t nonce) {
   }
 }
 
+void ProcessLinks::countGroup(uint64_t nonce, size_t ranks) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto [it, fresh] = groupRanks_.emplace(nonce, ranks);
+  if (fresh) ranksCounted_ += ranks;
+}
+
 void ProcessLinks::close(uint64_t nonce) {
   std::lock_guard<std::mutex> g(mu_);
+  if (auto it = groupRanks_.find(nonce); it != groupRanks_.end()) {
+    ranksCounted_ -= it->second;
+    groupRanks_.erase(it);
+  }
   inbox_.erase(nonce);
   if (auto it = parked_.find(nonce); it != parked_.end()) unpark(it);
   closed_.insert(nonce);
@@ -305,12 +317,19 @@ ProcessLinks::ParkedStats ProcessLinks::parkedStats() const {
   return {parked_.size(), parkedBytes_, parkedDropped_, links_.size(), linksRefused_, recordsMisrouted_};
 }
 
+const std::string* ProcessLinks::keyOf(int link) const {
+  if (auto it = links_.find(link); it != links_.end()) return it->second->key.empty() ? nullptr : &it->second->key;
+  auto it = erasedKeys_.find(link);
+  return it == erasedKeys_.end() ? nullptr : &it->second;
+}
+
 bool ProcessLinks::cameFrom(int recordLink, int peerLink) {
   std::lock_guard<std::mutex> g(mu_);
   if (recordLink == peerLink) return true;
-  auto a = links_.find(recordLink), b = links_.find(peerLink);
-  if (a != links_.end() && b != links_.end() && !a->second->key.empty() && a->second->key == b->second->key)
-    return true;
+  // The peer's own link may have closed (and been erased) while another
+  // link to the same process carries on.
+  const std::string *a = keyOf(recordLink), *b = keyOf(peerLink);
+  if (a && b && *a == *b) return true;
   ++recordsMisrouted_;
   return false;
 }
@@ -320,7 +339,7 @@ bool ProcessLinks::mayName(const std::string& key) const {
   const size_t unexpected = static_cast<size_t>(std::count_if(links_.begin(), links_.end(), [&](const auto& e) {
     return e.second->open && !e.second->key.empty() && !wanted_.count(e.second->key);
   }));
-  return unexpected < std::max(budgets_.unexpectedLinks, 2 * wanted_.size());
+  return unexpected < std::max({budgets_.unexpectedLinks, 2 * wanted_.size(), 2 * ranksCounted_});
 }
 
 std::vector<LinkRecord> ProcessLinks::take(uint64_t nonce) {
@@ -444,9 +463,15 @@ void ProcessLinks::parse(Link& l) {
     std::string text(view);
     if (h.type == kIdentityRecord) {
       // A link is named once, by its dialer, and never with nothing.
-      if (!l.key.empty() || text.empty() || !mayName(text)) {
+      if (!l.key.empty() || text.empty()) {
         ++linksRefused_;
         closeLink(l, 0, true);
+        return;
+      }
+      if (!mayName(text)) {
+        refuseName(l, str("it names ", text, ", a process none of this process's groups knows, while as many such "
+                          "links are open as this process takes (ROCE_PG_NET_UNEXPECTED_LINKS, or twice the ranks of "
+                          "its groups)"));
         return;
       }
       if (std::string why = nameMismatch(text, l.source, isLocalAddress); !why.empty()) {
@@ -592,7 +617,15 @@ Clock::time_point ProcessLinks::tick(Clock::time_point now) {
       }
       // A husk (its socket moved into the pending link it completed) is erased at once.
       const bool husk = !l.open && l.closedAt == Clock::time_point{};
-      it = !l.open && (husk || now - l.closedAt > kClosedKeep) ? links_.erase(it) : std::next(it);
+      if (!l.open && (husk || now - l.closedAt > kClosedKeep)) {
+        if (!husk && !l.key.empty()) {
+          if (erasedKeys_.size() >= kMaxErasedKeys) erasedKeys_.clear();
+          erasedKeys_.emplace(l.id, l.key);
+        }
+        it = links_.erase(it);
+      } else {
+        it = std::next(it);
+      }
     }
   }
   Clock::time_point next = nextParkCheck_;

@@ -109,6 +109,11 @@ class ProcessLinks : public RuntimeService {
   // Records naming `nonce` are kept for take() from now on (those that came
   // before are handed over); after close(), dropped.
   void open(uint64_t nonce);
+  // The group `nonce` has `ranks` ranks, until close(nonce): the links this
+  // process may hold under names its groups never linked to follow the
+  // ranks of its groups (twice their sum), not a fixed count, so that a
+  // large group's peers who dial before this side asks for them are taken.
+  void countGroup(uint64_t nonce, size_t ranks);
   void close(uint64_t nonce);
   std::vector<LinkRecord> take(uint64_t nonce);
   // Reads every link now (a lifeline about to judge a silent peer: this
@@ -174,8 +179,10 @@ class ProcessLinks : public RuntimeService {
   void keep(Link& from, uint64_t nonce, LinkRecord r);  // under mu_
   void answerGone(Link& from, const LinkRecord& r, uint64_t nonce);  // under mu_
   // Whether one more link may name `key`: always one a group here asked
-  // for, others only while fewer than kMaxUnexpected... are open (under mu_).
+  // for, others only while fewer than NetworkBudgets::unexpectedLinks (or
+  // twice the ranks of this process's groups) are open (under mu_).
   bool mayName(const std::string& key) const;
+  const std::string* keyOf(int link) const;  // under mu_: an open, closed or erased link's name (null: none)
   static std::string identityRecord(const std::string& selfKey);
   // The local address a dial to `ep` leaves from ("": any).
   static std::string dialSource(const std::string& selfKey, const TcpEndpoint& ep);
@@ -195,6 +202,10 @@ class ProcessLinks : public RuntimeService {
   std::map<int, std::unique_ptr<Link>> links_;   // by id; closed ones keep their reason
   std::unordered_map<std::string, int> sendOn_;  // process key -> the link this side sends on
   std::unordered_set<std::string> wanted_;        // process keys a group of this process linked to
+  std::unordered_map<uint64_t, size_t> groupRanks_;  // countGroup's, by nonce
+  size_t ranksCounted_ = 0;                          // their sum
+  // Keys of links erased a while after they closed, for cameFrom (bounded).
+  std::unordered_map<int, std::string> erasedKeys_;
   int nextId_ = 1;
   uint64_t closures_ = 0;
   std::unordered_map<uint64_t, std::vector<LinkRecord>> inbox_;  // open nonces

@@ -174,8 +174,12 @@ void MuxLink::die(const std::string& why) {
 }
 
 void MuxLink::refuse(const std::string& why) {
-  if (deadReason_.empty()) mux_.countRefusal();
+  if (!deadReason_.empty()) return;
+  mux_.countRefusal();
   die(why);
+  // The peer must see its end too, or it would go on sending on a socket
+  // nobody reads (the descriptors close only with the last group using them).
+  for (auto& so : sockets_) ::shutdown(so->fd, SHUT_RDWR);
 }
 
 void MuxLink::dieOnError(const char* op) {
@@ -560,8 +564,10 @@ size_t MuxLink::parkedBytes() const {
 }
 
 size_t MuxLink::parkedStreams() const {
-  return static_cast<size_t>(
-      std::count_if(inboxes_.begin(), inboxes_.end(), [](const auto& kv) { return !kv.second.owned; }));
+  // Those dropped after kParkLimit stay as markers (a group created after
+  // all is told) but hold nothing.
+  return static_cast<size_t>(std::count_if(inboxes_.begin(), inboxes_.end(),
+                                            [](const auto& kv) { return !kv.second.owned && !kv.second.discard; }));
 }
 
 Clock::time_point MuxLink::idleDeadline(Clock::time_point now) {
