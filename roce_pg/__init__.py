@@ -334,7 +334,8 @@ def counters(group=None):
     records before the name, a name that does not fit the address it came from),
     net_records_dropped (lifeline records dropped over the parking budget),
     net_records_misrouted (lifeline records naming a rank of another process
-    than the link's) and net_streams_refused (TCP connections ended because
+    than the link's), net_records_forged (process-link records not signed with
+    the job secret, each of which closed its link) and net_streams_refused (TCP connections ended because
     the peer broke the stream protocol: a corrupted chunk, a stream past its
     flow-control window, too much for groups not created here)."""
     return _roce_backend(group)._counters()

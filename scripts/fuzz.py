@@ -34,7 +34,7 @@ BUILD = os.path.join(ROOT, ".fuzz-build")
 CONFIG = ["common/config.cpp", "common/env_reader.cpp", "common/setting_choices.cpp",
           "algorithms/allreduce_settings.cpp"]
 TARGETS = {
-    "link_records": ["runtime/link_record.cpp"],
+    "link_records": ["runtime/link_record.cpp", "common/job_secret.cpp", "common/hmac.cpp"],
     "rank_info": ["membership/rank_info.cpp"],
     "roster": ["membership/roster.cpp", "membership/rank_info.cpp", "membership/topology.cpp"] + CONFIG,
     "verdict": ["liveness/verdict.cpp"],

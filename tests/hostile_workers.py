@@ -35,6 +35,11 @@ def _signed(head, secret=JOB_SECRET):
     return head + hmac.new(secret.encode(), head, hashlib.sha256).digest()[:MAC_BYTES]
 
 
+def _record(kind, text=b"", src_rank=-1, dst_nonce=0, src_nonce=0, secret=JOB_SECRET):
+    """A process-link record: its head, its text, and the MAC of both."""
+    return _signed(RECORD.pack(LINK_MAGIC, kind, len(text), src_rank, 0, dst_nonce, src_nonce) + text, secret)
+
+
 def _process_link(port, name=b"stranger/127.0.0.1:1", secret=JOB_SECRET, source="127.0.0.1"):
     """A process link to this rank's listener from `source`; `name`: the
     process key it claims (None: it names none; a key must name an address
@@ -43,7 +48,7 @@ def _process_link(port, name=b"stranger/127.0.0.1:1", secret=JOB_SECRET, source=
     s = socket.create_connection(("127.0.0.1", port), source_address=(source, 0))
     s.sendall(_signed(HELLO.pack(HELLO_MAGIC, HELLO_VERSION, KIND_PROCESS, -1, 0, 0, PROCESS_LINKS_KEY), secret))
     if name is not None:
-        s.sendall(RECORD.pack(LINK_MAGIC, IDENTITY, len(name), -1, 0, 0, 0) + name)
+        s.sendall(_record(IDENTITY, name, secret=secret))
     return s
 
 
@@ -83,7 +88,7 @@ def _flood(port, groups, megabytes, text_bytes, secret=JOB_SECRET):
         while sent < megabytes << 20:
             for kind in (BYE, FAIL, STATE):
                 nonce = 0x5EED0000 + sender % groups
-                batch.append(RECORD.pack(LINK_MAGIC, kind, len(text), sender, 0, nonce, sender) + text)
+                batch.append(_record(kind, text, sender, nonce, sender, secret))
             sender += 1
             if len(batch) >= 64:
                 chunk = b"".join(batch)
@@ -133,12 +138,12 @@ def unnamed_links(rank, world, port):
         socks = [_process_link(listen, name=None) for _ in range(200)]
         held = _settled(("process_links", "links_refused"))
         with _process_link(listen, name=None) as s:
-            s.sendall(RECORD.pack(LINK_MAGIC, BYE, 3, 0, 0, 0x5EED, 1) + b"bye")
+            s.sendall(_record(BYE, b"bye", 0, 0x5EED, 1))
             after_records = _settled(("process_links", "links_refused", "link_parked_groups"))
         # Named twice: a second name would have made the link the one this
         # process sends on to two processes.
         with _process_link(listen, name=b"first/127.0.0.1:1") as s:
-            s.sendall(RECORD.pack(LINK_MAGIC, IDENTITY, 6, -1, 0, 0, 0) + b"second")
+            s.sendall(_record(IDENTITY, b"second"))
             after_renaming = _settled(("process_links", "links_refused"))
         for s in socks:
             s.close()
@@ -219,6 +224,29 @@ def names_that_do_not_fit_their_address(rank, world, port):
     return out
 
 
+def a_record_not_signed_with_the_secret(rank, world, port):
+    """An insider's link to rank 0 (signed hello, signed name) then carries a
+    record whose MAC is another secret's, as bytes injected into an
+    established connection would: the link is closed at that record, which
+    is counted, and the group's allreduce is exact."""
+    import roce_pg
+
+    C = roce_pg._C
+    out = {}
+    if rank == 0:
+        before = _settled(("process_links", "link_records_forged"))
+        with _process_link(C._runtime_stats()["listen_port"]) as s:
+            s.sendall(_record(STATE, b"injected", 0, 0x5EED, 1, secret="not-the-job's"))
+            s.settimeout(10)
+            out["closed"] = s.recv(16) == b""
+        after = _settled(("process_links", "link_records_forged"))
+        out["forged"] = after["link_records_forged"] - before["link_records_forged"]
+        out["held"] = after["process_links"] - before["process_links"]
+        out["parked"] = after["link_parked_groups"]
+    out["exact"] = _exact_after_the_attack(rank, world)
+    return out
+
+
 def where_a_rank_listens(rank, world, port):
     """The addresses rank 0 listens on (its advertised one and 127.0.0.1,
     not every interface), and what a dial to 127.0.0.2, which no peer uses,
@@ -264,8 +292,8 @@ def records_speaking_for_another_process(rank, world, port):
         before = _settled(keys)
         text = b"rank 1 (host elsewhere) failed: made up by an insider"
         with _process_link(C._runtime_stats()["listen_port"], name=b"insider/127.0.0.1:1") as s:
-            s.sendall(RECORD.pack(LINK_MAGIC, FAIL, len(text), 1, 0, mine, peer) + text)
-            s.sendall(RECORD.pack(LINK_MAGIC, GONE, 0, -1, 0, mine, peer))
+            s.sendall(_record(FAIL, text, 1, mine, peer))
+            s.sendall(_record(GONE, b"", -1, mine, peer))
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:  # the lifeline reads them at its next tick
                 after = C._runtime_stats()

@@ -64,6 +64,13 @@ def test_a_link_may_only_name_a_process_of_the_address_it_came_from():
     assert all(x["exact"] for x in results), results
 
 
+def test_a_record_not_signed_with_the_secret_closes_its_link():
+    results = run_group("tests.hostile_workers.a_record_not_signed_with_the_secret", 2, env=TWO_MACHINES)
+    r = results[0]
+    assert r["closed"] and r["forged"] == 1 and r["held"] == 0 and r["parked"] == 0, r
+    assert all(x["exact"] for x in results), results
+
+
 @pytest.mark.parametrize("ifname", ["", "lo"])
 def test_a_rank_listens_on_its_advertised_address_and_loopback_only(ifname):
     env = {**TWO_MACHINES, "ROCE_PG_SOCKET_IFNAME": ifname} if ifname else TWO_MACHINES

@@ -10,6 +10,8 @@ std::string encodeRecord(uint16_t type, int32_t srcRank, uint64_t dstNonce, uint
   RecordHead h{kLinkMagic, type, static_cast<uint16_t>(body.size()), srcRank, 0, dstNonce, srcNonce};
   std::string out(reinterpret_cast<const char*>(&h), sizeof(h));
   out.append(body);
+  const Mac m = JobSecret::mac(out.data(), out.size());
+  out.append(reinterpret_cast<const char*>(m.data()), m.size());
   return out;
 }
 
@@ -17,9 +19,12 @@ RecordParse nextRecord(std::string_view buf, size_t& at, RecordHead& head, std::
   if (at > buf.size() || buf.size() - at < sizeof(RecordHead)) return RecordParse::Partial;
   std::memcpy(&head, buf.data() + at, sizeof(head));
   if (head.magic != kLinkMagic || head.len > kMaxRecordText) return RecordParse::Corrupt;
-  if (buf.size() - at - sizeof(head) < head.len) return RecordParse::Partial;
+  const size_t signedBytes = sizeof(head) + head.len;
+  if (buf.size() - at < signedBytes + kMacBytes) return RecordParse::Partial;
+  if (!JobSecret::verify(buf.data() + at, signedBytes, reinterpret_cast<const uint8_t*>(buf.data() + at + signedBytes)))
+    return RecordParse::Forged;
   text = buf.substr(at + sizeof(head), head.len);
-  at += sizeof(head) + head.len;
+  at += signedBytes + kMacBytes;
   return RecordParse::Complete;
 }
 

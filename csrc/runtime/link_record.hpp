@@ -1,12 +1,16 @@
 // The records a process link carries (process_links.hpp): a 32-byte head,
-// then up to kMaxText bytes of text. Apart from the links so that the parser
-// is a pure function on a buffer, which a fuzzer can drive
-// (tests/fuzz/fuzz_link_records.cpp).
+// then up to kMaxRecordText bytes of text, then the job secret's MAC of both
+// (kMacBytes, common/job_secret.hpp), so that bytes injected into an
+// established link by someone without the secret are told from a peer's.
+// Apart from the links so that the parser is a pure function on a buffer,
+// which a fuzzer can drive (tests/fuzz/fuzz_link_records.cpp).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+
+#include "../common/job_secret.hpp"
 
 namespace roce::runtime {
 
@@ -29,14 +33,16 @@ struct RecordHead {
 };
 static_assert(sizeof(RecordHead) == 32);
 
-// Head and text as bytes to send; the text is cut at kMaxRecordText.
+// Head, text and MAC as bytes to send; the text is cut at kMaxRecordText.
 std::string encodeRecord(uint16_t type, int32_t srcRank, uint64_t dstNonce, uint64_t srcNonce, std::string_view text);
 
 // The record at `at` in `buf`: Complete (head and text filled, `at` moved
 // past it; text views buf), Partial (its bytes are still on their way: `at`
-// unchanged), or Corrupt (not a record: a wrong magic or a text longer than
-// kMaxRecordText; the stream cannot be trusted after it).
-enum class RecordParse { Complete, Partial, Corrupt };
+// unchanged), Corrupt (not a record: a wrong magic or a text longer than
+// kMaxRecordText; the stream cannot be trusted after it) or Forged (its MAC
+// is not the job secret's: the same, and counted apart). `at` moves only
+// past a Complete record.
+enum class RecordParse { Complete, Partial, Corrupt, Forged };
 RecordParse nextRecord(std::string_view buf, size_t& at, RecordHead& head, std::string_view& text);
 
 }  // namespace roce::runtime

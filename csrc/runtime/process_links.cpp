@@ -314,7 +314,8 @@ std::unordered_map<uint64_t, ProcessLinks::Parked>::iterator ProcessLinks::unpar
 
 ProcessLinks::ParkedStats ProcessLinks::parkedStats() const {
   std::lock_guard<std::mutex> g(mu_);
-  return {parked_.size(), parkedBytes_, parkedDropped_, links_.size(), linksRefused_, recordsMisrouted_};
+  return {parked_.size(), parkedBytes_, parkedDropped_, links_.size(), linksRefused_, recordsMisrouted_,
+          recordsForged_};
 }
 
 const std::string* ProcessLinks::keyOf(int link) const {
@@ -455,6 +456,15 @@ void ProcessLinks::parse(Link& l) {
   std::string_view view;
   while (l.open) {
     const RecordParse got = nextRecord(l.inbuf, at, h, view);
+    if (got == RecordParse::Forged) {
+      // Past a signed head, only someone without the secret who got into
+      // the connection sends these.
+      if (recordsForged_++ == 0)
+        ROCE_WARN("roce: closed a process link", l.key.empty() ? std::string() : str(" to ", l.key),
+                  ": a record on it was not signed with the job secret (bytes injected into the connection?)");
+      closeLink(l, 0, true);
+      return;
+    }
     if (got == RecordParse::Corrupt) {
       closeLink(l, 0, true);
       return;

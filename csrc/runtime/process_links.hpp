@@ -151,6 +151,7 @@ class ProcessLinks : public RuntimeService {
     size_t links = 0;
     uint64_t linksRefused = 0;
     uint64_t recordsMisrouted = 0;
+    uint64_t recordsForged = 0;  // records whose MAC was not the job secret's (each closed its link)
   };
   ParkedStats parkedStats() const;
 
@@ -214,6 +215,7 @@ class ProcessLinks : public RuntimeService {
   uint64_t parkedDropped_ = 0;
   uint64_t linksRefused_ = 0;
   uint64_t recordsMisrouted_ = 0;
+  uint64_t recordsForged_ = 0;
   std::unordered_set<uint64_t> closed_;
   std::set<std::pair<uint64_t, uint64_t>> goneAnswered_;  // (gone group's nonce, asker's nonce)
   std::vector<int> polledLinks_;  // the links addPollFds() listed, in order (runtime thread)

@@ -117,6 +117,7 @@ PYBIND11_MODULE(_C, m) {
              d["net_links_refused"] = links.linksRefused;
              d["net_records_dropped"] = links.dropped;
              d["net_records_misrouted"] = links.recordsMisrouted;
+             d["net_records_forged"] = links.recordsForged;
              d["net_streams_refused"] = rt.service<roce::transport::tcp::TcpMux>().refusals();
              return d;
            })
@@ -331,6 +332,7 @@ PYBIND11_MODULE(_C, m) {
     d["links_held"] = parked.links;  // open, and closed ones kept a minute
     d["links_refused"] = parked.linksRefused;
     d["link_records_misrouted"] = parked.recordsMisrouted;  // lifeline records naming a rank of another process
+    d["link_records_forged"] = parked.recordsForged;  // records not signed with the job secret
     d["parked"] = rt.desk().parked();
     d["connections_unauthenticated"] = rt.desk().unauthenticated();  // heads whose MAC did not match the job secret
     d["connections_refused_busy"] = rt.desk().refusedBusy();  // closed unread: too many heads pending (per source, or all)
