@@ -247,6 +247,25 @@ def a_record_not_signed_with_the_secret(rank, world, port):
     return out
 
 
+def a_hello_of_another_version(rank, world, port):
+    """A data hello of the previous protocol version (unsigned, as that
+    version sent it) gets the answer OtherVersion with this side's version,
+    is counted, and the group's allreduce is exact."""
+    import roce_pg
+
+    C = roce_pg._C
+    out = {}
+    if rank == 0:
+        before = _settled(("connections_other_version",))["connections_other_version"]
+        with socket.create_connection(("127.0.0.1", C._runtime_stats()["listen_port"])) as s:
+            s.sendall(HELLO.pack(HELLO_MAGIC, HELLO_VERSION - 1, 1, 1, 0, 1, 2))
+            s.settimeout(10)
+            out["answer"] = struct.unpack("<IHH", s.recv(8))
+        out["counted"] = _settled(("connections_other_version",))["connections_other_version"] - before
+    out["exact"] = _exact_after_the_attack(rank, world)
+    return out
+
+
 def where_a_rank_listens(rank, world, port):
     """The addresses rank 0 listens on (its advertised one and 127.0.0.1,
     not every interface), and what a dial to 127.0.0.2, which no peer uses,

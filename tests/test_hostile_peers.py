@@ -71,6 +71,14 @@ def test_a_record_not_signed_with_the_secret_closes_its_link():
     assert all(x["exact"] for x in results), results
 
 
+def test_a_hello_of_another_version_is_answered_with_this_one():
+    results = run_group("tests.hostile_workers.a_hello_of_another_version", 2, env=TWO_MACHINES)
+    r = results[0]
+    # The reply: magic "RPLY", OtherVersion (4), this side's hello version.
+    assert r["answer"] == (0x52504C59, 4, 7) and r["counted"] == 1, r
+    assert all(x["exact"] for x in results), results
+
+
 @pytest.mark.parametrize("ifname", ["", "lo"])
 def test_a_rank_listens_on_its_advertised_address_and_loopback_only(ifname):
     env = {**TWO_MACHINES, "ROCE_PG_SOCKET_IFNAME": ifname} if ifname else TWO_MACHINES

@@ -34,8 +34,8 @@ constexpr uint32_t kReplyMagic = 0x52504c59;  // "RPLY"
 
 struct Reply {
   uint32_t magic;
-  uint16_t status;  // HelloReply
-  uint16_t pad;
+  uint16_t status;   // HelloReply
+  uint16_t version;  // OtherVersion: the acceptor's hello version (else 0)
 };
 static_assert(sizeof(Reply) == 8);
 
@@ -155,6 +155,11 @@ bool sendReply(int fd, HelloReply reply) {
   return send(fd, &r, sizeof(r), MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(r));
 }
 
+bool sendVersionReply(int fd) {
+  Reply r{kReplyMagic, static_cast<uint16_t>(HelloReply::OtherVersion), kHelloVersion};
+  return send(fd, &r, sizeof(r), MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(r));
+}
+
 std::optional<HelloReply> readReply(int fd, int peer) {
   Reply r{};
   ssize_t n = recv(fd, &r, sizeof(r), MSG_DONTWAIT | MSG_PEEK);
@@ -166,8 +171,11 @@ std::optional<HelloReply> readReply(int fd, int peer) {
   if (n < static_cast<ssize_t>(sizeof(r))) return std::nullopt;
   (void)!recv(fd, &r, sizeof(r), MSG_DONTWAIT);
   if (r.magic != kReplyMagic || r.status < static_cast<uint16_t>(HelloReply::Accepted) ||
-      r.status > static_cast<uint16_t>(HelloReply::Gone))
+      r.status > static_cast<uint16_t>(HelloReply::OtherVersion))
     throwComm(str("rank ", peer, " answered a connection with garbage (mixed roce_pg versions across ranks?)"));
+  if (r.status == static_cast<uint16_t>(HelloReply::OtherVersion))
+    throwComm(str("rank ", peer, " runs connection protocol ", r.version, ", this rank runs ", kHelloVersion,
+                  ": install the same roce_pg on every machine"));
   return static_cast<HelloReply>(r.status);
 }
 

@@ -83,7 +83,9 @@ UniqueFd dialRank(const TcpEndpoint& ep, LinkKind kind, int self, int peer, uint
 // Gone: the front desk's mailbox for the hello's key was closed (the peer's
 // process destroyed that group): the dialer stops trying. Keys never seen
 // are parked, not answered.
-enum class HelloReply : uint16_t { Accepted = 1, Superseded = 2, Gone = 3 };
+// OtherVersion: the hello was of another protocol version; the answer names
+// the acceptor's (kHelloVersion), and the dialer's error both.
+enum class HelloReply : uint16_t { Accepted = 1, Superseded = 2, Gone = 3, OtherVersion = 4 };
 
 // Starts a non-blocking connect() to `ep`; the socket polls writable once it
 // completed (then connectResult()). Throws on local failures (no descriptors).
@@ -94,6 +96,8 @@ int connectResult(int fd);
 // fit an empty socket buffer. False if the other end is already gone.
 bool sendHello(int fd, LinkKind kind, int self, int peer, uint64_t selfNonce, uint64_t peerNonce);
 bool sendReply(int fd, HelloReply reply);
+// The answer to a hello of another version: OtherVersion, with this side's.
+bool sendVersionReply(int fd);
 // What a rank waiting for `peer` learns from asking (LinkKind::Probe): its
 // process is gone (the connection is refused), its group there is gone (the
 // front desk closed the key's mailbox), or neither (it may still come).

@@ -319,7 +319,15 @@ bool FrontDesk::readHead(Pending& p) {
   if (magic == kHelloMagic) {
     Hello h;
     std::memcpy(&h, p.buf, sizeof(h));
-    if (!signedHead) return true;  // another roce_pg version: dropped quietly
+    if (!signedHead) {
+      // Another roce_pg version: told which this one runs (a dial waiting
+      // for an answer names both), and said here once.
+      sendVersionReply(p.fd.get());
+      if (otherVersions_.fetch_add(1) == 0)
+        ROCE_WARN("roce: a connection from ", sourceText(p), " speaks connection protocol ", h.version,
+                  "; this process runs ", kHelloVersion, ": install the same roce_pg on every machine");
+      return true;
+    }
     Arrival a{static_cast<LinkKind>(h.kind), h.src, h.dst, h.srcNonce, std::move(p.fd), {}};
     route(h.dstNonce, std::move(a));
   } else {
@@ -333,18 +341,21 @@ bool FrontDesk::readHead(Pending& p) {
   return true;
 }
 
+std::string FrontDesk::sourceText(const Pending& p) {
+  sockaddr_in from{};
+  socklen_t len = sizeof(from);
+  char ip[INET_ADDRSTRLEN] = "?";
+  if (getpeername(p.fd.get(), reinterpret_cast<sockaddr*>(&from), &len) == 0)
+    inet_ntop(AF_INET, &from.sin_addr, ip, sizeof(ip));
+  return str(ip, ":", ntohs(from.sin_port));
+}
+
 void FrontDesk::refuseUnauthenticated(const Pending& p) {
   // Logged once per process: a stranger may dial again and again.
-  if (unauthenticated_.fetch_add(1) == 0) {
-    sockaddr_in from{};
-    socklen_t len = sizeof(from);
-    char ip[INET_ADDRSTRLEN] = "?";
-    if (getpeername(p.fd.get(), reinterpret_cast<sockaddr*>(&from), &len) == 0)
-      inet_ntop(AF_INET, &from.sin_addr, ip, sizeof(ip));
-    ROCE_WARN("roce: closed a connection from ", ip, ":", ntohs(from.sin_port), " whose head was not signed with "
+  if (unauthenticated_.fetch_add(1) == 0)
+    ROCE_WARN("roce: closed a connection from ", sourceText(p), " whose head was not signed with "
               "this job's secret: a process of another job, someone who is not a rank, or ranks whose "
               "ROCE_PG_JOB_SECRET differs (later ones are only counted: connections_unauthenticated)");
-  }
 }
 
 void FrontDesk::route(uint64_t key, Arrival a) {

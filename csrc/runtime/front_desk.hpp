@@ -112,6 +112,8 @@ class FrontDesk : public RuntimeService {
   size_t parked() const;
   // Connections closed because their head's MAC did not match the job secret.
   uint64_t unauthenticated() const { return unauthenticated_.load(); }
+  // Hellos of another protocol version (answered with this one's, then closed).
+  uint64_t otherVersions() const { return otherVersions_.load(); }
   // Connections closed unread because too many heads were pending (from
   // their source address, or from all), and the heads pending now.
   uint64_t refusedBusy() const { return refusedBusy_.load(); }
@@ -130,6 +132,7 @@ class FrontDesk : public RuntimeService {
   bool acceptFrom(int listenerFd);  // false once out of descriptors (accepting pauses)
   bool readHead(Pending& p);  // true when done with it (routed or dropped)
   void refuseUnauthenticated(const Pending& p);  // its MAC did not match: counted, logged once
+  static std::string sourceText(const Pending& p);  // "a.b.c.d:port" of its dialer
   // Removes the pending connections `done` says are done with, keeping the
   // per-source counts.
   template <class Done>
@@ -152,6 +155,7 @@ class FrontDesk : public RuntimeService {
   };
   std::vector<Parked> parked_;
   std::atomic<uint64_t> unauthenticated_{0};
+  std::atomic<uint64_t> otherVersions_{0};
   Clock::time_point nextParkCheck_{};  // the runtime thread's only
   std::vector<std::unique_ptr<Pending>> pending_;  // the runtime thread's only
   std::unordered_map<uint32_t, int> pendingBySource_;  // likewise: pending_ per source address

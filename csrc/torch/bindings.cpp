@@ -335,6 +335,7 @@ PYBIND11_MODULE(_C, m) {
     d["link_records_forged"] = parked.recordsForged;  // records not signed with the job secret
     d["parked"] = rt.desk().parked();
     d["connections_unauthenticated"] = rt.desk().unauthenticated();  // heads whose MAC did not match the job secret
+    d["connections_other_version"] = rt.desk().otherVersions();  // hellos of another protocol version, answered
     d["connections_refused_busy"] = rt.desk().refusedBusy();  // closed unread: too many heads pending (per source, or all)
     d["pending_heads"] = rt.desk().pendingHeads();  // accepted connections whose head has not arrived yet
     d["tcp_sockets"] = rt.service<roce::transport::tcp::TcpMux>().sockets();  // the TCP transport's, one per peer process for every group
