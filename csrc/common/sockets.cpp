@@ -25,13 +25,31 @@ void tuneSocket(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
-std::string peerAddress(int fd) {
+namespace {
+// The remote end's IPv4 address and port; false if the socket has none.
+bool remoteEnd(int fd, std::string& ip, int& port) {
   sockaddr_in sa{};
   socklen_t len = sizeof(sa);
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return "?";
   char buf[INET_ADDRSTRLEN];
-  inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof(buf));
-  return str(buf, ":", ntohs(sa.sin_port));
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0 || sa.sin_family != AF_INET ||
+      !inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof(buf)))
+    return false;
+  ip = buf;
+  port = ntohs(sa.sin_port);
+  return true;
+}
+}  // namespace
+
+std::string peerAddress(int fd) {
+  std::string ip;
+  int port = 0;
+  return remoteEnd(fd, ip, port) ? str(ip, ":", port) : std::string("?");
+}
+
+std::string peerIp(int fd) {
+  std::string ip;
+  int port = 0;
+  return remoteEnd(fd, ip, port) ? ip : std::string("?");
 }
 
 }  // namespace roce

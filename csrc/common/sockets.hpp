@@ -8,7 +8,9 @@ void setNonBlocking(int fd, bool on);
 // TCP_NODELAY, and keepalive probes so that a peer machine that vanished is
 // noticed by the kernel even when no data flows.
 void tuneSocket(int fd);
-// "a.b.c.d:port" of the remote end.
+// "a.b.c.d:port" of the remote end ("?" if none).
 std::string peerAddress(int fd);
+// "a.b.c.d" of the remote end ("?" if none).
+std::string peerIp(int fd);
 
 }  // namespace roce

@@ -14,6 +14,7 @@
 #include "../common/error.hpp"
 #include "../common/job_secret.hpp"
 #include "../common/log.hpp"
+#include "../common/sockets.hpp"
 #include "connect.hpp"
 
 namespace roce::runtime {
@@ -324,7 +325,7 @@ bool FrontDesk::readHead(Pending& p) {
       // for an answer names both), and said here once.
       sendVersionReply(p.fd.get());
       if (otherVersions_.fetch_add(1) == 0)
-        ROCE_WARN("roce: a connection from ", sourceText(p), " speaks connection protocol ", h.version,
+        ROCE_WARN("roce: a connection from ", peerAddress(p.fd.get()), " speaks connection protocol ", h.version,
                   "; this process runs ", kHelloVersion, ": install the same roce_pg on every machine");
       return true;
     }
@@ -341,19 +342,10 @@ bool FrontDesk::readHead(Pending& p) {
   return true;
 }
 
-std::string FrontDesk::sourceText(const Pending& p) {
-  sockaddr_in from{};
-  socklen_t len = sizeof(from);
-  char ip[INET_ADDRSTRLEN] = "?";
-  if (getpeername(p.fd.get(), reinterpret_cast<sockaddr*>(&from), &len) == 0)
-    inet_ntop(AF_INET, &from.sin_addr, ip, sizeof(ip));
-  return str(ip, ":", ntohs(from.sin_port));
-}
-
 void FrontDesk::refuseUnauthenticated(const Pending& p) {
   // Logged once per process: a stranger may dial again and again.
   if (unauthenticated_.fetch_add(1) == 0)
-    ROCE_WARN("roce: closed a connection from ", sourceText(p), " whose head was not signed with "
+    ROCE_WARN("roce: closed a connection from ", peerAddress(p.fd.get()), " whose head was not signed with "
               "this job's secret: a process of another job, someone who is not a rank, or ranks whose "
               "ROCE_PG_JOB_SECRET differs (later ones are only counted: connections_unauthenticated)");
 }

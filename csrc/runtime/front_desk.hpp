@@ -132,7 +132,6 @@ class FrontDesk : public RuntimeService {
   bool acceptFrom(int listenerFd);  // false once out of descriptors (accepting pauses)
   bool readHead(Pending& p);  // true when done with it (routed or dropped)
   void refuseUnauthenticated(const Pending& p);  // its MAC did not match: counted, logged once
-  static std::string sourceText(const Pending& p);  // "a.b.c.d:port" of its dialer
   // Removes the pending connections `done` says are done with, keeping the
   // per-source counts.
   template <class Done>

@@ -1,8 +1,6 @@
 #include "process_links.hpp"
 
 #include <cstdint>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -61,17 +59,6 @@ constexpr auto kIdentifyWithin = std::chrono::seconds(10);
 // Refused names are logged up to this many times per process (a flood of
 // them is counted in links_refused).
 constexpr uint64_t kRefusalsLogged = 8;
-
-// The IPv4 address a connected socket's peer has ("" if unknown).
-std::string peerAddressOf(int fd) {
-  sockaddr_in sa{};
-  socklen_t len = sizeof(sa);
-  char buf[INET_ADDRSTRLEN] = {};
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0 || sa.sin_family != AF_INET ||
-      !inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof(buf)))
-    return "unknown";
-  return buf;
-}
 // A closed link is kept this long for the lifelines that were heard on it
 // (they read its reason right after closures() moves), then erased.
 constexpr auto kClosedKeep = std::chrono::seconds(60);
@@ -395,7 +382,7 @@ void ProcessLinks::adoptArrivals() {
     tuneSocket(a.fd.get());
     setNonBlocking(a.fd.get(), true);
     l->fd = a.fd.release();
-    l->source = peerAddressOf(l->fd);
+    l->source = peerIp(l->fd);
     Link& added = *links_.emplace(l->id, std::move(l)).first->second;
     readLink(added);  // a roce process's dial carries its name right behind the hello
   }
