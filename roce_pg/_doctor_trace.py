@@ -10,10 +10,14 @@ group:
   * stragglers: the rank that issued each collective last, counted over the
     collectives every rank recorded (issue times are wall-clock: across
     machines they are as good as the clocks' synchronisation);
-  * the slowest operations.
+  * the slowest operations;
+  * what each rank's process refused or dropped of what reached it over the
+    network (strangers without the job secret, forged records, budgets
+    exceeded: roce_pg.counters()'s net_* counts when the dump was written).
 
 Exit status: 0 when the dumps agree, 1 when a divergence or a missing rank
-was found, 2 when there is nothing to read. No torch import: it runs anywhere.
+was found (refusals from the network are listed, not counted), 2 when there
+is nothing to read. No torch import: it runs anywhere.
 """
 import argparse
 import json
@@ -153,12 +157,49 @@ def slowest(dumps, top):
     return sorted(ops, key=lambda x: -x[0])[:top]
 
 
+# roce_pg.counters()'s net_* names, as the report words them.
+_REFUSALS = {
+    "net_unauthenticated": "connections not signed with the job secret",
+    "net_refused_busy": "connections closed unread (too many heads pending)",
+    "net_links_refused": "process links refused",
+    "net_records_dropped": "lifeline records dropped (parking budget)",
+    "net_records_misrouted": "lifeline records naming another process's rank",
+    "net_records_forged": "forged process-link records",
+    "net_streams_refused": "TCP streams refused (parked stream budget)",
+}
+
+
+def network_refusals(groups):
+    """{rank: {counter: count}} of the non-zero refusal counts in the dumps.
+    The counts are the process's, shared by its groups: the largest seen in
+    any of a rank's dumps (they only grow) is its latest."""
+    per_rank = defaultdict(dict)
+    for dumps in groups.values():
+        for rank, dump in dumps.items():
+            for name, count in (dump.get("roce_network") or {}).items():
+                if isinstance(count, int) and count > 0:
+                    per_rank[rank][name] = max(count, per_rank[rank].get(name, 0))
+    return dict(per_rank)
+
+
+def _print_refusals(groups, out):
+    refusals = network_refusals(groups)
+    if not refusals:
+        return
+    print("refused from the network (each rank's process, when it wrote its dump; see README, "
+          "\"Who can reach a rank\"):", file=out)
+    for rank, counts in sorted(refusals.items()):
+        words = ", ".join(f"{n} {_REFUSALS.get(name, name)}" for name, n in sorted(counts.items()))
+        print(f"  rank {rank}: {words}", file=out)
+
+
 def report(directory, prefix="roce_trace_", top=5, out=sys.stdout):
     groups = load_dumps(directory, prefix)
     if not groups:
         print(f"no dumps named {prefix}<rank>_<group>[.json] in {directory}", file=out)
         return 2
     found = False
+    _print_refusals(groups, out)
     for name, dumps in sorted(groups.items()):
         members = _members(dumps)
         print(f"group {name}: dumps from {_ranks(dumps)} of {len(members)} ranks", file=out)

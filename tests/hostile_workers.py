@@ -6,6 +6,7 @@ secret would attack (JOB_SECRET, which the tests set as ROCE_PG_JOB_SECRET).
 Measured in the attacked rank's own process."""
 import hashlib
 import hmac
+import os
 import socket
 import struct
 import time
@@ -325,12 +326,13 @@ def records_speaking_for_another_process(rank, world, port):
     return out
 
 
-def stranger_without_the_secret(rank, world, port):
+def stranger_without_the_secret(rank, world, port, dump_dir=None):
     """Rank 0 is dialed by someone who signs with another secret: a process
     link that would flood 16 MB of records, and a hello for a data
     connection (a made-up group's nonce, which would otherwise be parked). Both are closed at the front
     desk, unread: nothing is parked, no link is held, the refusals are
-    counted, and the group's allreduce is exact."""
+    counted (in roce_pg.counters() and, from the trace dumps, by the doctor),
+    and the group's allreduce is exact."""
     import roce_pg
 
     C = roce_pg._C
@@ -351,7 +353,10 @@ def stranger_without_the_secret(rank, world, port):
         out["parked_bytes"] = after["link_parked_bytes"] - before["link_parked_bytes"]
         out["parked"] = after["parked"] - before["parked"]
         out["rss_growth_kib"] = _rss_kib() - rss0
+        out["counted"] = roce_pg.counters()["net_unauthenticated"]
     out["exact"] = _exact_after_the_attack(rank, world)
+    if dump_dir:  # what the doctor's trace view reads
+        roce_pg.dump_trace(os.path.join(dump_dir, f"roce_trace_{rank}_world.json"))
     return out
 
 

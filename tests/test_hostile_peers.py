@@ -3,6 +3,9 @@ rank's listener with well-formed messages can cost it. Two ranks, each its own
 simulated machine over TCP, as on a cluster. A stranger without the job
 secret is refused at the front desk; the budgets behind it are tested as an
 insider who holds it would attack."""
+import subprocess
+import sys
+
 import pytest
 
 from .support.layouts import TCP
@@ -97,14 +100,22 @@ def test_a_link_cannot_speak_for_a_rank_of_another_process():
     assert all(x["exact"] for x in results), results
 
 
-def test_a_stranger_without_the_job_secret_is_refused_unread():
-    results = run_group("tests.hostile_workers.stranger_without_the_secret", 2, env=TWO_MACHINES)
+def test_a_stranger_without_the_job_secret_is_refused_unread(tmp_path):
+    results = run_group("tests.hostile_workers.stranger_without_the_secret", 2, env=TWO_MACHINES,
+                        kwargs={"dump_dir": str(tmp_path)})
     r = results[0]
     # The flood's link and the data hello: both refused at the desk, unread.
     assert r["refused"] == 2 and r["data_hello_answer"] == b"", r
     assert r["links"] == 0 and r["parked_bytes"] == 0 and r["parked"] == 0, r
     assert r["sent"] < 16 << 20 or r["rss_growth_kib"] < 4096, r  # closed early, or read by nobody
     assert all(x["exact"] for x in results), results
+    # The doctor, from the ranks' trace dumps, names what rank 0 refused;
+    # rank 1 was not attacked and is not listed.
+    p = subprocess.run([sys.executable, "-m", "roce_pg.doctor", "trace", str(tmp_path)], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    refused = [line.strip() for line in p.stdout.splitlines() if line.startswith("  rank ") and "connections" in line]
+    assert refused == [f"rank 0: {r['counted']} connections not signed with the job secret"], p.stdout
 
 
 def test_ranks_with_different_job_secrets_fail_naming_it():

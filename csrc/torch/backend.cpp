@@ -272,6 +272,7 @@ TraceDumpGroup RoceBackend::dumpGroup() const {
   if (g.name.empty()) g.name = "roce";
   g.ranks = traceRanks_;
   g.rank = getRank();
+  g.network = networkRefusals();
   return g;
 }
 

@@ -26,6 +26,7 @@
 #include "backend.hpp"
 #include "device_memory.hpp"
 #include "device_notify.hpp"
+#include "network_refusals.hpp"
 #include "process_group.hpp"
 #include "test_hooks.hpp"
 #include "window.hpp"
@@ -110,15 +111,7 @@ PYBIND11_MODULE(_C, m) {
              d["registered_bytes"] = get(c.registeredBytes);
              // What the process refused of what reached it over the network
              // (every group of the process shows the same; never reset).
-             auto& rt = roce::runtime::ProcessRuntime::get();
-             const auto links = rt.links().parkedStats();
-             d["net_unauthenticated"] = rt.desk().unauthenticated();
-             d["net_refused_busy"] = rt.desk().refusedBusy();
-             d["net_links_refused"] = links.linksRefused;
-             d["net_records_dropped"] = links.dropped;
-             d["net_records_misrouted"] = links.recordsMisrouted;
-             d["net_records_forged"] = links.recordsForged;
-             d["net_streams_refused"] = rt.service<roce::transport::tcp::TcpMux>().refusals();
+             for (const auto& [name, count] : roce::adapter::networkRefusals()) d[name] = count;
              return d;
            })
       .def("_gpudirect_log", &roce::adapter::RoceBackend::gpudirectLog)

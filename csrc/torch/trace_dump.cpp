@@ -130,6 +130,15 @@ std::string traceDumpJson(const TraceRing& ring, const TraceDumpGroup& g) {
   key(out, "last_completed_collective");
   out += std::to_string(completed) + "}}, ";
 
+  key(out, "roce_network");
+  out += '{';
+  for (size_t i = 0; i < g.network.size(); ++i) {
+    if (i) out += ", ";
+    key(out, g.network[i].first);
+    out += std::to_string(g.network[i].second);
+  }
+  out += "}, ";
+
   key(out, "entries");
   out += '[';
   for (size_t i = 0; i < entries.size(); ++i) {

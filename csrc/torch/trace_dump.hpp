@@ -9,13 +9,16 @@
 // ([[n]]), not shapes; a failed operation reads "retired" without
 // "completed" (torch's convention for one that never finished) and carries
 // roce's reason in "error"; "algorithm", "peer", "tag" and "bytes" are
-// roce's additions.
+// roce's additions, and so is the top-level "roce_network": what the
+// process refused of what reached it over the network (network_refusals.hpp),
+// which the doctor's trace view prints.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "../engine/trace.hpp"
+#include "network_refusals.hpp"
 
 namespace roce::adapter {
 using namespace roce::engine;
@@ -24,6 +27,7 @@ struct TraceDumpGroup {
   std::string name, desc;     // torch's group name (uid) and description
   std::vector<int64_t> ranks;  // global ranks of the group's members (empty: unknown)
   int rank = 0;                // this rank in the group
+  NetworkRefusals network;     // the process's refusal counts when dumped
 };
 
 std::string traceDumpJson(const TraceRing& ring, const TraceDumpGroup& group);
