@@ -27,7 +27,8 @@ enum ChunkFlags : uint16_t { kData = 0, kClose = 1, kGone = 2, kOpenStream = 3, 
 // inbox, which a group that is not reading, or not created yet, leaves
 // filling), so what a peer can make a rank hold for a stream is bounded.
 // The reader gives credit back once it took kCreditEvery bytes, so a
-// stream read as it arrives never waits for credit.
+// stream read as it arrives never waits for credit; a reader that gave up
+// on the stream credits the bytes it drops.
 constexpr size_t kStreamWindow = 4 << 20;
 constexpr size_t kCreditEvery = kStreamWindow / 4;
 

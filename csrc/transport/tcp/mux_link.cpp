@@ -144,9 +144,16 @@ void MuxLink::abandon(const Stream& s) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = inboxes_.find({s.selfNonce, s.peerRank});
   if (it == inboxes_.end()) return;
-  it->second.discard = true;
-  it->second.data = {};
-  it->second.head = 0;
+  MuxInbox& box = it->second;
+  // What it held, and what arrives from now on, is dropped but credited:
+  // the sender goes on to its end of the stream (or its own failure) rather
+  // than waiting for credit until its timeout.
+  const size_t dropped = box.buffered();
+  box.discard = true;
+  box.abandonedBy = s.selfRank;
+  box.data = {};
+  box.head = 0;
+  credit(s.peerNonce, s.selfNonce, s.selfRank, box, dropped, 1);
 }
 
 void MuxLink::throwEnded(const Stream& s, uint8_t end) {
@@ -410,6 +417,9 @@ bool MuxLink::routeChunk(Socket& so) {
             "protocol"));
     return false;
   }
+  // A chunk for a stream its group abandoned is dropped whole: credited now.
+  if (it->second.abandonedBy >= 0)
+    credit(it->second.peerNonce, key.first, it->second.abandonedBy, it->second, h.len, kCreditEvery);
   so.key = key;
   so.discard = it->second.discard;
   so.remaining = h.len;
@@ -517,9 +527,13 @@ size_t MuxLink::read(const Stream& s, void* dst, size_t n) {
 }
 
 void MuxLink::took(const Stream& s, MuxInbox& box, size_t n) {
+  credit(s.peerNonce, s.selfNonce, s.selfRank, box, n, kCreditEvery);
+}
+
+void MuxLink::credit(uint64_t peerNonce, uint64_t selfNonce, int selfRank, MuxInbox& box, size_t n, size_t atLeast) {
   box.taken += n;
-  if (box.taken < kCreditEvery || !deadReason_.empty()) return;
-  sendControl(s.peerNonce, s.selfNonce, s.selfRank, kCredit, static_cast<uint32_t>(box.taken));
+  if (box.taken < atLeast || box.taken == 0 || !peerNonce || !deadReason_.empty()) return;
+  sendControl(peerNonce, selfNonce, selfRank, kCredit, static_cast<uint32_t>(box.taken));
   box.taken = 0;
 }
 

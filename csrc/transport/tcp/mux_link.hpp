@@ -42,6 +42,9 @@ struct MuxInbox {
   // still send on its stream to the peer (mux_chunk.hpp: flow control).
   size_t sendCredit = kStreamWindow;
   size_t taken = 0;  // bytes the reader took since it last gave credit back
+  // Set when the group abandons the stream: the bytes it drops are credited
+  // under this rank, so that the sender never waits for a reader that gave up.
+  int abandonedBy = -1;
   size_t buffered() const { return data.size() - head; }
 };
 
@@ -108,6 +111,9 @@ class MuxLink {
   void sendControl(uint64_t dstNonce, uint64_t srcNonce, int srcRank, uint16_t flags, uint32_t len = 0);
   // The reader of `s` took `n` bytes of it: credit goes back in batches.
   void took(const Stream& s, MuxInbox& box, size_t n);
+  // The same for the stream from `peerNonce` to (`selfNonce`, `selfRank`)
+  // that `box` holds; `atLeast` bytes make a batch.
+  void credit(uint64_t peerNonce, uint64_t selfNonce, int selfRank, MuxInbox& box, size_t n, size_t atLeast);
   bool routeChunk(Socket& so);
   // Cuts `total` bytes of `iov` into chunks of `s` and sends what the
   // socket takes (a chunk cut short goes to the tail); returns the bytes taken.

@@ -177,3 +177,44 @@ TEST(a_peer_that_sends_past_the_window_of_an_unread_stream_loses_the_link) {
   CHECK(why.find("past its window") != std::string::npos);
   CHECK(!s.link->alive());
 }
+
+TEST(a_stream_abandoned_by_its_reader_is_credited_as_its_bytes_are_dropped) {
+  Setup s;
+  // Another group of this process reads the socket meanwhile (for every
+  // stream), as the abandoning group no longer does.
+  constexpr uint64_t kOther = 0x2222;
+  MuxLink::Stream other{kOther, kPeerNonce + 1, 0, kPeerRank, "rank 1"};
+  s.mux.registerGroup(kOther, 0, &s.wake, &s.newPeers);
+  s.link->open(other, &s.wake);
+  std::vector<char> buf(16);
+  auto pump = [&] {
+    try {
+      s.link->read(other, buf.data(), buf.size());
+      return true;
+    } catch (const roce::Error&) {
+      return false;
+    }
+  };
+  // Half a window arrives unread; then the group gives up on the peer (it
+  // failed here), and the peer, not knowing, sends three windows more.
+  s.peerSends(kMine, kStreamWindow / 2, pump);
+  for (int spins = 0; spins < 1000; ++spins) pump();
+  CHECK(s.link->hasBuffered(s.stream));
+  // What was held is given back at once, whole.
+  s.link->abandon(s.stream);
+  size_t credit = creditIn(s.peerReceives());
+  CHECK_EQ(credit, kStreamWindow / 2);
+  // What arrives later is dropped and credited as it comes, so a sender
+  // that follows the window keeps going (the link is not refused).
+  const size_t later = 3 * kStreamWindow;
+  for (size_t sent = 0; sent < later; sent += kCreditEvery) {
+    s.peerSends(kMine, kCreditEvery, pump);
+    for (int spins = 0; spins < 1000; ++spins) pump();
+    credit += creditIn(s.peerReceives());
+  }
+  CHECK(s.link->alive());
+  CHECK_EQ(credit, kStreamWindow / 2 + later);
+  s.link->close(other);
+  s.mux.unregisterGroup(kOther);
+  s.mux.dropGroup(kOther, 0);
+}
