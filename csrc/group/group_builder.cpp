@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "../common/error.hpp"
+#include "../common/sockets.hpp"
 #include "../common/hex.hpp"
 #include "../common/log.hpp"
 #include "../common/random.hpp"
@@ -179,7 +180,7 @@ void GroupBuilder::form(Communicator& c, Bootstrap& store, Roster formed, const 
   c.cfg_.placement.forceNetwork = roster.forceNetwork;
   c.endpoints_.resize(size);
   for (int r = 0; r < size; ++r) {
-    c.endpoints_[r] = {infos[r].hostId == me.hostId ? "127.0.0.1" : infos[r].tcpHost, infos[r].tcpPort};
+    c.endpoints_[r] = {infos[r].hostId == me.hostId ? std::string(kLoopbackAddress) : infos[r].tcpHost, infos[r].tcpPort};
     c.nonces_.push_back(infos[r].nonce);
   }
   std::unique_ptr<TcpAcceptor> acceptor;

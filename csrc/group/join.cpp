@@ -15,6 +15,7 @@
 #include "../common/backoff.hpp"
 #include "../common/bootstrap.hpp"
 #include "../common/config.hpp"
+#include "../common/sockets.hpp"
 #include "../common/error.hpp"
 #include "../common/hex.hpp"
 #include "../common/parse.hpp"
@@ -223,7 +224,7 @@ enum class Attempt { Joined, Stale, Retry };
 
 // Where this rank reaches the leader `rec` (loopback on the same host).
 TcpEndpoint leaderEndpoint(const LeaderRecord& rec, const RankInfo& me) {
-  return TcpEndpoint{rec.hostId == me.hostId ? "127.0.0.1" : rec.tcpHost, rec.port};
+  return TcpEndpoint{rec.hostId == me.hostId ? std::string(kLoopbackAddress) : rec.tcpHost, rec.port};
 }
 
 // Blocking, bounded: connect to the leader `rec`, send the join, read the answer.

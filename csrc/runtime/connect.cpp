@@ -19,6 +19,7 @@
 
 #include "../common/config.hpp"
 #include "../common/error.hpp"
+#include "../common/sockets.hpp"
 #include "front_desk.hpp"
 
 namespace roce::runtime {
@@ -290,7 +291,7 @@ TcpListener::~TcpListener() {
 
 std::string tcpAdvertiseAddress(const Config& cfg) {
   ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return "127.0.0.1";
+  if (getifaddrs(&list) != 0) return kLoopbackAddress;
   std::string chosen, seen;
   for (ifaddrs* a = list; a; a = a->ifa_next) {
     if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || !(a->ifa_flags & IFF_UP)) continue;
@@ -304,7 +305,7 @@ std::string tcpAdvertiseAddress(const Config& cfg) {
   if (chosen.empty() && !cfg.socketIfname.empty())
     throwInvalid(str("ROCE_PG_SOCKET_IFNAME=", cfg.socketIfname, " names no up IPv4 interface; "
                      "available: ", seen.empty() ? "none" : seen));
-  return chosen.empty() ? "127.0.0.1" : chosen;
+  return chosen.empty() ? std::string(kLoopbackAddress) : chosen;
 }
 
 }  // namespace roce::runtime

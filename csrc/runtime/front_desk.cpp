@@ -32,7 +32,7 @@ constexpr auto kHeadDeadline = std::chrono::seconds(30);
 // polled for this long: it stays readable, and accepting again at once would spin.
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 // Peers on this machine dial here (group/group_builder.cpp).
-const std::string kLoopback = "127.0.0.1";
+const std::string kLoopback = kLoopbackAddress;
 // Ports tried for one that is free on the advertised address and loopback alike.
 constexpr int kPortAttempts = 16;
 // How long a hello for a key nobody opened yet is kept (a subgroup member that

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 
 #include "../common/error.hpp"
+#include "../common/sockets.hpp"
 
 namespace roce::runtime {
 
@@ -22,7 +23,7 @@ std::string nameMismatch(const std::string& key, const std::string& source,
   if (address.empty()) return str("it names '", key, "', which is not a process key (hostId/address:port)");
   if (address == source) return {};
   // Peers on this machine dial 127.0.0.1 (group/group_builder.cpp).
-  if (source == "127.0.0.1" && isLocal(address)) return {};
+  if (source == kLoopbackAddress && isLocal(address)) return {};
   return str("it came from ", source, " but names process ", key, " at ", address,
              ": a process link must come from the address its process advertises (the dialer binds its "
              "connections to it; a NAT between the machines, or an address that is not the dialer's own, "

@@ -204,7 +204,7 @@ void ProcessLinks::send(int link, uint64_t dstNonce, uint64_t srcNonce, int srcR
 std::string ProcessLinks::dialSource(const std::string& selfKey, const TcpEndpoint& ep) {
   // Over loopback the peer accepts any name of this machine; elsewhere the
   // connection must leave from the address the name holds (link_identity.hpp).
-  return ep.host == "127.0.0.1" ? std::string() : keyAddress(selfKey);
+  return ep.host == kLoopbackAddress ? std::string() : keyAddress(selfKey);
 }
 
 std::string ProcessLinks::identityRecord(const std::string& selfKey) {
