@@ -117,7 +117,10 @@ ShmSegment ShmSegment::create(size_t bytes, const std::string& namePrefix, const
   sweepLeftovers(namePrefix);
   ShmSegment s;
   int fd = -1;
-  for (;;) {
+  // A sweep removes a name only in the instant between its shm_open and its
+  // lock: many losses in a row mean something else removes the names.
+  constexpr int kTries = 64;
+  for (int attempt = 1;; ++attempt) {
     // The creator's pid in the name is what sweepLeftovers reads for segments
     // of versions that did not lock.
     s.name_ = str("/", namePrefix, ".", getpid(), ".", std::hex, randomNonce(), kLockedSuffix);
@@ -132,6 +135,10 @@ ShmSegment ShmSegment::create(size_t bytes, const std::string& namePrefix, const
         stat(("/dev/shm" + s.name_).c_str(), &named) == 0 && named.st_ino == mine.st_ino && named.st_dev == mine.st_dev)
       break;
     close(fd);
+    if (attempt == kTries)
+      throwComm(str("could not keep a shared-memory segment /dev/shm/", namePrefix, ".*: ", kTries, " in a row were removed as they were created. Another program is deleting "
+                    "/dev/shm entries (a cleanup job?), or /dev/shm does not support flock; set "
+                    "ROCE_PG_FORCE_NETWORK=1 to run without shared memory"));
   }
   s.owner_ = true;
   s.lockFd_ = fd;
