@@ -484,6 +484,11 @@ def abort_pending(rank, world, port):
         dist.distributed_c10d._abort_process_group(sub)
         out["pending"] = expect_error(lambda: w.wait(timeout=timedelta(seconds=30)), "abort")
         out["elapsed"] = time.monotonic() - start
+        # Later work, and the group's counters, raise naming the abort (the
+        # group's engine has no communicator any more). The group object
+        # itself: torch's functions refuse a group it aborted before asking it.
+        out["later"] = expect_error(lambda: sub.allreduce([torch.ones(4)]).wait(), "abort")
+        out["counters"] = expect_error(lambda: roce_pg.counters(sub), "abort")
     store_wait(store, "abort/done", world)
     t = torch.full((10,), float(rank))
     dist.all_reduce(t)  # the default group is untouched

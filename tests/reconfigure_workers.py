@@ -163,3 +163,26 @@ def check_story(res):
     assert members[0]["old_in_flight"], members[0]
     assert members[0]["old_work"] and "reconfigure(uuid=4)" in members[0]["old_work"], members[0]
     assert spare["with_spare"] == {"rank": 2, "size": 3, "exact": True, "state": True}, spare
+
+
+def abort_while_reconfiguring(rank, world, port):
+    """Rank 0's reconfigure waits 3 s for rank 1; meanwhile another thread of
+    rank 0 aborts the group. The abort is not lost while no membership
+    exists: the membership the reconfigure forms is aborted too, and its
+    first collective says so."""
+    import threading
+
+    dist.init_process_group("roce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60), enable_reconfigure=True)
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"handle/{rank}", dist._get_reconfigure_handle())
+    handles = _handles(store, range(world))
+    out = {}
+    if rank == 0:
+        threading.Timer(1.0, dist.group.WORLD.abort).start()
+    else:
+        time.sleep(3)
+    dist._reconfigure(uuid=1, handles=handles).wait()
+    if rank == 0:
+        out["after"] = _error(lambda: dist.all_reduce(torch.ones(4)))
+    return out

@@ -174,6 +174,7 @@ def test_a_full_dev_shm_fails_the_collective_whose_slots_need_it_everywhere(outc
 def test_abort_fails_pending_work_at_once(outcomes, transport):
     res = _ranks(outcomes, f"abort/{transport}")[0]
     assert "abort" in res["pending"] and res["elapsed"] < 2, res
+    assert "no longer runs" in res["later"] and "no longer runs" in res["counters"], res
 
 
 def _no_growth(a, b, what):

@@ -23,3 +23,11 @@ def test_a_death_then_a_spare_without_a_restart(place):
     check_story(res)
     print("death to the survivors' first exact allreduce:",
           [round(r["death_to_result_s"], 2) for r in res[:2]], "s (including a 3 s reconfigure that timed out)")
+
+
+def test_an_abort_while_a_reconfigure_forms_ends_the_new_membership():
+    if not hasattr(dist, "_reconfigure"):
+        pytest.skip("this torch has no reconfigure API (torch >= 2.15)")
+    res = run_group("tests.reconfigure_workers.abort_while_reconfiguring", 2, init=False, env=LAYOUTS["shm2"][1],
+                    deadline_s=120)
+    assert "was called on this process group during reconfigure(uuid=1)" in (res[0]["after"] or ""), res

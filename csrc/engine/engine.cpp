@@ -37,6 +37,11 @@ Engine::Engine(std::unique_ptr<Communicator> comm)
 
 Engine::~Engine() { stopThread("the process group was destroyed"); }
 
+std::string Engine::stopReason() {
+  std::lock_guard<std::mutex> g(mu_);
+  return stopReason_;
+}
+
 void Engine::enqueue(std::shared_ptr<Task> task) {
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -80,7 +85,7 @@ void Engine::settle(std::exception_ptr e) {
 
 void Engine::recordEnd(Task& t, std::exception_ptr e, bool broke) {
   t.endNs = TraceRing::nowNs();
-  if (t.collectiveSeq) {
+  if (t.collectiveSeq && comm_) {  // none: issued after the group stopped
     comm_->opProgress().ended(t.collectiveSeq, t.collectiveOp);
     if (t.startNs > 0 && t.endNs > t.startNs) {
       Counters::add(comm_->counters().collectiveNs, static_cast<uint64_t>(t.endNs - t.startNs));

@@ -97,6 +97,7 @@ class Engine {
   // For statistics readable from any thread (Communicator::counters()).
   Communicator& comm() { return *comm_; }
   bool hasComm() const { return comm_ != nullptr; }  // false once shut down or aborted
+  std::string stopReason();  // why it stopped (empty while it runs)
   // The group's flight recorder: callers record a task before issuing it
   // (Task::tracePos); the engine stamps its start, end and outcome.
   TraceRing& trace() { return trace_; }

@@ -169,12 +169,22 @@ c10::intrusive_ptr<c10d::Backend> RoceBackend::shrink(const std::vector<int64_t>
   // Formed before any abort: a subgroup forms from a living parent's roster.
   // The parent's in-flight work does not hold it up (formation runs on this
   // thread, over the process's links, not on the parent's progress thread).
-  auto child = derived(store_, ranks, name, timeout);
-  if (flags & 0x01) {  // torch's SHRINK_ABORT
+  // With torch's SHRINK_ABORT the parent's work in flight is aborted after,
+  // also when the shrunk group could not form (the program asked for it).
+  auto abortParent = [&] {
+    if (!(flags & 0x01)) return;
     stopping_ = true;
     std::lock_guard<std::mutex> g(engineMu_);
-    engine().abort(str("shrink_group(SHRINK_ABORT) excluding ranks ", excluded, " was called on this group"));
+    if (engine_) engine_->abort(str("shrink_group(SHRINK_ABORT) excluding ranks ", excluded, " was called on this group"));
+  };
+  c10::intrusive_ptr<RoceBackend> child;
+  try {
+    child = derived(store_, ranks, name, timeout);
+  } catch (...) {
+    abortParent();
+    throw;
   }
+  abortParent();
   return child;
 }
 
@@ -190,16 +200,16 @@ c10::intrusive_ptr<RoceBackend> RoceBackend::derived(const c10::intrusive_ptr<c1
 }
 #endif
 
-int RoceBackend::formationStoreOps() const { return engine().comm().formationStoreOps(); }
+int RoceBackend::formationStoreOps() const { return comm().formationStoreOps(); }
 
-std::vector<uint64_t> RoceBackend::groupNonces() const { return engine().comm().nonces(); }
+std::vector<uint64_t> RoceBackend::groupNonces() const { return comm().nonces(); }
 
 std::vector<std::string> RoceBackend::processKeys() const {
   std::vector<std::string> keys;
-  for (int r = 0; r < getSize(); ++r) keys.push_back(engine().comm().processKeyOf(r));
+  for (int r = 0; r < getSize(); ++r) keys.push_back(comm().processKeyOf(r));
   return keys;
 }
-std::string RoceBackend::nics() const { return engine().comm().nicsText(); }
+std::string RoceBackend::nics() const { return comm().nicsText(); }
 
 void RoceBackend::start(std::unique_ptr<Communicator> comm) {
   if (!pinned_) pinned_ = std::make_shared<PinnedCache>(cfg_.device.stagingCacheBytes);
@@ -228,6 +238,15 @@ Engine& RoceBackend::engine() const {
   return *engine_;
 }
 
+Communicator& RoceBackend::comm() const {
+  Engine& e = engine();
+  if (!e.hasComm())
+    C10_THROW_ERROR(DistBackendError, str("roce: rank ", getRank(), ": group ", dumpGroup().name,
+                                          " no longer runs (", e.stopReason(), "): create a new group, or reconfigure "
+                                          "this one if it was made with enable_reconfigure=True"));
+  return e.comm();
+}
+
 RoceBackend::~RoceBackend() {
   stopping_ = true;
   failWindows("the process group was destroyed");
@@ -239,10 +258,11 @@ void RoceBackend::shutdown() {
   stopping_ = true;
   failWindows("the process group was shut down");
   std::lock_guard<std::mutex> g(engineMu_);
+  ++stopRequests_;
   if (engine_) engine_->shutdown(std::chrono::milliseconds(cfg_.shutdownGraceMs));
 }
 
-Counters& RoceBackend::counters() { return engine().comm().counters(); }
+Counters& RoceBackend::counters() { return comm().counters(); }
 
 bool RoceBackend::waitEngineParked(std::chrono::milliseconds timeout) { return engine().waitParked(timeout); }
 
@@ -250,6 +270,7 @@ void RoceBackend::abort() {
   stopping_ = true;
   failWindows("abort() was called on this process group");
   std::lock_guard<std::mutex> g(engineMu_);
+  ++stopRequests_;
   if (engine_) engine_->abort("abort() was called on this process group");
 }
 
@@ -345,7 +366,7 @@ CollectiveTask::Body RoceBackend::elementwiseOnDevice(CallStaging& st, const at:
   if (!st.device) return nullptr;
   // The largest piece decides for all (every rank cuts the same pieces).
   const int64_t piece = std::min<int64_t>(flat.numel(), devicePieceElems(flat.element_size()));
-  if (piece == 0 || !reduceStagedOnDevice(engine().comm(), piece * flat.element_size())) return nullptr;
+  if (piece == 0 || !reduceStagedOnDevice(comm(), piece * flat.element_size())) return nullptr;
   const int p = getSize();
   const at::Tensor rows = st.device->hostBuffer(p * ((piece + p - 1) / p), flat.scalar_type());
   const c10::Stream stream = st.device->reduceStream();
@@ -370,7 +391,7 @@ CollectiveTask::Body RoceBackend::reduceScatterBody(CallStaging& st, const at::T
                                                     DataType t, CallReduction red, int64_t pieceElems) {
   const int64_t p = getSize(), m = out.numel();
   const int64_t piece = pieceElems > 0 ? std::min(pieceElems, m) : m;
-  if (st.device && m > 0 && reduceStagedOnDevice(engine().comm(), p * piece * in.element_size())) {
+  if (st.device && m > 0 && reduceStagedOnDevice(comm(), p * piece * in.element_size())) {
     const at::Tensor rows = st.device->hostBuffer(p * piece, in.scalar_type());
     const c10::Stream stream = st.device->reduceStream();
     for (int64_t count : {piece, m % piece})
@@ -409,7 +430,7 @@ CallStaging RoceBackend::staging(const at::Tensor& like, int peer, size_t larges
 }
 
 GpudirectChoice RoceBackend::gpudirect(const at::Tensor& t, int peer, size_t largest) {
-  Communicator& c = engine().comm();
+  Communicator& c = comm();
   // The ranks the call talks to and their transports: one for send/recv; every
   // other rank for a collective, listed once per group (routes are fixed at
   // setup), so a call does not walk the group.
@@ -486,7 +507,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* tit
   task->tracePos = tracePos;
   task->collectiveSeq = collectiveSeq;
   task->collectiveOp = title;
-  engine().comm().opProgress().issued(collectiveSeq, title);
+  comm().opProgress().issued(collectiveSeq, title);
   coalescing_.issued(work);
   if (inlinable && engine().runInline(*task)) {
     Counters::add(counters().inlineOps, 1);
@@ -969,7 +990,7 @@ float RoceBackend::endTimeEstimate() {
 c10::intrusive_ptr<c10d::Work> RoceBackend::estimated(OpType type, const char* title, std::vector<at::Tensor> outputs,
                                                       size_t bytes) {
   TORCH_CHECK(engine().hasComm(), "roce: ", title, " issued to estimate its time on a group that was shut down");
-  const Communicator& c = engine().comm();
+  const Communicator& c = comm();
   const double seconds = estimateCall(c.config(), groupShape(c), kindOf(type, title), bytes);
   {
     std::lock_guard<std::mutex> g(estimateMu_);

@@ -300,6 +300,9 @@ class RoceBackend : public c10d::Backend {
   bool estimateWarned_ = false;
   double estimatedSeconds_ = 0;
   std::atomic<bool> stopping_{false};  // the program aborts or destroys the group: no abort hooks
+  // abort() and shutdown() calls, counted under engineMu_: a reconfigure
+  // ends the membership it formed when one came while it formed.
+  uint64_t stopRequests_ = 0;
   CoalescingRegion coalescing_;  // the Works of an open coalescing region
   TimeoutExtensions timeoutExtensions_;  // added to the timeout of the operations issued after them
   c10::intrusive_ptr<c10d::Store> store_;     // the group's store, for monitoredBarrier
@@ -319,6 +322,9 @@ class RoceBackend : public c10d::Backend {
   // The engine of the current membership; throws while there is none (a
   // group awaiting its first reconfigure, or one whose reconfigure failed).
   Engine& engine() const;
+  // Its communicator; throws, naming why, once the group was aborted or
+  // shut down (its engine stays, for the trace, but owns no communicator).
+  Communicator& comm() const;
   std::string noMembersWhy_;  // why engine_ is null, for that error
   // Reconfigure (reconfigure.cpp): this process's handle, and the uuids it used.
   int globalRank_;

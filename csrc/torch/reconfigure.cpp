@@ -57,11 +57,13 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
   usedUuids_.push_back(opts.uuid);
   const std::chrono::milliseconds timeout = opts.timeout.value_or(timeout_);
 
+  uint64_t stopRequests;  // those that came before the old membership ended: not this one's
   {
     // The old membership ends: the neighbours are told why, its work in
     // flight fails naming the reconfigure, and no abort hook runs (the
     // program asked for it). Its trace is no longer dumped on a signal.
     std::lock_guard<std::mutex> g(engineMu_);
+    stopRequests = stopRequests_;
     if (traceSignalId_) TraceSignal::remove(traceSignalId_);
     traceSignalId_ = 0;
     if (engine_) {
@@ -106,7 +108,10 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
   for (const auto& h : members) traceRanks_.push_back(parseReconfigureHandle(h).stableRank);
   start(std::move(comm));
   // abort() or shutdown() came while the membership formed: it ends too.
-  if (stopping_.load()) engine_->abort(str("abort() was called on this process group during ", what));
+  if (stopRequests_ != stopRequests) {
+    stopping_ = true;
+    engine_->abort(str("abort() or shutdown() was called on this process group during ", what));
+  }
   auto work = c10::make_intrusive<RoceWork>(c10d::OpType::UNKNOWN, getRank(), "reconfigure", std::vector<at::Tensor>{});
   work->complete(nullptr);
   return work;
