@@ -251,6 +251,19 @@ def window_matrix(rank, world, port):
     win.signal(nxt, True)
     win.wait_signal((rank - 1) % world, False)
     assert torch.equal(t[:n], torch.full((n,), float((rank - 1) % world), dtype=torch.float64))
+    # A wait nobody will signal ends with the deregistration, not at its timeout.
+    pending = win.wait_signal(nxt, True)
+    win.tensor_deregister()
+    _expect_raises(lambda: pending.wait(datetime.timedelta(seconds=30)), "deregistered", f"rank {nxt}")
+    # A conjugated view puts the values it shows; a get into one is refused.
+    z = torch.zeros(world, dtype=torch.complex64)
+    win.tensor_register(z)
+    win.put(torch.tensor([complex(rank, 1)], dtype=torch.complex64).conj(), nxt, rank, True)
+    win.signal(nxt, True)
+    prev = (rank - 1) % world
+    win.wait_signal(prev, False)
+    assert z[prev].item() == complex(prev, -1), z.tolist()
+    _expect_raises(lambda: roce_pg.window_get(win, torch.empty(1, dtype=torch.complex64).conj(), nxt), "conjugated")
     win.tensor_deregister()
     # The same window again, with an integer tensor.
     ints = torch.zeros(world * 5, dtype=torch.int32)

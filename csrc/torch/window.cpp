@@ -137,6 +137,9 @@ RoceWindow::RoceWindow(c10::intrusive_ptr<RoceBackend> backend, uint64_t id)
       shared_(std::make_shared<WindowShared>()) {}
 
 RoceWindow::~RoceWindow() {
+  // Dropped after its group failed or was reconfigured (deregistering would
+  // only raise): the tensor may be registered in a new window.
+  if (registered_ && memory_ && !shared_->failure().empty()) memory_->registered = false;
   if (registered_ && shared_->failure().empty())
     ROCE_WARN("roce: rank ", rank_, ": window ", id_, " was dropped without tensor_deregister(): it keeps its memory "
               "and serves its peers until the group ends, and peers that deregister wait for this rank");
@@ -200,7 +203,7 @@ std::unique_ptr<transport::ExposedMemory> RoceWindow::exposeWindow(const std::ve
   // The signal counts (each served peer writes its own) through the window:
   // the storage's bytes before the window (a view's offset) lie between.
   char* from = reinterpret_cast<char*>(board->counts());
-  auto exposure = backend_->engine().comm().expose(served, from, static_cast<size_t>(board->window() + board->windowBytes - from),
+  auto exposure = backend_->comm().expose(served, from, static_cast<size_t>(board->window() + board->windowBytes - from),
                                                    &why);
   // Not an error: peers' puts then go through this rank's progress thread.
   if (!exposure && !why.empty())
@@ -255,8 +258,8 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
   }
   // The group's own setting (formation may have taken the leader's), so the
   // same on every rank: which peers are served is known before the exchange.
-  me.mappable = backend_->engine().comm().config().placement.forceNetwork ? 0 : 1;
-  const auto& topo = backend_->engine().comm().topology();
+  me.mappable = backend_->comm().config().placement.forceNetwork ? 0 : 1;
+  const auto& topo = backend_->comm().topology();
   std::vector<int> served;
   for (int r = 0; r < size_; ++r)
     if (r != rank_ && !(topo.nodeOf[r] == topo.nodeOf[rank_] && me.mappable)) served.push_back(r);
@@ -280,6 +283,15 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
   if (storage.nbytes()) std::memcpy(board->data(), storage.data(), storage.nbytes());
   auto memory = std::make_shared<WindowMemory>();
   memory->segment = seg;
+  // Until the registration completes, any failure (an exchange that throws
+  // included) leaves the tensor free to be registered again.
+  struct RegisteredOnlyIfDone {
+    WindowMemory& m;
+    bool done = false;
+    ~RegisteredOnlyIfDone() {
+      if (!done) m.registered = false;
+    }
+  } registeredOnlyIfDone{*memory};
   storage.set_data_ptr_noswap(
       at::DataPtr(board->data(), new std::shared_ptr<WindowMemory>(memory), &dropWindowMemory, tensor.device()));
   storage.unsafeGetStorageImpl()->set_resizable(false);
@@ -317,14 +329,10 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
   // Every peer mapped what it needs before the names go.
   const std::vector<uint8_t> mapped = agree(failed.empty());
   seg->unlink();
-  if (!failed.empty()) memory->registered = false;  // the tensor may be registered again
   TORCH_CHECK(failed.empty(), "roce: window on rank ", rank_, ": ", failed);
   for (int r = 0; r < size_; ++r)
-    if (!mapped[static_cast<size_t>(r)]) {
-      memory->registered = false;
-      TORCH_CHECK(false, "roce: window on rank ", rank_, ": rank ", r,
-                  " could not map its peers' windows (its error says why); no rank registered");
-    }
+    TORCH_CHECK(mapped[static_cast<size_t>(r)], "roce: window on rank ", rank_, ": rank ", r,
+                " could not map its peers' windows (its error says why); no rank registered");
 
   shared_ = std::make_shared<WindowShared>();
   shared_->mine = seg;
@@ -348,6 +356,7 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
   exposed_ = me.remote.exposed();
   tagId_ = ++backend_->windowRegistrations_;
   registered_ = true;
+  registeredOnlyIfDone.done = true;
   // Without a service (the group failed already) the exposure goes here.
   if (!served_.empty() && failedBefore.empty()) startService(served_, std::move(exposure));
 }
@@ -472,8 +481,11 @@ void RoceWindow::tensor_deregister() {
   // Peers on this machine may read or write this window until they
   // deregister too; every rank takes part, whatever happened above.
   const std::vector<uint8_t> done = agree(failed.empty());
-  TORCH_CHECK(failed.empty(), "roce: window on rank ", rank_, ": tensor_deregister() failed: ", failed);
   const std::string during = shared->failure();
+  // wait_signal calls issued before (async, or on other threads) would
+  // otherwise wait for their timeout: no signal comes any more.
+  shared->fail("its tensor was deregistered");
+  TORCH_CHECK(failed.empty(), "roce: window on rank ", rank_, ": tensor_deregister() failed: ", failed);
   TORCH_CHECK(during.empty(), "roce: window on rank ", rank_, ": its service failed before tensor_deregister(): ", during);
   for (int r = 0; r < size_; ++r)
     TORCH_CHECK(done[static_cast<size_t>(r)], "roce: window on rank ", rank_, ": rank ", r,
@@ -511,7 +523,9 @@ c10::intrusive_ptr<c10d::Work> RoceWindow::put(const at::Tensor& tensor, int64_t
   TORCH_CHECK(tensor.device().is_cpu(), "roce: window put on rank ", rank_, ": the source is on ", tensor.device(),
               "; windows move CPU tensors (device windows are not supported yet)");
   const uint64_t offset = checkedRange(peer, dstRank, tensor.scalar_type(), tensor.numel(), targetOffsetNelems, "put");
-  const at::Tensor src = tensor.contiguous();
+  // The values the tensor shows: a lazily conjugated or negated view's bits
+  // are resolved before its bytes go.
+  const at::Tensor src = tensor.resolve_conj().resolve_neg().contiguous();
   const uint64_t bytes = src.nbytes();
   if (peer.mapped) {
     // memmove: a put into this rank's own window may overlap its source.
@@ -529,6 +543,8 @@ c10::intrusive_ptr<c10d::Work> RoceWindow::get(at::Tensor out, int64_t srcRank, 
   Peer& peer = peerFor(srcRank, "get");
   TORCH_CHECK(out.device().is_cpu() && out.is_contiguous(), "roce: window get on rank ", rank_,
               ": the destination must be a contiguous CPU tensor");
+  TORCH_CHECK(!out.is_conj() && !out.is_neg(), "roce: window get on rank ", rank_,
+              ": the destination is a conjugated or negated view; get into a plain tensor (resolve_conj() first)");
   const uint64_t offset = checkedRange(peer, srcRank, out.scalar_type(), out.numel(), offsetNelems, "get");
   const uint64_t bytes = out.nbytes();
   if (peer.mapped) {
