@@ -189,6 +189,29 @@ void MuxLink::refuse(const std::string& why) {
   for (auto& so : sockets_) ::shutdown(so->fd, SHUT_RDWR);
 }
 
+void MuxLink::sendFailed(const Stream& s) {
+  dieOnError("send");
+  throwStreamEnd(s);
+}
+
+void MuxLink::drainDead() {
+  // What the peer sent before its socket went is still readable: a peer
+  // that destroyed the group closed its streams first, and that (it ended on
+  // purpose, often the echo of a failure elsewhere) is what to report, not
+  // the broken connection its exit left. The link is dead already, so
+  // nothing read here is answered.
+  for (auto& so : sockets_) {
+    size_t budget = kStreamWindow * 4;
+    pump(*so, nullptr, budget);
+  }
+}
+
+void MuxLink::throwStreamEnd(const Stream& s) {
+  drainDead();
+  auto it = inboxes_.find({s.selfNonce, s.peerRank});
+  throwEnded(s, it != inboxes_.end() ? it->second.end : kOpen);
+}
+
 void MuxLink::dieOnError(const char* op) {
   die(str("broke its TCP connection (", op, ": ", std::strerror(errno), "): it died or its machine is unreachable"));
 }
@@ -231,14 +254,14 @@ void MuxLink::sendControl(uint64_t dstNonce, uint64_t srcNonce, int srcRank, uin
 
 size_t MuxLink::write(const Stream& s, const iovec* iov, int n) {
   std::lock_guard<std::mutex> g(mu_);
-  if (!deadReason_.empty()) throwEnded(s, kOpen);
+  if (!deadReason_.empty()) throwStreamEnd(s);
   auto it = inboxes_.find({s.selfNonce, s.peerRank});
   if (it == inboxes_.end())  // close() erased it: only the pipe's owner calls both
     throwComm(str("internal error: rank ", s.selfRank, " wrote a TCP stream to rank ", s.peerRank, " it closed"));
   MuxInbox& box = it->second;
   if (box.end != kOpen) throwEnded(s, box.end);
   if (!flushTail()) {
-    if (!deadReason_.empty()) throwEnded(s, kOpen);
+    if (!deadReason_.empty()) throwStreamEnd(s);
     return 0;
   }
   // The caller's bytes as one sequence, cut into chunks. StreamTransport
@@ -285,8 +308,7 @@ size_t MuxLink::writeChunks(const Stream& s, const iovec* iov, size_t total) {
     ssize_t r = ::sendmsg(sockets_.front()->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (r < 0) {
       if (wouldBlock()) return accepted;
-      dieOnError("send");
-      throwEnded(s, kOpen);
+      sendFailed(s);
     }
     const size_t wrote = static_cast<size_t>(r);
     if (wrote == bytes) {
@@ -496,9 +518,16 @@ size_t MuxLink::read(const Stream& s, void* dst, size_t n) {
   auto it = inboxes_.find(self);
   if (it == inboxes_.end())  // close() erased it: only the pipe's owner calls both
     throwComm(str("internal error: rank ", s.selfRank, " read a TCP stream from rank ", s.peerRank, " it closed"));
+  // The link died: what the peer sent before is still read, then its end.
+  auto afterDeath = [&]() -> size_t {
+    drainDead();
+    auto box = inboxes_.find(self);
+    if (box->second.buffered()) return takeBuffered(box->second);
+    throwEnded(s, box->second.end);
+  };
   if (it->second.buffered()) return takeBuffered(it->second);
   if (it->second.end != kOpen) throwEnded(s, it->second.end);
-  if (!deadReason_.empty()) throwEnded(s, kOpen);
+  if (!deadReason_.empty()) return afterDeath();
   size_t budget = kReadBudget;
   for (auto& sp : sockets_) {
     Socket& so = *sp;
@@ -522,7 +551,7 @@ size_t MuxLink::read(const Stream& s, void* dst, size_t n) {
   it = inboxes_.find(self);
   if (it->second.buffered()) return takeBuffered(it->second);
   if (it->second.end != kOpen) throwEnded(s, it->second.end);
-  if (!deadReason_.empty()) throwEnded(s, kOpen);
+  if (!deadReason_.empty()) return afterDeath();
   return 0;
 }
 

@@ -127,6 +127,12 @@ class MuxLink {
   void die(const std::string& why);
   void refuse(const std::string& why);  // dies of what the peer sent against the protocol (counted)
   void dieOnError(const char* op);  // after a failed send/recv: errno names why
+  // A send on `s` failed (errno): dies, and throws how the stream ended.
+  [[noreturn]] void sendFailed(const Stream& s);
+  // The link is dead: reads what the peer sent before it went.
+  void drainDead();
+  // The link is dead: throws how `s` ended, from what the peer sent before.
+  [[noreturn]] void throwStreamEnd(const Stream& s);
   void wakeOwners();
   void deliverEnd(MuxInbox& box, uint8_t end);
   [[noreturn]] void throwEnded(const Stream& s, uint8_t end);
