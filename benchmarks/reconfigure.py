@@ -3,6 +3,7 @@ membership, through torch's reconfigure API: roce and Gloo side by side in
 one run.
 
     .venv/bin/python benchmarks/reconfigure.py [--ranks 3] [--repeats 3] [--places shm net]
+    scripts/softroce/run_vm.sh '.venv/bin/python benchmarks/reconfigure.py --places verbs'
 
 Per backend and place, `ranks` processes start with enable_reconfigure=True,
 reconfigure to all of them (uuid 1) and run an allreduce. The last rank
@@ -14,7 +15,8 @@ allreduce of 1,000 floats, checked exact. Printed per run: the time from the
 victim's last clock reading to the first exact result (the slowest
 survivor), and the reconfigure call alone. roce runs on one machine
 (shared memory, "shm") and with every rank its own simulated machine over
-TCP ("net"); Gloo always uses TCP over loopback.
+TCP ("net"), and, in the Soft-RoCE VM, over verbs ("verbs", rxe); Gloo
+always uses TCP over loopback.
 """
 import argparse
 import os
@@ -25,14 +27,15 @@ sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tests.support.layouts import LAYOUTS  # noqa: E402
 from tests.support.ranks import run_group, store_wait  # noqa: E402
 
-PLACES = {"shm": LAYOUTS["shm3"][1], "net": LAYOUTS["net3"][1]}  # the environments; --ranks sets the count
+# The environments; --ranks sets the count. "verbs" needs an RDMA device.
+PLACES = {"shm": LAYOUTS["shm3"][1], "net": LAYOUTS["net3"][1], "verbs": LAYOUTS["verbs3"][1]}
 
 
 def _gone(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped between the open and the read: ESRCH
         return True
 
 
@@ -85,7 +88,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--places", nargs="+", default=list(PLACES), choices=list(PLACES))
+    ap.add_argument("--places", nargs="+", default=["shm", "net"], choices=list(PLACES))
     args = ap.parse_args()
     runs = [("gloo", "tcp", {})] + [("roce", p, PLACES[p]) for p in args.places]
     print(f"# {args.ranks} ranks, the last SIGKILLed; {args.repeats} runs each, interleaved; median of the runs")
@@ -93,7 +96,8 @@ def main():
     for _ in range(args.repeats):
         for backend, place, env in runs:
             res = run_group("benchmarks.reconfigure.rank_main", args.ranks, init=False, env=env,
-                            kwargs={"backend": backend}, expect_dead={args.ranks - 1}, deadline_s=300)
+                            kwargs={"backend": backend}, expect_dead={args.ranks - 1},
+                            deadline_s=1200 if "verbs" in args.places else 300)  # the VM imports torch slowly
             survivors = res[:-1]
             if not all(r["exact"] for r in survivors):
                 sys.exit(f"{backend} {place}: inexact result after reconfigure: {survivors}")
