@@ -280,7 +280,45 @@ def window_matrix(rank, world, port):
     _two_windows_at_once(rank, world)
     _refused_registrations(rank, world)
     _alltoallv_by_puts(rank, world)
+    _puts_racing_a_deregistration(rank, world)
     return {"rank": rank}
+
+
+def _puts_racing_a_deregistration(rank, world, n=64):
+    """Another thread puts (async) while the main thread deregisters: each
+    put is issued before the deregistration or refused after it, naming why;
+    nothing crashes, and the group goes on."""
+    import threading
+    import time
+
+    t = torch.zeros(world * n, dtype=torch.float64)
+    win = dist._new_window(t)
+    nxt = (rank + 1) % world
+    issued, errors = [], []
+    stop = threading.Event()
+
+    def putter():
+        while not stop.is_set() and len(issued) < 2000:
+            try:
+                issued.append(win.put(torch.ones(n, dtype=torch.float64), nxt, rank * n, True))
+            except Exception as e:  # noqa: BLE001 - the message is checked
+                errors.append(str(e))
+                return
+
+    th = threading.Thread(target=putter)
+    th.start()
+    time.sleep(0.2)
+    win.tensor_deregister()
+    stop.set()
+    th.join(60)
+    assert not th.is_alive(), "a put hung across the deregistration"
+    assert issued, "no put was issued before the deregistration"
+    for w in issued:  # issued before the close, so served before it
+        w.wait()
+    assert all("before tensor_register" in e for e in errors), errors[:3]
+    x = torch.ones(2)
+    dist.all_reduce(x)
+    assert x.tolist() == [float(world)] * 2
 
 
 def _two_windows_at_once(rank, world):

@@ -213,7 +213,6 @@ std::unique_ptr<transport::ExposedMemory> RoceWindow::exposeWindow(const std::ve
 }
 
 void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
-  TORCH_CHECK(!registered_, "roce: window on rank ", rank_, ": a tensor is already registered; call tensor_deregister() first");
   TORCH_CHECK(!backend_->stopping_.load() && backend_->engine().hasComm(), "roce: window on rank ", rank_,
               ": tensor_register() after the group was shut down or aborted");
   rank_ = backend_->getRank();  // a reconfigure may have changed them since the window was made
@@ -222,7 +221,12 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
   // so all of them raise together instead of the others waiting for the
   // timeout; nothing of the tensor changes until every rank can.
   Published me;
-  std::string refused = unregistrable(tensor);
+  std::string refused;
+  {
+    std::shared_lock<std::shared_mutex> state(stateMu_);
+    if (registered_) refused = "a tensor is already registered; call tensor_deregister() first";
+  }
+  if (refused.empty()) refused = unregistrable(tensor);
   // A peer killed during the exchanges leaves its segment's name behind
   // (its lock is free now); a rank that failed otherwise unlinks its own.
   struct SweepOnFailure {
@@ -334,19 +338,21 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
     TORCH_CHECK(mapped[static_cast<size_t>(r)], "roce: window on rank ", rank_, ": rank ", r,
                 " could not map its peers' windows (its error says why); no rank registered");
 
-  shared_ = std::make_shared<WindowShared>();
-  shared_->mine = seg;
-  shared_->board = board;
-  shared_->order = std::make_shared<WindowOrder>(size_);
+  auto shared = std::make_shared<WindowShared>();
+  shared->mine = seg;
+  shared->board = board;
+  shared->order = std::make_shared<WindowOrder>(size_);
   std::string failedBefore;
   {
     std::lock_guard<std::mutex> g(backend_->windowsMu_);
     auto& states = backend_->windowStates_;
     states.erase(std::remove_if(states.begin(), states.end(), [](const auto& w) { return w.expired(); }), states.end());
-    states.push_back(shared_);
+    states.push_back(shared);
     failedBefore = backend_->windowsFailure_;
   }
-  if (!failedBefore.empty()) shared_->fail(failedBefore);
+  if (!failedBefore.empty()) shared->fail(failedBefore);
+  std::unique_lock<std::shared_mutex> state(stateMu_);
+  shared_ = shared;
   memory_ = memory;
   peers_ = std::move(peers);
   served_ = std::move(served);
@@ -357,6 +363,7 @@ void RoceWindow::tensor_register(const at::Tensor& tensor, bool owning) {
   tagId_ = ++backend_->windowRegistrations_;
   registered_ = true;
   registeredOnlyIfDone.done = true;
+  state.unlock();
   // Without a service (the group failed already) the exposure goes here.
   if (!served_.empty() && failedBefore.empty()) startService(served_, std::move(exposure));
 }
@@ -393,7 +400,7 @@ void RoceWindow::startService(const std::vector<int>& served, std::unique_ptr<tr
 
 c10::intrusive_ptr<c10d::Work> RoceWindow::sendToServed(WindowOp op, int peer, const at::Tensor& src,
                                                         const char* title, std::chrono::milliseconds timeout,
-                                                        bool asyncOp, const WindowShared& shared) {
+                                                        const WindowShared& shared) {
   std::vector<at::Tensor> tensors;
   if (src.defined()) tensors.push_back(src);
   auto work = c10::make_intrusive<RoceWork>(
@@ -430,12 +437,11 @@ c10::intrusive_ptr<c10d::Work> RoceWindow::sendToServed(WindowOp op, int peer, c
   task->timeout = timeout;
   task->onEnd = [work](std::exception_ptr e) { work->complete(e); };
   backend_->engine().enqueue(std::move(task));
-  if (signalOrder.owns_lock()) signalOrder.unlock();
-  if (!asyncOp) work->wait(kNoTimeout);
   return work;
 }
 
 void RoceWindow::tensor_deregister() {
+  std::unique_lock<std::shared_mutex> state(stateMu_);
   TORCH_CHECK(registered_, "roce: window on rank ", rank_, ": tensor_deregister() without a registered tensor");
   // Whatever happens below, this rank's registration ends here.
   std::shared_ptr<WindowShared> shared = std::move(shared_);
@@ -445,6 +451,7 @@ void RoceWindow::tensor_deregister() {
   registered_ = false;
   peers_.clear();
   held_ = at::Tensor();
+  state.unlock();
   struct Release {
     WindowMemory& m;
     ~Release() { m.registered = false; }
@@ -460,7 +467,7 @@ void RoceWindow::tensor_deregister() {
     close.kind = static_cast<uint32_t>(WindowOpKind::Close);
     std::vector<c10::intrusive_ptr<c10d::Work>> closes;
     for (int peer : served)
-      closes.push_back(sendToServed(close, peer, at::Tensor(), "window close", backend_->timeout_, true, *shared));
+      closes.push_back(sendToServed(close, peer, at::Tensor(), "window close", backend_->timeout_, *shared));
     for (auto& w : closes) w->wait(kNoTimeout);
     if (!served.empty()) {
       std::unique_lock<std::mutex> g(shared->mu);
@@ -519,6 +526,7 @@ uint64_t RoceWindow::checkedRange(const Peer& peer, int64_t rank, c10::ScalarTyp
 
 c10::intrusive_ptr<c10d::Work> RoceWindow::put(const at::Tensor& tensor, int64_t dstRank, int64_t targetOffsetNelems,
                                                bool asyncOp, const c10d::PutOptions& opts) {
+  std::shared_lock<std::shared_mutex> state(stateMu_);
   Peer& peer = peerFor(dstRank, "put");
   TORCH_CHECK(tensor.device().is_cpu(), "roce: window put on rank ", rank_, ": the source is on ", tensor.device(),
               "; windows move CPU tensors (device windows are not supported yet)");
@@ -536,10 +544,14 @@ c10::intrusive_ptr<c10d::Work> RoceWindow::put(const at::Tensor& tensor, int64_t
   op.kind = static_cast<uint32_t>(WindowOpKind::Put);
   op.offset = offset;
   op.bytes = bytes;
-  return sendToServed(op, static_cast<int>(dstRank), src, "window put", timeoutOf(opts.timeout), asyncOp, *shared_);
+  auto work = sendToServed(op, static_cast<int>(dstRank), src, "window put", timeoutOf(opts.timeout), *shared_);
+  state.unlock();
+  if (!asyncOp) work->wait(kNoTimeout);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> RoceWindow::get(at::Tensor out, int64_t srcRank, int64_t offsetNelems, bool asyncOp) {
+  std::shared_lock<std::shared_mutex> state(stateMu_);
   Peer& peer = peerFor(srcRank, "get");
   TORCH_CHECK(out.device().is_cpu() && out.is_contiguous(), "roce: window get on rank ", rank_,
               ": the destination must be a contiguous CPU tensor");
@@ -555,10 +567,14 @@ c10::intrusive_ptr<c10d::Work> RoceWindow::get(at::Tensor out, int64_t srcRank, 
   op.kind = static_cast<uint32_t>(WindowOpKind::Get);
   op.offset = offset;
   op.bytes = bytes;
-  return sendToServed(op, static_cast<int>(srcRank), out, "window get", backend_->timeout_, asyncOp, *shared_);
+  auto work = sendToServed(op, static_cast<int>(srcRank), out, "window get", backend_->timeout_, *shared_);
+  state.unlock();
+  if (!asyncOp) work->wait(kNoTimeout);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> RoceWindow::signal(int64_t peerRank, bool asyncOp, const c10d::SignalOptions& opts) {
+  std::shared_lock<std::shared_mutex> state(stateMu_);
   Peer& peer = peerFor(peerRank, "signal");
   if (peer.mapped) {
     peer.board->signalFrom(rank_);
@@ -566,12 +582,16 @@ c10::intrusive_ptr<c10d::Work> RoceWindow::signal(int64_t peerRank, bool asyncOp
   }
   WindowOp op;
   op.kind = static_cast<uint32_t>(WindowOpKind::Signal);
-  return sendToServed(op, static_cast<int>(peerRank), at::Tensor(), "window signal", timeoutOf(opts.timeout), asyncOp,
-                      *shared_);
+  auto work = sendToServed(op, static_cast<int>(peerRank), at::Tensor(), "window signal", timeoutOf(opts.timeout),
+                           *shared_);
+  state.unlock();
+  if (!asyncOp) work->wait(kNoTimeout);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> RoceWindow::wait_signal(int64_t peerRank, bool asyncOp,
                                                        const c10d::WaitSignalOptions& opts) {
+  std::shared_lock<std::shared_mutex> state(stateMu_);
   peerFor(peerRank, "wait_signal");
   uint32_t ticket;
   {
@@ -581,11 +601,13 @@ c10::intrusive_ptr<c10d::Work> RoceWindow::wait_signal(int64_t peerRank, bool as
   const bool written = exposed_ && !peers_[static_cast<size_t>(peerRank)].mapped;
   auto work = c10::make_intrusive<SignalWaitWork>(shared_, rank_, static_cast<int>(peerRank), ticket,
                                                   timeoutOf(opts.timeout), written);
+  state.unlock();
   if (!asyncOp) work->wait(kNoTimeout);
   return work;
 }
 
 at::Tensor RoceWindow::map_remote_tensor(int64_t rank) {
+  std::shared_lock<std::shared_mutex> state(stateMu_);
   Peer& peer = peerFor(rank, "map_remote_tensor");
   TORCH_CHECK(peer.mapped, "roce: window on rank ", rank_, ": map_remote_tensor(", rank, "): rank ", rank,
               " is on another machine (or ROCE_PG_FORCE_NETWORK=1): only a peer on this machine can be mapped; "
@@ -603,6 +625,7 @@ c10::intrusive_ptr<c10d::Window> RoceBackend::new_window(const std::optional<at:
 }
 
 c10d::WindowAttr RoceWindow::get_attr(int64_t peerRank) {
+  std::shared_lock<std::shared_mutex> state(stateMu_);
   peerFor(peerRank, "get_attr");
   // Host memory, written in place by peers and the progress thread: one
   // coherent copy, no synchronization beyond a signal needed.

@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <vector>
 
 #include "../transport/shm/shm_segment.hpp"
@@ -101,7 +102,7 @@ class RoceWindow : public c10d::Window {
 
  private:
   // Throws unless a tensor is registered, the group can still serve it and
-  // `rank` is a rank of the group.
+  // `rank` is a rank of the group. The caller holds stateMu_ (shared).
   Peer& peerFor(int64_t rank, const char* what);
   std::chrono::milliseconds timeoutOf(std::chrono::milliseconds requested) const;
   void allgather(const void* mine, void* all, size_t each);  // a collective of the group, waited for
@@ -113,9 +114,9 @@ class RoceWindow : public c10d::Window {
   // exposed its window; a signal's, get's or close's head: to a peer on
   // another machine, through the group's engine (after what it has queued),
   // in the order of `shared`'s registration.
+  // Issued, not waited for (the caller waits, its state lock released).
   c10::intrusive_ptr<c10d::Work> sendToServed(WindowOp op, int peer, const at::Tensor& buf, const char* title,
-                                              std::chrono::milliseconds timeout, bool asyncOp,
-                                              const WindowShared& shared);
+                                              std::chrono::milliseconds timeout, const WindowShared& shared);
   // This rank's window exposed to one-sided writes of `served`, or null
   // (warned about when the transport could have but failed).
   std::unique_ptr<transport::ExposedMemory> exposeWindow(const std::vector<int>& served, WindowBoard* board);
@@ -125,6 +126,12 @@ class RoceWindow : public c10d::Window {
                         const char* what) const;
 
   c10::intrusive_ptr<RoceBackend> backend_;
+  // The registration's state below (registered_, shared_, peers_, served_,
+  // memory_, held_): shared while a call issues an operation on it (a
+  // mapped peer's copy included), exclusive while tensor_register or
+  // tensor_deregister change it, so a call on another thread never uses a
+  // registration that is being torn down. Never held while a call waits.
+  std::shared_mutex stateMu_;
   uint64_t id_;
   int rank_, size_;
   std::shared_ptr<WindowShared> shared_;
