@@ -159,7 +159,7 @@ def check_story(res):
     for r in members + [spare]:
         assert r["doorbell_groups"] <= 1, r  # this membership's group at most
         assert r["monitored_barrier"] is None, r
-    assert spare["uuid_of_others"] and "uuid 1 was already used on this store" in spare["uuid_of_others"], spare
+    assert spare["uuid_of_others"] and "uuid 1's members are" in spare["uuid_of_others"] and "a fresh uuid" in spare["uuid_of_others"], spare
     assert members[0]["old_in_flight"], members[0]
     assert members[0]["old_work"] and "reconfigure(uuid=4)" in members[0]["old_work"], members[0]
     assert spare["with_spare"] == {"rank": 2, "size": 3, "exact": True, "state": True}, spare
@@ -186,3 +186,20 @@ def abort_while_reconfiguring(rank, world, port):
     if rank == 0:
         out["after"] = _error(lambda: dist.all_reduce(torch.ones(4)))
     return out
+
+
+def mismatched_member_lists(rank, world, port):
+    """Rank 0 reconfigures to the handles in launch order; rank 1, a second
+    later, to the same handles reversed (a list assigns ranks by position):
+    rank 1 is refused at once, naming both lists; rank 0 waits for a member
+    that never joins, until its 3 s timeout."""
+    dist.init_process_group("roce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60), enable_reconfigure=True)
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"handle/{rank}", dist._get_reconfigure_handle())
+    handles = _handles(store, range(world))
+    if rank == 1:
+        time.sleep(1)
+        handles = handles[::-1]
+    call = lambda: dist._reconfigure(uuid=1, handles=handles, timeout=timedelta(seconds=3)).wait()  # noqa: E731
+    return {"error": _error(call)}

@@ -31,3 +31,12 @@ def test_an_abort_while_a_reconfigure_forms_ends_the_new_membership():
     res = run_group("tests.reconfigure_workers.abort_while_reconfiguring", 2, init=False, env=LAYOUTS["shm2"][1],
                     deadline_s=120)
     assert "was called on this process group during reconfigure(uuid=1)" in (res[0]["after"] or ""), res
+
+
+def test_members_passing_different_lists_are_refused_naming_both():
+    if not hasattr(dist, "_reconfigure"):
+        pytest.skip("this torch has no reconfigure API (torch >= 2.15)")
+    res = run_group("tests.reconfigure_workers.mismatched_member_lists", 2, init=False, env=LAYOUTS["shm2"][1],
+                    deadline_s=120)
+    assert "pass the same handles on every member" in (res[1]["error"] or ""), res
+    assert "timed out" in (res[0]["error"] or ""), res

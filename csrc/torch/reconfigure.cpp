@@ -50,6 +50,16 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
                     " on rank ", getRank(), ": uuid ", opts.uuid,
                     " was used before on this group: pass a fresh uuid to every reconfigure");
   auto keys = c10::make_intrusive<c10d::PrefixStore>(str("roce/reconfigure/", opts.uuid), store_);
+  // The membership as every member must see it (a set of handles is ordered
+  // alike everywhere): the first member names it under the uuid, and a
+  // member that passes another list, or a uuid an earlier membership of
+  // other processes used, is refused here, with its own membership intact.
+  std::string listed;
+  for (const auto& h : members) listed += (listed.empty() ? "" : ", ") + h;
+  const std::string named = keys->compareSet("members", "", listed);
+  TORCH_CHECK_VALUE(named == listed, "roce: ", what, " on rank ", getRank(), ": uuid ", opts.uuid,
+                    "'s members are [", named, "] (named by the member that came first), and this process passes [",
+                    listed, "]: pass the same handles on every member, and a fresh uuid to every reconfigure");
   const std::string claimedBy = keys->compareSet(str("claimed/", newRank), "", own);
   TORCH_CHECK_VALUE(claimedBy == own, "roce: ", what, ": uuid ", opts.uuid, " was already used on this store (rank ",
                     newRank, " of it was the process of handle ", claimedBy,
