@@ -464,6 +464,24 @@ def no_rdma_device(rank, world, port):
     return {"msg": msg}
 
 
+def abort_from_a_callback(rank, world, port):
+    """A Work's callback (on roce's progress thread) aborts the group it ran
+    on; the program then destroys that group: the destruction waits for the
+    progress thread's loop to end instead of freeing what it still uses, and
+    the default group goes on."""
+    sub = dist.new_group(list(range(world)))
+    t = torch.ones(1000)
+    w = dist.all_reduce(t, group=sub, async_op=True)
+    fut = w.get_future().then(lambda f: sub.abort())
+    fut.wait()
+    after = expect_error(lambda: sub.allreduce([torch.ones(4)]).wait(), "abort")
+    dist.destroy_process_group(sub)
+    x = torch.full((10,), float(rank))
+    dist.all_reduce(x)
+    return {"exact": torch.equal(x, torch.full((10,), float(sum(range(world))))), "after": after,
+            "sum": t[0].item()}
+
+
 def abort_pending(rank, world, port):
     """abort() on a subgroup fails its pending work at once and leaves the default group usable.
 

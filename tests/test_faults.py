@@ -84,6 +84,8 @@ def _scenarios():
         sc[f"mixed/{tr}"] = dict(target="tests.fault_workers.mixed_collectives", world=3, env=env,
                                  kwargs={"total": max(1000, int(10_000 * SCALE))}, deadline_s=300)
         sc[f"abort/{tr}"] = dict(target="tests.api_workers.abort_pending", world=2, env=env, deadline_s=120)
+        sc[f"abort_from_callback/{tr}"] = dict(target="tests.api_workers.abort_from_a_callback", world=2, env=env,
+                                               deadline_s=120)
     return sc
 
 
@@ -175,6 +177,12 @@ def test_abort_fails_pending_work_at_once(outcomes, transport):
     res = _ranks(outcomes, f"abort/{transport}")[0]
     assert "abort" in res["pending"] and res["elapsed"] < 2, res
     assert "no longer runs" in res["later"] and "no longer runs" in res["counters"], res
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_an_abort_from_a_callback_then_destroy(outcomes, transport):
+    for res in _ranks(outcomes, f"abort_from_callback/{transport}"):
+        assert res["exact"] and res["sum"] == 2.0 and "abort() was called" in res["after"], res
 
 
 def _no_growth(a, b, what):

@@ -32,6 +32,10 @@ Engine::Engine(std::unique_ptr<Communicator> comm)
   thread_ = std::thread([this] {
     progressThread = true;
     loop();
+    // Notified under the lock: a waiter may free this engine once it has it.
+    std::lock_guard<std::mutex> g(mu_);
+    loopEnded_ = true;
+    loopEndedCv_.notify_all();
   });
 }
 
@@ -446,10 +450,18 @@ void Engine::stopThread(const std::string& why) {
   if (comm_) comm_->wakeIdle();  // an idle engine may be polling its sockets
   if (thread_.joinable()) {
     if (thread_.get_id() == std::this_thread::get_id()) {
+      std::lock_guard<std::mutex> g(mu_);
+      detached_ = true;
       thread_.detach();
       return;  // the thread still owns comm_ until it returns
     }
     thread_.join();
+  } else {
+    std::unique_lock<std::mutex> g(mu_);
+    if (detached_) {
+      if (progressThread) return;  // the detached thread itself, again: it frees nothing of its own
+      loopEndedCv_.wait(g, [&] { return loopEnded_; });
+    }
   }
   // Release sockets, shared memory and the store connection now, even if
   // Python keeps the process-group object alive after destroy_process_group.

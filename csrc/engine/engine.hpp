@@ -158,6 +158,13 @@ class Engine {
   bool stop_ = false;
   bool graceful_ = false;                        // shutdown() rather than abort()
   std::string stopReason_;
+  // The progress thread stopped itself (an abort from a callback or hook
+  // on it): it was detached and still owns comm_ until its loop returns,
+  // which it says here (under mu_), so that a later stop or the destructor
+  // waits for that before freeing what the loop uses.
+  bool detached_ = false;
+  bool loopEnded_ = false;
+  std::condition_variable loopEndedCv_;
   std::thread thread_;
 };
 
