@@ -29,6 +29,7 @@ std::vector<std::string> waitForKeys(Bootstrap& bs, const std::vector<std::strin
                                      const std::function<std::string(size_t)>& describeMissing,
                                      const std::function<void()>& probe) {
   for (;;) {
+    bs.checkCancelled();
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (bs.wait(keys, std::clamp(left, std::chrono::milliseconds(1), kSlice))) break;
     if (Clock::now() >= deadline) {

@@ -27,6 +27,10 @@ class Bootstrap {
   virtual std::vector<std::string> multiGet(const std::vector<std::string>& keys) = 0;
   // Whether `key` exists; for naming what is missing when a wait times out.
   virtual bool check(const std::string& key) = 0;
+  // Throws when whoever forms the group gave up on it (an abort while a
+  // membership forms); the formation's waits call it once per slice. A
+  // wrapper forwards it to what it wraps.
+  virtual void checkCancelled() = 0;
 };
 
 // Every key of `inner` under `prefix` (a group incarnation's namespace).
@@ -42,6 +46,7 @@ class ScopedBootstrap : public Bootstrap {
     return inner_.multiGet(scoped(keys));
   }
   bool check(const std::string& key) override { return inner_.check(prefix_ + key); }
+  void checkCancelled() override { inner_.checkCancelled(); }
   const std::string& prefix() const { return prefix_; }
 
  private:

@@ -69,6 +69,7 @@ class CountingBootstrap : public Bootstrap {
   bool wait(const std::vector<std::string>& k, std::chrono::milliseconds t) override { return ++count_, inner_.wait(k, t); }
   std::vector<std::string> multiGet(const std::vector<std::string>& k) override { return ++count_, inner_.multiGet(k); }
   bool check(const std::string& k) override { return ++count_, inner_.check(k); }
+  void checkCancelled() override { inner_.checkCancelled(); }
 
  private:
   Bootstrap& inner_;

@@ -190,6 +190,7 @@ std::vector<RankInfo> gatherAtLeader(Bootstrap& store, Mailbox& mailbox, int siz
   };
   Clock::time_point nextProgress = Clock::now() + kProgressEvery;
   while (std::find(have.begin(), have.end(), false) != have.end()) {
+    store.checkCancelled();
     if (Clock::now() >= deadline)
       throwTimeout(str("roce process group init on rank 0 timed out after ", timeout.count(), " ms; still waiting for ",
                        missing(), " (not joined the group). Check that every rank started and reached the same "
@@ -312,6 +313,7 @@ LeaderRecord joinLeader(Bootstrap& store, const RankInfo& me, const Protocol& mi
       if (a == Attempt::Joined) return rec;
       if (a == Attempt::Stale) stale = text;
     }
+    store.checkCancelled();
     if (Clock::now() >= deadline)
       throwTimeout(str(what, " timed out after ", timeout.count(), " ms joining rank 0 (", why,
                        "). Check that rank 0 started and reached the same call, or raise the timeout of "

@@ -259,6 +259,7 @@ void RoceBackend::shutdown() {
   failWindows("the process group was shut down");
   std::lock_guard<std::mutex> g(engineMu_);
   ++stopRequests_;
+  formingAborted_ = true;
   if (engine_) engine_->shutdown(std::chrono::milliseconds(cfg_.shutdownGraceMs));
 }
 
@@ -271,6 +272,7 @@ void RoceBackend::abort() {
   failWindows("abort() was called on this process group");
   std::lock_guard<std::mutex> g(engineMu_);
   ++stopRequests_;
+  formingAborted_ = true;
   if (engine_) engine_->abort("abort() was called on this process group");
 }
 

@@ -303,6 +303,9 @@ class RoceBackend : public c10d::Backend {
   // abort() and shutdown() calls, counted under engineMu_: a reconfigure
   // ends the membership it formed when one came while it formed.
   uint64_t stopRequests_ = 0;
+  // Set by abort() and shutdown(): a reconfigure's formation (which has no
+  // engine to abort) ends its waits on it.
+  std::atomic<bool> formingAborted_{false};
   CoalescingRegion coalescing_;  // the Works of an open coalescing region
   TimeoutExtensions timeoutExtensions_;  // added to the timeout of the operations issued after them
   c10::intrusive_ptr<c10d::Store> store_;     // the group's store, for monitoredBarrier

@@ -10,7 +10,10 @@
 #ifdef C10D_BACKEND_HAS_RECONFIGURE
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <pybind11/pybind11.h>
+
 #include <algorithm>
+#include <optional>
 #include <variant>
 
 #include "../group/group_builder.hpp"
@@ -74,6 +77,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
     // program asked for it). Its trace is no longer dumped on a signal.
     std::lock_guard<std::mutex> g(engineMu_);
     stopRequests = stopRequests_;
+    formingAborted_ = false;  // an abort before this call ended the old membership only
     if (traceSignalId_) TraceSignal::remove(traceSignalId_);
     traceSignalId_ = 0;
     if (engine_) {
@@ -90,7 +94,12 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
   }
   std::unique_ptr<Communicator> comm;
   try {
-    StoreBootstrap bs(keys);
+    // The wait for the other members can be long: Python's other threads
+    // (a watchdog that aborts the group among them) run meanwhile.
+    std::optional<pybind11::gil_scoped_release> noGil;
+    if (Py_IsInitialized() && PyGILState_Check()) noGil.emplace();
+    StoreBootstrap bs(keys, &formingAborted_, "abort() or shutdown() was called on this process group while its "
+                      "membership formed");
     comm = GroupBuilder::join(bs, cfg_, newRank, static_cast<int>(members.size()), globalRank_, timeout);
   } catch (const std::exception& e) {
     std::string cause = e.what();

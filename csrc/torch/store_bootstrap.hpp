@@ -2,16 +2,22 @@
 // prefixed per group and device). Used only on the thread that creates the
 // group, while it forms: no clone, no second connection to the store.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "../common/bootstrap.hpp"
+#include "../common/error.hpp"
 
 namespace roce::adapter {
 
 class StoreBootstrap : public Bootstrap {
  public:
-  explicit StoreBootstrap(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  // `cancelled` (if given): set from another thread to end the formation's
+  // waits, which then throw naming `why`.
+  explicit StoreBootstrap(c10::intrusive_ptr<c10d::Store> store, const std::atomic<bool>* cancelled = nullptr,
+                          std::string why = {})
+      : store_(std::move(store)), cancelled_(cancelled), why_(std::move(why)) {}
   void set(const std::string& key, const std::string& value) override {
     store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
   }
@@ -32,9 +38,14 @@ class StoreBootstrap : public Bootstrap {
     return out;
   }
   bool check(const std::string& key) override { return store_->check({key}); }
+  void checkCancelled() override {
+    if (cancelled_ && cancelled_->load()) throw Error(ErrorKind::Aborted, why_);
+  }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
+  const std::atomic<bool>* cancelled_;
+  std::string why_;
 };
 
 }  // namespace roce::adapter
