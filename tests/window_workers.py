@@ -232,6 +232,11 @@ def window_matrix(rank, world, port):
     # signal sent later still completes it.
     late = win.wait_signal(nxt, True)
     _expect_raises(lambda: late.wait(datetime.timedelta(milliseconds=200)), "timed out", f"from rank {nxt}")
+    try:  # as every roce Work raises
+        late.wait(datetime.timedelta(milliseconds=1))
+        raise AssertionError("a wait for a signal nobody sent did not time out")
+    except dist.DistBackendError:
+        pass
     assert not late.is_completed()
     x = torch.full((3,), float(rank + 1), dtype=torch.float64)
     dist.all_reduce(x)

@@ -93,7 +93,17 @@ class SignalWaitWork : public c10d::Work {
 
   // Also true once the wait cannot complete any more (wait() then raises why).
   bool isCompleted() override { return shared_->board->reached(peer_, ticket_) || !shared_->failure().empty(); }
+  // Raises what every roce Work raises (torch.distributed.DistBackendError).
   bool wait(std::chrono::milliseconds timeout) override {
+    try {
+      return waitFor(timeout);
+    } catch (const Error&) {
+      std::rethrow_exception(toTorchError(std::current_exception()));
+    }
+  }
+
+ private:
+  bool waitFor(std::chrono::milliseconds timeout) {
     const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
     const auto deadline = std::chrono::steady_clock::now() + limit;
     WindowBoard& board = *shared_->board;
@@ -122,7 +132,6 @@ class SignalWaitWork : public c10d::Work {
     return true;
   }
 
- private:
   std::shared_ptr<WindowShared> shared_;
   int rank_, peer_;
   uint32_t ticket_;
