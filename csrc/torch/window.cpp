@@ -443,8 +443,11 @@ c10::intrusive_ptr<c10d::Work> RoceWindow::sendToServed(WindowOp op, int peer, c
                                                shared.order, oneSided ? remote : nullptr,
                                                oneSided && src.defined() ? storageOwner(src) : BufferOwner{},
                                                signalCount);
-  task->timeout = timeout;
+  // As the group's other operations: ephemeral timeout extensions apply,
+  // and inside a coalescing region the batch's Work includes this one.
+  task->timeout = timeout + backend_->timeoutExtensions_.issue(task->timeoutExtension);
   task->onEnd = [work](std::exception_ptr e) { work->complete(e); };
+  backend_->coalescing_.issued(work);
   backend_->engine().enqueue(std::move(task));
   return work;
 }
