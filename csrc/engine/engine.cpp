@@ -37,9 +37,21 @@ Engine::Engine(std::unique_ptr<Communicator> comm)
     loopEnded_ = true;
     loopEndedCv_.notify_all();
   });
+  loopThread_ = thread_.get_id();
 }
 
-Engine::~Engine() { stopThread("the process group was destroyed"); }
+Engine::~Engine() {
+  stopThread("the process group was destroyed");
+  // A detached loop (it stopped itself) still uses this engine until it
+  // returns: the destructor waits for that, off the lock of whoever called
+  // the abort. Destroying the engine on its own progress thread (the last
+  // reference dropped in a callback) cannot wait for itself.
+  std::unique_lock<std::mutex> g(mu_);
+  if (detached_ && std::this_thread::get_id() != loopThread_) loopEndedCv_.wait(g, [&] { return loopEnded_; });
+  g.unlock();
+  if (comm_ && graceful_) comm_->leaveGracefully();
+  comm_.reset();
+}
 
 std::string Engine::stopReason() {
   std::lock_guard<std::mutex> g(mu_);
@@ -457,11 +469,11 @@ void Engine::stopThread(const std::string& why) {
     }
     thread_.join();
   } else {
-    std::unique_lock<std::mutex> g(mu_);
-    if (detached_) {
-      if (progressThread) return;  // the detached thread itself, again: it frees nothing of its own
-      loopEndedCv_.wait(g, [&] { return loopEnded_; });
-    }
+    // Detached: the loop still owns comm_ until it returns; only the
+    // destructor waits for that (a repeated abort must not: the loop's
+    // last callbacks may call abort() themselves).
+    std::lock_guard<std::mutex> g(mu_);
+    if (detached_) return;
   }
   // Release sockets, shared memory and the store connection now, even if
   // Python keeps the process-group object alive after destroy_process_group.

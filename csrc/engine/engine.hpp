@@ -164,6 +164,7 @@ class Engine {
   // waits for that before freeing what the loop uses.
   bool detached_ = false;
   bool loopEnded_ = false;
+  std::thread::id loopThread_;  // the progress thread's id (it stays valid after a detach)
   std::condition_variable loopEndedCv_;
   std::thread thread_;
 };
