@@ -295,14 +295,18 @@ TraceDumpGroup RoceBackend::dumpGroup() const {
   if (g.name.empty()) g.name = "roce";
   g.ranks = traceRanks_;
   g.rank = getRank();
-  g.network = networkRefusals();
   return g;
 }
 
-std::string RoceBackend::traceDumpJson() const { return roce::adapter::traceDumpJson(engine().trace(), dumpGroup()); }
+std::string RoceBackend::traceDumpJson() const {
+  TraceDumpGroup g = dumpGroup();
+  g.network = networkRefusals();
+  return roce::adapter::traceDumpJson(engine().trace(), g);
+}
 
 void RoceBackend::dumpTrace(const TraceRing& ring, const char* why) {
-  const TraceDumpGroup g = dumpGroup();
+  TraceDumpGroup g = dumpGroup();
+  g.network = networkRefusals();
   const int global = getRank() < static_cast<int>(g.ranks.size()) ? static_cast<int>(g.ranks[getRank()]) : getRank();
   const std::string prefix = cfg_.trace.dump.empty() ? std::string("/tmp/roce_trace_") : cfg_.trace.dump;
   const std::string path = str(prefix, global, "_", g.name, ".json");
@@ -490,6 +494,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::enqueue(OpType type, const char* tit
                                                     CallStaging st, size_t elems, CollectiveTask::Body body,
                                                     CallOptions call, size_t bytes) {
   if (estimatingHere()) return estimated(type, title, std::move(futureValue), bytes);
+  comm();  // a group that was aborted or shut down refuses here, before counting or tracing the call
   const uint64_t collectiveSeq = ++collectives_;
   // Small CPU collectives skip the progress thread when it is idle: no
   // hand-off, and the Work is returned already completed. Always for a
@@ -907,6 +912,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::pointToPoint(OpType type, const char
   const at::Tensor host = sending ? st.input(tensors[0]) : st.output(tensors[0]);
   if (st.device) st.device->start(/*pieceElems=*/0, 0);
   if (estimatingHere()) return estimated(type, title, tensors, bytesOf(host));
+  comm();  // refused before it is counted or traced once the group stopped
   const OpLabel what = label(title, bytesOf(host));
   uint64_t tracePos = 0;
   const uint64_t p2pSeq = ++p2ps_;
