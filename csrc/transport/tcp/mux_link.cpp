@@ -182,6 +182,7 @@ void MuxLink::die(const std::string& why) {
 
 void MuxLink::refuse(const std::string& why) {
   if (!deadReason_.empty()) return;
+  refused_ = true;
   mux_.countRefusal();
   die(why);
   // The peer must see its end too, or it would go on sending on a socket
@@ -195,6 +196,7 @@ void MuxLink::sendFailed(const Stream& s) {
 }
 
 void MuxLink::drainDead() {
+  if (refused_) return;  // it broke the protocol: nothing more of it is believed
   // What the peer sent before its socket went is still readable: a peer
   // that destroyed the group closed its streams first, and that (it ended on
   // purpose, often the echo of a failure elsewhere) is what to report, not
@@ -377,6 +379,7 @@ bool MuxLink::routeChunk(Socket& so) {
   if (h.flags == kOpenStream) {
     // Only a group gone here answers; otherwise the stream's first data
     // (or nothing) follows.
+    if (!deadReason_.empty()) return true;  // drained after death: nobody to answer
     Wakeup* wake = nullptr;
     int closedRank = -1;
     if (!inboxes_.count(key) && mux_.fate(h.dstNonce, h.srcRank, &wake, &closedRank, false) == TcpMux::Fate::Closed &&
@@ -390,6 +393,14 @@ bool MuxLink::routeChunk(Socket& so) {
     return true;
   }
   auto it = inboxes_.find(key);
+  if (it == inboxes_.end() && !deadReason_.empty()) {
+    // Drained after death: only streams that exist here learn their end.
+    so.key = key;
+    so.discard = true;
+    so.remaining = h.len;
+    so.inChunk = h.flags == kData && h.len > 0;
+    return true;
+  }
   if (it == inboxes_.end()) {
     Wakeup* wake = nullptr;
     int closedRank = -1;

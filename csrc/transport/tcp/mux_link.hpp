@@ -144,6 +144,7 @@ class MuxLink {
   std::vector<char> tail_;  // the rest of a chunk the socket took only partly, then control chunks
   size_t tailHead_ = 0;
   std::string deadReason_;  // the peer process is gone ("closed its TCP connection")
+  bool refused_ = false;    // it died of what the peer sent against the protocol
   std::vector<char> scratch_;  // chunks nobody here wants
   Clock::time_point lastPump_{};  // when a thread last read the sockets
   std::set<std::pair<uint64_t, uint64_t>> goneSent_;  // (gone nonce, asker's nonce): GONE sent once

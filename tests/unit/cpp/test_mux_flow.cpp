@@ -21,6 +21,7 @@
 #include "roce_check.hpp"
 #include "transport/tcp/mux_chunk.hpp"
 #include "transport/tcp/tcp_mux.hpp"
+#include "transport/transport.hpp"
 
 using namespace roce::transport::tcp;
 
@@ -217,4 +218,30 @@ TEST(a_stream_abandoned_by_its_reader_is_credited_as_its_bytes_are_dropped) {
   s.link->close(other);
   s.mux.unregisterGroup(kOther);
   s.mux.dropGroup(kOther, 0);
+}
+
+TEST(a_peer_that_closed_its_stream_then_exited_is_reported_as_having_ended_it) {
+  Setup s;
+  // The peer's group closes its stream (CLOSE), then its process exits: a
+  // write here fails on the dead socket, and the error says the peer ended
+  // the stream on purpose (what the group then waits to explain), not that
+  // its connection broke.
+  const ChunkHeader close = makeHeader(kMine, kPeerNonce, kPeerRank, kClose, 0);
+  REQUIRE(send(s.peer, &close, sizeof(close), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(close)));
+  ::close(s.peer);
+  s.peer = -1;
+  std::vector<char> data(4096, 'w');
+  iovec v{data.data(), data.size()};
+  std::string why;
+  bool peerEnded = false;
+  try {
+    for (int i = 0; i < 100; ++i) s.link->write(s.stream, &v, 1);
+  } catch (const roce::transport::PeerEndedError& e) {
+    why = e.what();
+    peerEnded = true;
+  } catch (const roce::Error& e) {
+    why = e.what();
+  }
+  CHECK(peerEnded);
+  CHECK(why.find("destroyed the process group") != std::string::npos);
 }
