@@ -471,9 +471,19 @@ def abort_from_a_callback(rank, world, port):
     the default group goes on."""
     sub = dist.new_group(list(range(world)))
     t = torch.ones(1000)
+    if rank != 0:
+        time.sleep(1)  # rank 0's Work is still pending when its callback is attached
     w = dist.all_reduce(t, group=sub, async_op=True)
-    fut = w.get_future().then(lambda f: sub.abort())
+    ran_on = []
+
+    def abort_it(f):
+        ran_on.append(threading.get_ident())
+        sub.abort()
+
+    fut = w.get_future().then(abort_it)
     fut.wait()
+    if rank == 0:
+        assert ran_on and ran_on[0] != threading.get_ident(), "the callback did not run on roce's progress thread"
     after = expect_error(lambda: sub.allreduce([torch.ones(4)]).wait(), "abort")
     dist.destroy_process_group(sub)
     x = torch.full((10,), float(rank))

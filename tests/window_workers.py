@@ -303,7 +303,7 @@ def _puts_racing_a_deregistration(rank, world, n=64):
     stop = threading.Event()
 
     def putter():
-        while not stop.is_set() and len(issued) < 2000:
+        while not stop.is_set():
             try:
                 issued.append(win.put(torch.ones(n, dtype=torch.float64), nxt, rank * n, True))
             except Exception as e:  # noqa: BLE001 - the message is checked
@@ -317,7 +317,7 @@ def _puts_racing_a_deregistration(rank, world, n=64):
     stop.set()
     th.join(60)
     assert not th.is_alive(), "a put hung across the deregistration"
-    assert issued, "no put was issued before the deregistration"
+    assert issued and errors, (len(issued), "puts issued; the deregistration did not race them")
     for w in issued:  # issued before the close, so served before it
         w.wait()
     assert all("before tensor_register" in e for e in errors), errors[:3]

@@ -340,7 +340,12 @@ Joined joinGroup(Bootstrap& store, Mailbox& mailbox, int rank, int size, const R
       j.roster = planGroup(
           cfg, gatherAtLeader(store, mailbox, size, me, mine, j.incarnation, deadline, timeout, refusedBefore));
     } catch (const Error& e) {
-      store.set(rosterKey(j.incarnation), errorRecord(e));  // every rank raises the same verdict
+      // Every rank raises the same verdict; one of rank 0 giving up (its
+      // program aborted the forming group) says whose it was.
+      store.set(rosterKey(j.incarnation),
+                errorRecord(e.kind() == ErrorKind::Aborted ? Error(e.kind(), str("rank 0 stopped forming the group: ",
+                                                                                 e.what()))
+                                                           : e));
       throw;
     }
     store.set(rosterKey(j.incarnation), j.roster.encode());

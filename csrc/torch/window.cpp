@@ -462,8 +462,9 @@ void RoceWindow::tensor_deregister() {
   shared_ = std::make_shared<WindowShared>();
   registered_ = false;
   peers_.clear();
-  held_ = at::Tensor();
+  at::Tensor held = std::move(held_);  // dropped after the lock: freeing it may take the GIL
   state.unlock();
+  held = at::Tensor();
   struct Release {
     WindowMemory& m;
     ~Release() { m.registered = false; }

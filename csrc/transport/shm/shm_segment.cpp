@@ -131,9 +131,11 @@ ShmSegment ShmSegment::create(size_t bytes, const std::string& namePrefix, const
     // Between shm_open and the lock, a sweep may find the name unlocked and
     // remove it: then the name no longer leads to this file, and another is tried.
     struct stat mine{}, named{};
-    if (flock(fd, LOCK_EX) == 0 && fstat(fd, &mine) == 0 &&
-        stat(("/dev/shm" + s.name_).c_str(), &named) == 0 && named.st_ino == mine.st_ino && named.st_dev == mine.st_dev)
+    const bool locked = flock(fd, LOCK_EX) == 0;
+    if (locked && fstat(fd, &mine) == 0 && stat(("/dev/shm" + s.name_).c_str(), &named) == 0 &&
+        named.st_ino == mine.st_ino && named.st_dev == mine.st_dev)
       break;
+    if (!locked) shm_unlink(s.name_.c_str());  // still this process's name: a sweep cannot lock it either
     close(fd);
     if (attempt == kTries)
       throwComm(str("could not keep a shared-memory segment /dev/shm/", namePrefix, ".*: ", kTries, " in a row were removed as they were created. Another program is deleting "
