@@ -111,8 +111,10 @@ def _one_sided_where_exposed(rank, world):
     m = 300_001
     cuts = [0, 1, 2_001, m]
     big = torch.zeros(world * m, dtype=torch.float64)
-    win = dist._new_window(big)
+    # Before the window exists: a peer may put as soon as its own
+    # registration returned, and this rank's service count it at once.
     before = roce_pg.counters()
+    win = dist._new_window(big)
     works = []
     for p in range(world):
         block = _block(rank, p, m)
