@@ -165,6 +165,15 @@ def check_story(res):
     assert spare["with_spare"] == {"rank": 2, "size": 3, "exact": True, "state": True}, spare
 
 
+def _reconfigurable_world(rank, world, port):
+    """The world group with enable_reconfigure=True; every rank's handle, in launch order."""
+    dist.init_process_group("roce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60), enable_reconfigure=True)
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"handle/{rank}", dist._get_reconfigure_handle())
+    return _handles(store, range(world))
+
+
 def abort_while_reconfiguring(rank, world, port):
     """Rank 0's reconfigure waits for rank 1, which comes 3 s late;
     meanwhile another thread of rank 0 aborts the group. The abort is not
@@ -173,11 +182,7 @@ def abort_while_reconfiguring(rank, world, port):
     rank 1, joining a leader that gave up, times out."""
     import threading
 
-    dist.init_process_group("roce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60), enable_reconfigure=True)
-    store = dist.distributed_c10d._get_default_store()
-    store.set(f"handle/{rank}", dist._get_reconfigure_handle())
-    handles = _handles(store, range(world))
+    handles = _reconfigurable_world(rank, world, port)
     if rank == 0:
         threading.Timer(1.0, dist.group.WORLD.abort).start()
     else:
@@ -192,11 +197,7 @@ def mismatched_member_lists(rank, world, port):
     later, to the same handles reversed (a list assigns ranks by position):
     rank 1 is refused at once, naming both lists; rank 0 waits for a member
     that never joins, until its 3 s timeout."""
-    dist.init_process_group("roce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60), enable_reconfigure=True)
-    store = dist.distributed_c10d._get_default_store()
-    store.set(f"handle/{rank}", dist._get_reconfigure_handle())
-    handles = _handles(store, range(world))
+    handles = _reconfigurable_world(rank, world, port)
     if rank == 1:
         time.sleep(1)
         handles = handles[::-1]
