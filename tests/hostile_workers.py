@@ -61,20 +61,28 @@ def _exact_after_the_attack(rank, world):
     return bool(torch.equal(x, world * torch.arange(1000, dtype=torch.float64) + sum(range(world))))
 
 
-def _settled(keys, timeout_s=60):
+def _settled(keys, timeout_s=60, until=None):
     """The runtime stats once `keys` stop changing (the runtime thread has
-    read everything sent)."""
+    read everything sent). `until(stats)`: what must hold first, for an
+    attack whose first effect may come later than half a second on a loaded
+    machine (before it, the keys are as stable as they were)."""
     import roce_pg
 
     deadline, last = time.monotonic() + timeout_s, None
     while time.monotonic() < deadline:
         stats = roce_pg._C._runtime_stats()
         now = tuple(stats[k] for k in keys)
-        if now == last:
+        if now == last and (until is None or until(stats)):
             return stats
         last = now
         time.sleep(0.5)
     return stats
+
+
+def _all_dials_seen(before, dials):
+    """For _settled: every one of `dials` links is held or was refused."""
+    return lambda s: (s["process_links"] - before["process_links"]
+                      + s["links_refused"] - before["links_refused"]) >= dials
 
 
 def _flood(port, groups, megabytes, text_bytes, secret=JOB_SECRET):
@@ -137,15 +145,16 @@ def unnamed_links(rank, world, port):
         listen = C._runtime_stats()["listen_port"]
         before = _settled(("process_links", "links_refused"))
         socks = [_process_link(listen, name=None) for _ in range(200)]
-        held = _settled(("process_links", "links_refused"))
+        held = _settled(("process_links", "links_refused"), until=_all_dials_seen(before, 200))
         with _process_link(listen, name=None) as s:
             s.sendall(_record(BYE, b"bye", 0, 0x5EED, 1))
-            after_records = _settled(("process_links", "links_refused", "link_parked_groups"))
+            after_records = _settled(("process_links", "links_refused", "link_parked_groups"),
+                                     until=_all_dials_seen(held, 1))
         # Named twice: a second name would have made the link the one this
         # process sends on to two processes.
         with _process_link(listen, name=b"first/127.0.0.1:1") as s:
             s.sendall(_record(IDENTITY, b"second"))
-            after_renaming = _settled(("process_links", "links_refused"))
+            after_renaming = _settled(("process_links", "links_refused"), until=_all_dials_seen(after_records, 1))
         for s in socks:
             s.close()
         out = {"before": before["process_links"], "held": held["process_links"],
@@ -170,7 +179,7 @@ def links_under_made_up_names(rank, world, port):
         listen = C._runtime_stats()["listen_port"]
         before = _settled(("process_links", "links_refused"))
         socks = [_process_link(listen, name=f"made-up-{i}/127.0.0.1:{i}".encode()) for i in range(200)]
-        after = _settled(("process_links", "links_refused"))
+        after = _settled(("process_links", "links_refused"), until=_all_dials_seen(before, 200))
         for s in socks:
             s.close()
         out = {"held": after["process_links"] - before["process_links"],
@@ -419,7 +428,9 @@ def slowloris(rank, world, port, connections=300):
             s.bind(("127.0.0.2", 0))
             s.connect(("127.0.0.1", listen))
             socks.append(s)
-        held = _settled(("connections_refused_busy", "pending_heads"))
+        held = _settled(("connections_refused_busy", "pending_heads"),
+                        until=lambda s: s["pending_heads"] - before["pending_heads"] + s["connections_refused_busy"]
+                        - before["connections_refused_busy"] >= connections)
         out["pending"] = held["pending_heads"] - before["pending_heads"]
         out["refused"] = held["connections_refused_busy"] - before["connections_refused_busy"]
     store_wait(store, "slowloris-holding", world)
