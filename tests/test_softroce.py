@@ -343,16 +343,20 @@ def test_groups_over_verbs_share_one_staging_and_one_landing_pool(one_vm):
         assert r["landing_waits"] > 0, r  # the open landing slots ran out: peers went on through their reserved ones
 
 
-def test_two_nics_carry_one_group_and_a_downed_nic_fails_it_clearly(one_vm):
+def test_two_nics_carry_one_group_and_a_downed_nic_fails_it_clearly_and_a_reconfigure_goes_on(one_vm):
     """Every NIC: with rxe0 and rxe1 and no ROCE_PG_IB_HCA, both ranks
     drive both devices (queue pair q on rail q mod 2): exact eager, copied and
     zero-copy results, and each device carries at least a quarter of the
     payload's packets. Then rxe1's netdev goes down mid-allreduce: every rank
-    raises (no hang), the rank that saw its port go names rxe1, and destroy
-    returns promptly."""
+    raises (no hang) and the rank that saw its port go names rxe1. A
+    subgroup of the failed world runs on rxe0 alone; so does the membership
+    the same processes reconfigure to (rxe1 sends nothing); with dummy1 up
+    again, the next reconfigure drives both NICs, exact, although an older
+    group still holds the rxe1 device that failed."""
     results = _group(one_vm, "multi_nic/verbs2")["results"]
     print("\nmulti-NIC: " + "; ".join(f"rank {i}: {r.get('nics')}, packets {r.get('packets')}, down -> "
-                                      f"{r.get('type')} after {r.get('waited_s')} s: {str(r.get('msg'))[:200]}"
+                                      f"{r.get('type')} after {r.get('waited_s')} s: {str(r.get('msg'))[:200]}; "
+                                      f"reconfigured: {r.get('after_down')}; port back: {r.get('after_up')}"
                                       for i, r in enumerate(results)))
     for i, r in enumerate(results):
         assert r["nics"] == "rxe0:1, rxe1:1", (i, r["nics"])
@@ -360,6 +364,13 @@ def test_two_nics_carry_one_group_and_a_downed_nic_fails_it_clearly(one_vm):
         for nic in ("rxe0", "rxe1"):
             assert r["packets"][nic] >= r["min_packets_per_nic"], (i, nic, r["packets"], r["min_packets_per_nic"])
         assert not r["capped"] and r["msg"] and r["dist_backend_error"], (i, r)
+        assert r["subgroup_after_down"] == {"nics": "rxe0:1", "exact": True}, (i, r["subgroup_after_down"])
+        down, up = r["after_down"], r["after_up"]
+        assert down["nics"] == "rxe0:1" and down["exact"], (i, down)
+        assert down["packets"]["rxe0"] >= r["min_packets_per_nic"] and down["packets"]["rxe1"] == 0, (i, down)
+        assert up["nics"] == "rxe0:1, rxe1:1" and up["exact"], (i, up)
+        for nic in ("rxe0", "rxe1"):
+            assert up["packets"][nic] >= r["min_packets_per_nic"], (i, nic, up)
         assert r["destroy_s"] < 30, (i, r)
     assert results[0]["ip_link"].startswith("rc=0"), results[0]
     assert "rxe1" in results[0]["msg"], results[0]["msg"]

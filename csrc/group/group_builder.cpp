@@ -141,7 +141,12 @@ std::unique_ptr<Communicator> GroupBuilder::derive(const Communicator& parent, B
   Roster roster = deriveRoster(c.cfg_, parent.roster_, parentRanks, groupName);
   if (rank < 0 || rank >= static_cast<int>(roster.ranks.size()) || parentRanks[rank] != parent.rank())
     throwInvalid(str("subgroup rank ", rank, " is not this process's parent rank ", parent.rank()));
-  c.verbsRails_ = parent.verbsRails_;
+  // The parent's ports, less those that went down since (a port back up is
+  // opened afresh): a subgroup or shrink formed after a port failure goes on
+  // the ports still up. With none left it keeps them, and fails naming them.
+  for (const auto& dev : parent.verbsRails_)
+    if (auto live = VerbsDevice::renewed(dev, c.cfg_)) c.verbsRails_.push_back(std::move(live));
+  if (c.verbsRails_.empty()) c.verbsRails_ = parent.verbsRails_;
   if (roster.ranks.size() > 1)
     c.mailbox_ = std::make_unique<MailboxLease>(ProcessRuntime::get().desk(), roster.ranks[rank].nonce);
   const std::string incarnation = hex64(roster.ranks[0].nonce);

@@ -164,11 +164,12 @@ def port_down(rank, world, port, host, victim, netdev, scratch, ranks_per_node=2
     return res
 
 
-def _link_down_during_allreduce(t, downs_it, netdev, scratch, cap_s, wall=False):
+def _link_down_during_allreduce(t, downs_it, netdev, scratch, cap_s, wall=False, destroy=True):
     """Allreduces of `t` in a loop until one raises; the rank that `downs_it`
-    takes `netdev` down once the first is under way. Then the broken group is
-    destroyed, which must not hang either. Returns await_failure's report plus
-    the `ip link` result (that rank) and how destroy went."""
+    takes `netdev` down once the first is under way. Then (with destroy) the
+    broken group is destroyed, which must not hang either. Returns
+    await_failure's report plus the `ip link` result (that rank) and how
+    destroy went."""
     from tests.fault_workers import await_failure, mark_time
 
     res, pending = {}, []
@@ -187,6 +188,8 @@ def _link_down_during_allreduce(t, downs_it, netdev, scratch, cap_s, wall=False)
         return dist.all_reduce(t, async_op=True)
 
     res.update(await_failure(again, scratch, cap_s, loop=True, wall=wall))
+    if not destroy:
+        return res
     t0 = time.monotonic()
     try:
         dist.destroy_process_group()
@@ -282,18 +285,25 @@ def multi_nic(rank, world, port, scratch, nics=("rxe0", "rxe1"), netdev="dummy1"
     dummy1, made by the guest suite) and no ROCE_PG_IB_HCA: every rank drives
     both. Exact results for eager, copied and zero-copy messages, packets on
     both devices; then rank 0 takes dummy1 down during an allreduce loop and
-    every rank must raise an error naming the device (the documented
-    behaviour: a rail that goes down fails the group, it does not hang or run
-    on at half speed). Group init and teardown are done here: the harness's
-    destroy would follow the failure."""
+    every rank must raise an error naming the device (a rail that goes down
+    fails the group, it does not hang or run on at half speed). A subgroup
+    formed from the failed world then runs exact on rxe0 alone, and so does
+    the membership the same processes reconfigure the world to
+    (enable_reconfigure=True); once dummy1 is back up, the next one drives
+    both again, although an older group still holds the device that failed. Group init and teardown are done here: the
+    harness's destroy would follow the failure."""
     from datetime import timedelta
 
     from tests.softroce.rxe_counters import sent_packets
 
     store = dist.TCPStore("127.0.0.1", port, world, is_master=(rank == 0), timeout=timedelta(seconds=timeout_s))
     dist.init_process_group("roce", store=dist.PrefixStore("multinic", store), rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout_s))
-    res = {"nics": dist.group.WORLD._get_backend(torch.device("cpu"))._nics()}
+                            timeout=timedelta(seconds=timeout_s), enable_reconfigure=True)
+    store.set(f"handle/{rank}", dist._get_reconfigure_handle())
+    store.wait([f"handle/{r}" for r in range(world)])
+    handles = [store.get(f"handle/{r}").decode() for r in range(world)]
+    dist._reconfigure(uuid=1, handles=handles).wait()
+    res = {"nics": _nics()}
     dist.barrier()
     before = {d: sent_packets(d) for d in nics}
     checks = 0
@@ -319,6 +329,58 @@ def multi_nic(rank, world, port, scratch, nics=("rxe0", "rxe1"), netdev="dummy1"
     # Both ranks' counters are the same devices (one machine); each of the 2
     # ranks sent at least 3 x 8 MiB through the allreduces alone.
     res["min_packets_per_nic"] = world * 3 * (8 << 20) // MTU // 4
+    # Holds both devices through what follows, as a job's other groups do: a
+    # group formed after the port is back must not get the device that failed.
+    keeper = dist.new_group(list(range(world)))
+    dist.barrier(group=keeper)
     dist.barrier()
-    res.update(_link_down_during_allreduce(torch.empty((1 << 20) // 4), rank == 0, netdev, scratch, cap_s))
+    res.update(_link_down_during_allreduce(torch.empty((1 << 20) // 4), rank == 0, netdev, scratch, cap_s,
+                                           destroy=False))
+    # A subgroup of the failed world, formed from its roster: on rxe0 alone.
+    sub = dist.new_group(list(range(world)))
+    t = torch.full(((8 << 20) // 4,), float(rank + 1))
+    dist.all_reduce(t, group=sub)
+    res["subgroup_after_down"] = {"nics": sub._get_backend(torch.device("cpu"))._nics(),
+                                  "exact": bool(torch.all(t == sum(range(1, world + 1))))}
+    res["after_down"] = _reconfigured_onto_the_ports_up(store, rank, world, handles, uuid=2, nics=nics)
+    if rank == 0:  # the port comes back: the next membership drives it again
+        up = subprocess.run(["bash", "-c", f"ip link set dev {netdev} up && for i in $(seq 120); do "
+                             f"ibv_devinfo -d {nics[1]} | grep -q PORT_ACTIVE && grep -qs ffff:0a63:0101 "
+                             f"/sys/class/infiniband/{nics[1]}/ports/1/gids/* && exit 0; sleep 0.5; done; exit 1"],
+                            capture_output=True, text=True, timeout=120)
+        assert up.returncode == 0, f"{netdev} / {nics[1]} did not come back: {up.stdout} {up.stderr}"
+    _store_barrier("port-back", world)
+    res["after_up"] = _reconfigured_onto_the_ports_up(store, rank, world, handles, uuid=3, nics=nics)
+    del keeper, sub  # destroyed with the world
+    t0 = time.monotonic()
+    dist.destroy_process_group()
+    res["destroy_s"] = round(time.monotonic() - t0, 3)
+    res.update(_await_reaper())
     return res
+
+
+def _nics():
+    return dist.group.WORLD._get_backend(torch.device("cpu"))._nics()
+
+
+def _reconfigured_onto_the_ports_up(store, rank, world, handles, uuid, nics):
+    """The same processes reconfigure the failed world: the new membership
+    drives the ports up now. Its NICs, how long from the call to the first
+    exact allreduce, and the packets each NIC sent for 3 allreduces of 8 MiB
+    (exact each)."""
+    from tests.softroce.rxe_counters import sent_packets
+
+    t0 = time.monotonic()
+    dist._reconfigure(uuid=uuid, handles=handles).wait()
+    t = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(t)
+    out = {"nics": _nics(), "exact": bool(torch.all(t == sum(range(1, world + 1)))),
+           "recovered_s": round(time.monotonic() - t0, 3)}
+    before = {d: sent_packets(d) for d in nics}
+    for rnd in range(3):
+        t = torch.full(((8 << 20) // 4,), float(rank + 1 + rnd))
+        dist.all_reduce(t)
+        out["exact"] = out["exact"] and bool(torch.all(t == sum(r + 1 + rnd for r in range(world))))
+    dist.barrier()
+    out["packets"] = {d: sent_packets(d) - before[d] for d in nics}
+    return out

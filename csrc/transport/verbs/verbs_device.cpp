@@ -177,7 +177,8 @@ void VerbsDevice::readAsyncEvents() {
       // so the object (and its address) is still the one the event named.
       const std::string what =
           str("asynchronous RDMA error on ", describe(), ": ", ibv_event_type_str(type),
-              type == IBV_EVENT_PORT_ERR ? " (the port went down: check the link / cable / switch)" : "");
+              type == IBV_EVENT_PORT_ERR ? " (the port went down: check the link / cable / switch; a reconfigure, "
+                                                  "shrink_group or new group goes on the ports still up)" : "");
       std::lock_guard<std::mutex> g(mu_);
       if (object) objectErrors_.emplace(object, what);
       else if (asyncError_.empty()) asyncError_ = what;
@@ -194,10 +195,18 @@ std::shared_ptr<VerbsDevice> VerbsDevice::shared(const VerbsPortChoice& choice, 
   static std::map<std::string, std::weak_ptr<VerbsDevice>> open;
   const std::string key = str(choice.device, ":", choice.port, ":", choice.gidIndex, ":", getpid());
   std::lock_guard<std::mutex> g(mu);
-  if (auto dev = open[key].lock()) return dev;
+  if (auto dev = open[key].lock(); dev && dev->asyncError().empty()) return dev;
   auto dev = std::make_shared<VerbsDevice>(choice, cfg);
   open[key] = dev;
   return dev;
+}
+
+std::shared_ptr<VerbsDevice> VerbsDevice::renewed(const std::shared_ptr<VerbsDevice>& dev, const Config& cfg) {
+  if (dev->asyncError().empty()) return dev;
+  ibv_port_attr now{};
+  if (ibv_query_port(dev->ctx_, static_cast<uint8_t>(dev->choice_.port), &now) != 0 || now.state != IBV_PORT_ACTIVE)
+    return nullptr;
+  return shared(dev->choice_, cfg);
 }
 
 ibv_mr* VerbsDevice::registerMemory(void* addr, size_t len, int access, const char* what) {

@@ -36,7 +36,15 @@ class VerbsDevice : public RuntimeService {
  public:
   // The process's device for `choice` (opened on first use, closed when the
   // last group using it goes).
+  // A device that reported an error (its port went down, it was reset) is
+  // not handed out again: the groups that used it fail by it, and a later
+  // group (a reconfigure, a new group) gets the port opened afresh, its GID
+  // and MTU read anew.
   static std::shared_ptr<VerbsDevice> shared(const VerbsPortChoice& choice, const Config& cfg);
+  // For a group derived from one that drives `dev` (a subgroup, a shrink):
+  // `dev` while it has no error; else the port opened afresh if it is up
+  // again, null if it is still down (the derived group goes on the others).
+  static std::shared_ptr<VerbsDevice> renewed(const std::shared_ptr<VerbsDevice>& dev, const Config& cfg);
   // How many VerbsDevices the process holds open (tests).
   static int openCount();
 
