@@ -64,6 +64,10 @@ def _context(start_method):
     return ctx
 
 
+# After a rank reported an error: how long the others still get to report.
+ERROR_GRACE_S = 30
+
+
 def _rank_main(rank, world, port, env, target, kwargs, init, queue, host="127.0.0.1", alive=None, prepare=None,
                base_env=None):
     if base_env is not None:  # a fork server's child: the caller's environment, not the server's
@@ -161,6 +165,11 @@ def run_group(target, world, env=None, kwargs=None, init=True, deadline_s=DEFAUL
                 break
             continue
         (results if status == "ok" else errors)[rank] = value
+        if status != "ok":
+            # The run has failed: the others' reports help diagnose it, but a
+            # rank waiting on the failed one (its store, its next message)
+            # would hold the suite for its whole timeout.
+            end = min(end, time.monotonic() + ERROR_GRACE_S)
     killed = set()
     for r, p in by_rank.items():
         p.join(timeout=10)
@@ -175,7 +184,8 @@ def run_group(target, world, env=None, kwargs=None, init=True, deadline_s=DEFAUL
     if errors or missing or survivors:
         msg = [f"rank {r} failed:\n{tb}" for r, tb in sorted(errors.items())]
         if missing:
-            msg.append(f"ranks {missing} reported nothing (hung past {deadline_s}s or died; "
+            msg.append(f"ranks {missing} reported nothing (hung past {deadline_s}s, or {ERROR_GRACE_S}s after "
+                       f"another rank's error, or died; "
                        f"exit codes {[p.exitcode for p in procs]})")
         if survivors:
             msg.append(f"ranks {sorted(survivors)} were to kill themselves but did not (exit codes {survivors}, "
