@@ -183,6 +183,11 @@ std::vector<size_t> capRails(const std::vector<size_t>& ports, int rank) {
   return out;
 }
 
+int gidIndexFor(const Config& cfg, ibv_context* ctx, int port, int tableLen) {
+  const int gid = cfg.verbs.gidIndex >= 0 ? cfg.verbs.gidIndex : autoGidIndex(ctx, port, tableLen);
+  return gid >= 0 && gid < tableLen ? gid : -1;
+}
+
 std::vector<VerbsPortChoice> chooseVerbsPorts(const Config& cfg, int rank, std::string& why) {
   HcaFilter filter = HcaFilter::parse(cfg.verbs.hca);
   int n = 0;
@@ -218,8 +223,8 @@ std::vector<VerbsPortChoice> chooseVerbsPorts(const Config& cfg, int rank, std::
         }
         int gid = 0;
         if (eth) {
-          gid = cfg.verbs.gidIndex >= 0 ? cfg.verbs.gidIndex : autoGidIndex(ctx, p, pa.gid_tbl_len);
-          if (gid < 0 || gid >= pa.gid_tbl_len) {
+          gid = gidIndexFor(cfg, ctx, p, pa.gid_tbl_len);
+          if (gid < 0) {
             seen += "[no usable GID: configure an IP address on the NIC's netdev]";
             continue;
           }

@@ -18,6 +18,7 @@
 namespace roce {
 struct Config;
 }
+struct ibv_context;  // <infiniband/verbs.h>, which the membership layer need not see
 namespace roce::transport::verbs {
 
 
@@ -37,6 +38,9 @@ struct VerbsPortChoice {
 // The ports to use, in rail order; empty with `why` explaining what was
 // looked for. `rank` spreads ranks over the ports when more than kMaxRails qualify.
 std::vector<VerbsPortChoice> chooseVerbsPorts(const Config& cfg, int rank, std::string& why);
+// The GID index a RoCE port of the open device `ctx` is used with
+// (ROCE_PG_IB_GID_INDEX, else the automatic choice); -1 if none is usable.
+int gidIndexFor(const Config& cfg, ibv_context* ctx, int port, int tableLen);
 
 // The selection rule alone (pure, for tests): indices into `portNodes` (each
 // port's NUMA node, -1 unknown) of the ports a rank on `rankNodes` uses when

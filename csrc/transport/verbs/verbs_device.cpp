@@ -202,11 +202,23 @@ std::shared_ptr<VerbsDevice> VerbsDevice::shared(const VerbsPortChoice& choice, 
 }
 
 std::shared_ptr<VerbsDevice> VerbsDevice::renewed(const std::shared_ptr<VerbsDevice>& dev, const Config& cfg) {
-  if (dev->asyncError().empty()) return dev;
+  // The port's state asked now, not only the events read so far: a rank
+  // whose runtime thread has not read the port's PORT_ERR yet must drop it
+  // as its peers do.
   ibv_port_attr now{};
-  if (ibv_query_port(dev->ctx_, static_cast<uint8_t>(dev->choice_.port), &now) != 0 || now.state != IBV_PORT_ACTIVE)
+  const int port = dev->choice_.port;
+  if (ibv_query_port(dev->ctx_, static_cast<uint8_t>(port), &now) != 0 || now.state != IBV_PORT_ACTIVE) return nullptr;
+  if (dev->asyncError().empty()) return dev;
+  // Back up: opened afresh, its GID chosen again (the table is rebuilt
+  // when a port goes down and up).
+  VerbsPortChoice again = dev->choice_;
+  if (again.ethernet && (again.gidIndex = gidIndexFor(cfg, dev->ctx_, port, now.gid_tbl_len)) < 0) return nullptr;
+  try {
+    return shared(again, cfg);
+  } catch (const Error& e) {
+    ROCE_INFO("verbs: ", again.device, " port ", port, " is up again but cannot be opened: ", e.what());
     return nullptr;
-  return shared(dev->choice_, cfg);
+  }
 }
 
 ibv_mr* VerbsDevice::registerMemory(void* addr, size_t len, int access, const char* what) {

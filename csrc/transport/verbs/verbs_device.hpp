@@ -42,8 +42,8 @@ class VerbsDevice : public RuntimeService {
   // and MTU read anew.
   static std::shared_ptr<VerbsDevice> shared(const VerbsPortChoice& choice, const Config& cfg);
   // For a group derived from one that drives `dev` (a subgroup, a shrink):
-  // `dev` while it has no error; else the port opened afresh if it is up
-  // again, null if it is still down (the derived group goes on the others).
+  // null while the port is not ACTIVE (the derived group goes on the
+  // others); `dev` if it has no error; else the port opened afresh.
   static std::shared_ptr<VerbsDevice> renewed(const std::shared_ptr<VerbsDevice>& dev, const Config& cfg);
   // How many VerbsDevices the process holds open (tests).
   static int openCount();
