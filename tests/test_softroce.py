@@ -376,6 +376,43 @@ def test_two_nics_carry_one_group_and_a_downed_nic_fails_it_clearly_and_a_reconf
     assert "rxe1" in results[0]["msg"], results[0]["msg"]
 
 
+def test_windows_over_verbs(one_vm):
+    """tests/window_workers.py's window matrix with every peer on another
+    machine, over verbs: puts and gets are RDMA WRITEs and READs that no
+    service of the owner receives, signals are WRITEs into its board, and
+    every rank's checks (bytes exact, counters) passed."""
+    results = _group(one_vm, "windows/verbs3")["results"]
+    assert results == [{"rank": r} for r in range(3)], results
+
+
+def test_ft_train_goes_on_when_a_nic_link_goes_down(one_vm):
+    """examples/ft_train.py, its 2 workers each driving rxe0 and rxe1: rank 0
+    takes dummy1 down at step 6 of 16, its gradient of 256 KiB spread over
+    both NICs. Nobody dies; both report the
+    failure, the launcher names the same members again, they reconfigure
+    onto rxe0, and every step's loss and the final weights are those of one
+    process training on the same batches."""
+    from .test_examples import _least_squares_reference
+
+    r = _group(one_vm, "ft_train_link_down/verbs2")["results"][0]
+    print(f"\nft_train, dummy1 down at step 6: rc {r['rc']}, packets {r['packets']}, recovered "
+          f"{[x['recovered'] for x in r['reports']]}")
+    assert r["rc"] == 0 and len(r["reports"]) == 2, r
+    assert r["same_members_again"], r["stderr"]
+    ref_w, ref_losses = _least_squares_reference(16, 0.001, features=1 << 15)
+    for rep in r["reports"]:
+        assert rep["size"] == 2, rep
+        assert len(rep["recovered"]) == 1 and rep["recovered"][0]["at_step"] in (6, 7, 8), rep
+        assert rep["recovered"][0]["size"] == 2, rep
+        losses = {int(k): v for k, v in rep["losses"].items()}
+        assert sorted(losses) == list(range(16)), rep
+        for step, loss in losses.items():
+            assert loss == pytest.approx(ref_losses[step], rel=1e-9), (step, rep)
+        assert rep["w"] == pytest.approx(ref_w.tolist(), rel=1e-9, abs=1e-12), rep
+    assert any("rxe1" in rep["recovered"][0]["error"] for rep in r["reports"]), r["reports"]
+    assert r["packets"]["rxe1"] > 0, r  # it drove both before the link went
+
+
 def test_every_waiting_rank_names_the_hung_rank_over_verbs(one_vm):
     """The cross-rank verdict over verbs: rank 2 of 8 alive but no longer
     calling; the others' timeout errors all carry the same verdict, exchanged

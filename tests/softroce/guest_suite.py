@@ -30,7 +30,9 @@ Phases (argv after the report path; default: all of them):
           (3 ranks, lists, strided, uneven, empty blocks) with no host copy
   multinic  two rxe devices (rxe1 on dummy1 made for the group): both ranks
           drive both; exact results, packets on both; dummy1 downed mid-run
-          gives every rank an error naming the device
+          gives every rank an error naming the device, and reconfigures go on
+          on rxe0, then on both once dummy1 is back; examples/ft_train.py
+          trains on through dummy1 going down
   scale   8 ranks with a small pool: connections, queue pairs and
           registered bytes follow the peers an algorithm talks to
 
@@ -66,6 +68,7 @@ DEFAULT_CHUNK = {"ROCE_PG_CHUNK_BYTES": str(1 << 20)}  # the suite runs with sma
 
 def _group(layout, target, kwargs=None, env=None, proof=True, min_packets=None, **opts):
     world, base = LAYOUTS[layout]
+    world = opts.pop("world", world)  # a target that launches the ranks itself runs as one
     if proof:  # a known allreduce first, whose packets this group must show
         kwargs = {"target": target, "kwargs": kwargs or {}}
         target = PROOF
@@ -120,6 +123,12 @@ def groups(phases):
         g["multi_nic/verbs2"] = _group("verbs2", "tests.softroce.verbs_workers.multi_nic", proof=False, init=False,
                                        scratch=True, env={"TEST_PG_TIMEOUT_S": "60"}, deadline_s=600,
                                        before=SECOND_NIC_UP, after=SECOND_NIC_GONE)
+        # examples/ft_train.py's workers over both NICs; dummy1 goes down at
+        # step 6 and training goes on, reconfigured onto rxe0 (the workers
+        # are processes of their own: each imports torch, minutes here).
+        g["ft_train_link_down/verbs2"] = _group("verbs2", "tests.softroce.verbs_workers.ft_train_link_down",
+                                                proof=False, init=False, world=1, min_packets=16,
+                                                deadline_s=540, before=SECOND_NIC_UP, after=SECOND_NIC_GONE)
     if "verdict" in phases:
         # Rank 2 of 8 stops calling collectives: every other rank's timeout
         # error carries the same verdict (tests/test_verdict.py on the host).

@@ -384,3 +384,30 @@ def _reconfigured_onto_the_ports_up(store, rank, world, handles, uuid, nics):
     dist.barrier()
     out["packets"] = {d: sent_packets(d) - before[d] for d in nics}
     return out
+
+
+def ft_train_link_down(rank, world, port, netdev="dummy1", steps=16, down_at=6, features=1 << 15):
+    """examples/ft_train.py as a user runs it, its two workers over verbs,
+    each driving rxe0 and rxe1: rank 0 takes `netdev` down at step `down_at`.
+    Nobody dies; the group fails on both, the launcher names the same
+    members again, and they reconfigure onto rxe0. The gradient (`features`
+    doubles, 256 KiB) is many chunks, spread over both NICs. What the
+    launcher printed, and the packets each NIC sent."""
+    import json
+    import sys
+
+    from tests.softroce.rxe_counters import sent_packets
+    from tests.support.ports import free_port
+
+    nics = ("rxe0", "rxe1")
+    before = {d: sent_packets(d) for d in nics}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.run([sys.executable, "examples/ft_train.py", "--ranks", "2", "--spares", "0", "--steps", str(steps),
+                        "--kill-at", "-1", "--down-netdev", netdev, "--down-at", str(down_at),
+                        "--features", str(features), "--lr", "0.001",  # below 2 / the top curvature: it converges
+                        "--port", str(free_port()), "--time-limit", "420"],
+                       cwd=root, capture_output=True, text=True, timeout=480)
+    return {"rc": p.returncode, "stderr": p.stderr[-3000:],
+            "same_members_again": "failed with every member alive" in p.stderr,
+            "reports": [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")],
+            "packets": {d: sent_packets(d) - before[d] for d in nics}}
