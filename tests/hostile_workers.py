@@ -79,10 +79,15 @@ def _settled(keys, timeout_s=60, until=None):
     return stats
 
 
+def _grew_by(before, keys, n):
+    """For _settled: the `keys` together grew by at least `n` since `before`
+    (each of n connections is counted by one of them)."""
+    return lambda s: sum(s[k] - before[k] for k in keys) >= n
+
+
 def _all_dials_seen(before, dials):
-    """For _settled: every one of `dials` links is held or was refused."""
-    return lambda s: (s["process_links"] - before["process_links"]
-                      + s["links_refused"] - before["links_refused"]) >= dials
+    """Every one of `dials` links is held or was refused."""
+    return _grew_by(before, ("process_links", "links_refused"), dials)
 
 
 def _flood(port, groups, megabytes, text_bytes, secret=JOB_SECRET):
@@ -428,9 +433,8 @@ def slowloris(rank, world, port, connections=300):
             s.bind(("127.0.0.2", 0))
             s.connect(("127.0.0.1", listen))
             socks.append(s)
-        held = _settled(("connections_refused_busy", "pending_heads"),
-                        until=lambda s: s["pending_heads"] - before["pending_heads"] + s["connections_refused_busy"]
-                        - before["connections_refused_busy"] >= connections)
+        keys = ("connections_refused_busy", "pending_heads")
+        held = _settled(keys, until=_grew_by(before, keys, connections))
         out["pending"] = held["pending_heads"] - before["pending_heads"]
         out["refused"] = held["connections_refused_busy"] - before["connections_refused_busy"]
     store_wait(store, "slowloris-holding", world)

@@ -298,15 +298,18 @@ TraceDumpGroup RoceBackend::dumpGroup() const {
   return g;
 }
 
-std::string RoceBackend::traceDumpJson() const {
+TraceDumpGroup RoceBackend::dumpGroupWithNetwork() const {
   TraceDumpGroup g = dumpGroup();
   g.network = networkRefusals();
-  return roce::adapter::traceDumpJson(engine().trace(), g);
+  return g;
+}
+
+std::string RoceBackend::traceDumpJson() const {
+  return roce::adapter::traceDumpJson(engine().trace(), dumpGroupWithNetwork());
 }
 
 void RoceBackend::dumpTrace(const TraceRing& ring, const char* why) {
-  TraceDumpGroup g = dumpGroup();
-  g.network = networkRefusals();
+  const TraceDumpGroup g = dumpGroupWithNetwork();
   const int global = getRank() < static_cast<int>(g.ranks.size()) ? static_cast<int>(g.ranks[getRank()]) : getRank();
   const std::string prefix = cfg_.trace.dump.empty() ? std::string("/tmp/roce_trace_") : cfg_.trace.dump;
   const std::string path = str(prefix, global, "_", g.name, ".json");

@@ -272,6 +272,9 @@ class RoceBackend : public c10d::Backend {
                                               int peer, int tag);
   std::chrono::milliseconds effective(std::chrono::milliseconds t) const;
   TraceDumpGroup dumpGroup() const;
+  // With the process's network refusals, for a dump (the doctor's trace
+  // view); errors name the group by dumpGroup() alone.
+  TraceDumpGroup dumpGroupWithNetwork() const;
   // Writes the trace to ROCE_PG_TRACE_DUMP's prefix: on the group's first
   // failure (the engine's onFailure) or on ROCE_PG_TRACE_SIGNAL; `why` is for the log.
   void dumpTrace(const TraceRing& ring, const char* why);

@@ -290,18 +290,19 @@ def multi_nic(rank, world, port, scratch, nics=("rxe0", "rxe1"), netdev="dummy1"
     formed from the failed world then runs exact on rxe0 alone, and so does
     the membership the same processes reconfigure the world to
     (enable_reconfigure=True); once dummy1 is back up, the next one drives
-    both again, although an older group still holds the device that failed. Group init and teardown are done here: the
-    harness's destroy would follow the failure."""
+    both again, although an older group still holds the device that failed.
+    Group init and teardown are done here: the harness's destroy would follow
+    the failure."""
     from datetime import timedelta
 
+    from tests.reconfigure_workers import _handles
     from tests.softroce.rxe_counters import sent_packets
 
     store = dist.TCPStore("127.0.0.1", port, world, is_master=(rank == 0), timeout=timedelta(seconds=timeout_s))
     dist.init_process_group("roce", store=dist.PrefixStore("multinic", store), rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s), enable_reconfigure=True)
     store.set(f"handle/{rank}", dist._get_reconfigure_handle())
-    store.wait([f"handle/{r}" for r in range(world)])
-    handles = [store.get(f"handle/{r}").decode() for r in range(world)]
+    handles = _handles(store, range(world))
     dist._reconfigure(uuid=1, handles=handles).wait()
     res = {"nics": _nics()}
     dist.barrier()
@@ -342,7 +343,7 @@ def multi_nic(rank, world, port, scratch, nics=("rxe0", "rxe1"), netdev="dummy1"
     dist.all_reduce(t, group=sub)
     res["subgroup_after_down"] = {"nics": sub._get_backend(torch.device("cpu"))._nics(),
                                   "exact": bool(torch.all(t == sum(range(1, world + 1))))}
-    res["after_down"] = _reconfigured_onto_the_ports_up(store, rank, world, handles, uuid=2, nics=nics)
+    res["after_down"] = _reconfigured_onto_the_ports_up(rank, world, handles, uuid=2, nics=nics)
     if rank == 0:  # the port comes back: the next membership drives it again
         up = subprocess.run(["bash", "-c", f"ip link set dev {netdev} up && for i in $(seq 120); do "
                              f"ibv_devinfo -d {nics[1]} | grep -q PORT_ACTIVE && grep -qs ffff:0a63:0101 "
@@ -350,7 +351,7 @@ def multi_nic(rank, world, port, scratch, nics=("rxe0", "rxe1"), netdev="dummy1"
                             capture_output=True, text=True, timeout=120)
         assert up.returncode == 0, f"{netdev} / {nics[1]} did not come back: {up.stdout} {up.stderr}"
     _store_barrier("port-back", world)
-    res["after_up"] = _reconfigured_onto_the_ports_up(store, rank, world, handles, uuid=3, nics=nics)
+    res["after_up"] = _reconfigured_onto_the_ports_up(rank, world, handles, uuid=3, nics=nics)
     del keeper, sub  # destroyed with the world
     t0 = time.monotonic()
     dist.destroy_process_group()
@@ -363,7 +364,7 @@ def _nics():
     return dist.group.WORLD._get_backend(torch.device("cpu"))._nics()
 
 
-def _reconfigured_onto_the_ports_up(store, rank, world, handles, uuid, nics):
+def _reconfigured_onto_the_ports_up(rank, world, handles, uuid, nics):
     """The same processes reconfigure the failed world: the new membership
     drives the ports up now. Its NICs, how long from the call to the first
     exact allreduce, and the packets each NIC sent for 3 allreduces of 8 MiB

@@ -60,6 +60,13 @@ struct MuxLink::Socket {
   size_t remaining = 0;
   InboxKey key{};        // where it goes
   bool discard = false;  // nobody here wants it
+  // The chunk `h` (headed for `to`) is read and dropped.
+  void dropChunk(const InboxKey& to, const ChunkHeader& h) {
+    key = to;
+    discard = true;
+    remaining = h.len;
+    inChunk = h.flags == kData && h.len > 0;
+  }
   ~Socket() {
     if (fd >= 0) ::close(fd);
   }
@@ -395,10 +402,7 @@ bool MuxLink::routeChunk(Socket& so) {
   auto it = inboxes_.find(key);
   if (it == inboxes_.end() && !deadReason_.empty()) {
     // Drained after death: only streams that exist here learn their end.
-    so.key = key;
-    so.discard = true;
-    so.remaining = h.len;
-    so.inChunk = h.flags == kData && h.len > 0;
+    so.dropChunk(key, h);
     return true;
   }
   if (it == inboxes_.end()) {
@@ -409,10 +413,7 @@ bool MuxLink::routeChunk(Socket& so) {
       // The group is gone here: tell the sender once, drop the chunk.
       if (h.flags == kData && answerGoneOnce(h.dstNonce, h.srcNonce))
         sendControl(h.srcNonce, h.dstNonce, closedRank, kGone);
-      so.key = key;
-      so.discard = true;
-      so.remaining = h.len;
-      so.inChunk = h.flags == kData && h.len > 0;
+      so.dropChunk(key, h);
       return true;
     }
     if (fate == TcpMux::Fate::Unknown) {
