@@ -10,6 +10,7 @@ import torch.distributed as dist
 import roce_pg
 
 from .api_workers import expect_error
+from .support.proc_counts import rss_kib
 
 
 def _connections():
@@ -115,11 +116,6 @@ def peer_left(rank, world, port):
     return {"msg": msg}
 
 
-def _rss_kib():
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-
-
 def eager_send_to_a_reader_that_waits(rank, world, port, megabytes=64):
     """Rank 1 sends `megabytes` to rank 0, which posts its receive 3 s later:
     meanwhile rank 0 holds at most a stream's window of it (its inbox fills
@@ -137,9 +133,9 @@ def eager_send_to_a_reader_that_waits(rank, world, port, megabytes=64):
         work.wait()
         _store_barrier("eager-done", world)
         return {"done_early": done_early}
-    rss0 = _rss_kib()
+    rss0 = rss_kib()
     time.sleep(3)
-    held_kib = _rss_kib() - rss0
+    held_kib = rss_kib() - rss0
     y = torch.empty(n, dtype=torch.float32)
     dist.recv(y, 1)
     exact = bool(torch.equal(y, torch.arange(n, dtype=torch.float32)))

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from .api_workers import expect_error
 from .reference import Checker, applicable_ops, block_input, inputs_for, make_op, reduce_reference
+from .support.proc_counts import thread_cpu_seconds
 
 WORKER_COUNTS = [1, 2, 4, 8]
 # Set by the test (ROCE_PG_SHM_ONESHOT_MAX_BYTES, ROCE_PG_SHM_CHUNK_BYTES):
@@ -50,23 +51,6 @@ NET_SIZES = [0, 1, 7, 100003]
 
 def bits(t):
     return t.view(BITS[t.element_size()]) if t.numel() else t
-
-
-def _worker_threads():
-    """CPU seconds used so far by each of this process's roce-worker threads."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    out = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                if f.read().strip() != "roce-worker":
-                    continue
-            with open(f"/proc/self/task/{task}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out.append((int(fields[11]) + int(fields[12])) / ticks)  # utime, stime
-        except OSError:
-            pass
-    return out
 
 
 def _new_group(world, **env):
@@ -301,9 +285,9 @@ def run(rank, world, port):
     dist.all_reduce(t, group=groups[8])
     ck.same("allreduce after refused ones", t, torch.full((big,), float(sum(range(1, world + 1)))))
     shm = _shm_collectives(ck, rank, world, groups)
-    threads_before = _worker_threads()
+    threads_before = thread_cpu_seconds("roce-worker")
     time.sleep(1.0)
-    idle_cpu = sum(_worker_threads()) - sum(threads_before)
+    idle_cpu = sum(thread_cpu_seconds("roce-worker")) - sum(threads_before)
     for g in groups.values():
         dist.destroy_process_group(g)
     net_slices = _network(ck, rank, world)

@@ -1,5 +1,6 @@
-"""What a process holds, read from /proc/self: listening TCP ports and
-threads (by name); and the machine's /dev/shm in use. Tests check with them
+"""What a process holds, read from /proc/self: listening TCP ports, threads
+(by name) and their CPU time, resident memory; and the machine's /dev/shm
+in use. Tests check with them
 that groups cost a rank no more than they should; benchmarks report them.
 """
 import os
@@ -71,6 +72,30 @@ def threads_named(name):
         except OSError:
             pass
     return n
+
+
+def rss_kib():
+    """This process's resident memory (VmRSS), KiB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def thread_cpu_seconds(prefix="roce-"):
+    """CPU seconds (user + system) used so far by each of this process's
+    threads whose name starts with `prefix`, a list: by default roce's own
+    threads (runtime, progress, workers, channel helpers), not the caller's."""
+    ticks, out = os.sysconf("SC_CLK_TCK"), []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                if not f.read().startswith(prefix):
+                    continue
+            with open(f"/proc/self/task/{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out.append((int(fields[11]) + int(fields[12])) / ticks)  # utime, stime
+        except OSError:  # the thread ended meanwhile
+            pass
+    return out
 
 
 def devshm_kib():
