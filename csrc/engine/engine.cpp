@@ -1,5 +1,7 @@
 #include "engine.hpp"
 
+#include <pthread.h>
+
 #include <cstdint>
 
 #include "../comm/communicator.hpp"
@@ -30,6 +32,7 @@ Engine::Engine(std::unique_ptr<Communicator> comm)
     : comm_(std::move(comm)), trace_(comm_->config().trace.entries) {
   comm_->idleHook = [this] { pollInflight(); };
   thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "roce-progress");  // top -H, py-spy, tests (roce's threads' CPU time)
     progressThread = true;
     loop();
     // Notified under the lock: a waiter may free this engine once it has it.
