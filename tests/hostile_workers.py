@@ -4,8 +4,6 @@ sends it well-formed records. Without the job secret nothing gets past the
 front desk; the budgets behind it are tested as an insider who holds the
 secret would attack (JOB_SECRET, which the tests set as ROCE_PG_JOB_SECRET).
 Measured in the attacked rank's own process."""
-import hashlib
-import hmac
 import os
 import socket
 import struct
@@ -14,43 +12,10 @@ import time
 import torch
 import torch.distributed as dist
 
+from .support.attacker import (BYE, FAIL, GONE, HELLO_VERSION, IDENTITY, MAX_TEXT, STATE,
+                               data_hello, flood, process_link, record, refusal)
+from .support.proc_counts import rss_kib
 from .support.ranks import store_wait
-
-# The wire format as csrc/runtime/hello.hpp and process_links.cpp define it.
-HELLO = struct.Struct("<IHHiiQQ")      # magic, version, kind, src, dst, srcNonce, dstNonce
-RECORD = struct.Struct("<IHHiIQQ")     # magic, type, len, srcRank, reserved, dstNonce, srcNonce
-HELLO_MAGIC, HELLO_VERSION, KIND_PROCESS = 0x526F4345, 7, 5
-JOB_SECRET = "hostile-peers-test-secret"
-MAC_BYTES = 16  # HMAC-SHA256 of the head under the job secret, truncated (common/job_secret.hpp)
-PROCESS_LINKS_KEY = 0x70726F636C696E6B  # "proclink"
-LINK_MAGIC, BYE, FAIL, STATE, IDENTITY, GONE, REFUSED = 0x4C494E4B, 2, 3, 4, 0x100, 0x102, 0x103
-MAX_TEXT = 4096
-
-
-def _rss_kib():
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-
-
-def _signed(head, secret=JOB_SECRET):
-    return head + hmac.new(secret.encode(), head, hashlib.sha256).digest()[:MAC_BYTES]
-
-
-def _record(kind, text=b"", src_rank=-1, dst_nonce=0, src_nonce=0, secret=JOB_SECRET):
-    """A process-link record: its head, its text, and the MAC of both."""
-    return _signed(RECORD.pack(LINK_MAGIC, kind, len(text), src_rank, 0, dst_nonce, src_nonce) + text, secret)
-
-
-def _process_link(port, name=b"stranger/127.0.0.1:1", secret=JOB_SECRET, source="127.0.0.1"):
-    """A process link to this rank's listener from `source`; `name`: the
-    process key it claims (None: it names none; a key must name an address
-    it may come from: this machine's, over loopback); `secret`: what it
-    signs its hello with."""
-    s = socket.create_connection(("127.0.0.1", port), source_address=(source, 0))
-    s.sendall(_signed(HELLO.pack(HELLO_MAGIC, HELLO_VERSION, KIND_PROCESS, -1, 0, 0, PROCESS_LINKS_KEY), secret))
-    if name is not None:
-        s.sendall(_record(IDENTITY, name, secret=secret))
-    return s
 
 
 def _exact_after_the_attack(rank, world):
@@ -59,6 +24,20 @@ def _exact_after_the_attack(rank, world):
     x = torch.arange(1000, dtype=torch.float64) + rank
     dist.all_reduce(x)
     return bool(torch.equal(x, world * torch.arange(1000, dtype=torch.float64) + sum(range(world))))
+
+
+def _exact_in_a_new_group(rank, world):
+    """A group formed now (its lifelines' settings pass through rank 0's
+    parked records): its first allreduce exact? Within 30 s, not the
+    default timeout, where its records were dropped."""
+    from datetime import timedelta
+
+    group = dist.new_group(list(range(world)), timeout=timedelta(seconds=30))
+    x = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(x, group=group)
+    exact = bool(torch.equal(x, torch.full((1000,), float(sum(range(1, world + 1))))))
+    dist.destroy_process_group(group)
+    return exact
 
 
 def _settled(keys, timeout_s=60, until=None):
@@ -90,49 +69,28 @@ def _all_dials_seen(before, dials):
     return _grew_by(before, ("process_links", "links_refused"), dials)
 
 
-def _flood(port, groups, megabytes, text_bytes, secret=JOB_SECRET):
-    """A process link naming a made-up process, then records with texts of
-    `text_bytes` for `groups` nonces nobody created, from ever new senders:
-    the records a group keeps until it is created (BYE and FAIL were kept
-    without limit). Sent until the bytes are out or the rank closes the link."""
-    text = b"x" * text_bytes
-    sent = 0
-    with _process_link(port, secret=secret) as s:
-        batch, sender = [], 0
-        while sent < megabytes << 20:
-            for kind in (BYE, FAIL, STATE):
-                nonce = 0x5EED0000 + sender % groups
-                batch.append(_record(kind, text, sender, nonce, sender, secret))
-            sender += 1
-            if len(batch) >= 64:
-                chunk = b"".join(batch)
-                try:
-                    s.sendall(chunk)
-                except OSError:  # closed by the rank
-                    return sent
-                sent += len(chunk)
-                batch = []
-    return sent
-
-
 def parked_record_flood(rank, world, port, text_bytes=MAX_TEXT):
     """Rank 0 is flooded with 64 MB of well-formed records for 64 groups that
-    do not exist. Its parked records stay within the process budget, its RSS
-    grows by far less than what was sent, and the group's next allreduce is
-    exact. Empty texts: the most records, where bookkeeping is the cost."""
+    do not exist, on a link no group of rank 0 asked for. Its parked records
+    stay within the others' half of the process budget, its RSS grows by far
+    less than what was sent, the group's next allreduce is exact, and so is
+    the first of a group formed after the flood (whose records from rank 1
+    park in the half kept for known peers). Empty texts: the most records,
+    where bookkeeping is the cost."""
     import roce_pg
 
     C = roce_pg._C
     out = {}
     dist.all_reduce(torch.ones(1 << 16))  # the group's buffers exist before the baseline
     if rank == 0:
-        rss0 = _rss_kib()
-        out["sent"] = _flood(C._runtime_stats()["listen_port"], groups=64, megabytes=64,
+        rss0 = rss_kib()
+        out["sent"] = flood(C._runtime_stats()["listen_port"], groups=64, megabytes=64,
                             text_bytes=text_bytes)
         stats = _settled(("link_parked_bytes", "link_records_dropped"), until=lambda s: s["link_records_dropped"] > 0)
         out["stats"] = {k: v for k, v in stats.items() if k.startswith("link_")}
-        out["rss_growth_kib"] = _rss_kib() - rss0
+        out["rss_growth_kib"] = rss_kib() - rss0
     out["exact"] = _exact_after_the_attack(rank, world)
+    out["new_group_exact"] = _exact_in_a_new_group(rank, world)
     return out
 
 
@@ -149,16 +107,16 @@ def unnamed_links(rank, world, port):
     if rank == 0:
         listen = C._runtime_stats()["listen_port"]
         before = _settled(("process_links", "links_refused"))
-        socks = [_process_link(listen, name=None) for _ in range(200)]
+        socks = [process_link(listen, name=None) for _ in range(200)]
         held = _settled(("process_links", "links_refused"), until=_all_dials_seen(before, 200))
-        with _process_link(listen, name=None) as s:
-            s.sendall(_record(BYE, b"bye", 0, 0x5EED, 1))
+        with process_link(listen, name=None) as s:
+            s.sendall(record(BYE, b"bye", 0, 0x5EED, 1))
             after_records = _settled(("process_links", "links_refused", "link_parked_groups"),
                                      until=_all_dials_seen(held, 1))
         # Named twice: a second name would have made the link the one this
         # process sends on to two processes.
-        with _process_link(listen, name=b"first/127.0.0.1:1") as s:
-            s.sendall(_record(IDENTITY, b"second"))
+        with process_link(listen, name=b"first/127.0.0.1:1") as s:
+            s.sendall(record(IDENTITY, b"second"))
             after_renaming = _settled(("process_links", "links_refused"), until=_all_dials_seen(after_records, 1))
         for s in socks:
             s.close()
@@ -183,7 +141,7 @@ def links_under_made_up_names(rank, world, port):
     if rank == 0:
         listen = C._runtime_stats()["listen_port"]
         before = _settled(("process_links", "links_refused"))
-        socks = [_process_link(listen, name=f"made-up-{i}/127.0.0.1:{i}".encode()) for i in range(200)]
+        socks = [process_link(listen, name=f"made-up-{i}/127.0.0.1:{i}".encode()) for i in range(200)]
         after = _settled(("process_links", "links_refused"), until=_all_dials_seen(before, 200))
         for s in socks:
             s.close()
@@ -191,25 +149,6 @@ def links_under_made_up_names(rank, world, port):
                "refused": after["links_refused"] - before["links_refused"]}
     out["exact"] = _exact_after_the_attack(rank, world)
     return out
-
-
-def _refusal(sock):
-    """The text of the refusal record a rank sends before closing a link
-    whose name it refused (b"" if it closed without one)."""
-    sock.settimeout(10)
-    data = b""
-    while True:
-        try:
-            chunk = sock.recv(4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        data += chunk
-    if len(data) < RECORD.size:
-        return b""
-    magic, kind, length = RECORD.unpack_from(data)[:3]
-    return data[RECORD.size:RECORD.size + length] if magic == LINK_MAGIC and kind == REFUSED else b""
 
 
 def names_that_do_not_fit_their_address(rank, world, port):
@@ -227,10 +166,10 @@ def names_that_do_not_fit_their_address(rank, world, port):
         listen = C._runtime_stats()["listen_port"]
         before = _settled(("process_links", "links_refused"))
         counted_before = roce_pg.counters()["net_links_refused"]
-        with _process_link(listen, name=backend._process_keys()[1].encode(), source="127.0.0.2") as s:
-            out["hijack"] = _refusal(s).decode()
-        with _process_link(listen, name=b"elsewhere/10.9.9.9:1") as s:
-            out["elsewhere"] = _refusal(s).decode()
+        with process_link(listen, name=backend._process_keys()[1].encode(), source="127.0.0.2") as s:
+            out["hijack"] = refusal(s).decode()
+        with process_link(listen, name=b"elsewhere/10.9.9.9:1") as s:
+            out["elsewhere"] = refusal(s).decode()
         after = _settled(("process_links", "links_refused"))
         out["refused"] = after["links_refused"] - before["links_refused"]
         out["counted"] = roce_pg.counters()["net_links_refused"] - counted_before
@@ -250,8 +189,8 @@ def a_record_not_signed_with_the_secret(rank, world, port):
     out = {}
     if rank == 0:
         before = _settled(("process_links", "link_records_forged"))
-        with _process_link(C._runtime_stats()["listen_port"]) as s:
-            s.sendall(_record(STATE, b"injected", 0, 0x5EED, 1, secret="not-the-job's"))
+        with process_link(C._runtime_stats()["listen_port"]) as s:
+            s.sendall(record(STATE, b"injected", 0, 0x5EED, 1, secret="not-the-job's"))
             s.settimeout(10)
             out["closed"] = s.recv(16) == b""
         after = _settled(("process_links", "link_records_forged"))
@@ -273,7 +212,7 @@ def a_hello_of_another_version(rank, world, port):
     if rank == 0:
         before = _settled(("connections_other_version",))["connections_other_version"]
         with socket.create_connection(("127.0.0.1", C._runtime_stats()["listen_port"])) as s:
-            s.sendall(HELLO.pack(HELLO_MAGIC, HELLO_VERSION - 1, 1, 1, 0, 1, 2))
+            s.sendall(data_hello(HELLO_VERSION - 1, secret=None))
             s.settimeout(10)
             out["answer"] = struct.unpack("<IHH", s.recv(8))
         out["counted"] = _settled(("connections_other_version",))["connections_other_version"] - before
@@ -325,9 +264,9 @@ def records_speaking_for_another_process(rank, world, port):
         keys = ("link_records_misrouted",)
         before = _settled(keys)
         text = b"rank 1 (host elsewhere) failed: made up by an insider"
-        with _process_link(C._runtime_stats()["listen_port"], name=b"insider/127.0.0.1:1") as s:
-            s.sendall(_record(FAIL, text, 1, mine, peer))
-            s.sendall(_record(GONE, b"", -1, mine, peer))
+        with process_link(C._runtime_stats()["listen_port"], name=b"insider/127.0.0.1:1") as s:
+            s.sendall(record(FAIL, text, 1, mine, peer))
+            s.sendall(record(GONE, b"", -1, mine, peer))
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:  # the lifeline reads them at its next tick
                 after = C._runtime_stats()
@@ -349,16 +288,15 @@ def stranger_without_the_secret(rank, world, port, dump_dir=None):
     and the group's allreduce is exact."""
     import roce_pg
 
-    C = roce_pg._C
     out = {}
     dist.all_reduce(torch.ones(1 << 16))
     if rank == 0:
         keys = ("connections_unauthenticated", "process_links", "link_parked_bytes", "parked")
         before = _settled(keys)
-        rss0 = _rss_kib()
-        out["sent"] = _flood(before["listen_port"], groups=8, megabytes=16, text_bytes=MAX_TEXT, secret="not-the-job's")
+        rss0 = rss_kib()
+        out["sent"] = flood(before["listen_port"], groups=8, megabytes=16, text_bytes=MAX_TEXT, secret="not-the-job's")
         with socket.create_connection(("127.0.0.1", before["listen_port"])) as s:
-            s.sendall(_signed(HELLO.pack(HELLO_MAGIC, HELLO_VERSION, 1, 1, 0, 1, 2), "not-the-job's"))
+            s.sendall(data_hello(secret="not-the-job's"))
             s.settimeout(10)
             out["data_hello_answer"] = s.recv(16)  # b"": closed without a word
         after = _settled(keys)
@@ -366,7 +304,7 @@ def stranger_without_the_secret(rank, world, port, dump_dir=None):
         out["links"] = after["process_links"] - before["process_links"]
         out["parked_bytes"] = after["link_parked_bytes"] - before["link_parked_bytes"]
         out["parked"] = after["parked"] - before["parked"]
-        out["rss_growth_kib"] = _rss_kib() - rss0
+        out["rss_growth_kib"] = rss_kib() - rss0
         out["counted"] = roce_pg.counters()["net_unauthenticated"]
     out["exact"] = _exact_after_the_attack(rank, world)
     if dump_dir:  # what the doctor's trace view reads
@@ -398,7 +336,7 @@ def form_and_report(rank, world, port):
         job = job.underlying_store
     before = roce_pg._C._runtime_stats()
     with socket.create_connection(("127.0.0.1", before["listen_port"])) as s:
-        s.sendall(_signed(HELLO.pack(HELLO_MAGIC, HELLO_VERSION, 1, 1, 0, 1, 2), ""))
+        s.sendall(data_hello(secret=""))
         s.settimeout(10)
         s.recv(16)
     refused = _settled(("connections_unauthenticated",))["connections_unauthenticated"]
@@ -438,11 +376,8 @@ def slowloris(rank, world, port, connections=300):
         out["pending"] = held["pending_heads"] - before["pending_heads"]
         out["refused"] = held["connections_refused_busy"] - before["connections_refused_busy"]
     store_wait(store, "slowloris-holding", world)
-    group = dist.new_group(list(range(world)))
+    out["new_group_exact"] = _exact_in_a_new_group(rank, world)
     out["exact"] = _exact_after_the_attack(rank, world)
-    x = torch.full((1000,), float(rank + 1))
-    dist.all_reduce(x, group=group)
-    out["new_group_exact"] = bool(torch.equal(x, torch.full((1000,), float(sum(range(1, world + 1))))))
     for s in socks:
         s.close()
     return out

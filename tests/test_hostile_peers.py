@@ -11,7 +11,7 @@ import pytest
 from .support.layouts import TCP
 from .support.ranks import run_group
 
-from .hostile_workers import JOB_SECRET
+from .support.attacker import JOB_SECRET
 
 TWO_MACHINES = {**TCP, "ROCE_PG_SIM_RANKS_PER_NODE": "1", "ROCE_PG_JOB_SECRET": JOB_SECRET}
 PARKED_BUDGET = 16 << 20  # process_links.cpp, kMaxParkedBytes
@@ -19,17 +19,20 @@ PARKED_BUDGET = 16 << 20  # process_links.cpp, kMaxParkedBytes
 
 @pytest.mark.parametrize("text_bytes", [4096, 0])
 def test_a_flood_of_records_for_groups_that_do_not_exist_stays_within_the_budget(text_bytes):
+    # Rank 0 opens each group's mailbox late: rank 1's first records park.
     results = run_group("tests.hostile_workers.parked_record_flood", 2, env=TWO_MACHINES,
-                        kwargs={"text_bytes": text_bytes})
+                        rank_env={0: {"ROCE_PG_TEST_FAULT": "late_mailbox"}}, kwargs={"text_bytes": text_bytes})
     r = results[0]
     stats = r["stats"]
     # 64 MB of BYE, FAIL and state records (4 KiB of text each, or none) from
     # ever new senders for 64 groups: before the budget, all of it was kept.
+    # A link no group asked for parks in half the budget; the other half
+    # is the known peers', so a group formed after the flood still forms.
     assert r["sent"] >= 64 << 20, r
-    assert 0 < stats["link_parked_bytes"] <= PARKED_BUDGET, r
+    assert 0 < stats["link_parked_bytes"] <= PARKED_BUDGET // 2, r
     assert stats["link_records_dropped"] > 0 and stats["link_parked_groups"] <= 64, r
     assert r["rss_growth_kib"] < 2 * PARKED_BUDGET // 1024, r
-    assert all(x["exact"] for x in results), results
+    assert all(x["exact"] and x["new_group_exact"] for x in results), results
 
 
 def test_links_that_never_name_a_process_are_bounded_and_may_not_send_records():

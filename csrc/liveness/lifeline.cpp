@@ -30,6 +30,9 @@ using namespace record;  // the types (runtime/process_links.hpp)
 
 // ROCE_PG_TEST_FAULT=late_lifeline (common/config.hpp).
 constexpr auto kLateLifelineDelay = std::chrono::milliseconds(250);
+// ROCE_PG_TEST_FAULT=late_mailbox: long enough for the peers' first records
+// (their settings) to arrive before this rank opens its mailbox, and park.
+constexpr auto kLateMailboxDelay = std::chrono::milliseconds(1000);
 
 // The "NAME=value" words of `a` that `b` lacks: what to name in a mismatch.
 std::string wordsMissingFrom(const std::string& a, const std::string& b) {
@@ -82,6 +85,7 @@ Lifeline::Lifeline(int rank, uint64_t nonce, std::string host, std::vector<Link>
   nextBeat_ = lastRound_ = Clock::now();
   closuresSeen_ = links_.closures();
   // Records the neighbours sent before this rank got here are kept from now on.
+  if (testFault() == "late_mailbox") std::this_thread::sleep_for(kLateMailboxDelay);
   links_.open(nonce_);
   // A link that closed before that, unseen by closures_ now: looked at once.
   for (auto& p : peers_) {

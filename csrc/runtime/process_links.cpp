@@ -43,6 +43,12 @@ constexpr size_t kMaxParkedGroups = 4096;
 // (nonces are not checked before the group opens), and nothing else bounds
 // what they cost. Legitimately parked records are a few per neighbour
 // (~150 bytes each): 16 MiB holds those of ~50,000 ranks.
+// Half of that budget, and of kMaxParkedGroups, is kept for the links of
+// processes a group here linked to (wanted_): the others (an insider under
+// a made-up name; a peer whose group formed before this process's linked to
+// it) share the other half, so that a flood from them cannot drop the
+// settings and heartbeats of the groups forming with known peers, which
+// would wait for them until their timeout.
 // What a parked record costs besides its text: its vector slot, twice (the
 // vector doubles), the text's allocation, and a node of the set of senders'
 // last words.
@@ -296,6 +302,8 @@ void ProcessLinks::close(uint64_t nonce) {
 std::unordered_map<uint64_t, ProcessLinks::Parked>::iterator ProcessLinks::unpark(
     std::unordered_map<uint64_t, Parked>::iterator it) {
   parkedBytes_ -= it->second.bytes;
+  othersParkedBytes_ -= it->second.othersBytes;
+  othersParkedGroups_ -= it->second.openedByOther;
   return parked_.erase(it);
 }
 
@@ -531,17 +539,24 @@ void ProcessLinks::keep(Link& from, uint64_t nonce, LinkRecord r) {
     return;
   }
   const size_t cost = kParkedRecordOverhead + r.text.size();
+  const bool other = !wanted_.count(from.key);
+  const bool bytesFit = parkedBytes_ + cost <= budgets_.parkedRecordBytes &&
+                        (!other || othersParkedBytes_ + cost <= budgets_.parkedRecordBytes / 2);
   auto it = parked_.find(nonce);
-  if (it == parked_.end() && (parked_.size() >= kMaxParkedGroups || parkedBytes_ + cost > budgets_.parkedRecordBytes)) {
+  if (it == parked_.end() &&
+      (!bytesFit || parked_.size() >= kMaxParkedGroups || (other && othersParkedGroups_ >= kMaxParkedGroups / 2))) {
     ++parkedDropped_;
     return;
   }
-  if (it == parked_.end()) it = parked_.emplace(nonce, Parked{Clock::now()}).first;
+  if (it == parked_.end()) {
+    it = parked_.emplace(nonce, Parked{Clock::now()}).first;
+    it->second.openedByOther = other;
+    othersParkedGroups_ += other;
+  }
   Parked& p = it->second;
   const bool oncePerSender = r.type == record::kBye || r.type == record::kFail || r.type == record::kSettings;
-  const bool fits = parkedBytes_ + cost <= budgets_.parkedRecordBytes &&
-                    (r.type == record::kHeartbeat ? p.beats < kMaxParkedHeartbeats
-                                                  : oncePerSender || p.records.size() < kMaxParkedRecords);
+  const bool fits = bytesFit && (r.type == record::kHeartbeat ? p.beats < kMaxParkedHeartbeats
+                                                              : oncePerSender || p.records.size() < kMaxParkedRecords);
   if (!fits || (oncePerSender && !p.lastWords.insert({r.type, r.srcRank, r.srcNonce}).second)) {
     ++parkedDropped_;
     return;
@@ -549,6 +564,10 @@ void ProcessLinks::keep(Link& from, uint64_t nonce, LinkRecord r) {
   p.beats += r.type == record::kHeartbeat;
   p.bytes += cost;
   parkedBytes_ += cost;
+  if (other) {
+    p.othersBytes += cost;
+    othersParkedBytes_ += cost;
+  }
   p.records.push_back(std::move(r));
 }
 

@@ -166,6 +166,8 @@ class ProcessLinks : public RuntimeService {
     std::vector<LinkRecord> records;
     size_t beats = 0;  // heartbeats among them
     size_t bytes = 0;  // what they cost against NetworkBudgets::parkedRecordBytes
+    size_t othersBytes = 0;  // of them, what came on links no group here asked for (the others' half)
+    bool openedByOther = false;  // parked first by such a link: one of the others' half of the groups
     std::set<std::tuple<uint16_t, int32_t, uint64_t>> lastWords;  // BYE, FAIL, SETTINGS kept: (type, rank, nonce)
   };
   // Erases a parked group, giving its bytes back to the budget.
@@ -212,6 +214,8 @@ class ProcessLinks : public RuntimeService {
   std::unordered_map<uint64_t, std::vector<LinkRecord>> inbox_;  // open nonces
   std::unordered_map<uint64_t, Parked> parked_;                  // nonces not open yet
   size_t parkedBytes_ = 0;
+  size_t othersParkedBytes_ = 0;   // of parkedBytes_, what links no group here asked for parked
+  size_t othersParkedGroups_ = 0;  // groups such links parked first
   uint64_t parkedDropped_ = 0;
   uint64_t linksRefused_ = 0;
   uint64_t recordsMisrouted_ = 0;
