@@ -439,7 +439,10 @@ Lifeline::SettingsVerdict Lifeline::awaitSettings(Clock::time_point deadline, co
   // failWith setting failed_ and onFailure_ handing the communicator its copy
   // (a reason read from anywhere else can report a mismatch as "did not
   // confirm").
-  return {!failed_ && !stop_ && settingsMatched_ >= neighbours_, failure_};
+  SettingsVerdict verdict{!failed_ && !stop_ && settingsMatched_ >= neighbours_, failure_};
+  g.unlock();  // the process links' lock is never taken under a lifeline's
+  if (!verdict.agreed) verdict.recordsDropped = links_.parkedStats().dropped;
+  return verdict;
 }
 
 void Lifeline::lastWords(bool leaving) {

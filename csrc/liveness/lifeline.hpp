@@ -110,6 +110,9 @@ class Lifeline : public RuntimeService {
     // rank's own failure). Read under the lock that recorded it: the caller's
     // own copy of the reason (onFailure) may still be on its way.
     std::string failure;
+    // Lifeline records this process dropped for groups not created yet (over
+    // the parking budget): a neighbour's settings may have been among them.
+    uint64_t recordsDropped = 0;
   };
   // Waits until every neighbour's settings arrived and matched (agreed), or
   // the group failed, the lifeline stopped or `deadline` passed. Agreed at
