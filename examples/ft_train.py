@@ -1,18 +1,20 @@
 """Data-parallel training that survives a SIGKILLed rank without a restart.
 
-    python examples/ft_train.py [--ranks 3] [--steps 30] [--kill-at 10] [--recovery spare|shrink]
+    python examples/ft_train.py [--ranks 3] [--steps 30] [--kill-at 10 [STEP ...]] [--recovery spare|shrink]
                                 [--spares 1] [--down-netdev DEV --down-at STEP]
 
 This script is its own small launcher (torchrun would end every worker when
 one dies): it starts `--ranks` workers on this machine and, with
-`--recovery spare`, one spare process more, hosts the job's store, and acts
-as the job's failure detector. At step `--kill-at` the last worker SIGKILLs
-itself. The survivors' next allreduce fails; the launcher sees the process
-gone and writes the next membership to the store; the survivors then
+`--recovery spare`, `--spares` spare processes more, hosts the job's store,
+and acts as the job's failure detector. At step `--kill-at` the last worker
+SIGKILLs itself (at a second step given, the worker before it, and so on).
+The survivors' next allreduce fails; the launcher sees the process gone and
+writes the next membership to the store; the survivors then
 
 * `--recovery spare`: reconfigure (torch >= 2.15's fault-tolerance API,
-  roce's `enable_reconfigure=True` groups) to themselves plus the spare,
-  which has waited with its handle and takes the dead rank's place; or
+  roce's `enable_reconfigure=True` groups) to themselves plus a spare still
+  alive, which has waited with its handle (as long as it takes) and takes
+  the dead rank's place; with no spare left, to themselves alone; or
 * `--recovery shrink`: shrink_group the dead rank away and go on with one
   rank fewer.
 
@@ -73,10 +75,15 @@ def train_step(w, step, rank, size, lr):
     return w - lr * grad_and_loss[:-1], float(grad_and_loss[-1])
 
 
-def wait_for_membership(store, epoch):
-    """The stable ranks of membership `epoch`, once the launcher names them."""
-    store.wait([f"membership/{epoch}"], timedelta(seconds=120))
-    return [int(r) for r in store.get(f"membership/{epoch}").decode().split(",")]
+def wait_for_membership(store, epoch, forever=False):
+    """The stable ranks of membership `epoch`, once the launcher names them
+    (within the store's timeout, or, for a spare, however long it takes: a
+    spare may wait the whole job for a failure)."""
+    key = f"membership/{epoch}"
+    while forever and not store.check([key]):
+        time.sleep(0.05)
+    store.wait([key])
+    return [int(r) for r in store.get(key).decode().split(",")]
 
 
 def recover(store, epoch, how):
@@ -121,10 +128,12 @@ def worker(args):
         store.set(f"handle/{stable}", handle)
         if stable not in wait_for_membership(store, 1):
             # The spare: waits until a membership names it.
-            while stable not in wait_for_membership(store, epoch + 1):
+            while stable not in wait_for_membership(store, epoch + 1, forever=True):
                 epoch += 1
             epoch += 1
         recover(store, epoch, "spare")
+    # The i-th --kill-at step kills stable rank ranks - 1 - i.
+    victims = dict(zip(args.kill_at, range(args.ranks - 1, -1, -1)))
     w = torch.zeros(args.features, dtype=torch.float64)
     step, losses, recovered = 0, {}, []
     synced = epoch > 1  # a spare takes the state from rank 0 first
@@ -134,7 +143,7 @@ def worker(args):
             dist.broadcast(state, 0)
             w, step, synced = state[:-1].clone(), int(state[-1]), False
             continue
-        if step == args.kill_at and stable == args.ranks - 1 and epoch == 1:
+        if victims.get(step) == stable:
             os.kill(os.getpid(), signal.SIGKILL)
         if step == args.down_at and stable == 0 and epoch == 1:
             flap_link(args.down_netdev, args.down_for)
@@ -171,7 +180,7 @@ def launcher(args):
                "FT_PROCESSES": str(total)}
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", *sys.argv[1:]], env=env,
                                       stdout=outputs[r], text=True))
-    members = list(range(args.ranks))
+    members, spares = list(range(args.ranks)), list(range(args.ranks, total))
     store.set("membership/1", ",".join(map(str, members)))
     epoch, deadline = 1, time.monotonic() + args.time_limit
     failure_seen = None  # when a member first reported the current membership failed
@@ -187,9 +196,11 @@ def launcher(args):
             print(f"launcher: membership {epoch - 1} failed with every member alive; membership {epoch}: "
                   f"{members}", file=sys.stderr, flush=True)
         if dead:
-            # The failure detector's decision: the dead leave; a spare, if
-            # any, takes the place of the first of them.
-            members = [r for r in members if r not in dead] + (list(range(args.ranks, total))[:len(dead)])
+            # The failure detector's decision: the dead leave; spares still
+            # alive, as many as there are, take their places.
+            spares = [r for r in spares if procs[r].poll() is None]
+            members = [r for r in members if r not in dead] + spares[:len(dead)]
+            spares = spares[len(dead):]
             epoch, failure_seen = epoch + 1, None
             store.set(f"membership/{epoch}", ",".join(map(str, members)))
             print(f"launcher: ranks {dead} died ({[procs[r].returncode for r in dead]}); membership {epoch}: "
@@ -217,7 +228,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=3)
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--kill-at", type=int, default=10, help="step at which the last rank SIGKILLs itself")
+    ap.add_argument("--kill-at", type=int, nargs="+", default=[10],
+                    help="step at which the last rank SIGKILLs itself (-1: none); a second step kills the rank "
+                         "before it, and so on")
     ap.add_argument("--recovery", choices=["spare", "shrink"], default="spare")
     ap.add_argument("--spares", type=int, default=1, help="spare processes waiting with their handles (spare)")
     ap.add_argument("--down-netdev", help="network interface rank 0 takes down at --down-at (root)")

@@ -198,7 +198,36 @@ def test_ft_train_survives_a_killed_rank(recovery, size_after):
             assert r["recovered"][0]["size"] == size_after, r
         else:  # the spare: from where the survivors were
             assert min(losses) in (10, 11) and max(losses) == 29, r
-        for step, loss in losses.items():
-            assert loss == pytest.approx(ref_losses[step], rel=1e-9), (step, r)
-        assert r["w"] == pytest.approx(ref_w.tolist(), rel=1e-9, abs=1e-12), r
+        _same_as_the_reference(r, losses, ref_w, ref_losses)
     assert losses[29] < ref_losses[0] / 1000  # trained on, not restarted
+
+
+def _same_as_the_reference(report, losses, ref_w, ref_losses):
+    for step, loss in losses.items():
+        assert loss == pytest.approx(ref_losses[step], rel=1e-9), (step, report)
+    assert report["w"] == pytest.approx(ref_w.tolist(), rel=1e-9, abs=1e-12), report
+
+
+def test_ft_train_replaces_two_killed_ranks_with_two_spares():
+    """Ranks 2 and 1 of 3 SIGKILL themselves at steps 10 and 20: each time a
+    spare still waiting takes the dead rank's place (the second one waited
+    through the first replacement, which did not name it). Rank 0 trains
+    every step, recovering twice; every loss and the final weights are the
+    one-process reference's."""
+    import torch.distributed as dist
+
+    if not hasattr(dist, "_reconfigure"):
+        pytest.skip("this torch has no reconfigure API (torch >= 2.15)")
+    out = launch([sys.executable, "examples/ft_train.py", "--recovery", "spare", "--spares", "2", "--steps", "30",
+                  "--kill-at", "10", "20", "--port", str(free_port())])
+    reports = {r["stable_rank"]: r for r in (json.loads(line) for line in out.splitlines() if line.startswith("{"))}
+    ref_w, ref_losses = _least_squares_reference(30, 0.1)
+    assert sorted(reports) == [0, 3, 4] and all(r["size"] == 3 for r in reports.values()), out
+    first = {int(k): v for k, v in reports[0]["losses"].items()}
+    assert sorted(first) == list(range(30)), reports[0]
+    assert [x["at_step"] for x in reports[0]["recovered"]] in ([10, 20], [10, 21], [11, 20], [11, 21]), reports[0]
+    for stable, joined in ((3, (10, 11)), (4, (20, 21))):
+        losses = {int(k): v for k, v in reports[stable]["losses"].items()}
+        assert min(losses) in joined and max(losses) == 29, reports[stable]
+        _same_as_the_reference(reports[stable], losses, ref_w, ref_losses)
+    _same_as_the_reference(reports[0], first, ref_w, ref_losses)
