@@ -173,8 +173,8 @@ void Communicator::startOperation() {
       const std::string dropped =
           verdict.recordsDropped == 0 ? ""
           : str("; or their settings were among the ", verdict.recordsDropped, " lifeline records this process "
-                "dropped for groups it had not created yet (net_records_dropped: the parking budget "
-                "ROCE_PG_NET_PARKED_RECORD_BYTES was full, a flood from the network?)");
+                "dropped since the group formed, for groups it had not created yet (the parking budget "
+                "ROCE_PG_NET_PARKED_RECORD_BYTES was full: a flood from the network? net_records_dropped)");
       throwComm(str(opName(), " on rank ", rank(), " failed: ", verdict.failure.empty() ? str("the group's ring "
                     "neighbours did not confirm their settings within the timeout (they did not create the group",
                     dropped, ")") : verdict.failure));

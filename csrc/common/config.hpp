@@ -267,10 +267,13 @@ struct Config {
 //   late_lifeline   this rank's lifelines act on a failure 250 ms after they
 //                   read it: the runtime thread sleeps, as one kept that long
 //                   from a core stalls (every service of the process waits)
+//   late_mailbox    this rank opens each new group's lifeline mailbox 1 s
+//                   late, so that its neighbours' first records (settings)
+//                   park until then (what a slow rank's peers' records do)
 //   die_forming_shm this process SIGKILLs itself right after it publishes
 //                   its group's shared-memory segment, before the peers
 //                   mapped it (what a rank killed during formation leaves)
-// (those six read once per process), and per group (Config::testFailForming,
+// (those seven read once per process), and per group (Config::testFailForming,
 // Config::testNextProtocol):
 //   fail_forming    a group created while it is set fails on this rank
 //                   before its lifelines exist (what the neighbours see of a

@@ -85,6 +85,7 @@ Lifeline::Lifeline(int rank, uint64_t nonce, std::string host, std::vector<Link>
   nextBeat_ = lastRound_ = Clock::now();
   closuresSeen_ = links_.closures();
   // Records the neighbours sent before this rank got here are kept from now on.
+  overBudgetBefore_ = links_.parkedStats().overBudget;
   if (testFault() == "late_mailbox") std::this_thread::sleep_for(kLateMailboxDelay);
   links_.open(nonce_);
   // A link that closed before that, unseen by closures_ now: looked at once.
@@ -441,7 +442,7 @@ Lifeline::SettingsVerdict Lifeline::awaitSettings(Clock::time_point deadline, co
   // confirm").
   SettingsVerdict verdict{!failed_ && !stop_ && settingsMatched_ >= neighbours_, failure_};
   g.unlock();  // the process links' lock is never taken under a lifeline's
-  if (!verdict.agreed) verdict.recordsDropped = links_.parkedStats().dropped;
+  if (!verdict.agreed) verdict.recordsDropped = links_.parkedStats().overBudget - overBudgetBefore_;
   return verdict;
 }
 

@@ -110,8 +110,8 @@ class Lifeline : public RuntimeService {
     // rank's own failure). Read under the lock that recorded it: the caller's
     // own copy of the reason (onFailure) may still be on its way.
     std::string failure;
-    // Lifeline records this process dropped for groups not created yet (over
-    // the parking budget): a neighbour's settings may have been among them.
+    // Lifeline records this process dropped over the parking budget since
+    // this lifeline began: a neighbour's settings may have been among them.
     uint64_t recordsDropped = 0;
   };
   // Waits until every neighbour's settings arrived and matched (agreed), or
@@ -148,6 +148,7 @@ class Lifeline : public RuntimeService {
   ProcessRuntime& runtime_;
   ProcessLinks& links_;
   uint64_t closuresSeen_ = 0;  // ProcessLinks::closures() when the links were last looked at
+  uint64_t overBudgetBefore_ = 0;  // ProcessLinks parkedStats().overBudget when this lifeline began
   bool attached_ = false;
   std::chrono::milliseconds interval_;  // between heartbeats
   Clock::time_point nextBeat_, lastRound_;

@@ -48,7 +48,11 @@ constexpr size_t kMaxParkedGroups = 4096;
 // a made-up name; a peer whose group formed before this process's linked to
 // it) share the other half, so that a flood from them cannot drop the
 // settings and heartbeats of the groups forming with known peers, which
-// would wait for them until their timeout.
+// would wait for them until their timeout. What this does not cover: the
+// first records of a process no group here links to yet share the half
+// with such a flood; and an insider on a known peer's machine may name that
+// peer's process (over loopback any local name fits its address) and so
+// park in the known peers' half.
 // What a parked record costs besides its text: its vector slot, twice (the
 // vector doubles), the text's allocation, and a node of the set of senders'
 // last words.
@@ -309,7 +313,7 @@ std::unordered_map<uint64_t, ProcessLinks::Parked>::iterator ProcessLinks::unpar
 
 ProcessLinks::ParkedStats ProcessLinks::parkedStats() const {
   std::lock_guard<std::mutex> g(mu_);
-  return {parked_.size(), parkedBytes_, parkedDropped_, links_.size(), linksRefused_, recordsMisrouted_,
+  return {parked_.size(), parkedBytes_, parkedDropped_, parkedEver_, droppedOverBudget_, links_.size(), linksRefused_, recordsMisrouted_,
           recordsForged_};
 }
 
@@ -546,6 +550,7 @@ void ProcessLinks::keep(Link& from, uint64_t nonce, LinkRecord r) {
   if (it == parked_.end() &&
       (!bytesFit || parked_.size() >= kMaxParkedGroups || (other && othersParkedGroups_ >= kMaxParkedGroups / 2))) {
     ++parkedDropped_;
+    ++droppedOverBudget_;
     return;
   }
   if (it == parked_.end()) {
@@ -559,9 +564,11 @@ void ProcessLinks::keep(Link& from, uint64_t nonce, LinkRecord r) {
                                                               : oncePerSender || p.records.size() < kMaxParkedRecords);
   if (!fits || (oncePerSender && !p.lastWords.insert({r.type, r.srcRank, r.srcNonce}).second)) {
     ++parkedDropped_;
+    droppedOverBudget_ += !bytesFit;
     return;
   }
   p.beats += r.type == record::kHeartbeat;
+  ++parkedEver_;
   p.bytes += cost;
   parkedBytes_ += cost;
   if (other) {

@@ -148,6 +148,8 @@ class ProcessLinks : public RuntimeService {
   struct ParkedStats {
     size_t groups = 0, bytes = 0;
     uint64_t dropped = 0;
+    uint64_t parkedEver = 0;  // records kept for a group not created yet, since the process began
+    uint64_t overBudget = 0;  // of `dropped`, those over a budget (bytes, groups), not duplicates or extra heartbeats
     size_t links = 0;
     uint64_t linksRefused = 0;
     uint64_t recordsMisrouted = 0;
@@ -217,6 +219,8 @@ class ProcessLinks : public RuntimeService {
   size_t othersParkedBytes_ = 0;   // of parkedBytes_, what links no group here asked for parked
   size_t othersParkedGroups_ = 0;  // groups such links parked first
   uint64_t parkedDropped_ = 0;
+  uint64_t parkedEver_ = 0;
+  uint64_t droppedOverBudget_ = 0;
   uint64_t linksRefused_ = 0;
   uint64_t recordsMisrouted_ = 0;
   uint64_t recordsForged_ = 0;

@@ -322,6 +322,7 @@ PYBIND11_MODULE(_C, m) {
     d["link_parked_groups"] = parked.groups;
     d["link_parked_bytes"] = parked.bytes;
     d["link_records_dropped"] = parked.dropped;
+    d["link_records_parked"] = parked.parkedEver;  // ever kept for a group not created yet
     d["links_held"] = parked.links;  // open, and closed ones kept a minute
     d["links_refused"] = parked.linksRefused;
     d["link_records_misrouted"] = parked.recordsMisrouted;  // lifeline records naming a rank of another process
