@@ -21,11 +21,11 @@ def _fds():
     return len(os.listdir("/proc/self/fd"))
 
 
-def _settled_fds(quiet_s=0.1, limit_s=2.0):
-    """The descriptor count once it stopped moving: the process links to the
-    lifeline neighbours are made by the runtime threads just after init
-    returns (the process with the smaller key dials, the other's runtime
-    accepts), so a count taken at once may miss them."""
+def _settled_fds(quiet_s=0.5, limit_s=10.0):
+    """The descriptor count once it stopped moving for `quiet_s`: sockets
+    are opened and closed by the runtime and progress threads (a process
+    link accepted, a dial that lost its race dropped) after the calls that
+    caused them returned, later still on a loaded machine."""
     import time
 
     last, since, start = _fds(), time.monotonic(), time.monotonic()
@@ -52,8 +52,6 @@ def on_demand(rank, world, port):
     """Connections follow the peers the algorithms talk to; exact data throughout."""
     out = {"after_init": _connections()}
     _store_barrier("init", world)
-    out["fds_after_init"] = _settled_fds()
-    _store_barrier("init-counted", world)
     # A 2-element allreduce on 6 ranks: recursive doubling with the fold
     # (ranks 0..3 pair up, then XOR partners among the 4 survivors).
     t = torch.full((2,), float(rank + 1), dtype=torch.float64)
@@ -71,6 +69,10 @@ def on_demand(rank, world, port):
             assert torch.equal(buf, torch.arange(1000, dtype=torch.int64) * 7)
     out["after_p2p"] = _connections()
     _store_barrier("p2p", world)
+    # The baseline of the descriptor count: the lifelines' process links
+    # long made, nobody dialing (counted before the next phase's dials).
+    out["fds_before_all_pairs"] = _settled_fds()
+    _store_barrier("p2p-counted", world)
     # Both ends start at once: every pair exchanges with isend/irecv in both
     # directions, so each pair's two dials race; exactly one connection survives.
     reqs, got = [], {}
@@ -85,7 +87,12 @@ def on_demand(rank, world, port):
     for peer, g in got.items():
         assert torch.equal(g, torch.full((256,), peer * 100 + rank, dtype=torch.int64)), (peer, g[:4])
     out["after_all_pairs"] = _connections()
-    out["fds_after_all_pairs"] = _fds()
+    # Once nobody dials any more, and the sockets of the dials that lost
+    # their race are closed (each rank's engine drops them after the waits
+    # above may have returned).
+    _store_barrier("all-pairs", world)
+    out["fds_after_all_pairs"] = _settled_fds()
+    out["tcp_sockets"] = roce_pg._C._runtime_stats()["tcp_sockets"]
     dist.barrier()
     return out
 
