@@ -391,6 +391,40 @@ def abort_hooks(rank, world, port):
     return {"supported": pg.supports_abort_hooks, "healthy": healthy, "at_error": at_error, "msg": msg}
 
 
+def abort_from_a_hook_while_the_program_aborts(rank, world, port):
+    """Rank 0's allreduce times out (rank 1 sleeps, the group's timeout is
+    2 s). Its abort hook, on roce's progress thread, waits until the
+    program's thread is inside abort() (which stops the group and so joins
+    that progress thread), then calls abort() itself: both return at once
+    (the hook's abort found the group already ending)."""
+    import threading
+
+    pg = dist.group.WORLD
+    if rank == 1:
+        time.sleep(4)
+        return {}
+    hook_in, hook_done = threading.Event(), []
+
+    def hook():
+        hook_in.set()
+        time.sleep(1.0)  # the program's thread enters abort() meanwhile
+        pg.abort()
+        hook_done.append(True)
+
+    pg.register_abort_hook(1, hook)
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    hook_in.wait(30)
+    start = time.monotonic()
+    pg.abort()
+    out = {"abort_s": time.monotonic() - start, "hook_done": hook_done, "hook_ran": hook_in.is_set()}
+    try:
+        work.wait()
+        out["work"] = None
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        out["work"] = str(e)
+    return out
+
+
 def time_estimation(rank, world, port):
     """torch's _time_estimator: calls inside it do not run (their tensors keep
     their values) and add the cost model's estimate; larger calls estimate

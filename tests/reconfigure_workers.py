@@ -52,7 +52,8 @@ def survive_a_death_then_take_a_spare(rank, world, port):
     by broadcast. On the way, every refusal the API owes: a collective before
     any membership, a reused uuid, a handle list without the caller, a string
     that is no handle, a membership naming the dead rank (its timeout), and
-    the old membership's work in flight when the next one forms."""
+    the old membership's work in flight when the next one forms (and a
+    Python callback chained to it)."""
     assert world == 4
     dist.init_process_group("roce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60), enable_reconfigure=True)
@@ -101,6 +102,7 @@ def survive_a_death_then_take_a_spare(rank, world, port):
         # reconfigure fails it, naming the reconfigure.
         if rank == 0:
             work = dist.all_reduce(torch.ones(8), async_op=True)
+            callback = work.get_future().then(lambda f: "ran")
             time.sleep(0.3)
             out["old_in_flight"] = not work.is_completed()
         store_wait(store, "survivors-done", 2)
@@ -114,6 +116,7 @@ def survive_a_death_then_take_a_spare(rank, world, port):
     dist._reconfigure(uuid=4, handles=[h0, h1, h3]).wait()
     if rank == 0:
         out["old_work"] = _error(work.wait)
+        out["callback"] = callback.wait()
     state = torch.arange(64, dtype=torch.float64) * 0.5 if dist.get_rank() == 0 else torch.zeros(64, dtype=torch.float64)
     dist.broadcast(state, 0)  # a survivor's model state to the spare
     out["with_spare"] = {"rank": dist.get_rank(), "size": dist.get_world_size(), "exact": _exact_allreduce(),
@@ -162,6 +165,7 @@ def check_story(res):
     assert spare["uuid_of_others"] and "uuid 1's members are" in spare["uuid_of_others"] and "a fresh uuid" in spare["uuid_of_others"], spare
     assert members[0]["old_in_flight"], members[0]
     assert members[0]["old_work"] and "reconfigure(uuid=4)" in members[0]["old_work"], members[0]
+    assert members[0]["callback"] == "ran", members[0]  # a Python callback of the failed work, not held up
     assert spare["with_spare"] == {"rank": 2, "size": 3, "exact": True, "state": True}, spare
 
 

@@ -134,6 +134,14 @@ def test_abort_hooks_run_before_the_failed_work_raises():
     assert "timed out" in res[0]["msg"], res[0]
 
 
+def test_an_abort_hook_may_abort_while_the_program_aborts():
+    res = run_group("tests.api_workers.abort_from_a_hook_while_the_program_aborts", 2,
+                    env={"TEST_PG_TIMEOUT_S": "2"}, deadline_s=90)
+    r = res[0]
+    assert r["hook_ran"] and r["hook_done"] == [True] and r["abort_s"] < 10, r
+    assert r["work"] and "timed out" in r["work"], r
+
+
 def test_time_estimation_runs_nothing_and_estimates_from_the_cost_model():
     res = run_group("tests.api_workers.time_estimation", 2, env=LAYOUTS["shm2"][1])
     for r in res:

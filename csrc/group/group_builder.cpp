@@ -128,7 +128,11 @@ std::unique_ptr<Communicator> GroupBuilder::join(Bootstrap& outerStore, const Co
   return made;
 }
 
-std::unique_ptr<Communicator> GroupBuilder::derive(const Communicator& parent, Bootstrap& outerStore,
+GroupBuilder::ParentView GroupBuilder::parentView(const Communicator& parent) {
+  return {parent.roster_, parent.rank(), parent.verbsRails_};
+}
+
+std::unique_ptr<Communicator> GroupBuilder::derive(const ParentView& parent, Bootstrap& outerStore,
                                                    const Config& cfg, int rank, const std::vector<int>& parentRanks,
                                                    const std::string& groupName, std::chrono::milliseconds timeout) {
   std::unique_ptr<Communicator> made(new Communicator(cfg, timeout));
@@ -138,15 +142,15 @@ std::unique_ptr<Communicator> GroupBuilder::derive(const Communicator& parent, B
   c.fromParent_ = true;
   // As set, before form() resolves auto values (the neighbours compare these).
   c.settingsToCompare_ = c.cfg_.algorithmSettings();
-  Roster roster = deriveRoster(c.cfg_, parent.roster_, parentRanks, groupName);
-  if (rank < 0 || rank >= static_cast<int>(roster.ranks.size()) || parentRanks[rank] != parent.rank())
-    throwInvalid(str("subgroup rank ", rank, " is not this process's parent rank ", parent.rank()));
+  Roster roster = deriveRoster(c.cfg_, parent.roster, parentRanks, groupName);
+  if (rank < 0 || rank >= static_cast<int>(roster.ranks.size()) || parentRanks[rank] != parent.rank)
+    throwInvalid(str("subgroup rank ", rank, " is not this process's parent rank ", parent.rank));
   // The parent's ports, less those that went down since (a port back up is
   // opened afresh): a subgroup or shrink formed after a port failure goes on
   // the ports still up. With none left it keeps them, and fails naming them.
-  for (const auto& dev : parent.verbsRails_)
+  for (const auto& dev : parent.rails)
     if (auto live = VerbsDevice::renewed(dev, c.cfg_)) c.verbsRails_.push_back(std::move(live));
-  if (c.verbsRails_.empty()) c.verbsRails_ = parent.verbsRails_;
+  if (c.verbsRails_.empty()) c.verbsRails_ = parent.rails;
   if (roster.ranks.size() > 1)
     c.mailbox_ = std::make_unique<MailboxLease>(ProcessRuntime::get().desk(), roster.ranks[rank].nonce);
   const std::string incarnation = hex64(roster.ranks[0].nonce);

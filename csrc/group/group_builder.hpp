@@ -32,7 +32,16 @@ class GroupBuilder {
   // subgroup's creation, as for any group (a job may set ROCE_PG_ALGO* per
   // group); with no leader, the ring neighbours compare it over their
   // lifelines, and members that differ fail the first operation (README).
-  static std::unique_ptr<Communicator> derive(const Communicator& parent, Bootstrap& store, const Config& cfg,
+  // What derive takes from the parent, copied first (parentView, fast): the
+  // parent may be aborted, and its communicator freed, while the subgroup
+  // forms.
+  struct ParentView {
+    Roster roster;
+    int rank = -1;
+    std::vector<std::shared_ptr<VerbsDevice>> rails;
+  };
+  static ParentView parentView(const Communicator& parent);
+  static std::unique_ptr<Communicator> derive(const ParentView& parent, Bootstrap& store, const Config& cfg,
                                               int rank, const std::vector<int>& parentRanks,
                                               const std::string& groupName, std::chrono::milliseconds timeout);
 

@@ -117,13 +117,23 @@ RoceBackend::RoceBackend(const RoceBackend& parent, const c10::intrusive_ptr<c10
   try {
     cfg_ = Config::fromEnv();
     StoreBootstrap bs(store);
-    if (!parent.engine_)
-      throwInvalid(str("cannot form subgroup ", groupName, " from its parent group: the parent has no members (",
-                       parent.noMembersWhy_, ")"));
-    if (!parent.engine_->hasComm())
-      throwInvalid(str("cannot form subgroup ", groupName, " from its parent group: the parent was shut down or "
-                       "aborted. Create subgroups while the parent lives, or set ROCE_PG_SUBGROUPS=join"));
-    start(GroupBuilder::derive(parent.engine_->comm(), bs, cfg_, rank, parentRanks, groupName, timeout));
+    GroupBuilder::ParentView view;
+    {
+      // Copied under the parent's lock, formed after it: an abort() of the
+      // parent from another thread (a watchdog) may free its communicator
+      // meanwhile, and must not wait for this formation.
+      std::lock_guard<std::mutex> g(parent.engineMu_);
+      if (!parent.engine_)
+        throwInvalid(str("cannot form subgroup ", groupName, " from its parent group: the parent has no members (",
+                         parent.noMembersWhy_, ")"));
+      if (!parent.engine_->hasComm())
+        throwInvalid(str("cannot form subgroup ", groupName, " from its parent group: the parent was shut down or "
+                         "aborted. Create subgroups and shrink while the parent lives (shrink_group with "
+                         "SHRINK_ABORT aborts the parent once the shrunk group formed); for new_group/split_group, "
+                         "ROCE_PG_SUBGROUPS=join forms them without the parent"));
+      view = GroupBuilder::parentView(parent.engine_->comm());
+    }
+    start(GroupBuilder::derive(view, bs, cfg_, rank, parentRanks, groupName, timeout));
   } catch (const Error& e) {
     C10_THROW_ERROR(DistBackendError, e.what());
   }
@@ -175,6 +185,7 @@ c10::intrusive_ptr<c10d::Backend> RoceBackend::shrink(const std::vector<int64_t>
     if (!(flags & 0x01)) return;
     stopping_ = true;
     std::lock_guard<std::mutex> g(engineMu_);
+    const StoppingEngine mark(stoppingEngine_);
     if (engine_) engine_->abort(str("shrink_group(SHRINK_ABORT) excluding ranks ", excluded, " was called on this group"));
   };
   c10::intrusive_ptr<RoceBackend> child;
@@ -254,10 +265,25 @@ RoceBackend::~RoceBackend() {
   engine_.reset();
 }
 
+std::unique_lock<std::mutex> RoceBackend::lockToStop() {
+  std::unique_lock<std::mutex> g(engineMu_, std::defer_lock);
+  if (!Engine::onProgressThread()) {
+    g.lock();
+    return g;
+  }
+  while (!g.try_lock()) {
+    if (stoppingEngine_.load() > 0) return g;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return g;
+}
+
 void RoceBackend::shutdown() {
   stopping_ = true;
   failWindows("the process group was shut down");
-  std::lock_guard<std::mutex> g(engineMu_);
+  auto g = lockToStop();
+  if (!g.owns_lock()) return;
+  const StoppingEngine mark(stoppingEngine_);
   ++stopRequests_;
   formingAborted_ = true;
   if (engine_) engine_->shutdown(std::chrono::milliseconds(cfg_.shutdownGraceMs));
@@ -270,7 +296,9 @@ bool RoceBackend::waitEngineParked(std::chrono::milliseconds timeout) { return e
 void RoceBackend::abort() {
   stopping_ = true;
   failWindows("abort() was called on this process group");
-  std::lock_guard<std::mutex> g(engineMu_);
+  auto g = lockToStop();
+  if (!g.owns_lock()) return;
+  const StoppingEngine mark(stoppingEngine_);
   ++stopRequests_;
   formingAborted_ = true;
   if (engine_) engine_->abort("abort() was called on this process group");

@@ -76,6 +76,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
     // flight fails naming the reconfigure, and no abort hook runs (the
     // program asked for it). Its trace is no longer dumped on a signal.
     std::lock_guard<std::mutex> g(engineMu_);
+    const StoppingEngine mark(stoppingEngine_);
     stopRequests = stopRequests_;
     formingAborted_ = false;  // an abort before this call ended the old membership only
     if (traceSignalId_) TraceSignal::remove(traceSignalId_);
@@ -128,6 +129,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
   start(std::move(comm));
   // abort() or shutdown() came while the membership formed: it ends too.
   if (stopRequests_ != stopRequests) {
+    const StoppingEngine mark(stoppingEngine_);
     stopping_ = true;
     engine_->abort(str("abort() or shutdown() was called on this process group during ", what));
   }
