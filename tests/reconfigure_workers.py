@@ -155,6 +155,8 @@ def check_story(res):
         assert r["death_seen"] and "rank 2" in r["death_seen"], r
         assert r["with_the_dead"] and "reconfigure(uuid=2) failed" in r["with_the_dead"], r
         assert "rank 2" in r["with_the_dead"] and 2.5 < r["with_the_dead_s"] < 30, r
+        # Which process a position is, and whose timeout ran out.
+        assert "2 = stable rank 2" in r["with_the_dead"] and "reconfigure's, 3000 ms" in r["with_the_dead"], r
         assert r["after_failed"] and "reconfigure(uuid=2) failed" in r["after_failed"], r
         assert r["survivors"] == {"rank": rank, "size": 2, "exact": True}, r
         assert r["with_spare"] == {"rank": rank, "size": 3, "exact": True, "state": True}, r

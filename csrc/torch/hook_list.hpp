@@ -19,20 +19,14 @@ template <class Hook>
 class HookList {
  public:
   // Replaces a hook registered with the same id.
-  void add(int64_t id, Hook hook) {
-    std::shared_ptr<const List> old;  // destroyed after the lock is released
-    std::lock_guard<std::mutex> g(mu_);
-    auto next = std::make_shared<List>(list_ ? *list_ : List());
-    (*next)[id] = std::move(hook);
-    old = publish(std::move(next));
+  void add(int64_t id, const Hook& hook) {
+    update([&](List& l) {
+      l[id] = hook;
+      return true;
+    });
   }
   void remove(int64_t id) {
-    std::shared_ptr<const List> old;
-    std::lock_guard<std::mutex> g(mu_);
-    if (!list_ || !list_->count(id)) return;
-    auto next = std::make_shared<List>(*list_);
-    next->erase(id);
-    old = publish(std::move(next));
+    update([&](List& l) { return l.erase(id) > 0; });
   }
   // Calls call(id, hook) for each hook, in id order, without the lock held.
   // One atomic load when none is registered.
@@ -50,6 +44,25 @@ class HookList {
 
  private:
   using List = std::map<int64_t, Hook>;
+  // The list changed by `change` (false: nothing to change), copied and
+  // changed outside the lock, published under it unless another update
+  // came first (then again from that one's list).
+  template <class Change>
+  void update(Change&& change) {
+    for (;;) {
+      std::shared_ptr<const List> seen, old;  // destroyed after the lock is released
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        seen = list_;
+      }
+      auto next = std::make_shared<List>(seen ? *seen : List());
+      if (!change(*next)) return;
+      std::lock_guard<std::mutex> g(mu_);
+      if (list_ != seen) continue;
+      old = publish(std::move(next));
+      return;
+    }
+  }
   std::shared_ptr<const List> publish(std::shared_ptr<List> next) {
     count_.store(static_cast<int>(next->size()), std::memory_order_release);
     return std::exchange(list_, std::move(next));

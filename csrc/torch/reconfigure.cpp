@@ -105,7 +105,15 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
   } catch (const std::exception& e) {
     std::string cause = e.what();
     if (cause.rfind("roce: ", 0) == 0) cause.erase(0, 6);
-    const std::string why = str(what, " failed on rank ", newRank, " of ", members.size(), ": ", cause);
+    // The ranks the cause names are positions in the handle list, and the
+    // timeout it means is this call's: say which processes they are.
+    std::string positions;
+    for (size_t i = 0; i < members.size() && i < 16; ++i)
+      positions += str(i ? ", " : "", i, " = stable rank ", parseReconfigureHandle(members[i]).stableRank);
+    if (members.size() > 16) positions += ", ...";
+    const std::string why = str(what, " failed on rank ", newRank, " of ", members.size(), ": ", cause,
+                                " (ranks here are positions in the members' handles: ", positions,
+                                "; the timeout is reconfigure's, ", timeout.count(), " ms)");
     {
       std::lock_guard<std::mutex> g(engineMu_);
       noMembersWhy_ = str(why, "; call reconfigure again with a fresh uuid");
