@@ -16,6 +16,7 @@
 #include <optional>
 #include <variant>
 
+#include "../common/hex.hpp"
 #include "../group/group_builder.hpp"
 #include "reconfigure_handles.hpp"
 #include "store_bootstrap.hpp"
@@ -23,6 +24,16 @@
 
 namespace roce::adapter {
 using namespace roce::group;
+
+namespace {
+// FNV-1a, 64 bits: the same on every member (the list is not secret, and
+// whoever can write the store is trusted anyway).
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+}  // namespace
 
 c10d::ReconfigureHandle RoceBackend::get_reconfigure_handle() const {
   return formatReconfigureHandle({globalRank_, handleNonce_});
@@ -57,12 +68,20 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
   // alike everywhere): the first member names it under the uuid, and a
   // member that passes another list, or a uuid an earlier membership of
   // other processes used, is refused here, with its own membership intact.
+  // Compared by a digest: a list of 1,000 handles is ~50 KB, and each member
+  // sending it would cost the store ~100 MB per reconfigure. The member at
+  // position 0 stores the list itself, for the error of one that differs.
   std::string listed;
   for (const auto& h : members) listed += (listed.empty() ? "" : ", ") + h;
-  const std::string named = keys->compareSet("members", "", listed);
-  TORCH_CHECK_VALUE(named == listed, "roce: ", what, " on rank ", getRank(), ": uuid ", opts.uuid,
-                    "'s members are [", named, "] (named by the member that came first), and this process passes [",
-                    listed, "]: pass the same handles on every member, and a fresh uuid to every reconfigure");
+  const std::string digest = str(members.size(), ":", hex64(fnv1a(listed)));
+  const std::string named = keys->compareSet("members-digest", "", digest);
+  if (named == digest && members.front() == own) keys->set("members", listed);
+  if (named != digest) {
+    const std::string theirs = keys->check({"members"}) ? keys->get_to_str("members") : str("digest ", named);
+    TORCH_CHECK_VALUE(false, "roce: ", what, " on rank ", getRank(), ": uuid ", opts.uuid, "'s members are [", theirs,
+                      "] (named by the member that came first), and this process passes [", listed,
+                      "]: pass the same handles on every member, and a fresh uuid to every reconfigure");
+  }
   const std::string claimedBy = keys->compareSet(str("claimed/", newRank), "", own);
   TORCH_CHECK_VALUE(claimedBy == own, "roce: ", what, ": uuid ", opts.uuid, " was already used on this store (rank ",
                     newRank, " of it was the process of handle ", claimedBy,
