@@ -14,6 +14,7 @@ using namespace roce::comm;
 namespace {
 
 thread_local bool progressThread = false;
+thread_local Engine* threadEngine = nullptr;  // the engine whose progress thread this is
 
 // What a failed operation's trace entry says: the error's message.
 std::string reasonOf(std::exception_ptr e) {
@@ -34,6 +35,7 @@ Engine::Engine(std::unique_ptr<Communicator> comm)
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "roce-progress");  // top -H, py-spy, tests (roce's threads' CPU time)
     progressThread = true;
+    threadEngine = this;
     loop();
     // Notified under the lock: a waiter may free this engine once it has it.
     std::lock_guard<std::mutex> g(mu_);
@@ -217,6 +219,8 @@ bool Engine::waitParked(std::chrono::milliseconds timeout) {
 }
 
 bool Engine::onProgressThread() { return progressThread; }
+
+Engine* Engine::ofThisThread() { return threadEngine; }
 
 void Engine::serveParked(std::unique_lock<std::mutex>& g) {
   // Under mu_ whenever comm_ is used: no inline operation runs meanwhile.
@@ -450,7 +454,7 @@ void Engine::shutdown(std::chrono::milliseconds grace) {
 
 void Engine::abort(const std::string& why) { stopThread(why); }
 
-void Engine::stopThread(const std::string& why) {
+void Engine::requestStop(const std::string& why) {
   // First, without the mutex: a caller running an operation inline holds it
   // until the operation ends, and this is what interrupts its waits.
   if (comm_) comm_->requestAbort(why);
@@ -463,6 +467,10 @@ void Engine::stopThread(const std::string& why) {
   }
   cv_.notify_all();
   if (comm_) comm_->wakeIdle();  // an idle engine may be polling its sockets
+}
+
+void Engine::stopThread(const std::string& why) {
+  requestStop(why);
   if (thread_.joinable()) {
     if (thread_.get_id() == std::this_thread::get_id()) {
       std::lock_guard<std::mutex> g(mu_);

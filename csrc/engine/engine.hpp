@@ -74,6 +74,12 @@ class Engine {
   // True on any group's progress thread: a thread roce owns, whose state
   // (a device selected for good, say) no caller sees.
   static bool onProgressThread();
+  // The engine whose progress thread this is (null elsewhere).
+  static Engine* ofThisThread();
+  // What stopping begins with, taking no lock a stopping thread holds: the
+  // running operation is interrupted and the loop told to end. For the
+  // engine's own thread while another thread stops (and joins) it.
+  void requestStop(const std::string& why);
   // Runs `task` on the calling thread and completes it there, if nothing is
   // queued or in flight and the progress thread is parked (so the order of
   // operations is the order of calls, and the Communicator is never used by

@@ -115,6 +115,11 @@ RoceBackend::RoceBackend(const RoceBackend& parent, const c10::intrusive_ptr<c10
     : c10d::Backend(rank, static_cast<int>(parentRanks.size())), timeout_(timeout), store_(store),
       globalRank_(parent.globalRank_), handleNonce_(randomNonce()), membershipStore_(store) {
   try {
+    // The parent's lock is taken below: on a progress thread, another thread
+    // stopping the parent may hold it while it joins this very thread.
+    if (Engine::onProgressThread())
+      throwInvalid(str("subgroup ", groupName, " was created on a roce progress thread (a Work's callback or an "
+                       "abort hook): create groups from the program's own thread"));
     cfg_ = Config::fromEnv();
     StoreBootstrap bs(store);
     GroupBuilder::ParentView view;
@@ -185,7 +190,7 @@ c10::intrusive_ptr<c10d::Backend> RoceBackend::shrink(const std::vector<int64_t>
     if (!(flags & 0x01)) return;
     stopping_ = true;
     std::lock_guard<std::mutex> g(engineMu_);
-    const StoppingEngine mark(stoppingEngine_);
+    const StoppingEngine mark(stoppingEngine_, engine_.get());
     if (engine_) engine_->abort(str("shrink_group(SHRINK_ABORT) excluding ranks ", excluded, " was called on this group"));
   };
   c10::intrusive_ptr<RoceBackend> child;
@@ -267,12 +272,13 @@ RoceBackend::~RoceBackend() {
 
 std::unique_lock<std::mutex> RoceBackend::lockToStop() {
   std::unique_lock<std::mutex> g(engineMu_, std::defer_lock);
-  if (!Engine::onProgressThread()) {
+  Engine* mine = Engine::ofThisThread();
+  if (!mine) {
     g.lock();
     return g;
   }
   while (!g.try_lock()) {
-    if (stoppingEngine_.load() > 0) return g;
+    if (stoppingEngine_.load() == mine) return g;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return g;
@@ -282,8 +288,8 @@ void RoceBackend::shutdown() {
   stopping_ = true;
   failWindows("the process group was shut down");
   auto g = lockToStop();
-  if (!g.owns_lock()) return;
-  const StoppingEngine mark(stoppingEngine_);
+  if (!g.owns_lock()) return;  // another thread stops this engine, and waits for this thread
+  const StoppingEngine mark(stoppingEngine_, engine_.get());
   ++stopRequests_;
   formingAborted_ = true;
   if (engine_) engine_->shutdown(std::chrono::milliseconds(cfg_.shutdownGraceMs));
@@ -297,8 +303,13 @@ void RoceBackend::abort() {
   stopping_ = true;
   failWindows("abort() was called on this process group");
   auto g = lockToStop();
-  if (!g.owns_lock()) return;
-  const StoppingEngine mark(stoppingEngine_);
+  if (!g.owns_lock()) {
+    // Another thread stops this engine (a shutdown's grace, a reconfigure)
+    // and waits for this thread: the abort hurries it.
+    Engine::ofThisThread()->requestStop("abort() was called on this process group");
+    return;
+  }
+  const StoppingEngine mark(stoppingEngine_, engine_.get());
   ++stopRequests_;
   formingAborted_ = true;
   if (engine_) engine_->abort("abort() was called on this process group");

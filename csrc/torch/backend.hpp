@@ -339,19 +339,19 @@ class RoceBackend : public c10d::Backend {
   // Guards swapping engine_ against abort() and shutdown() from other threads
   // (and a subgroup's copy of what it takes from this parent).
   mutable std::mutex engineMu_;
-  // Threads holding engineMu_ while they stop the engine (which joins its
-  // progress thread): the progress thread, in an abort hook or a callback
-  // that calls abort() or shutdown(), must not wait for that lock.
-  std::atomic<int> stoppingEngine_{0};
-  // engineMu_, to stop or replace the engine; unowned when called on a
-  // progress thread while another thread stops the engine (it is joining
-  // this very thread, and the group is ending anyway).
+  // The engine a thread holding engineMu_ is stopping (which joins its
+  // progress thread): that progress thread, in an abort hook or a callback
+  // that calls abort() or shutdown(), must not wait for the lock.
+  std::atomic<Engine*> stoppingEngine_{nullptr};
+  // engineMu_, to stop or replace the engine; unowned when called on the
+  // progress thread of the engine another thread is stopping (it joins
+  // this very thread: the caller hurries it, Engine::requestStop, instead).
   std::unique_lock<std::mutex> lockToStop();
-  // Marks a thread that holds engineMu_ and stops the engine, while it does.
+  // Marks the engine that the thread holding engineMu_ stops, while it does.
   struct StoppingEngine {
-    explicit StoppingEngine(std::atomic<int>& n) : n_(n) { ++n_; }
-    ~StoppingEngine() { --n_; }
-    std::atomic<int>& n_;
+    StoppingEngine(std::atomic<Engine*>& slot, Engine* e) : slot_(slot) { slot_.store(e); }
+    ~StoppingEngine() { slot_.store(nullptr); }
+    std::atomic<Engine*>& slot_;
   };
   // What a membership names alike on every member: its uuid (-1: the one the
   // group was created with), and the store keys of its monitored barriers.

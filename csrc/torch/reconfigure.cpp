@@ -77,9 +77,11 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
   const std::string named = keys->compareSet("members-digest", "", digest);
   if (named == digest && members.front() == own) keys->set("members", listed);
   if (named != digest) {
-    const std::string theirs = keys->check({"members"}) ? keys->get_to_str("members") : str("digest ", named);
-    TORCH_CHECK_VALUE(false, "roce: ", what, " on rank ", getRank(), ": uuid ", opts.uuid, "'s members are [", theirs,
-                      "] (named by the member that came first), and this process passes [", listed,
+    const std::string theirs = keys->check({"members"})
+                                   ? str("'s members are [", keys->get_to_str("members"), "]")
+                                   : str("'s members have the digest ", named, " (their list is not stored yet)");
+    TORCH_CHECK_VALUE(false, "roce: ", what, " on rank ", getRank(), ": uuid ", opts.uuid, theirs,
+                      " (named by the member that came first), and this process passes [", listed,
                       "]: pass the same handles on every member, and a fresh uuid to every reconfigure");
   }
   const std::string claimedBy = keys->compareSet(str("claimed/", newRank), "", own);
@@ -95,7 +97,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
     // flight fails naming the reconfigure, and no abort hook runs (the
     // program asked for it). Its trace is no longer dumped on a signal.
     std::lock_guard<std::mutex> g(engineMu_);
-    const StoppingEngine mark(stoppingEngine_);
+    const StoppingEngine mark(stoppingEngine_, engine_.get());
     stopRequests = stopRequests_;
     formingAborted_ = false;  // an abort before this call ended the old membership only
     if (traceSignalId_) TraceSignal::remove(traceSignalId_);
@@ -156,7 +158,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
   start(std::move(comm));
   // abort() or shutdown() came while the membership formed: it ends too.
   if (stopRequests_ != stopRequests) {
-    const StoppingEngine mark(stoppingEngine_);
+    const StoppingEngine mark(stoppingEngine_, engine_.get());
     stopping_ = true;
     engine_->abort(str("abort() or shutdown() was called on this process group during ", what));
   }
