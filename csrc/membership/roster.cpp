@@ -8,6 +8,7 @@
 
 #include "../common/config.hpp"
 #include "../common/error.hpp"
+#include "../common/fnv.hpp"
 #include "../common/parse.hpp"
 #include "../transport/verbs/port_choice.hpp"  // kMaxRails
 #include "topology.hpp"
@@ -189,9 +190,7 @@ uint64_t derivedNonce(uint64_t parentNonce, const std::string& groupName) {
   // FNV-1a of the name, then splitmix64 of the mix: every rank computes the
   // same value, and nobody can tell one group's keys from another's without
   // the parent's (random) nonces.
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char ch : groupName) h = (h ^ ch) * 1099511628211ULL;
-  uint64_t z = parentNonce ^ h;
+  uint64_t z = parentNonce ^ fnv1a64(groupName);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);

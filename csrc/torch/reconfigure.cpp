@@ -16,6 +16,7 @@
 #include <optional>
 #include <variant>
 
+#include "../common/fnv.hpp"
 #include "../common/hex.hpp"
 #include "../group/group_builder.hpp"
 #include "reconfigure_handles.hpp"
@@ -25,15 +26,6 @@
 namespace roce::adapter {
 using namespace roce::group;
 
-namespace {
-// FNV-1a, 64 bits: the same on every member (the list is not secret, and
-// whoever can write the store is trusted anyway).
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
-  return h;
-}
-}  // namespace
 
 c10d::ReconfigureHandle RoceBackend::get_reconfigure_handle() const {
   return formatReconfigureHandle({globalRank_, handleNonce_});
@@ -73,7 +65,7 @@ c10::intrusive_ptr<c10d::Work> RoceBackend::reconfigure(const c10d::ReconfigureO
   // position 0 stores the list itself, for the error of one that differs.
   std::string listed;
   for (const auto& h : members) listed += (listed.empty() ? "" : ", ") + h;
-  const std::string digest = str(members.size(), ":", hex64(fnv1a(listed)));
+  const std::string digest = str(members.size(), ":", hex64(fnv1a64(listed)));
   const std::string named = keys->compareSet("members-digest", "", digest);
   if (named == digest && members.front() == own) keys->set("members", listed);
   if (named != digest) {

@@ -248,9 +248,11 @@ TEST(plan_group_refuses_what_ranks_must_agree_on) {
 TEST(derived_nonce_is_the_same_everywhere_and_differs_per_group) {
   // Pinned values: every rank computes them apart and must agree (also on a
   // platform whose char is signed: the name below has a byte >= 0x80).
-  CHECK_EQ(roce::membership::derivedNonce(0, ""), 6137631918817817679ull);
-  CHECK_EQ(roce::membership::derivedNonce(12345, "pp_dp_0"), 8121978900824724684ull);
-  CHECK_EQ(roce::membership::derivedNonce(0xdeadbeefcafef00dull, "gr\xc3\xbcppe"), 16699161259721589276ull);
+  // Computed apart, in Python: FNV-1a 64 (basis 0xcbf29ce484222325, prime
+  // 0x100000001b3) of the name's bytes, xor the parent's nonce, splitmix64.
+  CHECK_EQ(roce::membership::derivedNonce(0, ""), 17665956581633026203ull);
+  CHECK_EQ(roce::membership::derivedNonce(12345, "pp_dp_0"), 14529085965382083371ull);
+  CHECK_EQ(roce::membership::derivedNonce(0xdeadbeefcafef00dull, "gr\xc3\xbcppe"), 9083693330935227611ull);
   const uint64_t n = roce::membership::derivedNonce(77, "tp");
   CHECK_NE(n, roce::membership::derivedNonce(77, "dp"));
   CHECK_NE(n, roce::membership::derivedNonce(78, "tp"));
