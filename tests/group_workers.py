@@ -627,3 +627,18 @@ def killed_while_forming_shm(rank, world, port):
         return {"error": None}
     except Exception as e:  # noqa: BLE001 - the message is the result
         return {"error": str(e), "leftovers": _leftover_segments()}
+
+
+def settings_lost_on_the_way(rank, world, port):
+    """A subgroup whose rank 1 never sends its first settings record
+    (ROCE_PG_TEST_FAULT=lost_settings on that rank): its neighbours'
+    heartbeats say they lack them, rank 1 sends them again, and the first
+    allreduce is exact, long before the subgroup's 60 s timeout."""
+    start = time.monotonic()
+    group = dist.new_group(list(range(world)), timeout=timedelta(seconds=60))
+    x = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(x, group=group)
+    out = {"exact": bool(torch.equal(x, torch.full((1000,), float(sum(range(1, world + 1)))))),
+           "seconds": time.monotonic() - start}
+    dist.destroy_process_group(group)
+    return out

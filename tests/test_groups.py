@@ -52,6 +52,13 @@ def test_mismatched_settings_fail_every_member_either_way():
             assert r["checks"] == 2 and not r["failures"], (mode, rank, r)
 
 
+def test_a_subgroup_forms_when_a_settings_record_is_lost():
+    results = run_group("tests.group_workers.settings_lost_on_the_way", 3, env=FOUR_MACHINES,
+                        rank_env={1: {"ROCE_PG_TEST_FAULT": "lost_settings"}}, deadline_s=120)
+    for r in results:
+        assert r["exact"] and r["seconds"] < 20, r
+
+
 def test_subgroups_on_one_machine_share_memory():
     # Two machines of two ranks: a subgroup within a machine exchanges its
     # shared-memory segment names through the store (its only store use);

@@ -39,7 +39,7 @@ NetworkBudgets readNetworkBudgets(EnvReader& r) {
 std::string readTestFault(EnvReader& r) {
   return r.oneOf(perRank("ROCE_PG_TEST_FAULT", "common"), "",
                  {"garbage_frames", "no_doorbell", "shm_full", "fail_forming", "slow_teardown", "next_protocol",
-                   "late_lifeline", "late_mailbox", "die_forming_shm"});
+                   "late_lifeline", "late_mailbox", "lost_settings", "die_forming_shm"});
 }
 
 }  // namespace

@@ -270,10 +270,13 @@ struct Config {
 //   late_mailbox    this rank opens each new group's lifeline mailbox 1 s
 //                   late, so that its neighbours' first records (settings)
 //                   park until then (what a slow rank's peers' records do)
+//   lost_settings   this rank's lifelines never send a group's first
+//                   settings record (as one dropped on the way): only the
+//                   ones its neighbours' heartbeats ask for again arrive
 //   die_forming_shm this process SIGKILLs itself right after it publishes
 //                   its group's shared-memory segment, before the peers
 //                   mapped it (what a rank killed during formation leaves)
-// (those seven read once per process), and per group (Config::testFailForming,
+// (those eight read once per process), and per group (Config::testFailForming,
 // Config::testNextProtocol):
 //   fail_forming    a group created while it is set fails on this rank
 //                   before its lifelines exist (what the neighbours see of a

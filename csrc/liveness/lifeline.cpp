@@ -24,8 +24,11 @@ namespace {
 
 // kState: "<rank> <OpProgress snapshot>", sent once by every rank when some
 // rank asks (collectStates), forwarded around the ring like a failure notice.
-// kSettings: "<rank> <Config::algorithmSettings()>", once to each neighbour
-// of a group formed from its parent.
+// kSettings: "<rank> <Config::algorithmSettings()>", to each neighbour of a
+// group formed from its parent, and again while the neighbour's heartbeats
+// do not carry kHaveSettings (a record dropped on the way, say over a
+// parking budget, would otherwise hold the group until its timeout).
+constexpr char kHaveSettings[] = "settings";  // a heartbeat's text: I have your settings
 using namespace record;  // the types (runtime/process_links.hpp)
 
 // ROCE_PG_TEST_FAULT=late_lifeline (common/config.hpp).
@@ -59,6 +62,9 @@ struct Lifeline::Peer {
   bool goneReported = false;
   Clock::time_point lastHeard;
   bool heard = false;  // anything arrived yet (before that, firstContact_ applies)
+  bool settingsSeen = false;   // its settings arrived (counted once)
+  bool settingsAcked = false;  // its heartbeats say it has this rank's
+  Clock::time_point settingsSentAt{};
 };
 
 Lifeline::Lifeline(int rank, uint64_t nonce, std::string host, std::vector<Link> links, int heartbeatTimeoutMs,
@@ -96,7 +102,11 @@ Lifeline::Lifeline(int rank, uint64_t nonce, std::string host, std::vector<Link>
   }
   // Before attaching: until then no other thread touches the peers.
   if (!settings_.empty())
-    for (auto& p : peers_) sendRecord(p, kSettings, str(rank_, " ", settings_));
+    for (auto& p : peers_) {
+      // ROCE_PG_TEST_FAULT=lost_settings: as if the first one were dropped.
+      if (testFault() != "lost_settings") sendRecord(p, kSettings, str(rank_, " ", settings_));
+      p.settingsSentAt = Clock::now();
+    }
   runtime_.attach(this);
   attached_ = true;
 }
@@ -339,7 +349,9 @@ void Lifeline::takeRecords() {
       receiveState(r.text, i);
     } else if (r.type == kSettings) {
       receiveSettings(r.text, i);
-    } else if (r.type != kHeartbeat) {
+    } else if (r.type == kHeartbeat) {
+      heartbeatSaysSettings(p, r.text);
+    } else {
       p.open = false;
       failWith(str("rank ", p.rank, " (host ", p.host, ") sent a lifeline record of unknown type ", r.type,
                    " to rank ", rank_, " (mixed roce_pg versions?)"),
@@ -409,9 +421,25 @@ void Lifeline::checkLinks() {
   }
 }
 
+void Lifeline::heartbeatSaysSettings(Peer& p, const std::string& text) {
+  if (settings_.empty() || p.settingsAcked) return;
+  if (text == kHaveSettings) {
+    p.settingsAcked = true;
+    return;
+  }
+  // Not yet: sent again, at most every other heartbeat interval (the first
+  // may still be on its way, or parked until the neighbour's mailbox opens).
+  const auto now = Clock::now();
+  if (now - p.settingsSentAt < 2 * interval_) return;
+  sendRecord(p, kSettings, str(rank_, " ", settings_));
+  p.settingsSentAt = now;
+}
+
 void Lifeline::receiveSettings(const std::string& record, int fromLink) {
   if (settings_.empty()) return;
-  const Peer& p = peers_[fromLink];
+  Peer& p = peers_[fromLink];
+  if (p.settingsSeen) return;  // sent again before this rank's heartbeat said it had them
+  p.settingsSeen = true;
   const std::string theirs = record.substr(std::min(record.size(), record.find(' ') + 1));
   if (theirs != settings_) {
     // failWith wakes awaitSettings once the failure is recorded.
@@ -498,7 +526,7 @@ Clock::time_point Lifeline::tick(Clock::time_point now) {
   takeRecords();
   checkLinks();
   if (now >= nextBeat_) {
-    for (auto& p : peers_) sendRecord(p, kHeartbeat, "");
+    for (auto& p : peers_) sendRecord(p, kHeartbeat, !settings_.empty() && p.settingsSeen ? kHaveSettings : "");
     nextBeat_ = now + interval_;
   }
   // Judge silence only after reading what has arrived: when this thread

@@ -135,6 +135,9 @@ class Lifeline : public RuntimeService {
   void mergeWatched();                           // watch() requests into peers_ (runtime thread)
   void reportGone(Peer& p, const std::string& why);
   void receiveState(const std::string& record, int fromLink);
+  // A neighbour's heartbeat says whether it has this rank's settings; sent
+  // again while it does not (runtime thread).
+  void heartbeatSaysSettings(Peer& p, const std::string& text);
   void receiveSettings(const std::string& record, int fromLink);
   void stopThread();
 
