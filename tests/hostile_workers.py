@@ -12,7 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .support.attacker import (BYE, FAIL, GONE, HELLO_VERSION, IDENTITY, MAX_TEXT, STATE,
+from .support.attacker import (BYE, FAIL, GONE, HELLO_VERSION, IDENTITY, MAC_BYTES, MAX_TEXT, RECORD, STATE,
                                data_hello, flood, process_link, record, refusal)
 from .support.proc_counts import rss_kib
 from .support.ranks import store_wait
@@ -84,9 +84,15 @@ def parked_record_flood(rank, world, port, text_bytes=MAX_TEXT):
     dist.all_reduce(torch.ones(1 << 16))  # the group's buffers exist before the baseline
     if rank == 0:
         rss0 = rss_kib()
-        out["sent"] = flood(C._runtime_stats()["listen_port"], groups=64, megabytes=64,
-                            text_bytes=text_bytes)
-        stats = _settled(("link_parked_bytes", "link_records_dropped"), until=lambda s: s["link_records_dropped"] > 0)
+        before = C._runtime_stats()
+        out["sent"] = flood(before["listen_port"], groups=64, megabytes=64, text_bytes=text_bytes)
+        # Every record read (parked or dropped) before going on: on a loaded
+        # machine the runtime thread may still work through the flood when
+        # the next group forms, and take rank 1's records after the mailbox
+        # opened (nothing parks then).
+        records = out["sent"] // (RECORD.size + MAC_BYTES + text_bytes)
+        stats = _settled(("link_parked_bytes", "link_records_dropped"),
+                         until=_grew_by(before, ("link_records_parked", "link_records_dropped"), records))
         out["stats"] = {k: v for k, v in stats.items() if k.startswith("link_")}
         out["rss_growth_kib"] = rss_kib() - rss0
     out["exact"] = _exact_after_the_attack(rank, world)

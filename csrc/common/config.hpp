@@ -267,7 +267,7 @@ struct Config {
 //   late_lifeline   this rank's lifelines act on a failure 250 ms after they
 //                   read it: the runtime thread sleeps, as one kept that long
 //                   from a core stalls (every service of the process waits)
-//   late_mailbox    this rank opens each new group's lifeline mailbox 1 s
+//   late_mailbox    this rank opens each new group's lifeline mailbox 2 s
 //                   late, so that its neighbours' first records (settings)
 //                   park until then (what a slow rank's peers' records do)
 //   lost_settings   this rank's lifelines never send a group's first

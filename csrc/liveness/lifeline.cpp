@@ -35,7 +35,7 @@ using namespace record;  // the types (runtime/process_links.hpp)
 constexpr auto kLateLifelineDelay = std::chrono::milliseconds(250);
 // ROCE_PG_TEST_FAULT=late_mailbox: long enough for the peers' first records
 // (their settings) to arrive before this rank opens its mailbox, and park.
-constexpr auto kLateMailboxDelay = std::chrono::milliseconds(1000);
+constexpr auto kLateMailboxDelay = std::chrono::milliseconds(2000);
 
 // The "NAME=value" words of `a` that `b` lacks: what to name in a mismatch.
 std::string wordsMissingFrom(const std::string& a, const std::string& b) {
