@@ -13,8 +13,7 @@ using namespace roce::comm;
 
 namespace {
 
-thread_local bool progressThread = false;
-thread_local Engine* threadEngine = nullptr;  // the engine whose progress thread this is
+thread_local Engine* threadEngine = nullptr;  // the engine whose progress thread this is (null elsewhere)
 
 // What a failed operation's trace entry says: the error's message.
 std::string reasonOf(std::exception_ptr e) {
@@ -34,7 +33,6 @@ Engine::Engine(std::unique_ptr<Communicator> comm)
   comm_->idleHook = [this] { pollInflight(); };
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "roce-progress");  // top -H, py-spy, tests (roce's threads' CPU time)
-    progressThread = true;
     threadEngine = this;
     loop();
     // Notified under the lock: a waiter may free this engine once it has it.
@@ -218,7 +216,7 @@ bool Engine::waitParked(std::chrono::milliseconds timeout) {
   return idleCv_.wait_for(g, timeout, [&] { return stop_ || (parked_ && queue_.empty()); }) && !stop_;
 }
 
-bool Engine::onProgressThread() { return progressThread; }
+bool Engine::onProgressThread() { return threadEngine != nullptr; }
 
 Engine* Engine::ofThisThread() { return threadEngine; }
 
@@ -287,7 +285,7 @@ void Engine::pollInflight() {
   // From the idle hook of a collective run inline, a caller's thread holds
   // mu_ (and inflight_ is empty: the thread parks only without it). What
   // finishes there is completed by the progress thread, without mu_.
-  const bool inlined = !progressThread;
+  const bool inlined = threadEngine == nullptr;
   std::vector<Finished> done;
   takeFinished(inflight_, done, inlined);
   takeFinished(services_, done, inlined);

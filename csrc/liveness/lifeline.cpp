@@ -104,7 +104,7 @@ Lifeline::Lifeline(int rank, uint64_t nonce, std::string host, std::vector<Link>
   if (!settings_.empty())
     for (auto& p : peers_) {
       // ROCE_PG_TEST_FAULT=lost_settings: as if the first one were dropped.
-      if (testFault() != "lost_settings") sendRecord(p, kSettings, str(rank_, " ", settings_));
+      if (testFault() != "lost_settings") sendRecord(p, kSettings, settingsRecord());
       p.settingsSentAt = Clock::now();
     }
   runtime_.attach(this);
@@ -421,6 +421,8 @@ void Lifeline::checkLinks() {
   }
 }
 
+std::string Lifeline::settingsRecord() const { return str(rank_, " ", settings_); }
+
 void Lifeline::heartbeatSaysSettings(Peer& p, const std::string& text) {
   if (settings_.empty() || p.settingsAcked) return;
   if (text == kHaveSettings) {
@@ -431,7 +433,7 @@ void Lifeline::heartbeatSaysSettings(Peer& p, const std::string& text) {
   // may still be on its way, or parked until the neighbour's mailbox opens).
   const auto now = Clock::now();
   if (now - p.settingsSentAt < 2 * interval_) return;
-  sendRecord(p, kSettings, str(rank_, " ", settings_));
+  sendRecord(p, kSettings, settingsRecord());
   p.settingsSentAt = now;
 }
 

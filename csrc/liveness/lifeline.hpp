@@ -138,6 +138,7 @@ class Lifeline : public RuntimeService {
   // A neighbour's heartbeat says whether it has this rank's settings; sent
   // again while it does not (runtime thread).
   void heartbeatSaysSettings(Peer& p, const std::string& text);
+  std::string settingsRecord() const;  // kSettings' text: "<rank> <settings>"
   void receiveSettings(const std::string& record, int fromLink);
   void stopThread();
 

@@ -313,8 +313,8 @@ std::unordered_map<uint64_t, ProcessLinks::Parked>::iterator ProcessLinks::unpar
 
 ProcessLinks::ParkedStats ProcessLinks::parkedStats() const {
   std::lock_guard<std::mutex> g(mu_);
-  return {parked_.size(), parkedBytes_, parkedDropped_, parkedEver_, droppedOverBudget_, links_.size(), linksRefused_, recordsMisrouted_,
-          recordsForged_};
+  return {parked_.size(), parkedBytes_, parkedDropped_, parkedEver_, droppedOverBudget_,
+          links_.size(), linksRefused_, recordsMisrouted_, recordsForged_};
 }
 
 const std::string* ProcessLinks::keyOf(int link) const {
